@@ -89,6 +89,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     OVERLOADED = "overloaded"  # admission queue full
     MODEL_ERROR = "model_error"  # the model raised on this batch
+    DEADLINE = "deadline"  # the deadline passed and the model has no default output
+    TIMEOUT = "timeout"  # client side: no frontend answered in time
     INTERNAL = "internal"
 
 

@@ -1,0 +1,251 @@
+"""Keel's client library: sync (``Client``) and asyncio (``AsyncClient``).
+
+Each call has a request id and a deadline (``timeout_ms``, sent to the frontend, which
+answers with the model's default output if the deadline passes). If no answer arrives
+by the deadline plus a grace period, the call is retried with the *same* request id
+against the next frontend in the list (a frontend de-duplicates ids, so a retry is never
+computed twice there); after ``retries`` retries the call ends with source ``error`` and
+error code ``timeout``. Every call ends with exactly one ``Result``.
+
+Example
+-------
+>>> client = Client(["tcp://127.0.0.1:7000"])               # doctest: +SKIP
+>>> result = client.predict("digits-mlp", x, timeout_ms=100)  # doctest: +SKIP
+>>> result.source, result.output.argmax()                    # doctest: +SKIP
+('model', 3)
+>>> results = client.predict_batch("digits-mlp", xs)         # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from common import protocol, transport
+from common.protocol import ErrorCode, Predict, Reply, Source
+
+
+@dataclass(slots=True)
+class Result:
+    request_id: str
+    source: str
+    output: np.ndarray | None = None
+    error: str | None = None
+    error_code: str | None = None
+    model: str | None = None
+    version: str | None = None
+    latency_ms: float = 0.0
+    frontend: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.source not in (Source.ERROR,) and self.output is not None
+
+
+@dataclass(slots=True)
+class _Call:
+    model: str
+    x: np.ndarray
+    timeout_ms: float
+    sent: float  # perf_counter of the first send
+    expires: float  # perf_counter after which this attempt counts as lost
+    attempt: int
+    frontend: int
+
+
+class _Base:
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
+        self.frontends = [frontends] if isinstance(frontends, str) else list(frontends)
+        if not self.frontends:
+            raise ValueError("a client needs at least one frontend endpoint")
+        self.timeout_ms, self.retries = timeout_ms, retries
+        self.grace_ms = grace_ms
+        self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.counter = itertools.count(1)
+        self.calls: dict[str, _Call] = {}
+
+    def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> tuple[str, _Call]:
+        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
+        rid = request_id or f"{self.prefix}-{next(self.counter)}"
+        now = time.perf_counter()
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, 0)
+        self.calls[rid] = call
+        return rid, call
+
+    def _patience(self, timeout_ms: float) -> float:
+        grace = self.grace_ms if self.grace_ms is not None else max(250.0, 0.5 * timeout_ms)
+        return (timeout_ms + grace) / 1000.0
+
+    def _message(self, rid: str, call: _Call) -> Predict:
+        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=call.timeout_ms)
+
+    def _finish(self, frames: list, frontend: int) -> Result | None:
+        try:
+            reply = protocol.decode(frames)
+        except protocol.ProtocolError:
+            return None
+        if not isinstance(reply, Reply):
+            return None
+        call = self.calls.pop(reply.request_id, None)
+        if call is None:
+            return None  # a duplicate answer to a retried call: the first one counted
+        output = None if reply.output is None else np.array(reply.output)
+        return Result(reply.request_id, reply.source, output, reply.error, reply.error_code, reply.model, reply.version,
+                      (time.perf_counter() - call.sent) * 1000.0, self.frontends[frontend])
+
+    def _overdue(self, now: float) -> tuple[list[tuple[str, _Call]], list[Result]]:
+        """Calls whose attempt timed out: (to retry, given up)."""
+        retry, failed = [], []
+        for rid, call in list(self.calls.items()):
+            if now < call.expires:
+                continue
+            if call.attempt < self.retries:
+                call.attempt += 1
+                call.frontend = (call.frontend + 1) % len(self.frontends)
+                call.expires = now + self._patience(call.timeout_ms)
+                retry.append((rid, call))
+            else:
+                del self.calls[rid]
+                failed.append(Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {call.attempt + 1} attempt(s)",
+                                     ErrorCode.TIMEOUT, call.model, None, (now - call.sent) * 1000.0))
+        return retry, failed
+
+
+class Client(_Base):
+    """Blocking client; also open-loop via ``submit`` + ``collect``."""
+
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
+        super().__init__(frontends, timeout_ms, retries, grace_ms)
+        self.ctx = zmq.Context()
+        self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
+        self.poller = zmq.Poller()
+        self.results: dict[str, Result] = {}
+
+    def _socket(self, i: int) -> zmq.Socket:
+        sock = self.sockets[i]
+        if sock is None:
+            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i])
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> str:
+        rid, call = self._new_call(model, x, timeout_ms, request_id)
+        transport.send(self._socket(call.frontend), self._message(rid, call))
+        return rid
+
+    def collect(self, timeout_ms: float = 0.0) -> list[Result]:
+        """Results that arrived, waiting up to ``timeout_ms`` for at least one."""
+        out = list(self.results.values())
+        self.results.clear()
+        end = time.perf_counter() + timeout_ms / 1000.0
+        while True:
+            now = time.perf_counter()
+            retry, failed = self._overdue(now)
+            out.extend(failed)
+            for rid, call in retry:
+                transport.send(self._socket(call.frontend), self._message(rid, call))
+            wait = 0.0 if out else max(0.0, end - now)
+            if self.calls:
+                wait = min(wait, max(0.0, min(c.expires for c in self.calls.values()) - now))
+            for sock, _ in self.poller.poll(wait * 1000):
+                i = self.sockets.index(sock)
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    result = self._finish(frames, i)
+                    if result is not None:
+                        out.append(result)
+            if out or time.perf_counter() >= end:
+                return out
+
+    def _wait_for(self, rids: list[str]) -> dict[str, Result]:
+        wanted, got = set(rids), {}
+        while wanted:
+            for result in self.collect(50.0):
+                if result.request_id in wanted:
+                    wanted.discard(result.request_id)
+                    got[result.request_id] = result
+                else:
+                    self.results[result.request_id] = result  # someone else's submit
+        return got
+
+    def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> Result:
+        rid = self.submit(model, x, timeout_ms, request_id)
+        return self._wait_for([rid])[rid]
+
+    def predict_batch(self, model: str, xs, timeout_ms: float | None = None) -> list[Result]:
+        """One query per row of ``xs``, all in flight at once; results in input order."""
+        rids = [self.submit(model, x, timeout_ms) for x in xs]
+        got = self._wait_for(rids)
+        return [got[r] for r in rids]
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            if sock is not None:
+                sock.close(0)
+        self.ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """asyncio client: ``await client.predict(...)``; many calls may be in flight."""
+
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
+        super().__init__(frontends, timeout_ms, retries, grace_ms)
+        self.ctx = zmq.asyncio.Context()
+        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f) for f in self.frontends]
+        self.futures: dict[str, asyncio.Future] = {}
+        self.readers: list[asyncio.Task] = []
+
+    def _start(self) -> None:
+        if not self.readers:
+            self.readers = [asyncio.ensure_future(self._read(i)) for i in range(len(self.sockets))]
+
+    async def _read(self, i: int) -> None:
+        while True:
+            frames = await self.sockets[i].recv_multipart(copy=False)
+            result = self._finish(frames, i)
+            if result is not None:
+                future = self.futures.pop(result.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(result)
+
+    async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> Result:
+        self._start()
+        rid, call = self._new_call(model, x, timeout_ms, request_id)
+        future = self.futures[rid] = asyncio.get_running_loop().create_future()
+        for attempt in range(self.retries + 1):
+            call.attempt, call.frontend = attempt, attempt % len(self.frontends)
+            await self.sockets[call.frontend].send_multipart(protocol.encode(self._message(rid, call)), copy=False)
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), self._patience(call.timeout_ms))
+            except asyncio.TimeoutError:
+                continue
+        self.calls.pop(rid, None)
+        self.futures.pop(rid, None)
+        return Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {self.retries + 1} attempt(s)",
+                      ErrorCode.TIMEOUT, model, None, (time.perf_counter() - call.sent) * 1000.0)
+
+    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None) -> list[Result]:
+        return list(await asyncio.gather(*(self.predict(model, x, timeout_ms) for x in xs)))
+
+    async def close(self) -> None:
+        for task in self.readers:
+            task.cancel()
+        for sock in self.sockets:
+            sock.close(0)
+        self.ctx.term()

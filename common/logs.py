@@ -1,0 +1,41 @@
+"""structlog setup: JSON lines when stdout is not a terminal, readable when it is.
+
+Each service calls ``setup(service)`` once and gets a logger with the service name bound.
+The frontend writes one canonical line per request (event "request").
+
+Example
+-------
+>>> log = setup("frontend")
+>>> log.info("started", endpoint="tcp://127.0.0.1:7000")  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+import orjson
+import structlog
+
+
+def _orjson_dumps(obj, default=None) -> str:
+    return orjson.dumps(obj, default=default, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def setup(service: str, json: bool | None = None, level: int = logging.INFO) -> structlog.typing.FilteringBoundLogger:
+    if json is None:
+        json = not sys.stdout.isatty()
+    renderer = (
+        structlog.processors.JSONRenderer(serializer=_orjson_dumps) if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+    return structlog.get_logger().bind(service=service)

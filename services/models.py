@@ -1,0 +1,75 @@
+"""Model containers: Clipper's narrow interface, ``predict_batch(inputs) -> outputs``.
+
+A predictor takes a stacked batch (N, *input_shape) and returns (N, output_size) float32.
+Store models are torch modules loaded (sha256-checked) from the model store; the builtin
+models serve benchmarks and experiments:
+
+- ``noop``: answers zeros at once (measures Keel's own overhead);
+- ``sleep``: holds the batch for ``fixed_ms + per_query_ms * N`` without using the CPU,
+  like an accelerator would, so per-batch fixed cost and service time are set exactly.
+
+Both builtins answer the first ``output_size`` input features (zero-padded): a linear
+function of the input, so a reply can be checked offline and a parity model for it is
+the model itself (F(X1 + X2) = F(X1) + F(X2)), which makes ParM reconstructions exact.
+"""
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+
+from common.config import WorkerConfig
+
+
+class Predictor(Protocol):
+    input_shape: list[int]
+    output_size: int
+
+    def predict_batch(self, inputs: np.ndarray) -> np.ndarray: ...
+
+
+def _head(inputs: np.ndarray, output_size: int) -> np.ndarray:
+    flat = inputs.reshape(len(inputs), -1).astype(np.float32, copy=False)
+    out = np.zeros((len(inputs), output_size), np.float32)
+    n = min(output_size, flat.shape[1])
+    out[:, :n] = flat[:, :n]
+    return out
+
+
+class BuiltinPredictor:
+    def __init__(self, kind: str, input_shape: list[int], output_size: int, fixed_ms: float = 0.0, per_query_ms: float = 0.0):
+        self.kind, self.input_shape, self.output_size = kind, list(input_shape), output_size
+        self.fixed_ms, self.per_query_ms = fixed_ms, per_query_ms
+
+    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
+        if self.kind == "noop":
+            return np.zeros((len(inputs), self.output_size), np.float32)
+        delay = (self.fixed_ms + self.per_query_ms * len(inputs)) / 1000.0
+        if delay > 0:
+            time.sleep(delay)
+        return _head(inputs, self.output_size)
+
+
+class TorchPredictor:
+    def __init__(self, store: str, name: str, version: str | None, threads: int = 1):
+        import torch
+
+        from common.modelstore import ModelStore
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.module, self.manifest = ModelStore(store).load(name, version)
+        self.version = self.manifest.version
+        self.input_shape, self.output_size = list(self.manifest.input_shape), self.manifest.output_size
+
+    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            out = self.module(self.torch.from_numpy(np.ascontiguousarray(inputs, np.float32)))
+        return out.numpy().astype(np.float32, copy=False)
+
+
+def build_predictor(cfg: WorkerConfig) -> Predictor:
+    if cfg.builtin is not None:
+        return BuiltinPredictor(cfg.builtin, cfg.builtin_input_shape, cfg.builtin_output_size, cfg.fixed_ms, cfg.per_query_ms)
+    return TorchPredictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads)

@@ -1,0 +1,51 @@
+"""Start one Keel process: ``python -m services.serve ROLE --config JSON``.
+
+ROLE is one of common.config.CONFIGS; JSON is the role's config (see common.config).
+supervisord, systemd and the chaos harness all start services this way.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from common.config import ConfigError, from_dict
+
+
+def build(role: str, cfg):
+    if role == "frontend":
+        from services.frontend import Frontend as cls
+    elif role == "dispatcher":
+        from services.dispatcher import Dispatcher as cls
+    elif role == "worker":
+        from services.worker import Worker as cls
+    elif role == "encoder":
+        from services.encoder import Encoder as cls
+    elif role == "decoder":
+        from services.decoder import Decoder as cls
+    else:
+        raise ConfigError(f"unknown role {role!r}")
+    return cls(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="keel serve", description=__doc__.splitlines()[0])
+    parser.add_argument("role")
+    parser.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
+    args = parser.parse_args(argv)
+    raw = args.config
+    if raw.startswith("@"):
+        with open(raw[1:], "rb") as f:
+            raw = f.read()
+    try:
+        cfg = from_dict(args.role, orjson.loads(raw))
+    except (ConfigError, orjson.JSONDecodeError) as exc:
+        print(f"keel serve {args.role}: bad config: {exc}", file=sys.stderr)
+        return 2
+    build(args.role, cfg).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
