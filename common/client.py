@@ -18,6 +18,7 @@ Example
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import os
 import time
@@ -70,6 +71,7 @@ class _Base:
         self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.counter = itertools.count(1)
         self.calls: dict[str, _Call] = {}
+        self.expiry: list[tuple[float, str]] = []  # heap of (expires, request id); stale entries skipped
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else timeout_ms
@@ -77,6 +79,7 @@ class _Base:
         now = time.perf_counter()
         call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, 0)
         self.calls[rid] = call
+        heapq.heappush(self.expiry, (call.expires, rid))
         return rid, call
 
     def _patience(self, timeout_ms: float) -> float:
@@ -103,19 +106,27 @@ class _Base:
     def _overdue(self, now: float) -> tuple[list[tuple[str, _Call]], list[Result]]:
         """Calls whose attempt timed out: (to retry, given up)."""
         retry, failed = [], []
-        for rid, call in list(self.calls.items()):
-            if now < call.expires:
-                continue
+        while self.expiry and self.expiry[0][0] <= now:
+            _, rid = heapq.heappop(self.expiry)
+            call = self.calls.get(rid)
+            if call is None or call.expires > now:
+                continue  # answered, or a stale entry of an earlier attempt
             if call.attempt < self.retries:
                 call.attempt += 1
                 call.frontend = (call.frontend + 1) % len(self.frontends)
                 call.expires = now + self._patience(call.timeout_ms)
+                heapq.heappush(self.expiry, (call.expires, rid))
                 retry.append((rid, call))
             else:
                 del self.calls[rid]
                 failed.append(Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {call.attempt + 1} attempt(s)",
                                      ErrorCode.TIMEOUT, call.model, None, (now - call.sent) * 1000.0))
         return retry, failed
+
+    def _next_expiry(self) -> float | None:
+        while self.expiry and self.expiry[0][1] not in self.calls:
+            heapq.heappop(self.expiry)
+        return self.expiry[0][0] if self.expiry else None
 
 
 class Client(_Base):
@@ -152,8 +163,9 @@ class Client(_Base):
             for rid, call in retry:
                 transport.send(self._socket(call.frontend), self._message(rid, call))
             wait = 0.0 if out else max(0.0, end - now)
-            if self.calls:
-                wait = min(wait, max(0.0, min(c.expires for c in self.calls.values()) - now))
+            next_expiry = self._next_expiry()
+            if next_expiry is not None:
+                wait = min(wait, max(0.0, next_expiry - now))
             for sock, _ in self.poller.poll(wait * 1000):
                 i = self.sockets.index(sock)
                 while True:

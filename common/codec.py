@@ -19,6 +19,14 @@ Decoder, F_P(P) and the k-1 available predictions -> the unavailable one:
 
 - ``subtract_decode``  F(X_j) ~= F_P(P) - sum_{i != j} F(X_i); works unchanged on a
                        parity batch (B, n_out) with available (k-1, B, n_out)
+- ``decode``           the decoder that goes with each encoder. ``add``: subtract_decode
+                       on the raw outputs (the parity model was trained, with MSE, to
+                       output sum_i F(X_i)). ``concat``: the parity model was trained
+                       with cross-entropy against (1/k) sum_i onehot(y_i) (§5.2.3), so
+                       its softmax, not its logits, is what sums: subtraction is done in
+                       probability space, k softmax(F_P(P)) - sum_{i != j} softmax(F(X_i)),
+                       and the reconstruction is a probability vector. (Subtracting
+                       logits there is off in scale and lands near chance.)
 
 The numpy functions take an ``out`` buffer so the frontend can encode and decode without
 allocating. ``add_encode_torch`` and ``concat_encode_torch`` do the same on batches of
@@ -176,6 +184,40 @@ def subtract_decode(
     for a in available[1:]:
         np.subtract(out, a, out=out)
     return out
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, float32-safe."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def decode(
+    encoder: str, parity_output: np.ndarray, available: np.ndarray | Sequence[np.ndarray], out: np.ndarray | None = None
+) -> np.ndarray:
+    """Reconstruct the unavailable prediction with the decoder that matches ``encoder``.
+
+    Parameters
+    ----------
+    encoder : str
+        The parity model's encoder, ``"add"`` or ``"concat"`` (its manifest's ``parity.encoder``).
+    parity_output : ndarray (n_out,) or (B, n_out)
+        F_P(P), as the parity model returns it (logits).
+    available : ndarray (k-1, *parity_output.shape) or sequence of k-1 such arrays
+        The deployed model's outputs F(X_i), i != j, as it returns them (logits).
+    out : ndarray, optional
+        Preallocated buffer, shaped like ``parity_output``.
+
+    Returns
+    -------
+    ndarray
+        ``add``: F_P(P) - sum F(X_i) (logit-like). ``concat``: k softmax(F_P(P)) -
+        sum softmax(F(X_i)) (approximately the probabilities of the unavailable one).
+    """
+    if Encoder(encoder) is Encoder.ADD:
+        return subtract_decode(parity_output, available, out)
+    k = len(available) + 1
+    return subtract_decode(k * softmax(parity_output), [softmax(np.asarray(a)) for a in available], out)
 
 
 def add_encode_torch(queries: torch.Tensor) -> torch.Tensor:

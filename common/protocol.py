@@ -42,6 +42,10 @@ PROTOCOL_VERSION = 1
 #: dtypes a tensor frame may carry. Anything else is a ProtocolError at the edge.
 ALLOWED_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"})
 
+#: dtype -> wire name; ``np.dtype.name`` is a slow Python property on the hot path
+DTYPE_NAMES = {np.dtype(name): name for name in ALLOWED_DTYPES}
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
+
 #: Default ceiling on one message's tensor bytes; services may set a lower one.
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 1024 * 1024
@@ -280,7 +284,10 @@ def encode(msg: Any) -> list:
             descs.append(None)
             continue
         arr = np.ascontiguousarray(arr)
-        descs.append({"dtype": arr.dtype.name, "shape": list(arr.shape)})
+        name = DTYPE_NAMES.get(arr.dtype)
+        if name is None:
+            raise ProtocolError(f"dtype {arr.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+        descs.append({"dtype": name, "shape": list(arr.shape)})
         frames.append(arr.data if arr.nbytes else b"")
     if descs:
         header["tensors"] = descs
@@ -319,7 +326,7 @@ def decode_tensor(desc: Any, frame: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
         raise ProtocolError(f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 8:
         raise ProtocolError(f"shape must be a list of at most 8 non-negative ints, got {shape!r}")
-    dt = np.dtype(dtype)
+    dt = _DTYPES[dtype]
     expected = math.prod(shape) * dt.itemsize
     if expected > max_bytes:
         raise ProtocolError(f"payload of {expected} bytes exceeds the limit of {max_bytes}")

@@ -68,6 +68,14 @@ class ServiceLaunch:
     def argv(self, python: str = sys.executable) -> list[str]:
         return [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
 
+    def endpoints(self) -> list[str]:
+        """The endpoints this service binds (workers bind none)."""
+        return [getattr(self.config, f) for f in _BINDS.get(self.role, ())]
+
+
+_BINDS = {"frontend": ("client_endpoint", "prediction_endpoint"), "dispatcher": ("query_endpoint", "worker_endpoint"),
+          "encoder": ("batch_endpoint",), "decoder": ("endpoint",)}
+
 
 @dataclass
 class ClusterSpec:
@@ -219,6 +227,34 @@ class _Ports:
 # --------------------------------------------------------------------------- loading
 
 
+def _read(source: str | os.PathLike | dict) -> dict:
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _run_dir(given: str | None, name: str) -> str:
+    return str(Path(given if given is not None else f"runs/{name}").absolute())
+
+
+def run_dir_of(source: str | os.PathLike | dict) -> str:
+    """The absolute run_dir of a spec, read without checking the rest of it (so that
+    ``keel down`` works even when, say, the model store has gone)."""
+    cluster = _read(source).get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise SpecError("cluster: must be a table")
+    name, given = cluster.get("name", "keel"), cluster.get("run_dir")
+    if not isinstance(name, str) or not (given is None or isinstance(given, str)):
+        raise SpecError("cluster.name and cluster.run_dir must be strings")
+    return _run_dir(given, name)
+
+
 def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
     """Read, check and wire a cluster spec.
 
@@ -235,24 +271,14 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     SpecError
         The message starts with the offending key path.
     """
-    if isinstance(source, dict):
-        data = source
-    else:
-        path = Path(source)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise SpecError(f"{path}: no such spec file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{path}: not valid TOML: {exc}") from None
-    root = _Table(data, "")
+    root = _Table(_read(source), "")
 
     cluster = _Table(root.take("cluster", "table", {}), "cluster")
     name = cluster.take("name", "str", "keel")
     if not _NAME.match(name):
         _fail("cluster.name", f"{name!r} must be letters, digits, '_', '.', '-'")
     store = str(Path(cluster.take("store", "str", DEFAULT_STORE)).absolute())
-    run_dir = str(Path(cluster.take("run_dir", "str", f"runs/{name}")).absolute())
+    run_dir = _run_dir(cluster.take("run_dir", "str", None), name)
     base_port = cluster.take("base_port", "int", 7000)
     metrics_base = cluster.take("metrics_base_port", "int", None)
     for key, port in (("base_port", base_port), ("metrics_base_port", metrics_base)):
@@ -367,9 +393,11 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         deployed = {**common, "model": m, "role": "deployed"}
         if not t["builtin"]:
             deployed.update(store_name=t["store_name"], version=t["version"])
+        # the table a bad worker option most likely came from
+        where = f"models.{m}.worker" if t["worker_options"] else "worker" if worker_options else f"models.{m}"
         n_deployed = t["workers"] + (t["parity_workers"] if t["mode"] == "equal" else 0)
         for i in range(n_deployed):
-            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], deployed, f"models.{m}")
+            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], deployed, where)
         if t["mode"] == "parm":
             parity = {**common, "model": t["parity_model"], "role": "parity"}
             if not t["builtin"]:
@@ -377,7 +405,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
             # parity workers continue the round-robin so they land beside, not on, the first deployed ones
             ph = t["parity_hosts"]
             for i in range(t["parity_workers"]):
-                add(f"parity-{m}-{i}", "worker", ph[(t["workers"] + i) % len(ph)], parity, f"models.{m}")
+                add(f"parity-{m}-{i}", "worker", ph[(t["workers"] + i) % len(ph)], parity, where)
 
     if metrics_base is not None:
         metrics = _Ports(metrics_base)
@@ -393,9 +421,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
 
 
 def _bound_ports(svc: ServiceLaunch) -> list[int]:
-    fields = {"frontend": ("client_endpoint", "prediction_endpoint"), "dispatcher": ("query_endpoint", "worker_endpoint"),
-              "encoder": ("batch_endpoint",), "decoder": ("endpoint",)}.get(svc.role, ())
-    return [int(getattr(svc.config, f).rsplit(":", 1)[1]) for f in fields]
+    return [int(ep.rsplit(":", 1)[1]) for ep in svc.endpoints()]
 
 
 def _read_model(model: str, t: _Table, store: str, all_hosts: list[str], hosts_of: Any) -> dict[str, Any]:

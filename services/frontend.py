@@ -101,8 +101,8 @@ class Frontend(Service):
             known = ", ".join(sorted(self.cfg.models)) or "none"
             return self._error(waiter, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
         x = msg.input
-        if x.dtype.name != info.input_dtype:
-            return self._error(waiter, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype.name}")
+        if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
+            return self._error(waiter, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype}")
         if list(x.shape) != info.input_shape:
             return self._error(waiter, ErrorCode.BAD_REQUEST, f"model {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
