@@ -178,6 +178,8 @@ class EncoderConfig:
     parity_models: dict[str, str] = field(default_factory=dict)
     #: "add" (ParM §4.2) or "concat" (§5.2.3)
     encoder: str = "add"
+    #: forget a coding group that has not filled up within this long (s)
+    group_ttl_s: float = 10.0
     metrics_port: int | None = None
 
     def validate(self) -> None:

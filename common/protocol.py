@@ -175,9 +175,10 @@ class Batch:
     inputs: np.ndarray
     role: str = Role.DEPLOYED
     group: CodingTag | None = None
-    #: parity batches only: per group index, [qids, reply_to] of the k member batches, so
-    #: the decoder can answer a missing batch's queries from the parity output alone
-    members: list | None = None
+    #: parity batches only: {"model": deployed model, "encoder": "add"|"concat",
+    #: "batches": [[qids, reply_to] per group index]}, so the decoder can answer a
+    #: missing batch's queries from the parity output alone
+    members: dict | None = None
     lineage: list | None = None
 
 
@@ -198,7 +199,7 @@ class Predictions:
     service_ms: float = 0.0
     error: str | None = None
     reply_to: list[str] | None = None  # copies to the decoder: where each query's answer goes
-    members: list | None = None  # parity outputs: copied from the parity Batch
+    members: dict | None = None  # parity outputs: copied from the parity Batch
     lineage: list | None = None
 
 

@@ -128,6 +128,18 @@ class Launcher:
             self.wait_workers(dp.worker_endpoint, len(workers))
         return cluster
 
+    def start_spec(self, spec, wait: bool = True, timeout_s: float = 60.0):
+        """Every service of a cluster spec (``common.spec.ClusterSpec``); waits for readiness."""
+        for svc in spec.services:
+            self.start(svc.role, svc.config)
+        if wait:
+            workers = sum(1 for s in spec.services if s.role == "worker")
+            for endpoint in spec.client_endpoints:
+                self.wait_status(endpoint, timeout_s=timeout_s)
+            dispatcher = next(s.config for s in spec.services if s.role == "dispatcher")
+            self.wait_workers(dispatcher.worker_endpoint, workers, timeout_s)
+        return spec
+
     def __enter__(self) -> Launcher:
         return self
 

@@ -129,7 +129,7 @@ class Worker(Service):
         if batch.role == protocol.Role.PARITY:
             # A parity output answers no client: it goes to the decoder only.
             if self.decoder is not None:
-                transport.send(self.decoder, Predictions(qids=[], outputs=outputs, members=batch.members, **common))
+                transport.send(self.decoder, Predictions(qids=batch.qids, outputs=outputs, members=batch.members, **common))
             return
         # Split by destination frontend; one message per frontend per batch.
         by_dest: dict[str, list[int]] = {}

@@ -1,0 +1,89 @@
+"""``keel``: the command line of Keel.
+
+Run ``keel --help`` for the list; every subcommand has its own ``--help``.
+
+Example
+-------
+::
+
+    keel demo                       # train if needed, serve digits-mlp, send queries, report
+    keel up deploy/examples/local.toml && keel status deploy/examples/local.toml
+    keel bench core --quick --json runs/bench-core.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from services.serve import main
+
+    return main([args.role, "--config", args.config])
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from services.demo import run
+
+    return run(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.what == "core":
+        from services.bench_core import run
+
+        run(args.json, args.quick)
+    else:
+        from services.bench_codec import run
+
+        run(args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from chaos.cli import add_parser as add_chaos
+    from deploy.cli import add_parser as add_deploy
+    from services.experiments import add_parser as add_experiments
+    from training.cli import add_parser as add_training
+
+    parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="the main job: train if needed, serve, send queries, report, shut down")
+    p.add_argument("--store", default="store", help="model store (default: %(default)s)")
+    p.add_argument("--queries", type=int, default=3000, help="queries to send (default: %(default)s)")
+    p.add_argument("--rate", type=float, default=800.0, help="Poisson arrival rate, queries/s (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=4, help="deployed-model workers (default: %(default)s)")
+    p.add_argument("--no-parm", action="store_true", help="skip the ParM part (slowed worker, reconstructions)")
+    p.add_argument("--run-dir", default="runs/demo", help="supervisord files and logs (default: %(default)s)")
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser("serve", help="run one service process (what supervisord and the chaos harness start)")
+    p.add_argument("role", choices=["frontend", "dispatcher", "worker", "encoder", "decoder"])
+    p.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
+    p.add_argument("what", choices=["core", "codec"])
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--quick", action="store_true", help="shorter runs")
+    p.set_defaults(func=_bench)
+
+    add_deploy(sub)
+    add_training(sub)
+    add_chaos(sub)
+    add_experiments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
