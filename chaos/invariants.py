@@ -1,0 +1,219 @@
+"""Invariants checked after every run, and the API later work extends.
+
+An invariant is any object with a ``name`` and ``check(records, ctx) -> InvariantResult``;
+``records`` are the workload's per-request dicts (see ``chaos.workload``) and ``ctx`` a
+``CheckContext`` with what a check may need (inputs, offline predictors, extra record
+streams such as operator outputs). ``Checker`` runs a list of them and never lets one
+crash the report: an exception becomes a failed result that names it.
+
+Built in:
+
+- ``AnsweredExactlyOnce``   every accepted request got exactly one answer (a rejection,
+  e.g. ``overloaded``, means not accepted; a client timeout means lost)
+- ``ModelRepliesMatchOffline``  a reply from source ``model`` equals what the model
+  computes offline for that input (``np.allclose``, atol 1e-4)
+- ``NoConflictingAnswers``  no request id got two different answers
+- ``UniquePerKey``          generic "no two different values for one key anywhere":
+  stateful graphs use it for (operator, sequence number) -> output, e.g.
+  ``UniquePerKey("operator_outputs_unique", stream="operator_outputs",
+  key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"])``
+
+Example
+-------
+>>> checker = Checker.default()
+>>> [r.name for r in checker.run([], CheckContext())]
+['answered_exactly_once', 'model_replies_match_offline', 'no_conflicting_answers']
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+
+#: error codes that mean the request was refused, so never accepted
+REJECTED = frozenset({"overloaded", "bad_request", "unknown_model"})
+MAX_EXAMPLES = 10
+
+
+@dataclass
+class InvariantResult:
+    name: str
+    ok: bool | None  # None: not checked (the reason is in detail)
+    checked: int = 0
+    violations: int = 0
+    detail: str = ""
+    examples: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CheckContext:
+    """What checks may use besides the records."""
+
+    #: the workload's input rows (indexed by a record's ``input_index``)
+    inputs: np.ndarray | None = None
+    #: model name -> offline predictor with ``predict_batch``
+    predictors: dict[str, Any] = field(default_factory=dict)
+    #: the model the workload queried
+    model: str | None = None
+    atol: float = 1e-4
+    #: further record streams by name (e.g. "operator_outputs" from stateful graphs)
+    streams: dict[str, list[dict]] = field(default_factory=dict)
+
+
+class Invariant(Protocol):
+    name: str
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult: ...
+
+
+def answers(record: dict) -> list[dict]:
+    """The real answers of a request: replies except the client's own timeouts."""
+    return [r for r in record.get("replies", []) if r.get("error_code") != "timeout"]
+
+
+def accepted(record: dict) -> bool:
+    replies = record.get("replies", [])
+    return not (replies and replies[0].get("error_code") in REJECTED)
+
+
+def _same(a: dict, b: dict, atol: float) -> bool:
+    if (a.get("source") == "error") != (b.get("source") == "error"):
+        return False
+    oa, ob = a.get("output"), b.get("output")
+    if oa is None or ob is None:
+        return oa is None and ob is None and a.get("error_code") == b.get("error_code")
+    return len(oa) == len(ob) and bool(np.allclose(oa, ob, atol=atol))
+
+
+class AnsweredExactlyOnce:
+    name = "answered_exactly_once"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        res = InvariantResult(self.name, True)
+        lost = dup = 0
+        for rec in records:
+            if not accepted(rec):
+                continue
+            res.checked += 1
+            n = len(answers(rec))
+            if n == 1:
+                continue
+            lost += n == 0
+            dup += n > 1
+            if len(res.examples) < MAX_EXAMPLES:
+                res.examples.append({"request_id": rec["request_id"], "answers": n,
+                                     "replies": [r.get("source") + (f"/{r['error_code']}" if r.get("error_code") else "")
+                                                 for r in rec.get("replies", [])]})
+        res.violations = lost + dup
+        res.ok = res.violations == 0
+        res.detail = f"{lost} lost, {dup} answered more than once, of {res.checked} accepted"
+        return res
+
+
+class ModelRepliesMatchOffline:
+    name = "model_replies_match_offline"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        res = InvariantResult(self.name, True)
+        predictor = ctx.predictors.get(ctx.model) if ctx.model else None
+        if predictor is None or ctx.inputs is None:
+            return InvariantResult(self.name, None, detail="not checked: no offline predictor or inputs for the model")
+        todo = [(rec, r) for rec in records for r in rec.get("replies", []) if r.get("source") == "model"]
+        missing = sum(1 for _, r in todo if r.get("output") is None)
+        todo = [(rec, r) for rec, r in todo if r.get("output") is not None]
+        rows = sorted({rec["input_index"] for rec, _ in todo})
+        expected = {}
+        for start in range(0, len(rows), 256):
+            chunk = rows[start:start + 256]
+            out = np.asarray(predictor.predict_batch(ctx.inputs[chunk]))
+            expected.update({row: out[j].ravel() for j, row in enumerate(chunk)})
+        for rec, r in todo:
+            res.checked += 1
+            want = expected[rec["input_index"]]
+            got = np.asarray(r["output"], np.float32)
+            if got.shape != want.shape or not np.allclose(got, want, atol=ctx.atol):
+                res.violations += 1
+                if len(res.examples) < MAX_EXAMPLES:
+                    res.examples.append({"request_id": rec["request_id"], "input_index": rec["input_index"],
+                                         "max_abs_diff": float(np.max(np.abs(got - want))) if got.shape == want.shape else None})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} of {res.checked} model replies differ from offline (atol {ctx.atol})"
+        if missing:
+            res.detail += f"; {missing} model replies kept no output"
+        return res
+
+
+class NoConflictingAnswers:
+    name = "no_conflicting_answers"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        res = InvariantResult(self.name, True)
+        for rec in records:
+            got = answers(rec)
+            res.checked += 1
+            if any(not _same(got[0], other, ctx.atol) for other in got[1:]):
+                res.violations += 1
+                if len(res.examples) < MAX_EXAMPLES:
+                    res.examples.append({"request_id": rec["request_id"], "sources": [r.get("source") for r in got]})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} request ids got different answers"
+        return res
+
+
+class UniquePerKey:
+    """No two different values for one key, over ``ctx.streams[stream]`` (or the records)."""
+
+    def __init__(self, name: str, key: Callable[[dict], Any], value: Callable[[dict], Any], stream: str | None = None,
+                 same: Callable[[Any, Any], bool] | None = None):
+        self.name, self.key, self.value, self.stream = name, key, value, stream
+        self.same = same or (lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))))
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if self.stream is not None and self.stream not in ctx.streams:
+            return InvariantResult(self.name, None, detail=f"not checked: no {self.stream!r} stream in this run")
+        rows = ctx.streams[self.stream] if self.stream is not None else records
+        res = InvariantResult(self.name, True)
+        seen: dict[Any, Any] = {}
+        bad: set = set()
+        for row in rows:
+            k, v = self.key(row), self.value(row)
+            res.checked += 1
+            if k in seen:
+                if not self.same(seen[k], v) and k not in bad:
+                    bad.add(k)
+                    if len(res.examples) < MAX_EXAMPLES:
+                        res.examples.append({"key": repr(k)})
+            else:
+                seen[k] = v
+        res.violations = len(bad)
+        res.ok = not bad
+        res.detail = f"{len(bad)} keys with two or more different values, of {len(seen)}"
+        return res
+
+
+class Checker:
+    """A list of invariants, run together; extend with ``add``."""
+
+    def __init__(self, invariants: Iterable[Invariant] = ()):
+        self.invariants: list[Invariant] = list(invariants)
+
+    @classmethod
+    def default(cls) -> Checker:
+        return cls([AnsweredExactlyOnce(), ModelRepliesMatchOffline(), NoConflictingAnswers()])
+
+    def add(self, invariant: Invariant) -> Checker:
+        self.invariants.append(invariant)
+        return self
+
+    def run(self, records: list[dict], ctx: CheckContext) -> list[InvariantResult]:
+        out = []
+        for inv in self.invariants:
+            try:
+                out.append(inv.check(records, ctx))
+            except Exception as exc:  # a broken check fails loudly in the report, not the run
+                out.append(InvariantResult(inv.name, False, detail=f"check raised {type(exc).__name__}: {exc}"))
+        return out

@@ -1,0 +1,166 @@
+"""Reports: per-mode latency percentiles and counts, mode ratios, JSON and PNG plots.
+
+``summarize(records)`` counts sent / accepted / answered / lost / rejected requests and
+answer sources, and takes latency percentiles (p50, p90, p99, p99.9) over requests whose
+first answer is a prediction (model, cache, default or reconstruction: not an error).
+``ratios`` compares every mode with the first one, the quantity ParM's figures plot.
+``plot_cdf`` draws each mode's latency CDF and its tail; ``plot_timeline`` draws latency
+over time with a marker per fault.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from chaos.invariants import REJECTED, accepted, answers
+
+PERCENTILES = (50, 90, 99, 99.9)
+_FAULT_COLORS = {"kill": "red", "restart": "green", "freeze": "purple", "thaw": "violet", "partition": "orange",
+                 "heal": "gold", "shuffle": "blue", "delay": "brown", "undelay": "tan", "limit": "gray"}
+
+
+def pkey(p: float) -> str:
+    return f"p{p:g}"
+
+
+def latency_ms(record: dict) -> float | None:
+    """Send to first answer (ms) when that answer is a prediction, else None."""
+    got = answers(record)
+    if not got or got[0].get("source") == "error":
+        return None
+    first = got[0]
+    if first.get("latency_ms") is not None:
+        return float(first["latency_ms"])
+    return (first["recv_t"] - record["send_t"]) * 1000.0
+
+
+def summarize(records: list[dict]) -> dict:
+    lat = np.array([v for v in map(latency_ms, records) if v is not None])
+    sources: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for rec in records:
+        got = answers(rec) or rec.get("replies", [])[:1]
+        if got:
+            sources[got[0]["source"]] = sources.get(got[0]["source"], 0) + 1
+            if got[0].get("error_code"):
+                errors[got[0]["error_code"]] = errors.get(got[0]["error_code"], 0) + 1
+    acc = [r for r in records if accepted(r)]
+    out = {
+        "sent": len(records),
+        "accepted": len(acc),
+        "rejected": sum(1 for r in records if r.get("replies") and r["replies"][0].get("error_code") in REJECTED),
+        "answered": sum(1 for r in acc if answers(r)),
+        "lost": sum(1 for r in acc if not answers(r)),
+        "predictions": int(lat.size),
+        "sources": sources,
+        "errors": errors,
+        "latency_ms": {pkey(p): (float(np.percentile(lat, p)) if lat.size else None) for p in PERCENTILES},
+    }
+    out["latency_ms"]["mean"] = float(lat.mean()) if lat.size else None
+    out["latency_ms"]["max"] = float(lat.max()) if lat.size else None
+    return out
+
+
+def ratios(summaries: dict[str, dict]) -> dict[str, dict]:
+    """Each mode's percentiles divided by the first mode's (e.g. "equal/parm")."""
+    modes = list(summaries)
+    if len(modes) < 2:
+        return {}
+    base = summaries[modes[0]]["latency_ms"]
+    out = {}
+    for m in modes[1:]:
+        mine = summaries[m]["latency_ms"]
+        out[f"{m}/{modes[0]}"] = {k: (mine[k] / base[k] if mine.get(k) and base.get(k) else None)
+                                  for k in [pkey(p) for p in PERCENTILES] + ["mean"]}
+    return out
+
+
+def write_json(path: Path, report: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+    return path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_cdf(records: dict[str, list[dict]], path: Path, title: str = "") -> Path:
+    """Latency CDF per mode (left) and its tail, 1 - CDF on a log scale (right)."""
+    plt = _plt()
+    fig, (ax, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, recs in records.items():
+        lat = np.sort([v for v in map(latency_ms, recs) if v is not None])
+        if not lat.size:
+            continue
+        frac = np.arange(1, lat.size + 1) / lat.size
+        p99 = np.percentile(lat, 99)
+        ax.plot(lat, frac, label=f"{mode} (n={lat.size}, p99 {p99:.1f} ms)")
+        tail.plot(lat, np.maximum(1.0 - frac + 1.0 / lat.size, 1.0 / lat.size), label=mode)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of predictions")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    tail.set_xscale("log")
+    tail.set_yscale("log")
+    tail.set_xlabel("latency (ms)")
+    tail.set_ylabel("fraction slower (1 - CDF)")
+    tail.grid(True, which="both", alpha=0.3)
+    for p in (0.1, 0.01, 0.001):
+        tail.axhline(p, color="gray", lw=0.5, ls=":")
+    fig.suptitle(title or "latency CDF per mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_timeline(records: dict[str, list[dict]], events: list[dict], t0: float, path: Path, title: str = "") -> Path:
+    """Latency of each request against its send time, lost requests on top, fault markers."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    top = 1.0
+    for mode, recs in records.items():
+        pts = [(r["send_t"] - t0, latency_ms(r)) for r in recs]
+        ok = np.array([(t, v) for t, v in pts if v is not None])
+        if ok.size:
+            ax.scatter(ok[:, 0], ok[:, 1], s=3, alpha=0.5, label=mode)
+            top = max(top, float(ok[:, 1].max()))
+    for mode, recs in records.items():
+        miss = [r["send_t"] - t0 for r in recs if latency_ms(r) is None]
+        if miss:
+            ax.scatter(miss, [top * 1.5] * len(miss), marker="x", s=12, label=f"{mode}: no prediction ({len(miss)})")
+    seen = set()
+    for ev in events:
+        if ev.get("ok") is None:
+            continue
+        t = ev["t_wall"] - t0
+        key = (ev["kind"], ev.get("host"), round(t, 1))
+        if key in seen:  # the same fault applied to several modes
+            continue
+        seen.add(key)
+        color = _FAULT_COLORS.get(ev["kind"], "black")
+        ax.axvline(t, color=color, ls="--", lw=1)
+        ax.text(t, top * 2.2, f" {ev['kind']} {ev.get('host') or ''}", rotation=90, va="top", fontsize=7, color=color)
+        if ev["kind"] == "shuffle":
+            ax.axvspan(t, t + float(ev["params"].get("duration_s", 0)), color=color, alpha=0.06)
+    ax.set_yscale("log")
+    ax.set_ylim(top=top * 2.5)
+    ax.set_xlabel("time since workload start (s)")
+    ax.set_ylabel("latency (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or "latency over time, with faults")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
