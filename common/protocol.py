@@ -284,7 +284,9 @@ def encode(msg: Any) -> list:
         if arr is None:
             descs.append(None)
             continue
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # not on every array: it turns a 0-d tensor into shape (1,)
         name = DTYPE_NAMES.get(arr.dtype)
         if name is None:
             raise ProtocolError(f"dtype {arr.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
