@@ -344,7 +344,8 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     if not frames:
         raise ProtocolError("empty message")
     header = decode_header(frames[0])
-    cls = MESSAGES.get(header.get("kind"))  # type: ignore[arg-type]
+    kind = header.get("kind")
+    cls = MESSAGES.get(kind) if isinstance(kind, str) else None  # a list or object kind is unhashable
     if cls is None:
         raise ProtocolError(f"unknown message kind {header.get('kind')!r}")
     names, required = _FIELDS[cls]
