@@ -264,6 +264,12 @@ for _cls in MESSAGES.values():
     )
     _FIELDS[_cls] = (_names, _required)
 
+# Per class: tensor fields that may not be absent (those not typed "... | None").
+_REQUIRED_TENSORS: dict[type, frozenset[str]] = {
+    _cls: frozenset(f.name for f in dataclasses.fields(_cls) if f.name in _cls.TENSORS and "None" not in str(f.type))
+    for _cls in MESSAGES.values()
+}
+
 
 # --------------------------------------------------------------------------- encode/decode
 
@@ -365,6 +371,8 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
         total, i = 0, 1
         for name, desc in zip(cls.TENSORS, descs):
             if desc is None:
+                if name in _REQUIRED_TENSORS[cls]:
+                    raise ProtocolError(f"{cls.KIND} message lacks its {name} tensor")
                 kwargs[name] = None
                 continue
             arr = decode_tensor(desc, frames[i], max_payload - total)
@@ -415,8 +423,9 @@ def _check_types(msg: Any) -> None:
     for arr_name in getattr(msg, "TENSORS", ()):
         arr = getattr(msg, arr_name)
         qids = getattr(msg, "qids", None)
-        if arr is not None and qids is not None and arr.ndim >= 1 and arr.shape[0] != len(qids):
-            raise ProtocolError(f"{arr_name} has {arr.shape[0]} rows for {len(qids)} query ids")
+        if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):
+            rows = arr.shape[0] if arr.ndim else "no"
+            raise ProtocolError(f"{arr_name} has {rows} rows for {len(qids)} query ids")
 
 
 def split_envelope(frames: list) -> tuple[list, list]:
