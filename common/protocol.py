@@ -331,7 +331,7 @@ def decode_tensor(desc: Any, frame: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
     if not isinstance(desc, dict):
         raise ProtocolError("tensor descriptor must be an object")
     dtype, shape = desc.get("dtype"), desc.get("shape")
-    if dtype not in ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:  # a list or object is unhashable
         raise ProtocolError(f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 8:
         raise ProtocolError(f"shape must be a list of at most 8 non-negative ints, got {shape!r}")
