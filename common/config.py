@@ -121,7 +121,8 @@ class DispatcherConfig:
     policy: str = "single_queue"
     heartbeat_interval_s: float = 0.25
     #: heartbeats a worker may miss before it is dropped and its batch re-queued
-    heartbeat_liveness: int = 4
+    #: (2 s by default: a loaded 2-core host can stall a healthy process for a second)
+    heartbeat_liveness: int = 8
     metrics_port: int | None = None
 
     def validate(self) -> None:
@@ -156,7 +157,7 @@ class WorkerConfig:
     max_batch: int = 64
     torch_threads: int = 1
     heartbeat_interval_s: float = 0.25
-    heartbeat_liveness: int = 4
+    heartbeat_liveness: int = 8
     metrics_port: int | None = None
 
     def validate(self) -> None:

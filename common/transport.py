@@ -35,6 +35,9 @@ def make_socket(
     if kind == zmq.ROUTER:
         # A reply to a peer that is gone is an error we want to see, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A peer that reconnects under its old identity (a restarted worker) takes it over
+        # instead of being ignored while the old connection lingers.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity.encode())
     if bind is not None:

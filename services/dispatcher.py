@@ -165,17 +165,20 @@ class Dispatcher(Service):
         now_wall, now = time.time(), time.monotonic()
         self.wake_at = None
         for model, queue in self.queues.items():
-            if not queue.queries:
-                continue
-            free = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]
-            for worker in self.policy.assign(len(queue.queries), free, now):
-                if not queue.queries:
-                    break
-                if isinstance(queue.queries[0], Batch):
-                    self._send_batch(worker, queue.queries.popleft(), [])
-                    continue
-                if not self._take_batch(model, queue, worker, now_wall, now):
-                    break
+            # Rounds of one batch per free worker, until the queue or the free slots run out:
+            # a worker with several free slots gets several batches, spread like the rest.
+            sent = True
+            while sent and queue.queries:
+                sent = False
+                free = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]
+                for worker in self.policy.assign(len(queue.queries), free, now):
+                    if not queue.queries:
+                        break
+                    if isinstance(queue.queries[0], Batch):
+                        self._send_batch(worker, queue.queries.popleft(), [])
+                    elif not self._take_batch(model, queue, worker, now_wall, now):
+                        break
+                    sent = True
 
     def _take_batch(self, model: str, queue: ModelQueue, worker: WorkerState, now_wall: float, now: float) -> bool:
         policy = queue.policy

@@ -62,11 +62,14 @@ class Worker(Service):
             transport.make_socket(self.ctx, zmq.DEALER, connect=self.cfg.dispatcher_endpoint, identity=self.name),
             self._on_dispatcher,
         )
+        self._register()
+        self.liveness = self.cfg.heartbeat_liveness
+
+    def _register(self) -> None:
         transport.send(
             self.dealer,
             Register(worker=self.name, model=self.cfg.model, role=self.cfg.role, slots=self.cfg.slots, max_batch=self.cfg.max_batch),
         )
-        self.liveness = self.cfg.heartbeat_liveness
 
     def _heartbeat(self, now: float) -> None:
         self.liveness -= 1
@@ -98,7 +101,7 @@ class Worker(Service):
             if isinstance(msg, Batch):
                 self.run_batch(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
-                self._connect()
+                self._register()  # the dispatcher lost us (it restarted, or dropped us)
 
     def run_batch(self, batch: Batch) -> None:
         start = time.perf_counter()

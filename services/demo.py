@@ -1,0 +1,136 @@
+"""``keel demo``: Keel's main job on its embedded defaults.
+
+1. Train the default model (an MLP on scikit-learn's digits) and its k=2 parity model
+   into the model store if they are missing.
+2. Start frontend, dispatcher, 4 workers, 2 parity workers, encoder and decoder under
+   supervisord (``keel up`` of a spec written to the run folder).
+3. Send a few thousand queries from the digits test split through the client library
+   (open-loop Poisson arrivals); print accuracy, latency percentiles and batch sizes.
+4. ParM: freeze one worker (SIGSTOP) and send more queries; its batches are rebuilt from
+   the parity model; print how many were reconstructed and the degraded-mode accuracy
+   measured online (reconstructions against the true labels).
+5. Shut everything down.
+
+The prediction cache is off here so that every query exercises the model path.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.client import Client
+from common.loadgen import open_loop, summarize
+from common.spec import load_spec
+from common.transport import request_status
+
+
+def _spec(args: argparse.Namespace, parity_store_name: str | None) -> dict:
+    model = {"store_name": "digits-mlp", "slo_ms": 1000, "max_batch": 32, "workers": args.workers}
+    if parity_store_name:
+        model.update(k=2, mode="parm", parity_store_name=parity_store_name, encoder="add")
+    return {
+        "cluster": {"name": "demo", "store": args.store, "run_dir": args.run_dir, "base_port": 7400},
+        "frontend": {"host": "local", "cache_size": 0, "log_requests": True},
+        "dispatcher": {"host": "local"},
+        "models": {"digits-mlp": model},
+    }
+
+
+def _report(title: str, records, labels: np.ndarray, log) -> dict:
+    stats = summarize(records)
+    answered = [r for r in records if r.output is not None]
+    correct = [int(np.argmax(r.output) == labels[r.index]) for r in answered]
+    stats["accuracy"] = float(np.mean(correct)) if correct else None
+    rebuilt = [r for r in answered if r.source == "reconstruction"]
+    stats["reconstructed"] = len(rebuilt)
+    stats["degraded_accuracy"] = (
+        float(np.mean([np.argmax(r.output) == labels[r.index] for r in rebuilt])) if rebuilt else None
+    )
+    log(f"\n{title}")
+    log(f"  queries {stats['sent']}, answered {stats['answered']}, lost {stats['lost']}, by source {stats['sources']}")
+    if stats.get("p50_ms") is not None:
+        log(f"  latency ms: p50 {stats['p50_ms']:.2f}  p90 {stats['p90_ms']:.2f}  p99 {stats['p99_ms']:.2f}  p99.9 {stats['p999_ms']:.2f}")
+    if stats["accuracy"] is not None:
+        log(f"  accuracy {stats['accuracy'] * 100:.1f}%")
+    if rebuilt:
+        log(f"  reconstructed {len(rebuilt)}; degraded-mode accuracy online {stats['degraded_accuracy'] * 100:.1f}%")
+    return stats
+
+
+def _wait_workers(spec, log, timeout_s: float = 180.0) -> None:
+    """Workers load torch and their model before registering; wait until all have."""
+    dispatcher = next(s for s in spec.services if s.role == "dispatcher").config
+    expected = sum(1 for s in spec.services if s.role == "worker")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = request_status(dispatcher.worker_endpoint, 1.0)
+        if info is not None and len(info["workers"]) >= expected:
+            log(f"  all {expected} workers registered with the dispatcher")
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"only some of {expected} workers registered within {timeout_s:.0f} s; see {spec.run_dir}/logs")
+
+
+def run(args: argparse.Namespace, log=print) -> int:
+    from deploy import supervisor
+    from training.cli import ensure_default_model, ensure_default_parity
+    from training.datasets import load
+
+    t0 = time.time()
+    log("== model store")
+    manifest = ensure_default_model(args.store)
+    log(f"  digits-mlp v{manifest.version}: test accuracy {manifest.metrics.get('test_accuracy', float('nan')) * 100:.1f}%")
+    parity = None
+    if not args.no_parm:
+        parity = ensure_default_parity(args.store, k=2, encoder="add")
+        log(f"  {parity.name} v{parity.version} (ParM k=2, addition encoder)")
+    data = load("digits")
+    xs = data.x_test.reshape(len(data.x_test), *manifest.input_shape).astype(np.float32)
+    labels = np.asarray(data.y_test)
+
+    spec = load_spec(_spec(args, parity.name if parity else None))
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    log(f"\n== starting {len(spec.services)} services under supervisord (logs in {args.run_dir})")
+    supervisor.up(spec, wait_s=60.0)
+    results: dict = {}
+    frozen_pid = None
+    try:
+        _wait_workers(spec, log)
+        with Client(spec.client_endpoints, timeout_ms=2000) as client:
+            records = open_loop(client, "digits-mlp", xs, rate=args.rate, count=args.queries, seed=0,
+                                duration_s=120, keep_outputs=True)
+            results["serving"] = _report(f"== {args.queries} queries from the digits test split at {args.rate:.0f}/s",
+                                         records, labels, log)
+            dispatcher = next(s for s in spec.services if s.role == "dispatcher").config
+            info = request_status(dispatcher.worker_endpoint, 2.0) or {"workers": {}}
+            sizes = {name: w["batch_size"] for name, w in info["workers"].items() if w["role"] == "deployed"}
+            log(f"  AIMD batch sizes per worker: {sizes}")
+            results["batch_sizes"] = sizes
+            if parity is not None:
+                victim = next(s.name for s in spec.services if s.role == "worker" and s.config.role == "deployed")
+                frozen_pid = supervisor.rpc(spec.run_dir).supervisor.getProcessInfo(victim)["pid"]
+                os.kill(frozen_pid, signal.SIGSTOP)
+                log(f"\n== ParM: {victim} (pid {frozen_pid}) frozen with SIGSTOP")
+                records = open_loop(client, "digits-mlp", xs, rate=args.rate, count=max(500, args.queries // 2),
+                                    seed=1, duration_s=120, keep_outputs=True)
+                results["parm"] = _report("== queries while one worker is frozen", records, labels, log)
+                os.kill(frozen_pid, signal.SIGCONT)
+                frozen_pid = None
+                fe = request_status(spec.client_endpoints[0], 2.0) or {}
+                counts = fe.get("answered", {})
+                graded = counts.get("reconstructions_graded", 0)
+                if graded:
+                    log(f"  frontend: {graded} reconstructions later met their real prediction; "
+                        f"{counts.get('reconstructions_agree', 0)} agreed on the top class")
+    finally:
+        if frozen_pid is not None:
+            os.kill(frozen_pid, signal.SIGCONT)
+        supervisor.down(spec, out=None)
+    log(f"\n== done in {time.time() - t0:.0f} s; everything stopped")
+    lost = sum(r.get("lost", 0) for r in results.values() if isinstance(r, dict) and "lost" in r)
+    return 1 if lost else 0
