@@ -12,6 +12,8 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,8 +215,36 @@ CONFIGS: dict[str, type] = {
 _NESTED = {("frontend", "models"): ModelInfo, ("dispatcher", "models"): BatchPolicy}
 
 
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON-shaped value fits a config field's annotation (an int fits a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _check_types(cls: type, data: dict[str, Any], where: str) -> None:
+    """A mistyped value is a ConfigError naming its key, not a TypeError from validate()."""
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        if not _fits(value, hints[key]):
+            kind = str(hints[key]).replace("common.config.", "").replace("<class '", "").replace("'>", "")
+            raise ConfigError(f"{where}{key} must be {kind}, got {value!r}")
+
+
 def from_dict(role: str, data: dict[str, Any]) -> Any:
-    """The validated config of ``role`` from a plain dict; unknown keys are errors."""
+    """The validated config of ``role`` from a plain dict; unknown keys and values of the
+    wrong type are errors."""
     cls = CONFIGS.get(role)
     if cls is None:
         raise ConfigError(f"unknown service role {role!r}; roles: {sorted(CONFIGS)}")
@@ -225,20 +255,26 @@ def from_dict(role: str, data: dict[str, Any]) -> Any:
     data = dict(data)
     nested = _NESTED.get((role, "models"))
     if nested and "models" in data:
+        if not isinstance(data["models"], dict):
+            raise ConfigError(f"{role}: models must be a table of model name -> options, got {data['models']!r}")
         models = {}
         for name, value in data["models"].items():
             if isinstance(value, nested):
                 models[name] = value
                 continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{role}: model {name}: must be a table of options, got {value!r}")
             sub_known = {f.name for f in dataclasses.fields(nested)}
             bad = set(value) - sub_known
             if bad:
                 raise ConfigError(f"{role}: model {name}: unknown option(s) {sorted(bad)}; options: {sorted(sub_known)}")
+            _check_types(nested, value, f"{role}: model {name}: ")
             try:
                 models[name] = nested(**value)
             except TypeError as exc:
                 raise ConfigError(f"{role}: model {name}: {exc}") from None
         data["models"] = models
+    _check_types(cls, data, f"{role}: ")
     try:
         cfg = cls(**data)
     except TypeError as exc:
