@@ -1,0 +1,129 @@
+"""common.config.from_dict: what ``keel serve --config`` accepts. Unknown keys and bad
+values are ConfigErrors whose messages name the role, the model and the key at fault."""
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+
+from common import config as cfg
+from common.config import ConfigError, from_dict, to_json
+
+
+def test_defaults_of_every_role_are_valid():
+    for role, cls in cfg.CONFIGS.items():
+        assert isinstance(from_dict(role, {}), cls)
+
+
+def test_unknown_role_is_named():
+    with pytest.raises(ConfigError, match=r"'fronted'.*dispatcher"):
+        from_dict("fronted", {})
+
+
+@pytest.mark.parametrize("role", sorted(cfg.CONFIGS))
+def test_unknown_key_is_named(role):
+    with pytest.raises(ConfigError, match=rf"{role}: unknown option\(s\) \['cache_sise'\]"):
+        from_dict(role, {"cache_sise": 10, "name": "x"})
+
+
+def test_unknown_model_keys_are_named():
+    with pytest.raises(ConfigError, match=r"frontend: model digits: unknown option\(s\) \['input_shap'\]"):
+        from_dict("frontend", {"models": {"digits": {"input_shap": [64], "output_size": 10}}})
+    with pytest.raises(ConfigError, match=r"dispatcher: model digits: unknown option\(s\) \['kk'\]"):
+        from_dict("dispatcher", {"models": {"digits": {"kk": 2}}})
+
+
+def test_missing_model_field_is_named():
+    with pytest.raises(ConfigError, match=r"model digits: .*output_size"):
+        from_dict("frontend", {"models": {"digits": {"input_shape": [64]}}})
+
+
+@pytest.mark.parametrize("role,data,words", [
+    ("frontend", {"cache_size": -1}, "cache_size"),
+    ("frontend", {"admission_limit": 0}, "admission_limit"),
+    ("frontend", {"dedup_ttl_s": 0}, "dedup_ttl_s"),
+    ("frontend", {"max_payload_bytes": 0}, "max_payload_bytes"),
+    ("frontend", {"models": {"m": {"input_shape": [0], "output_size": 10}}}, "model m: input_shape"),
+    ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 0}}}, "model m: output_size"),
+    ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "slo_ms": 0}}}, "model m: slo_ms"),
+    ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "default_output": [1.0]}}}, "model m: default_output needs 2"),
+    ("dispatcher", {"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
+    ("dispatcher", {"heartbeat_liveness": 1}, "heartbeat_liveness"),
+    ("dispatcher", {"models": {"m": {"slo_ms": -1}}}, "m: slo_ms"),
+    ("dispatcher", {"models": {"m": {"max_batch": 0}}}, "m: max_batch"),
+    ("dispatcher", {"models": {"m": {"max_batch": 4, "fixed_batch": 5}}}, "m: fixed_batch"),
+    ("dispatcher", {"models": {"m": {"aimd_backoff": 1.0}}}, "m: aimd_step >= 1 and 0 < aimd_backoff"),
+    ("dispatcher", {"models": {"m": {"aimd_step": 0}}}, "m: aimd_step"),
+    ("dispatcher", {"models": {"m": {"batch_delay_ms": -1}}}, "m: batch_delay_ms"),
+    ("dispatcher", {"models": {"m": {"k": 1, "parity_model": "p"}}}, "m: k must be 0"),
+    ("dispatcher", {"models": {"m": {"k": 2}}}, "m: k > 0 needs parity_model"),
+    ("worker", {"role": "leader"}, "role must be deployed or parity, got 'leader'"),
+    ("worker", {"builtin": "gpu"}, "builtin must be noop or sleep, got 'gpu'"),
+    ("worker", {"slots": 0}, "slots"),
+    ("worker", {"max_batch": 0}, "max_batch"),
+    ("worker", {"fixed_ms": -1.0}, "fixed_ms"),
+    ("worker", {"heartbeat_liveness": 1}, "heartbeat_liveness"),
+    ("encoder", {"encoder": "xor"}, "encoder must be add or concat, got 'xor'"),
+    ("decoder", {"group_ttl_s": 0}, "group_ttl_s"),
+])
+def test_bad_values_are_named(role, data, words):
+    with pytest.raises(ConfigError) as info:
+        from_dict(role, data)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("role,data,key", [
+    ("frontend", {"cache_size": "big"}, "cache_size"),
+    ("frontend", {"log_requests": "yes"}, "log_requests"),
+    ("frontend", {"models": ["m"]}, "models"),
+    ("frontend", {"models": {"m": 5}}, "model m"),
+    ("frontend", {"models": {"m": {"input_shape": "64", "output_size": 10}}}, "input_shape"),
+    ("dispatcher", {"models": {"m": {"k": "2"}}}, "k"),
+    ("dispatcher", {"heartbeat_interval_s": None}, "heartbeat_interval_s"),
+    ("worker", {"slots": "2"}, "slots"),
+    ("worker", {"slots": True}, "slots"),
+    ("worker", {"builtin_input_shape": "x"}, "builtin_input_shape"),
+    ("worker", {"name": 3}, "name"),
+    ("encoder", {"parity_models": {"m": 1}}, "parity_models"),
+])
+def test_mistyped_values_are_named(role, data, key):
+    """JSON from a hand-written spec or command line: the wrong type is a ConfigError that
+    names the key, never a TypeError from deep inside validate()."""
+    with pytest.raises(ConfigError) as info:
+        from_dict(role, data)
+    assert key in str(info.value)
+
+
+def test_numbers_may_be_ints_where_floats_are_expected():
+    worker = from_dict("worker", {"fixed_ms": 2, "heartbeat_interval_s": 1})
+    assert worker.fixed_ms == 2 and worker.heartbeat_interval_s == 1
+    fe = from_dict("frontend", {"models": {"m": {"input_shape": [2], "output_size": 2, "default_output": [0, 1]}}})
+    assert fe.models["m"].default_output == [0, 1]
+
+
+def full_configs() -> dict:
+    return {
+        "frontend": cfg.FrontendConfig(name="fe", cache_size=0, models={
+            "m": cfg.ModelInfo([3, 4], 5, default_output=[0.0] * 5, slo_ms=50.0)}),
+        "dispatcher": cfg.DispatcherConfig(encoder_endpoint="tcp://127.0.0.1:9", models={
+            "m": cfg.BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity"), "n": cfg.BatchPolicy(batch_delay_ms=2.5)}),
+        "worker": cfg.WorkerConfig(name="w", builtin="sleep", fixed_ms=1.5, role="parity", slots=2),
+        "encoder": cfg.EncoderConfig(parity_models={"m": "m-parity"}, encoder="concat"),
+        "decoder": cfg.DecoderConfig(timeout_ms=20.0),
+    }
+
+
+@pytest.mark.parametrize("role", sorted(cfg.CONFIGS))
+def test_json_round_trip(role):
+    """What Launcher and supervisord pass as --config comes back as the same config."""
+    original = full_configs()[role]
+    again = from_dict(role, orjson.loads(to_json(original)))
+    assert again == original
+    if role in ("frontend", "dispatcher"):
+        assert all(dataclasses.is_dataclass(v) for v in again.models.values())
+
+
+def test_model_objects_pass_through():
+    info = cfg.ModelInfo([4], 2)
+    assert from_dict("frontend", {"models": {"m": info}}).models["m"] is info

@@ -1,0 +1,393 @@
+"""A real Dispatcher, stepped with ``tick``, talked to over real sockets: the test plays the
+frontend (PUSH of Queries), the workers (DEALERs that register, heartbeat and send Done)
+and the encoder (a PULL for batch copies)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from common import protocol, transport
+from common.config import BatchPolicy, DispatcherConfig
+from common.protocol import Batch, CodingTag, Done, Heartbeat, Queries, Register, Role
+from services.dispatcher import Dispatcher
+
+ANY_PORT = "tcp://127.0.0.1:*"
+REPLY_TO = "tcp://127.0.0.1:1"  # never connected to: the dispatcher only passes it on
+
+
+class Harness:
+    """The dispatcher plus the sockets the test plays its peers with."""
+
+    def __init__(self, dispatcher: Dispatcher, zsock):
+        self.d = dispatcher
+        self.zsock = zsock
+        self.query_endpoint = transport.endpoint_of(dispatcher.pull)
+        self.worker_endpoint = transport.endpoint_of(dispatcher.router)
+        self.frontend = zsock(zmq.PUSH, connect=self.query_endpoint)
+        self.next_qid = 1
+
+    # -- the frontend
+    def send_queries(self, model: str, n: int, deadline_s: float = 60.0, dim: int = 4) -> list[int]:
+        qids = list(range(self.next_qid, self.next_qid + n))
+        self.next_qid += n
+        inputs = np.array([[q] * dim for q in qids], np.float32)
+        transport.send(self.frontend, Queries(model=model, qids=qids, deadlines=[time.time() + deadline_s] * n,
+                                              reply_to=REPLY_TO, inputs=inputs))
+        return qids
+
+    # -- a worker
+    def worker(self, name: str, model: str = "m", slots: int = 1, max_batch: int = 64, role: str = Role.DEPLOYED) -> zmq.Socket:
+        sock = self.zsock(zmq.DEALER, connect=self.worker_endpoint, identity=name.encode())
+        transport.send(sock, Register(worker=name, model=model, role=role, slots=slots, max_batch=max_batch))
+        self.pump(lambda: name.encode() in self.d.workers, what=f"{name} registered")
+        return sock
+
+    def done(self, sock: zmq.Socket, batch: Batch, service_ms: float, ok: bool = True) -> None:
+        name = sock.getsockopt(zmq.IDENTITY).decode()
+        transport.send(sock, Done(worker=name, batch_id=batch.batch_id, batch_size=len(batch.qids), service_ms=service_ms, ok=ok))
+        self.pump(lambda: batch.batch_id not in self.d.workers[name.encode()].inflight, what="Done processed")
+
+    def state(self, name: str):
+        return self.d.workers[name.encode()]
+
+    # -- driving
+    def pump(self, condition, timeout_s: float = 3.0, what: str = "condition", also=None):
+        """tick(0.01) until ``condition()`` is truthy; ``also()`` runs every round (heartbeats)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout_s} s")
+            if also is not None:
+                also()
+            self.d.tick(0.01)
+
+    def batches(self, sock: zmq.Socket) -> list[Batch]:
+        """Batches waiting on a test socket now (heartbeats skipped)."""
+        out = []
+        while sock.poll(0):
+            msg = protocol.decode(sock.recv_multipart(copy=False))
+            if isinstance(msg, Batch):
+                out.append(msg)
+        return out
+
+    def next_batch(self, sock: zmq.Socket, what: str = "a batch", also=None) -> Batch:
+        got: list[Batch] = []
+        self.pump(lambda: got.extend(self.batches(sock)) or got, what=what, also=also)
+        assert len(got) == 1, f"expected one batch, got {len(got)}"
+        return got[0]
+
+    def settle(self, rounds: int = 10) -> None:
+        """A few ticks so that anything the dispatcher would send now has been sent."""
+        for _ in range(rounds):
+            self.d.tick(0.005)
+
+
+@pytest.fixture
+def harness(zsock):
+    made = []
+
+    def make(models: dict[str, BatchPolicy], **options) -> Harness:
+        options.setdefault("heartbeat_interval_s", 30.0)  # no heartbeat chores unless a test wants them
+        cfg = DispatcherConfig(name="dispatcher", query_endpoint=ANY_PORT, worker_endpoint=ANY_PORT, models=models, **options)
+        cfg.validate()
+        dispatcher = Dispatcher(cfg)
+        made.append(dispatcher)
+        return Harness(dispatcher, zsock)
+
+    yield make
+    for dispatcher in made:
+        dispatcher.shutdown()
+
+
+def qids_of(batches: list[Batch]) -> list[int]:
+    return [q for b in batches for q in b.qids]
+
+
+# --------------------------------------------------------------------------- credits
+
+
+def test_batch_only_for_a_free_slot(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)})
+    w = h.worker("w0", slots=1)
+    sent = h.send_queries("m", 6)
+    first = h.next_batch(w)
+    assert first.qids == sent[:2]
+    np.testing.assert_array_equal(first.inputs, np.array([[q] * 4 for q in sent[:2]], np.float32))
+    assert first.reply_to == [REPLY_TO] * 2 and first.model == "m" and first.group is None
+    h.send_queries("m", 2)  # more queries: still no slot
+    h.settle()
+    assert h.batches(w) == []
+    assert h.d.status()["queues"]["m"] == 6
+    h.done(w, first, 1.0)
+    assert h.next_batch(w).qids == sent[2:4]
+
+
+def test_every_slot_is_used_and_never_more(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0", slots=3)
+    sent = h.send_queries("m", 5)
+    got: list[Batch] = []
+    h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 3, what="three batches for three slots")
+    h.settle()
+    got.extend(h.batches(w))
+    assert qids_of(got) == sent[:3]
+    assert h.state("w0").free_slots == 0
+    h.done(w, got[1], 1.0)
+    assert h.next_batch(w).qids == [sent[3]]
+
+
+def test_workers_of_another_model_get_nothing(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1), "other": BatchPolicy(fixed_batch=1)})
+    w_other = h.worker("w-other", model="other")
+    w = h.worker("w-m", model="m")
+    sent = h.send_queries("m", 1)
+    assert h.next_batch(w).qids == sent
+    h.settle()
+    assert h.batches(w_other) == []
+
+
+# --------------------------------------------------------------------------- AIMD
+
+
+def test_aimd_grows_on_full_batches_and_backs_off_over_slo(harness):
+    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=2, aimd_backoff=0.9, max_batch=64)})
+    w = h.worker("w0")
+    h.send_queries("m", 200)
+    sizes, batch = [], h.next_batch(w)
+    for service_ms in (5.0, 5.0, 5.0, 5.0, 50.0, 50.0, 5.0):
+        sizes.append(len(batch.qids))
+        h.done(w, batch, service_ms)
+        batch = h.next_batch(w)
+    sizes.append(len(batch.qids))
+    # +2 per full batch under the SLO; floor(0.9 x) over it: 9 -> 8 -> 7; then +2 again
+    assert sizes == [1, 3, 5, 7, 9, 8, 7, 9]
+    assert h.state("w0").batch_size == 9
+
+
+def test_aimd_backs_off_no_lower_than_one(harness):
+    h = harness({"m": BatchPolicy(slo_ms=20.0)})
+    w = h.worker("w0")
+    h.send_queries("m", 5)
+    for _ in range(3):
+        batch = h.next_batch(w)
+        assert len(batch.qids) == 1
+        h.done(w, batch, 500.0)
+        assert h.state("w0").batch_size == 1
+
+
+def test_aimd_ignores_partial_batches_and_failures(harness):
+    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=4)})
+    w = h.worker("w0")
+    h.send_queries("m", 1)
+    h.done(w, h.next_batch(w), 1.0)
+    assert h.state("w0").batch_size == 5
+    h.send_queries("m", 2)  # a batch of 2 < 5 under the SLO says nothing about size 9
+    h.done(w, h.next_batch(w), 1.0)
+    assert h.state("w0").batch_size == 5
+    h.send_queries("m", 5)
+    h.done(w, h.next_batch(w), 1.0, ok=False)  # a failed batch neither
+    assert h.state("w0").batch_size == 5
+
+
+def test_aimd_is_capped_by_max_batch_of_policy_and_worker(harness):
+    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=8, max_batch=16)})
+    w = h.worker("w0", max_batch=10)
+    h.send_queries("m", 100)
+    for _ in range(4):
+        h.done(w, h.next_batch(w), 1.0)
+    assert h.state("w0").batch_size == 10
+    assert len(h.next_batch(w).qids) == 10
+
+
+def test_fixed_batch_disables_aimd(harness):
+    h = harness({"m": BatchPolicy(slo_ms=20.0, fixed_batch=4)})
+    w = h.worker("w0")
+    h.send_queries("m", 20)
+    for service_ms in (1.0, 1.0, 500.0, 1.0):
+        batch = h.next_batch(w)
+        assert len(batch.qids) == 4
+        h.done(w, batch, service_ms)
+        assert h.state("w0").batch_size == 4
+
+
+# --------------------------------------------------------------------------- delayed batching
+
+
+def test_delayed_batching_waits_for_a_fuller_batch(harness):
+    delay_s = 5.0  # far longer than this test runs: a partial batch must not leave at all
+    h = harness({"m": BatchPolicy(fixed_batch=4, batch_delay_ms=delay_s * 1000)})
+    w = h.worker("w0")
+    first = h.send_queries("m", 1)
+    h.pump(lambda: h.d.status()["queues"]["m"] == 1, what="the query queued")
+    h.settle()
+    assert h.batches(w) == [], "a partial batch left before batch_delay_ms"
+    assert h.d.wake_at is not None  # it will look again when the delay is up
+    more = h.send_queries("m", 3)
+    batch = h.next_batch(w, what="the full batch, before the delay is up")
+    assert batch.qids == first + more
+
+
+def test_delayed_batching_sends_a_partial_batch_after_the_delay(harness):
+    delay_s = 0.15
+    h = harness({"m": BatchPolicy(fixed_batch=4, batch_delay_ms=delay_s * 1000)})
+    w = h.worker("w0")
+    sent_at = time.time()
+    sent = h.send_queries("m", 2)
+    batch = h.next_batch(w, what="the partial batch after the delay")
+    assert time.time() - sent_at >= delay_s
+    assert batch.qids == sent
+
+
+def test_no_delay_sends_partial_batches_at_once(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=4, batch_delay_ms=0)})
+    w = h.worker("w0")
+    sent = h.send_queries("m", 1)
+    assert h.next_batch(w).qids == sent
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+def test_expired_queries_are_never_dispatched(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=8)})
+    w = h.worker("w0")
+    expired = h.send_queries("m", 3, deadline_s=-1.0)
+    live = h.send_queries("m", 2)
+    late = h.send_queries("m", 2, deadline_s=-0.5)
+    batch = h.next_batch(w)
+    assert batch.qids == live
+    assert not set(batch.qids) & set(expired + late)
+    h.pump(lambda: h.d.expired == 5, what="5 expired queries counted")
+
+
+def test_a_queue_of_only_expired_queries_dispatches_nothing(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)})
+    w = h.worker("w0")
+    h.send_queries("m", 4, deadline_s=-1.0)
+    h.pump(lambda: h.d.expired == 4, what="expired counted")
+    h.settle()
+    assert h.batches(w) == []
+    assert h.state("w0").free_slots == 1  # the slot was not spent on nothing
+    live = h.send_queries("m", 1)
+    assert h.next_batch(w).qids == live
+
+
+# --------------------------------------------------------------------------- liveness
+
+
+def beats(sock: zmq.Socket):
+    name = sock.getsockopt(zmq.IDENTITY).decode()
+    return lambda: transport.send(sock, Heartbeat(sender=name))
+
+
+def test_silent_worker_is_dropped_and_its_queries_go_to_another(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)}, heartbeat_interval_s=0.05, heartbeat_liveness=3)
+    silent = h.worker("silent")
+    sent = h.send_queries("m", 2)
+    held = h.next_batch(silent, also=beats(silent))  # from here on it says nothing
+    assert held.qids == sent
+    alive = h.worker("alive")
+    rescued = h.next_batch(alive, what="the silent worker's batch, re-dispatched", also=beats(alive))
+    assert b"silent" not in h.d.workers and b"alive" in h.d.workers
+    assert rescued.qids == held.qids
+    np.testing.assert_array_equal(rescued.inputs, held.inputs)
+    assert rescued.batch_id != held.batch_id
+    assert h.d.requeued == 2
+
+
+def test_requeued_queries_go_first(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)}, heartbeat_interval_s=0.05, heartbeat_liveness=3)
+    silent = h.worker("silent")
+    held = h.next_batch(silent, also=beats(silent)) if h.send_queries("m", 2) else None
+    alive = h.worker("alive")
+    busy = h.next_batch(alive, also=beats(alive)) if h.send_queries("m", 2) else None
+    later = h.send_queries("m", 2)  # queued behind nothing: both workers are busy
+    h.pump(lambda: b"silent" not in h.d.workers, what="the silent worker dropped", also=beats(alive))
+    assert h.d.status()["queues"]["m"] == 4
+    transport.send(alive, Done(worker="alive", batch_id=busy.batch_id, batch_size=2, service_ms=1.0))
+    rescued = h.next_batch(alive, also=beats(alive))
+    assert rescued.qids == held.qids, "re-queued queries did not go back to the head of the queue"
+    transport.send(alive, Done(worker="alive", batch_id=rescued.batch_id, batch_size=2, service_ms=1.0))
+    assert h.next_batch(alive, also=beats(alive)).qids == later
+
+
+def test_heartbeating_worker_is_kept(harness):
+    h = harness({"m": BatchPolicy()}, heartbeat_interval_s=0.05, heartbeat_liveness=2)
+    w = h.worker("w0")
+    beat = lambda: transport.send(w, Heartbeat(sender="w0"))  # noqa: E731
+    replies = []
+
+    def heartbeats_back():
+        while w.poll(0):
+            replies.append(protocol.decode(w.recv_multipart()))
+        return len(replies) >= 5
+
+    h.pump(heartbeats_back, what="five heartbeats from the dispatcher", also=beat)
+    assert b"w0" in h.d.workers
+    assert all(isinstance(r, Heartbeat) and r.known for r in replies)
+
+
+def test_unknown_worker_is_told_to_register(harness):
+    h = harness({"m": BatchPolicy()})
+    stranger = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"stranger")
+    transport.send(stranger, Heartbeat(sender="stranger"))
+    h.pump(lambda: stranger.poll(0), what="an answer to the stranger")
+    reply = protocol.decode(stranger.recv_multipart())
+    assert isinstance(reply, Heartbeat) and reply.known is False
+
+
+# --------------------------------------------------------------------------- ParM coding
+
+
+def test_coding_groups_tag_consecutive_batches_and_copy_to_the_encoder(harness, zsock):
+    encoder = zsock(zmq.PULL, bind=ANY_PORT)
+    h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity"), "plain": BatchPolicy(fixed_batch=1)},
+                encoder_endpoint=transport.endpoint_of(encoder))
+    w = h.worker("w0", slots=8)
+    wp = h.worker("wp", model="plain")
+    sent = h.send_queries("m", 5)
+    got: list[Batch] = []
+    h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 5, what="five batches")
+    assert [b.qids for b in got] == [[q] for q in sent]
+    assert [b.group for b in got] == [CodingTag(0, 0, 2), CodingTag(0, 1, 2), CodingTag(1, 0, 2), CodingTag(1, 1, 2),
+                                      CodingTag(2, 0, 2)]
+    copies: list[Batch] = []
+    h.pump(lambda: copies.extend(h.batches(encoder)) or len(copies) >= 5, what="five copies at the encoder")
+    assert [(c.batch_id, c.qids, c.group) for c in copies] == [(b.batch_id, b.qids, b.group) for b in got]
+    np.testing.assert_array_equal(copies[3].inputs, got[3].inputs)
+    # an uncoded model: no tag and no copy
+    h.send_queries("plain", 1)
+    assert h.next_batch(wp).group is None
+    h.settle()
+    assert h.batches(encoder) == []
+
+
+def test_parity_batches_go_to_parity_workers(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")})
+    deployed = h.worker("w0")
+    parity = h.worker("p0", model="m-parity", role=Role.PARITY)
+    members = {"model": "m", "encoder": "add", "batches": [[[1], [REPLY_TO]], [[2], [REPLY_TO]]]}
+    transport.send(h.frontend, Batch(batch_id=0, model="m-parity", qids=[0], reply_to=[""], role=Role.PARITY,
+                                     inputs=np.ones((1, 4), np.float32), group=CodingTag(0, 2, 2), members=members))
+    got = h.next_batch(parity, what="the parity batch")
+    assert got.role == Role.PARITY and got.members == members and got.group == CodingTag(0, 2, 2)
+    assert got.batch_id > 0
+    h.settle()
+    assert h.batches(deployed) == []
+
+
+def test_status_over_the_worker_socket(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    h.worker("w0")
+    asker = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"asker")
+    transport.send(asker, protocol.Status(service="?"))
+    h.pump(lambda: asker.poll(0), what="a status answer")
+    info = protocol.decode(asker.recv_multipart()).info
+    assert info["role"] == "dispatcher" and info["workers"]["w0"]["model"] == "m"
+    assert info["queues"] == {"m": 0}

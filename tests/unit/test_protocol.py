@@ -1,0 +1,404 @@
+"""The wire format: every message kind survives encode -> decode (as bytes and through real
+zmq frames); anything malformed is a ProtocolError and never any other exception."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import orjson
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common import protocol
+from common.protocol import (
+    ALLOWED_DTYPES, MESSAGES, PROTOCOL_VERSION, Batch, CodingTag, Done, Heartbeat, Predict, Predictions,
+    ProtocolError, Queries, Register, Reply, Role, Source, Status, decode, encode, split_envelope,
+)
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def tensor(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 100, size=shape).astype(dtype)
+    return rng.standard_normal(size=shape).astype(dtype)
+
+
+def assert_same(a, b) -> None:
+    assert type(a) is type(b)
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert isinstance(y, np.ndarray), f.name
+            assert x.dtype == y.dtype and x.shape == y.shape, f.name
+            assert np.array_equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+def header(frames: list) -> dict:
+    return orjson.loads(bytes(frames[0]))
+
+
+def frames_of(head: dict, *tensors: bytes) -> list:
+    return [orjson.dumps(head), *tensors]
+
+
+# --------------------------------------------------------------------------- round trips
+
+SHAPES = [(), (0,), (3,), (2, 3), (2, 3, 4)]
+
+
+@pytest.mark.parametrize("dtype", sorted(ALLOWED_DTYPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_predict_round_trip_every_dtype_and_shape(dtype, shape):
+    msg = Predict(request_id="r1", model="m", input=tensor(dtype, shape), timeout_ms=12.5, version="2")
+    out = decode(encode(msg))
+    assert_same(msg, out)
+    assert header(encode(msg))["tensors"] == [{"dtype": dtype, "shape": list(shape)}]
+
+
+def test_non_contiguous_input_is_sent_contiguous():
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    out = decode(encode(Predict(request_id="r", model="m", input=x)))
+    assert np.array_equal(out.input, x)
+
+
+def every_kind() -> list:
+    inputs = tensor("float32", (3, 4), seed=1)
+    members = {"model": "m", "encoder": "add", "batches": [[[1, 2, 3], ["tcp://a:1"] * 3], [[4, 5], ["tcp://b:2"] * 2]]}
+    return [
+        Predict(request_id="r1", model="m", input=tensor("int64", (4,))),
+        Reply(request_id="r1", source=Source.MODEL, output=tensor("float32", (10,)), model="m", version="1"),
+        Reply(request_id="r2", source=Source.ERROR, output=None, error="no", error_code="bad_request"),
+        Queries(model="m", qids=[1, 2, 3], deadlines=[1.5, 2.5, 3.5], reply_to="tcp://127.0.0.1:9", inputs=inputs),
+        Batch(batch_id=7, model="m", qids=[1, 2, 3], reply_to=["tcp://a:1"] * 3, inputs=inputs,
+              group=CodingTag(4, 1, 2), lineage=[{"model": "m", "seq": 3}]),
+        Batch(batch_id=8, model="m-parity", qids=[0, 1, 2], reply_to=[""] * 3, inputs=tensor("float16", (3, 2, 2)),
+              role=Role.PARITY, group=CodingTag(4, 2, 2), members=members),
+        Predictions(batch_id=7, model="m", qids=[1, 2, 3], outputs=tensor("float32", (3, 10)), worker="w0",
+                    group=CodingTag(4, 1, 2), service_ms=1.25, reply_to=["tcp://a:1"] * 3),
+        Predictions(batch_id=8, model="m-parity", qids=[0, 1], outputs=tensor("float64", (2, 5)), role=Role.PARITY,
+                    members=members, group=CodingTag(4, 2, 2)),
+        Predictions(batch_id=9, model="m", qids=[5], outputs=None, error="RuntimeError: boom"),
+        Predictions(batch_id=10, model="m", qids=[6], outputs=tensor("uint8", (1, 3)), source=Source.RECONSTRUCTION),
+        Register(worker="w0", model="m", role=Role.PARITY, slots=3, max_batch=16),
+        Done(worker="w0", batch_id=7, batch_size=3, service_ms=4.5, ok=False),
+        Heartbeat(sender="dispatcher", known=False),
+        Status(service="frontend", info={"pending": 3, "answered": {"model": 2}, "cache": None}),
+        Status(),
+    ]
+
+
+@pytest.mark.parametrize("msg", every_kind(), ids=lambda m: f"{m.KIND}")
+def test_every_kind_round_trips(msg):
+    assert_same(msg, decode(encode(msg)))
+
+
+def test_every_kind_is_covered():
+    assert {m.KIND for m in every_kind()} == set(MESSAGES)
+
+
+def test_coding_tag_and_members_survive():
+    batch = every_kind()[5]
+    out = decode(encode(batch))
+    assert out.group == CodingTag(4, 2, 2) and isinstance(out.group, CodingTag)
+    assert out.members["batches"][1] == [[4, 5], ["tcp://b:2"] * 2]
+    assert header(encode(batch))["group"] == [4, 2, 2]
+
+
+def test_round_trip_through_zmq_frames():
+    """Services read with copy=False: decode must take zmq.Frame objects (zero-copy)."""
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        for s in (a, b):
+            s.setsockopt(zmq.LINGER, 0)
+        a.bind("inproc://protocol-test")
+        b.connect("inproc://protocol-test")
+        for msg in every_kind():
+            a.send_multipart(encode(msg), copy=False)
+            assert b.poll(2000), "no message within 2 s"
+            assert_same(msg, decode(b.recv_multipart(copy=False)))
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()
+
+
+# --------------------------------------------------------------------------- malformed
+
+
+def good_predict_frames() -> list:
+    return [bytes(f) for f in encode(Predict(request_id="r", model="m", input=np.zeros(4, np.float32)))]
+
+
+def test_wrong_version():
+    head = header(good_predict_frames())
+    for v in (PROTOCOL_VERSION + 1, 0, None, "1"):
+        head["v"] = v
+        with pytest.raises(ProtocolError, match="version"):
+            decode(frames_of(head, bytes(16)))
+    del head["v"]
+    with pytest.raises(ProtocolError, match="version"):
+        decode(frames_of(head, bytes(16)))
+
+
+@pytest.mark.parametrize("kind", ["nonsense", "", None, 3, ["predict"], {"k": 1}])
+def test_unknown_kind(kind):
+    with pytest.raises(ProtocolError, match="kind"):
+        decode([orjson.dumps({"v": PROTOCOL_VERSION, "kind": kind})])
+
+
+@pytest.mark.parametrize("msg", every_kind(), ids=lambda m: f"{m.KIND}")
+def test_each_missing_required_field(msg):
+    frames = [bytes(f) for f in encode(msg)]
+    head = header(frames)
+    required = protocol._FIELDS[type(msg)][1]
+    for name in required:
+        broken = {k: v for k, v in head.items() if k != name}
+        with pytest.raises(ProtocolError, match=name):
+            decode([orjson.dumps(broken), *frames[1:]])
+
+
+@pytest.mark.parametrize("field,value", [
+    ("request_id", 5), ("model", ["m"]), ("timeout_ms", "fast"), ("timeout_ms", True),
+])
+def test_mistyped_fields(field, value):
+    frames = good_predict_frames()
+    head = header(frames)
+    head[field] = value
+    with pytest.raises(ProtocolError, match=field):
+        decode([orjson.dumps(head), frames[1]])
+
+
+def test_mistyped_group_tag():
+    frames = [bytes(f) for f in encode(every_kind()[4])]
+    for bad in ([1, 2], [1, 2, "3"], "0:1:2", [1, 2, 3.0], {"group": 1}):
+        head = header(frames)
+        head["group"] = bad
+        with pytest.raises(ProtocolError, match="coding group"):
+            decode([orjson.dumps(head), frames[1]])
+
+
+def test_mismatched_byte_counts():
+    frames = good_predict_frames()  # float32 (4,) = 16 bytes
+    for data in (bytes(15), bytes(17), b""):
+        with pytest.raises(ProtocolError, match="bytes"):
+            decode([frames[0], data])
+
+
+def test_tensor_frame_count_must_match_descriptors():
+    frames = good_predict_frames()
+    with pytest.raises(ProtocolError, match="tensor frames"):
+        decode([frames[0]])
+    with pytest.raises(ProtocolError, match="tensor frames"):
+        decode([frames[0], frames[1], frames[1]])
+    done = [bytes(f) for f in encode(Done(worker="w", batch_id=1, batch_size=1, service_ms=1.0))]
+    with pytest.raises(ProtocolError, match="extra frames"):
+        decode([done[0], b"x"])
+
+
+def test_required_tensor_may_not_be_absent():
+    head = header(good_predict_frames())
+    head["tensors"] = [None]
+    with pytest.raises(ProtocolError, match="input"):
+        decode([orjson.dumps(head)])
+    head["tensors"] = []
+    with pytest.raises(ProtocolError, match="descriptor"):
+        decode([orjson.dumps(head)])
+
+
+def test_per_query_tensor_needs_a_row_per_query():
+    queries = every_kind()[3]
+    frames = [bytes(f) for f in encode(queries)]
+    head = header(frames)
+    head["qids"] = [1, 2]  # three rows
+    with pytest.raises(ProtocolError, match="rows"):
+        decode([orjson.dumps(head), frames[1]])
+    head["qids"] = [1]
+    head["tensors"] = [{"dtype": "float32", "shape": []}]  # a scalar has no rows at all
+    with pytest.raises(ProtocolError, match="rows"):
+        decode([orjson.dumps(head), bytes(4)])
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "float128", "object", "str", "<f4", None, 7, ["float32"], {"name": "float32"}])
+def test_disallowed_dtype_on_decode(dtype):
+    head = header(good_predict_frames())
+    head["tensors"] = [{"dtype": dtype, "shape": [4]}]
+    with pytest.raises(ProtocolError, match="dtype"):
+        decode([orjson.dumps(head), bytes(16)])
+
+
+@pytest.mark.parametrize("arr", [np.zeros(2, np.complex64), np.zeros(2, np.uint16), np.array(["a"])], ids=str)
+def test_disallowed_dtype_on_encode(arr):
+    with pytest.raises(ProtocolError, match="dtype"):
+        encode(Predict(request_id="r", model="m", input=arr))
+
+
+@pytest.mark.parametrize("shape", [[-1], [2, "3"], "4", [1] * 9, [True], None])
+def test_bad_shapes(shape):
+    head = header(good_predict_frames())
+    head["tensors"] = [{"dtype": "float32", "shape": shape}]
+    with pytest.raises(ProtocolError, match="shape"):
+        decode([orjson.dumps(head), bytes(16)])
+
+
+def test_oversized_payload():
+    x = np.zeros(100, np.float32)  # 400 bytes
+    frames = encode(Predict(request_id="r", model="m", input=x))
+    assert decode(frames, max_payload=400).input.shape == (100,)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(frames, max_payload=399)
+    # The limit is checked on the declared shape, before any frame is looked at.
+    head = header(frames)
+    head["tensors"] = [{"dtype": "float64", "shape": [1 << 40, 1 << 40]}]
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode([orjson.dumps(head), b""])
+
+
+def test_oversized_header():
+    big = orjson.dumps({"v": PROTOCOL_VERSION, "kind": "status", "service": "x" * protocol.MAX_HEADER_BYTES})
+    with pytest.raises(ProtocolError, match="header"):
+        decode([big])
+
+
+@pytest.mark.parametrize("frames", [[], [b""], [b"{"], [b"[1, 2]"], [b"null"], [b"\xff\xfe"], [b'"v"']], ids=str)
+def test_not_a_header(frames):
+    with pytest.raises(ProtocolError):
+        decode(frames)
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+
+def must_decode_or_refuse(frames: list) -> None:
+    try:
+        msg = decode(frames)
+    except ProtocolError:
+        return
+    assert type(msg) in MESSAGES.values()
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=64), max_size=5))
+def test_fuzz_arbitrary_frames(frames):
+    must_decode_or_refuse(frames)
+
+
+@FUZZ
+@given(st.binary(max_size=256))
+def test_fuzz_arbitrary_header_bytes(raw):
+    must_decode_or_refuse([raw])
+    must_decode_or_refuse([raw, raw])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+ALL_FIELDS = sorted({f.name for cls in MESSAGES.values() for f in dataclasses.fields(cls)})
+dims = st.integers(-2, 5) | json_values
+descriptors = st.none() | json_values | st.fixed_dictionaries(
+    {"dtype": st.sampled_from(sorted(ALLOWED_DTYPES) + ["complex64", "object"]) | json_values,
+     "shape": st.lists(dims, max_size=3) | json_values})
+
+
+@st.composite
+def json_messages(draw) -> list:
+    """Headers near the real ones: a real or odd kind, real field names with any JSON values,
+    descriptors that sometimes match the frames that follow."""
+    head: dict = {"v": draw(st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 2, "1"]) | json_values)}
+    head["kind"] = draw(st.sampled_from(sorted(MESSAGES)) | json_values)
+    for name in draw(st.lists(st.sampled_from(ALL_FIELDS), max_size=12, unique=True)):
+        head[name] = draw(json_values | st.just([1, 2]) | st.just(["a", "b"]) | st.just([0, 1, 2]))
+    if draw(st.booleans()):
+        head["tensors"] = draw(st.lists(descriptors, max_size=2) | json_values)
+    frames: list = [orjson.dumps(head)]
+    descs = head.get("tensors")
+    for desc in descs if isinstance(descs, list) else []:
+        if draw(st.booleans()) and isinstance(desc, dict) and str(desc.get("dtype")) in ALLOWED_DTYPES \
+                and isinstance(desc.get("shape"), list) and all(type(d) is int and 0 <= d < 6 for d in desc["shape"]):
+            n = int(np.prod(desc["shape"])) * np.dtype(desc["dtype"]).itemsize
+            frames.append(draw(st.binary(min_size=n, max_size=n)))  # a frame that matches its descriptor
+        else:
+            frames.append(draw(st.binary(max_size=16)))
+    return frames
+
+
+@FUZZ
+@given(json_messages())
+def test_fuzz_json_headers(frames):
+    must_decode_or_refuse(frames)
+
+
+@FUZZ
+@given(st.sampled_from(every_kind()), st.sampled_from(ALL_FIELDS + ["tensors", "v", "kind"]), json_values)
+def test_fuzz_one_field_of_a_real_message(msg, name, value):
+    frames = [bytes(f) for f in encode(msg)]
+    head = header(frames)
+    head[name] = value
+    must_decode_or_refuse([orjson.dumps(head), *frames[1:]])
+
+
+@FUZZ
+@given(st.sampled_from([m for m in every_kind() if m.TENSORS]), descriptors, st.binary(max_size=64))
+def test_fuzz_descriptor_of_a_real_message(msg, desc, frame):
+    frames = [bytes(f) for f in encode(msg)]
+    head = header(frames)
+    head["tensors"] = [desc]
+    must_decode_or_refuse([orjson.dumps(head), frame])
+    must_decode_or_refuse([orjson.dumps(head), *frames[1:]])
+
+
+# --------------------------------------------------------------------------- envelopes
+
+
+def test_split_envelope_dealer_peer():
+    body = good_predict_frames()
+    envelope, rest = split_envelope([b"id-1", *body])
+    assert envelope == [b"id-1"] and rest == body
+
+
+def test_split_envelope_req_peer():
+    body = good_predict_frames()
+    envelope, rest = split_envelope([b"id-1", b"", *body])
+    assert envelope == [b"id-1", b""] and rest == body
+
+
+def test_split_envelope_edges():
+    assert split_envelope([b"id"]) == ([b"id"], [])
+    assert split_envelope([b"id", b""]) == ([b"id", b""], [])
+    with pytest.raises(ProtocolError):
+        decode(split_envelope([b"id", b""])[1])
+
+
+def test_split_envelope_of_zmq_frames():
+    """A ROUTER reading copy=False hands over zmq.Frame objects."""
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        for s in (router, dealer):
+            s.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IDENTITY, b"peer")
+        router.bind("inproc://envelope-test")
+        dealer.connect("inproc://envelope-test")
+        msg = Predict(request_id="r", model="m", input=np.arange(3, dtype=np.int32))
+        dealer.send_multipart(encode(msg))
+        dealer.send_multipart([b"", *encode(msg)])  # as a REQ-style peer would
+        for expected in ([b"peer"], [b"peer", b""]):
+            assert router.poll(2000), "no message within 2 s"
+            envelope, body = split_envelope(router.recv_multipart(copy=False))
+            assert [f.bytes for f in envelope] == expected
+            assert_same(msg, decode(body))
+    finally:
+        router.close(0)
+        dealer.close(0)
+        ctx.term()
