@@ -11,6 +11,7 @@ SIGINT, SIGTERM and the run's time bound all end in the same cleanup as a normal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -23,8 +24,10 @@ class RunTimeout(Exception):
     """The experiment ran past its hard time bound; cleanup follows as on any exit."""
 
 
+@contextlib.contextmanager
 def _guard(max_s: float | None):
-    """SIGTERM -> SystemExit and an optional SIGALRM bound, so ``finally`` blocks run."""
+    """SIGTERM -> SystemExit and an optional SIGALRM bound, so ``finally`` blocks run;
+    the previous handlers and timer are restored afterwards."""
 
     def on_term(signum, frame):  # noqa: ANN001
         raise SystemExit(128 + signum)
@@ -32,10 +35,16 @@ def _guard(max_s: float | None):
     def on_alarm(signum, frame):  # noqa: ANN001
         raise RunTimeout(f"ran past its bound of {max_s:.0f} s")
 
-    signal.signal(signal.SIGTERM, on_term)
-    if max_s:
-        signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, max_s)
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_alarm = signal.signal(signal.SIGALRM, on_alarm) if max_s else None
+    old_timer = signal.setitimer(signal.ITIMER_REAL, max_s) if max_s else None
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if max_s:
+            signal.setitimer(signal.ITIMER_REAL, *old_timer)
+            signal.signal(signal.SIGALRM, old_alarm)
 
 
 def _dump(path: str | None, data: dict) -> None:
@@ -48,10 +57,9 @@ def _dump(path: str | None, data: dict) -> None:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from chaos.selftest import BUDGET_S, run_selftest
 
-    _guard(BUDGET_S + 30)
-    report = run_selftest(local=args.local, link_mbit=args.link_mbit, shuffle_mb=args.shuffle_mb,
-                          delay_ms=args.delay_ms)
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    with _guard(BUDGET_S + 30):
+        report = run_selftest(local=args.local, link_mbit=args.link_mbit, shuffle_mb=args.shuffle_mb,
+                              delay_ms=args.delay_ms)
     _dump(args.json, report)
     keys = ("netns", "kill_host_ok", "restart_ok", "freeze_ok", "partition_ok", "link_limit_mbps", "shuffle_mbps",
             "delay_configured_ms", "delay_added_ms", "cleanup_ok", "duration_s", "ok")
@@ -66,20 +74,19 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment, run_experiment
+    from chaos.resources import ChaosError
 
-    exp = load_experiment(args.experiment)
-    if args.local:
-        exp.netns = False
-    if args.max_s:
-        exp.max_duration_s = args.max_s
-    _guard(exp.max_duration_s + 60)
     try:
-        report = run_experiment(exp, json_path=Path(args.json), out_dir=Path(args.out) if args.out else None)
-    except RunTimeout as exc:
-        print(f"experiment {exp.name}: {exc}; everything it made was removed", file=sys.stderr)
+        exp = load_experiment(args.experiment)
+        if args.local:
+            exp.netns = False
+        if args.max_s:
+            exp.max_duration_s = args.max_s
+        with _guard(exp.max_duration_s + 60):
+            report = run_experiment(exp, json_path=Path(args.json), out_dir=Path(args.out) if args.out else None)
+    except (RunTimeout, ChaosError) as exc:
+        print(f"experiment {args.experiment}: {exc}; everything it made was removed", file=sys.stderr)
         return 2
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
     for mode, s in report["modes"].items():
         lat = s["latency_ms"]
         print(f"{mode:10s} sent {s['sent']:6d} answered {s['answered']:6d} lost {s['lost']:5d}  "

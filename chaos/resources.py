@@ -30,7 +30,7 @@ from pathlib import Path
 import orjson
 
 #: where run state files live (override with KEEL_CHAOS_STATE)
-STATE_DIR = Path(os.environ.get("KEEL_CHAOS_STATE", "/tmp/keel-chaos-state"))
+STATE_DIR = Path(os.environ.get("KEEL_CHAOS_STATE", f"/tmp/keel-chaos-state-{os.getuid()}"))
 #: every namespace the harness creates is named NS_PREFIX + run id + "-" + host
 NS_PREFIX = "keelchaos-"
 

@@ -19,6 +19,7 @@ drops such duplicates; the recording client keeps them for the invariants).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import threading
@@ -75,20 +76,24 @@ def schedule(rate: float, count: int | None, duration_s: float, seed: int) -> np
     return offsets[offsets < duration_s]
 
 
-def load_inputs(dataset: str, input_shape: list[int] | None) -> np.ndarray:
-    """Every example of ``dataset`` (train then test), float32, shaped to the model's query shape."""
+@functools.lru_cache(maxsize=4)
+def _dataset(dataset: str) -> np.ndarray:
     try:
         from training.datasets import load
 
         ds = load(dataset)
-        x = np.concatenate([ds.x_train, ds.x_test])
+        return np.concatenate([ds.x_train, ds.x_test]).astype(np.float32)
     except ImportError:  # the training package is optional for the harness
         if dataset != "digits":
             raise
         from sklearn.datasets import load_digits
 
-        x = load_digits().data.astype(np.float32) / 16.0
-    x = x.astype(np.float32)
+        return (load_digits().data / 16.0).astype(np.float32)
+
+
+def load_inputs(dataset: str, input_shape: list[int] | None) -> np.ndarray:
+    """Every example of ``dataset`` (train then test), float32, shaped to the model's query shape."""
+    x = _dataset(dataset)
     if input_shape:
         want = int(np.prod(input_shape))
         flat = x.reshape(len(x), -1)
@@ -125,7 +130,10 @@ class Workload:
         for stale in [self.dir / "done.json", *self.dir.glob("records-*.jsonl")]:
             stale.unlink(missing_ok=True)
         path = self.dir / "workload.json"
-        write_json(path, {**asdict(self.cfg), "start_at": start_at, "out_dir": str(self.dir)})
+        # the generator reads the inputs from here: it never imports the dataset code
+        np.save(self.dir / "inputs.npy", load_inputs(self.cfg.dataset, self.cfg.input_shape))
+        write_json(path, {**asdict(self.cfg), "start_at": start_at, "out_dir": str(self.dir),
+                          "inputs": str(self.dir / "inputs.npy")})
         self.proc = cluster.spawn(self.cfg.client_host, [sys.executable, "-m", "chaos.workload", "--config", str(path)],
                                   "workload", kind="aux", restartable=False)
         self.cluster = cluster
@@ -229,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = orjson.loads(Path(args.config).read_bytes())
     out_dir = Path(cfg["out_dir"])
-    inputs = load_inputs(cfg["dataset"], cfg.get("input_shape"))
+    inputs = np.load(cfg["inputs"]) if cfg.get("inputs") else load_inputs(cfg["dataset"], cfg.get("input_shape"))
     offsets = schedule(cfg["rate"], cfg.get("count"), cfg["duration_s"], cfg["seed"])
     rows = picks(len(inputs), len(offsets), cfg["seed"])
     stats: dict[str, dict] = {}

@@ -1,0 +1,223 @@
+"""``keel up | down | status | predict | serve-spec | render-systemd``: run a cluster spec.
+
+``add_parser(subparsers)`` adds the subcommands to the ``keel`` parser; each sets
+``func(args) -> int`` (the exit status).
+
+Example
+-------
+::
+
+    keel up deploy/examples/noop.toml
+    keel predict --spec deploy/examples/noop.toml noop --input '[0, 0, 0, 0]'
+    keel status deploy/examples/noop.toml
+    keel down deploy/examples/noop.toml
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from common.spec import SpecError, load_spec
+
+
+def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        host, sep, address = pair.partition("=")
+        if not sep:
+            raise SpecError(f"--address {pair!r}: expected HOST=ADDRESS")
+        out[host] = address
+    return out
+
+
+def _fail(msg: str) -> int:
+    print(f"keel: {msg}", file=sys.stderr)
+    return 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from deploy.supervisor import DeployError, up
+
+    try:
+        up(args.spec, wait_s=args.wait, addresses=_addresses(args.address))
+    except (SpecError, DeployError) as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from deploy.supervisor import DeployError, down
+
+    try:
+        down(args.target, wait_s=args.wait)
+    except (SpecError, DeployError) as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from deploy.supervisor import DeployError, format_table, status
+
+    try:
+        st = status(load_spec(args.spec, _addresses(args.address)), timeout_s=args.timeout)
+    except (SpecError, DeployError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(orjson.dumps(st, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
+        return 0 if st["running"] else 3
+    if not st["running"]:
+        print("supervisord is not running for this spec")
+    print(format_table(st["programs"]))
+    for name, info in st["info"].items():
+        print(f"\n== {name}")
+        if info is None:
+            print(f"(no answer within {args.timeout:g} s)")
+            continue
+        for title, rows in info_tables(info):
+            if title:
+                print(f"-- {title}")
+            print(format_table(rows))
+    return 0 if st["running"] else 3
+
+
+def info_tables(info: dict[str, Any]) -> list[tuple[str, list[dict]]]:
+    """A service's status dict as tables: scalars as key/value rows, then one table per
+    dict-of-dicts (e.g. per-worker batch sizes and queue lengths) or list of dicts."""
+    scalars = [{"key": k, "value": v} for k, v in info.items() if not _is_table(v)]
+    tables: list[tuple[str, list[dict]]] = [("", scalars)] if scalars else []
+    for key, value in info.items():
+        if _is_table(value):
+            tables.append((key, [{key: k, **v} for k, v in value.items()] if isinstance(value, dict) else value))
+    return tables
+
+
+def _is_table(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value) and all(isinstance(v, dict) for v in value.values())
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _input(text: str, dtype: str, shape: list[int]) -> np.ndarray:
+    if text.endswith(".npy"):
+        x = np.load(text, allow_pickle=False)
+    else:
+        try:
+            x = np.asarray(orjson.loads(text))
+        except orjson.JSONDecodeError as exc:
+            raise SpecError(f"--input: neither a .npy file nor a JSON list: {exc}") from None
+    x = np.ascontiguousarray(x, dtype=dtype)
+    if list(x.shape) != shape and x.size == int(np.prod(shape)):
+        x = x.reshape(shape)
+    return x
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from common.client import Client
+
+    try:
+        spec = load_spec(args.spec, _addresses(args.address))
+        if args.model not in spec.models:
+            raise SpecError(f"model {args.model!r} is not in the spec (models: {sorted(spec.models)})")
+        table = spec.models[args.model]
+        x = _input(args.input, table["input_dtype"], table["input_shape"])
+    except (SpecError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    with Client(spec.client_endpoints) as client:
+        result = client.predict(args.model, x, timeout_ms=args.timeout_ms)
+    out = {k: getattr(result, k, None) for k in ("request_id", "source", "model", "version", "latency_ms", "error", "error_code")}
+    out["output"] = None if result.output is None else np.asarray(result.output).tolist()
+    print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return 0 if result.error is None and result.output is not None else 1
+
+
+def cmd_serve_spec(args: argparse.Namespace) -> int:
+    """Replace this process with one service of the spec (for systemd or by hand)."""
+    try:
+        svc = load_spec(args.spec, _addresses(args.address)).service(args.service)
+    except (SpecError, KeyError) as exc:
+        return _fail(str(exc).strip('"'))
+    argv = svc.argv()
+    os.execv(argv[0], argv)
+    return 0  # not reached
+
+
+def cmd_render_systemd(args: argparse.Namespace) -> int:
+    from deploy.units import render_systemd
+
+    try:
+        spec = load_spec(args.spec, _addresses(args.address))
+        hosts = [args.host] if args.host else list(spec.hosts)
+        for host in hosts:
+            out = Path(args.out) / host if not args.host else Path(args.out)
+            paths = render_systemd(spec, host, out, python=args.python, workdir=args.workdir, etc_dir=args.etc)
+            print(f"{host}: {len(paths)} files in {out}")
+    except SpecError as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add up, down, status, predict, serve-spec and render-systemd to ``keel``."""
+    address = dict(action="append", metavar="HOST=ADDRESS", help="override a host's address from [hosts]")
+
+    p = subparsers.add_parser("up", help="start a cluster spec's services under supervisord")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for every service (default 30)")
+    p.add_argument("--address", **address)
+    p.set_defaults(func=cmd_up)
+
+    p = subparsers.add_parser("down", help="stop a cluster brought up with `keel up`")
+    p.add_argument("target", metavar="SPEC", help="cluster spec (TOML) or its run_dir")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for every process to exit")
+    p.set_defaults(func=cmd_down)
+
+    p = subparsers.add_parser("status", help="program states and the frontends' and dispatcher's status")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each status answer")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--address", **address)
+    p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser("predict", help="send one query to a running cluster")
+    p.add_argument("--spec", required=True, help="cluster spec (TOML)")
+    p.add_argument("model")
+    p.add_argument("--input", required=True, help="a JSON list, or a .npy file")
+    p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the model's slo_ms)")
+    p.add_argument("--address", **address)
+    p.set_defaults(func=cmd_predict)
+
+    p = subparsers.add_parser("serve-spec", help="run one service of a spec in this process (systemd, by hand)")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--service", required=True, help="service name, e.g. worker-digits-0")
+    p.add_argument("--address", **address)
+    p.set_defaults(func=cmd_serve_spec)
+
+    p = subparsers.add_parser("render-systemd", help="write systemd units for the services of one host")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--host", help="host of [hosts]; default every host, each in OUT/HOST")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--python", default=sys.executable, help="the interpreter on the target host")
+    p.add_argument("--workdir", default=None, help="the services' working directory there (default: cwd)")
+    p.add_argument("--etc", default="/etc/keel", help="where OUT/keel/ is installed (default /etc/keel)")
+    p.add_argument("--address", **address)
+    p.set_defaults(func=cmd_render_systemd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m deploy.cli``) until ``keel`` wires ``add_parser``."""
+    parser = argparse.ArgumentParser(prog="keel")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

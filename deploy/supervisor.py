@@ -1,0 +1,378 @@
+"""Run a cluster spec's services on this machine under supervisord, a real process manager.
+
+``render`` writes ``RUN_DIR/supervisord.conf`` (one ``[program:NAME]`` per service, each
+restarted when it dies); ``up`` renders, starts supervisord and waits until every program
+is RUNNING and the frontend answers a status request; ``down`` shuts supervisord down and
+waits until it and its programs are gone; ``status`` reads program states over
+supervisord's XML-RPC socket and asks the frontends and the dispatcher for their status.
+Everything ``up`` creates lives under the spec's run_dir.
+
+Example
+-------
+>>> spec = up("deploy/examples/noop.toml")          # doctest: +SKIP
+>>> status(spec)["programs"][0]["statename"]         # doctest: +SKIP
+'RUNNING'
+>>> down(spec)                                       # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import configparser
+import hashlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common.spec import ClusterSpec, load_spec, run_dir_of
+from deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
+
+# supervisord starts what comes first first: the dispatcher before those that connect to it
+_PRIORITY = {"dispatcher": 100, "encoder": 200, "decoder": 200, "frontend": 300, "worker": 400}
+_BAD_STATES = {"FATAL", "EXITED", "STOPPED", "UNKNOWN"}
+_SOCKET_MAX = 100  # AF_UNIX paths are limited to ~107 bytes
+
+
+class DeployError(RuntimeError):
+    """``keel up/down/status`` could not do what was asked; the message says what to look at."""
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _socket_path(run_dir: Path) -> Path:
+    sock = run_dir / "supervisor.sock"
+    if len(str(sock)) <= _SOCKET_MAX:
+        return sock
+    return Path("/tmp") / f"keel-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]}.sock"
+
+
+def _value(text: str, what: str) -> str:
+    """``text`` safe as a supervisord option value: '%' is its expansion character and an
+    inline ' ;' or ' #' would start a comment, which no quoting can protect."""
+    if " ;" in text or " #" in text or "\n" in text:
+        raise DeployError(f"{what}: {text[:80]!r}... holds ' ;', ' #' or a newline, which supervisord cannot carry")
+    return text.replace("%", "%%")
+
+
+def render(spec: ClusterSpec, python: str = sys.executable) -> Path:
+    """Write ``spec.run_dir/supervisord.conf`` for ``spec``; returns its path."""
+    run_dir = Path(spec.run_dir)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cwd = os.getcwd()
+    lines = [
+        f"; supervisord configuration of Keel cluster {spec.name!r}, rendered by `keel up` from its spec.",
+        "; Do not edit: `keel up` renders it again.",
+        "[unix_http_server]",
+        f"file = {_value(str(_socket_path(run_dir)), 'socket')}",
+        "chmod = 0700",
+        "",
+        "[supervisord]",
+        f"pidfile = {_value(str(run_dir / 'supervisord.pid'), 'run_dir')}",
+        f"logfile = {_value(str(run_dir / 'supervisord.log'), 'run_dir')}",
+        "logfile_maxbytes = 10MB",
+        "logfile_backups = 2",
+        "loglevel = info",
+        "nodaemon = false",
+        f"directory = {_value(cwd, 'cwd')}",
+        f"childlogdir = {_value(str(logs), 'run_dir')}",
+        f"identifier = keel-{spec.name}",
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        f"serverurl = unix://{_value(str(_socket_path(run_dir)), 'socket')}",
+        "",
+    ]
+    for svc in spec.services:
+        lines += [
+            f"[program:{svc.name}]",
+            f"command = {_value(shlex.join(svc.argv(python)), svc.name + ' command')}",
+            f"directory = {_value(cwd, 'cwd')}",
+            f"priority = {_PRIORITY.get(svc.role, 500)}",
+            "autostart = true",
+            "autorestart = true",
+            "startsecs = 1",
+            "startretries = 3",
+            "stopsignal = TERM",
+            "stopwaitsecs = 5",
+            "stopasgroup = true",
+            "killasgroup = true",
+            "redirect_stderr = true",
+            f"stdout_logfile = {_value(str(logs / (svc.name + '.log')), 'run_dir')}",
+            "stdout_logfile_maxbytes = 10MB",
+            "stdout_logfile_backups = 2",
+            'environment = PYTHONUNBUFFERED="1"',
+            "",
+        ]
+    conf = run_dir / "supervisord.conf"
+    tmp = conf.with_suffix(".conf.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(conf)
+    return conf
+
+
+# --------------------------------------------------------------------------- talking to supervisord
+
+
+def _conf_paths(run_dir: Path) -> tuple[Path, Path]:
+    """(socket, pidfile) named in a rendered configuration."""
+    conf = run_dir / "supervisord.conf"
+    if not conf.is_file():
+        raise DeployError(f"{conf} does not exist: nothing was brought up from this run_dir")
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
+    parser.read(conf)
+    unsub = lambda s: s.replace("%%", "%")  # noqa: E731
+    return Path(unsub(parser.get("unix_http_server", "file"))), Path(unsub(parser.get("supervisord", "pidfile")))
+
+
+def rpc(run_dir: str | os.PathLike) -> Any:
+    """An XML-RPC proxy to the supervisord of ``run_dir`` (``proxy.supervisor.getState()``...)."""
+    from supervisor.xmlrpc import SupervisorTransport
+
+    sock, _ = _conf_paths(Path(run_dir))
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(None, None, f"unix://{sock}"))
+
+
+def _running(run_dir: Path) -> bool:
+    try:
+        rpc(run_dir).supervisor.getState()
+        return True
+    except (OSError, xmlrpc.client.Fault, DeployError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: in a container nobody may reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _poll(cond: Callable[[], Any], deadline: float, interval: float = 0.1) -> Any:
+    """``cond()`` once it is truthy, or its last value at the deadline."""
+    while True:
+        value = cond()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def log_tail(run_dir: str | os.PathLike, name: str, lines: int = 20) -> str:
+    path = Path(run_dir) / "logs" / f"{name}.log"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:]) or f"(empty log {path})"
+
+
+def _as_spec(spec: ClusterSpec | str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
+    return spec if isinstance(spec, ClusterSpec) else load_spec(spec, addresses)
+
+
+# --------------------------------------------------------------------------- up / down / status
+
+
+def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addresses: dict[str, str] | None = None,
+       out: Callable[[str], Any] | None = print) -> ClusterSpec:
+    """Render the spec, start supervisord (or update a running one), wait until every
+    program is RUNNING and each frontend answers a status request, print a table.
+
+    Raises ``DeployError`` naming the failing programs with the tail of their logs; a
+    supervisord this call started is shut down again first.
+    """
+    spec = _as_spec(spec, addresses)
+    run_dir = Path(spec.run_dir)
+    conf = render(spec)
+    started = not _running(run_dir)
+    if started:
+        supervisord = Path(sys.executable).parent / "supervisord"
+        if not supervisord.exists():
+            raise DeployError(f"{supervisord} not found: install supervisor in this environment (pip install supervisor)")
+        proc = subprocess.run([str(supervisord), "-c", str(conf)], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise DeployError(f"supervisord failed to start (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
+                              f"see {run_dir / 'supervisord.log'}")
+        if not _poll(lambda: _running(run_dir), time.monotonic() + 10):
+            raise DeployError(f"supervisord did not open its socket; see {run_dir / 'supervisord.log'}")
+    else:
+        _update(rpc(run_dir))
+    deadline = time.monotonic() + wait_s
+    try:
+        _wait_ready(spec, deadline)
+    except DeployError:
+        if started:
+            down(spec, out=None)
+        raise
+    if out:
+        out(format_table(_program_rows(spec, _programs(run_dir))))
+        out(f"cluster {spec.name} is up: supervisord in {run_dir}; clients connect to {', '.join(spec.client_endpoints)}")
+    return spec
+
+
+def _update(server: Any) -> None:
+    """Apply a re-rendered configuration to a running supervisord (``supervisorctl update``)."""
+    added, changed, removed = server.supervisor.reloadConfig()[0]
+    for name in removed + changed:
+        server.supervisor.stopProcessGroup(name)
+        server.supervisor.removeProcessGroup(name)
+    for name in changed + added:
+        server.supervisor.addProcessGroup(name)
+    server.supervisor.startAllProcesses(False)
+
+
+def _programs(run_dir: Path) -> dict[str, dict]:
+    try:
+        return {p["name"]: p for p in rpc(run_dir).supervisor.getAllProcessInfo()}
+    except (OSError, xmlrpc.client.Fault):
+        return {}
+
+
+def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
+    """Until every program is RUNNING and every frontend answers a status request.
+
+    A program that restarts meanwhile (its pid changes) has failed, even if it outlived
+    ``startsecs``: nothing in a healthy start makes a Keel service exit.
+    """
+    from common.transport import request_status
+
+    run_dir = Path(spec.run_dir)
+    names = [s.name for s in spec.services]
+    frontends = {s.name: s.config.client_endpoint for s in spec.role("frontend")}
+    first_pid: dict[str, int] = {}
+    answered: set[str] = set()
+    while True:
+        procs = _programs(run_dir)
+        for n in names:
+            if procs.get(n, {}).get("pid"):
+                first_pid.setdefault(n, procs[n]["pid"])
+        failed = [n for n in names if procs.get(n, {}).get("statename") in _BAD_STATES
+                  or procs.get(n, {}).get("pid") not in (None, 0, first_pid.get(n))]
+        waiting = [n for n in names if procs.get(n, {}).get("statename") != "RUNNING"]
+        if not failed and not waiting:
+            for n, ep in frontends.items():
+                if n not in answered and request_status(ep, timeout_s=0.25) is not None:
+                    answered.add(n)
+            if len(answered) == len(frontends):
+                return
+        if failed or time.monotonic() >= deadline:
+            if failed:
+                bad, why = failed, "exited during start-up"
+            elif waiting:
+                bad, why = waiting, "not RUNNING by the deadline"
+            else:
+                bad, why = [n for n in frontends if n not in answered], "RUNNING but not answering status requests"
+            detail = "\n".join(f"--- {n} ({procs.get(n, {}).get('statename', 'missing')}), "
+                               f"tail of {run_dir / 'logs' / (n + '.log')}:\n{log_tail(run_dir, n)}" for n in bad[:3])
+            raise DeployError(f"cluster {spec.name}: {', '.join(bad)} {why}\n{detail}")
+        time.sleep(0.1)
+
+
+def _run_dir(target: ClusterSpec | str | os.PathLike | dict) -> Path:
+    if isinstance(target, ClusterSpec):
+        return Path(target.run_dir)
+    if isinstance(target, dict) or Path(target).is_file():
+        return Path(run_dir_of(target))
+    if Path(target).is_dir():
+        return Path(target)
+    raise DeployError(f"{target}: neither a spec file nor a run_dir")
+
+
+def down(target: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, out: Callable[[str], Any] | None = print) -> bool:
+    """Shut down the supervisord of a spec (or run_dir) and wait until it and its programs
+    are gone. Returns False when nothing was running."""
+    run_dir = _run_dir(target)
+    sock, pidfile = _conf_paths(run_dir)
+    pid = _read_pid(pidfile)
+    children = [p["pid"] for p in _programs(run_dir).values() if p.get("pid")]
+    try:
+        rpc(run_dir).supervisor.shutdown()
+    except (OSError, xmlrpc.client.Fault):
+        if pid is None or not _alive(pid):
+            if out:
+                out(f"nothing running in {run_dir}")
+            return False
+        os.kill(pid, signal.SIGTERM)  # its socket is gone but our supervisord is not: TERM is its shutdown
+    deadline = time.monotonic() + wait_s
+    if pid is not None and not _poll(lambda: not _alive(pid), deadline):
+        raise DeployError(f"supervisord (pid {pid}) still runs {wait_s:.0f} s after shutdown; see {run_dir / 'supervisord.log'}")
+    _poll(lambda: not any(_alive(c) for c in children), deadline)
+    left = [c for c in children if _alive(c)]
+    for child in left:  # supervisord is gone; these were its programs
+        os.kill(child, signal.SIGKILL)
+    if out:
+        out(f"cluster in {run_dir} is down" + (f" (killed leftover pids {left})" if left else ""))
+    return True
+
+
+def status(spec: ClusterSpec | str | os.PathLike | dict, timeout_s: float = 1.0) -> dict[str, Any]:
+    """{"running": bool, "programs": [row per service], "info": {service: status dict or None}}."""
+    spec = _as_spec(spec)
+    run_dir = Path(spec.run_dir)
+    running = (run_dir / "supervisord.conf").is_file() and _running(run_dir)
+    rows = _program_rows(spec, _programs(run_dir) if running else {})
+    info: dict[str, Any] = {}
+    if running:
+        from common.transport import request_status
+
+        for name, ep in spec.status_endpoints().items():
+            info[name] = request_status(ep, timeout_s=timeout_s)
+    return {"running": running, "programs": rows, "info": info}
+
+
+def _program_rows(spec: ClusterSpec, procs: dict[str, dict]) -> list[dict[str, Any]]:
+    rows = []
+    now = time.time()
+    for svc in spec.services:
+        p = procs.get(svc.name, {})
+        up_s = now - p["start"] if p.get("statename") == "RUNNING" and p.get("start") else None
+        rows.append({"name": svc.name, "role": svc.role, "host": svc.host, "state": p.get("statename", "-"),
+                     "pid": p.get("pid") or "-", "uptime_s": f"{up_s:.0f}" if up_s is not None else "-",
+                     "endpoints": " ".join(svc.endpoints()) or "-"})
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """A plain text table of ``rows`` (dicts), columns in first-seen key order."""
+    if not rows:
+        return "(none)"
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[str(c).upper() for c in columns]] + [[_cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (dict, list)):
+        import orjson
+
+        return orjson.dumps(value).decode()
+    return str(value)

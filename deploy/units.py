@@ -1,0 +1,66 @@
+"""systemd units for one host of a multi-host cluster spec.
+
+``render_systemd(spec, host, out_dir)`` fills the templates in deploy/systemd/ and writes
+what that host needs::
+
+    OUT/keel-service@.service    the service template (instance = service name)
+    OUT/keel.target              Wants= every service of this host
+    OUT/keel/NAME.env            KEEL_ROLE and KEEL_CONFIG=@ETC/NAME.json, per service
+    OUT/keel/NAME.json           the service's validated config
+
+Install on the host with ``cp OUT/*.service OUT/keel.target /etc/systemd/system/``,
+``cp -r OUT/keel /etc/`` (or wherever ``etc_dir`` says), ``systemctl daemon-reload`` and
+``systemctl enable --now keel.target``.
+
+Example
+-------
+>>> from common.spec import load_spec
+>>> spec = load_spec({"models": {"m": {"builtin": "noop"}}})
+>>> paths = render_systemd(spec, "local", "/tmp/keel-units")     # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from common import config as cfg
+from common.spec import ClusterSpec, SpecError
+
+TEMPLATES = Path(__file__).parent / "systemd"
+
+
+def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, python: str = sys.executable,
+                   workdir: str | None = None, etc_dir: str = "/etc/keel") -> list[Path]:
+    """Write the units, env files and configs of ``host``'s services; returns the paths.
+
+    ``python`` is the interpreter (of a venv with keel installed) on the target host,
+    ``workdir`` the services' working directory there (default: the current one), and
+    ``etc_dir`` where the files under ``OUT/keel/`` will be installed.
+    """
+    if host not in spec.hosts:
+        raise SpecError(f"host {host!r} is not in [hosts] ({sorted(spec.hosts)})")
+    services = spec.by_host()[host]
+    out = Path(out_dir)
+    (out / "keel").mkdir(parents=True, exist_ok=True)
+    values = {"@PYTHON@": python, "@WORKDIR@": workdir or os.getcwd(), "@ETC@": etc_dir.rstrip("/"),
+              "@CLUSTER@": spec.name, "@HOST@": host,
+              "@WANTS@": " ".join(f"keel-service@{s.name}.service" for s in services)}
+    for value in values.values():
+        if "\n" in value or "%" in value:
+            raise SpecError(f"{value!r}: systemd unit values may not hold '%' or newlines")
+    written = []
+    for template in ("keel-service@.service", "keel.target"):
+        text = (TEMPLATES / template).read_text()
+        for key, value in values.items():
+            text = text.replace(key, value)
+        written.append(out / template)
+        written[-1].write_text(text)
+    for svc in services:
+        conf = out / "keel" / f"{svc.name}.json"
+        conf.write_text(cfg.to_json(svc.config) + "\n")
+        env = out / "keel" / f"{svc.name}.env"
+        env.write_text(f"# Keel service {svc.name} (role {svc.role}) of cluster {spec.name} on host {host}\n"
+                       f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n")
+        written += [env, conf]
+    return written

@@ -1,0 +1,89 @@
+"""Invariant checks on synthetic records: each one catches what it names, and only that."""
+from __future__ import annotations
+
+import numpy as np
+
+from chaos.invariants import (AnsweredExactlyOnce, Checker, CheckContext, ModelRepliesMatchOffline,
+                              NoConflictingAnswers, UniquePerKey)
+
+INPUTS = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+class Head:
+    """The offline model: the first two features."""
+
+    def predict_batch(self, x):
+        return x[:, :2]
+
+
+def rec(i, *replies, row=None):
+    return {"mode": "m", "i": i, "request_id": f"r{i}", "input_index": i if row is None else row, "send_t": 100.0 + i,
+            "replies": list(replies)}
+
+
+def reply(source="model", output=None, error_code=None, t=0.01):
+    return {"recv_t": 100.0 + t, "source": source, "output": output, "error_code": error_code, "error": None,
+            "latency_ms": t * 1000}
+
+
+def good(i):
+    return rec(i, reply(output=INPUTS[i, :2].tolist()))
+
+
+CTX = CheckContext(inputs=INPUTS, predictors={"m": Head()}, model="m")
+
+
+def test_clean_records_pass_every_default_check():
+    records = [good(i) for i in range(10)] + [rec(10, reply("default", [0.0, 0.0]), row=3)]
+    results = Checker.default().run(records, CTX)
+    assert [r.ok for r in results] == [True, True, True], [r.detail for r in results]
+    assert results[1].checked == 10  # only "model" replies are compared offline
+
+
+def test_lost_and_duplicated_requests_break_exactly_once():
+    records = [good(0), rec(1), rec(2, reply("error", error_code="timeout")), rec(3, reply(output=[12, 13]), reply(output=[12, 13])),
+               rec(4, reply("error", error_code="overloaded"))]
+    res = AnsweredExactlyOnce().check(records, CTX)
+    assert not res.ok and res.violations == 3 and res.checked == 4  # the overloaded one was never accepted
+    assert "2 lost, 1 answered more than once" in res.detail
+
+
+def test_a_wrong_model_output_is_caught_with_its_difference():
+    records = [good(0), rec(1, reply(output=[4.0, 5.5]))]
+    res = ModelRepliesMatchOffline().check(records, CTX)
+    assert not res.ok and res.violations == 1 and res.examples[0]["max_abs_diff"] == 0.5
+    small = ModelRepliesMatchOffline().check([rec(1, reply(output=[4.00001, 5.0]))], CTX)
+    assert small.ok
+
+
+def test_offline_check_is_reported_unchecked_without_a_predictor():
+    res = ModelRepliesMatchOffline().check([good(0)], CheckContext())
+    assert res.ok is None and "not checked" in res.detail
+
+
+def test_two_different_answers_for_one_id_conflict_but_equal_ones_do_not():
+    same = rec(0, reply(output=[0, 1]), reply("reconstruction", [0, 1]))
+    differ = rec(1, reply(output=[4, 5]), reply("reconstruction", [4, 9]))
+    res = NoConflictingAnswers().check([same, differ], CTX)
+    assert res.violations == 1 and res.examples[0]["request_id"] == "r1"
+
+
+def test_unique_per_key_is_the_extension_point_for_operator_outputs():
+    inv = UniquePerKey("operator_outputs_unique", key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"],
+                       stream="operator_outputs")
+    rows = [{"operator": "a", "seq": 1, "output": [1]}, {"operator": "a", "seq": 1, "output": [1]},
+            {"operator": "b", "seq": 1, "output": [2]}, {"operator": "b", "seq": 1, "output": [3]}]
+    res = inv.check([], CheckContext(streams={"operator_outputs": rows}))
+    assert not res.ok and res.violations == 1 and res.examples == [{"key": "('b', 1)"}]
+    assert inv.check([], CheckContext()).ok is None
+
+
+def test_a_check_that_raises_fails_in_the_report_instead_of_crashing():
+    class Broken:
+        name = "broken"
+
+        def check(self, records, ctx):
+            raise KeyError("oops")
+
+    results = Checker([Broken()]).add(AnsweredExactlyOnce()).run([good(0)], CTX)
+    assert results[0].ok is False and "KeyError" in results[0].detail and results[1].ok

@@ -1,0 +1,173 @@
+"""A real supervisord running a rendered spec (builtin noop model, free ports, tmp run_dir):
+up -> the client gets predictions -> a SIGKILLed worker is restarted by supervisord ->
+down leaves no process behind. And a service that cannot start fails ``up`` clearly."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.spec import ClusterSpec, load_spec
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("services.serve") is None, reason="services/serve.py is not written yet"),
+    pytest.mark.skipif(not (Path(sys.executable).parent / "supervisord").exists(), reason="supervisord is not installed"),
+]
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive ports that are free on 127.0.0.1 right now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 40000)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_for(cond, timeout_s: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A factory: ``cluster(data) -> ClusterSpec`` with a tmp run_dir and free ports; at
+    teardown brings down what it brought up and kills (by pid) anything that survived."""
+    from deploy import supervisor
+
+    made: list[ClusterSpec] = []
+    pids: set[int] = set()
+
+    def make(data: dict) -> ClusterSpec:
+        data = {**data, "cluster": {"name": "itest", "run_dir": str(tmp_path / "run"), "base_port": free_port_block(8),
+                                     **data.get("cluster", {})}}
+        spec = load_spec(data)
+        made.append(spec)
+        return spec
+
+    def remember() -> None:
+        for spec in made:
+            try:
+                server = supervisor.rpc(spec.run_dir)
+                pids.add(server.supervisor.getPID())
+                pids.update(p["pid"] for p in server.supervisor.getAllProcessInfo() if p["pid"])
+            except Exception:
+                pass
+
+    make.remember = remember
+    yield make
+    remember()
+    for spec in made:
+        try:
+            supervisor.down(spec, out=None)
+        except Exception:
+            pass
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def noop_spec(workers: int = 2) -> dict:
+    # fast heartbeats so the dispatcher notices the killed worker quickly
+    return {"dispatcher": {"heartbeat_interval_s": 0.1}, "worker": {"heartbeat_interval_s": 0.1},
+            "models": {"noop": {"builtin": "noop", "input_shape": [4], "output_size": 3, "workers": workers}}}
+
+
+def predict_ok(client, timeout_ms: float = 2000) -> bool:
+    x = np.random.default_rng().random(4, dtype=np.float32)  # fresh input: no cache hit can answer it
+    result = client.predict("noop", x, timeout_ms=timeout_ms)
+    return result.error is None and result.source == "model" and np.array_equal(result.output, np.zeros(3, np.float32))
+
+
+def test_up_predict_restart_down(cluster, capsys):
+    from common.client import Client
+    from deploy import supervisor
+
+    spec = cluster(noop_spec())
+    supervisor.up(spec, wait_s=60)
+    cluster.remember()
+    assert "worker-noop-1" in capsys.readouterr().out  # the table
+    server = supervisor.rpc(spec.run_dir)
+    supervisord_pid = server.supervisor.getPID()
+    procs = {p["name"]: p for p in server.supervisor.getAllProcessInfo()}
+    assert {n: p["statename"] for n, p in procs.items()} == {s.name: "RUNNING" for s in spec.services}
+
+    with Client(spec.client_endpoints) as client:
+        assert predict_ok(client)
+
+        victim = procs["worker-noop-0"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: not alive(victim), 10, "the killed worker to die")
+
+        def restarted():
+            info = server.supervisor.getProcessInfo("worker-noop-0")
+            return info["statename"] == "RUNNING" and info["pid"] not in (0, victim) and info["pid"]
+
+        new_pid = wait_for(restarted, 30, "supervisord to restart worker-noop-0")
+        cluster.remember()
+        assert alive(new_pid)
+        wait_for(lambda: predict_ok(client, timeout_ms=1000), 30, "predictions after the restart")
+
+    st = supervisor.status(spec)
+    assert st["running"] and all(r["state"] == "RUNNING" for r in st["programs"])
+    assert st["info"]["frontend"] is not None and st["info"]["dispatcher"] is not None
+
+    program_pids = [p["pid"] for p in server.supervisor.getAllProcessInfo()]
+    assert supervisor.down(spec, out=None)
+    assert not alive(supervisord_pid)
+    assert not [pid for pid in program_pids + [victim, new_pid] if alive(pid)]
+    assert not supervisor.status(spec)["running"]
+    assert supervisor.down(spec, out=None) is False  # idempotent
+
+
+def test_up_fails_clearly_when_a_service_cannot_start(cluster):
+    from deploy import supervisor
+
+    spec = cluster(noop_spec(workers=1))
+    blocker = socket.socket()  # the frontend's client port is taken, so it dies at bind
+    blocker.bind(("127.0.0.1", int(spec.client_endpoints[0].rsplit(":", 1)[1])))
+    blocker.listen()
+    try:
+        with pytest.raises(supervisor.DeployError) as err:
+            supervisor.up(spec, wait_s=30, out=None)
+    finally:
+        blocker.close()
+    message = str(err.value)
+    assert "frontend" in message and "tail of" in message
+    pidfile = Path(spec.run_dir) / "supervisord.pid"
+    pid = int(pidfile.read_text()) if pidfile.exists() else None
+    assert pid is None or not alive(pid)  # the failed up shut its supervisord down again
