@@ -35,6 +35,8 @@ def _guard(max_s: float | None):
     def on_alarm(signum, frame):  # noqa: ANN001
         raise RunTimeout(f"ran past its bound of {max_s:.0f} s")
 
+    # a shell starts background jobs with SIGINT ignored; Ctrl-C must still clean up
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     old_term = signal.signal(signal.SIGTERM, on_term)
     old_alarm = signal.signal(signal.SIGALRM, on_alarm) if max_s else None
     old_timer = signal.setitimer(signal.ITIMER_REAL, max_s) if max_s else None
@@ -42,6 +44,7 @@ def _guard(max_s: float | None):
         yield
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
         if max_s:
             signal.setitimer(signal.ITIMER_REAL, *old_timer)
             signal.signal(signal.SIGALRM, old_alarm)
