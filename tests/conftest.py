@@ -43,7 +43,7 @@ def wait() -> Callable[..., Any]:
 def zsock() -> Iterator[Callable[..., zmq.Socket]]:
     """Factory ``zsock(kind, bind=None, connect=None, identity=None)`` of linger-0 sockets on
     one private context; every socket is closed and the context terminated at teardown.
-    ``bind="tcp://127.0.0.1:*"`` picks an ephemeral port (read it with ``endpoint_of``)."""
+    ``bind="tcp://127.0.0.1:*"`` picks an ephemeral port (``transport.endpoint_of`` reads it)."""
     ctx = zmq.Context()
     made: list[zmq.Socket] = []
 
@@ -63,10 +63,6 @@ def zsock() -> Iterator[Callable[..., zmq.Socket]]:
     for sock in made:
         sock.close(0)
     ctx.term()
-
-
-def endpoint_of(sock: zmq.Socket) -> str:
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 @contextlib.contextmanager

@@ -304,10 +304,12 @@ def test_silent_worker_is_dropped_and_its_queries_go_to_another(harness):
 def test_requeued_queries_go_first(harness):
     h = harness({"m": BatchPolicy(fixed_batch=2)}, heartbeat_interval_s=0.05, heartbeat_liveness=3)
     silent = h.worker("silent")
-    held = h.next_batch(silent, also=beats(silent)) if h.send_queries("m", 2) else None
+    h.send_queries("m", 2)
+    held = h.next_batch(silent, also=beats(silent))  # and then it says nothing
     alive = h.worker("alive")
-    busy = h.next_batch(alive, also=beats(alive)) if h.send_queries("m", 2) else None
-    later = h.send_queries("m", 2)  # queued behind nothing: both workers are busy
+    h.send_queries("m", 2)
+    busy = h.next_batch(alive, also=beats(alive))
+    later = h.send_queries("m", 2)  # both workers are busy: these wait in the queue
     h.pump(lambda: b"silent" not in h.d.workers, what="the silent worker dropped", also=beats(alive))
     assert h.d.status()["queues"]["m"] == 4
     transport.send(alive, Done(worker="alive", batch_id=busy.batch_id, batch_size=2, service_ms=1.0))
