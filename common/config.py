@@ -148,7 +148,8 @@ class WorkerConfig:
     builtin: str | None = None
     builtin_input_shape: list[int] = field(default_factory=lambda: [64])
     builtin_output_size: int = 10
-    #: "sleep" model: cost per batch and per query (ms)
+    #: "sleep" model: cost per batch and per query (ms); store models: a floor on the
+    #: service time, to stand in for a larger model
     fixed_ms: float = 0.0
     per_query_ms: float = 0.0
     dispatcher_endpoint: str = "tcp://127.0.0.1:7101"

@@ -387,9 +387,10 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for m, t in models.items():
         common = {**worker_options, **t["worker_options"], "store": store, "dispatcher_endpoint": worker_ep,
                   "max_batch": t["max_batch"], "decoder_endpoint": decoder_ep if t["mode"] == "parm" else None}
+        # sleep model: its cost; store model: a floor on its service time (common/config.py)
+        common.update(fixed_ms=t["fixed_ms"], per_query_ms=t["per_query_ms"])
         if t["builtin"]:
-            common.update(builtin=t["builtin"], builtin_input_shape=t["input_shape"], builtin_output_size=t["output_size"],
-                          fixed_ms=t["fixed_ms"], per_query_ms=t["per_query_ms"])
+            common.update(builtin=t["builtin"], builtin_input_shape=t["input_shape"], builtin_output_size=t["output_size"])
         deployed = {**common, "model": m, "role": "deployed"}
         if not t["builtin"]:
             deployed.update(store_name=t["store_name"], version=t["version"])
@@ -441,8 +442,8 @@ def _read_model(model: str, t: _Table, store: str, all_hosts: list[str], hosts_o
     dtype = t.take("input_dtype", "str", None)
     for key in ("fixed_ms", "per_query_ms"):
         out[key] = t.take(key, "number", 0.0)
-        if t.has(key) and builtin != "sleep":
-            _fail(t.key(key), 'only the builtin "sleep" model has a cost to set')
+        if t.has(key) and builtin == "noop":
+            _fail(t.key(key), 'the builtin "noop" model has no cost to set')
         if out[key] < 0:
             _fail(t.key(key), "must be >= 0")
     mstore = ModelStore(store)

@@ -52,7 +52,11 @@ class BuiltinPredictor:
 
 
 class TorchPredictor:
-    def __init__(self, store: str, name: str, version: str | None, threads: int = 1):
+    """A store model. ``fixed_ms``/``per_query_ms`` > 0 set a floor on the service time (the
+    batch is held until then, CPU idle), to stand in for a larger model on an accelerator."""
+
+    def __init__(self, store: str, name: str, version: str | None, threads: int = 1,
+                 fixed_ms: float = 0.0, per_query_ms: float = 0.0):
         import torch
 
         from common.modelstore import ModelStore
@@ -62,14 +66,20 @@ class TorchPredictor:
         self.module, self.manifest = ModelStore(store).load(name, version)
         self.version = self.manifest.version
         self.input_shape, self.output_size = list(self.manifest.input_shape), self.manifest.output_size
+        self.fixed_ms, self.per_query_ms = fixed_ms, per_query_ms
 
     def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
         with self.torch.inference_mode():
             out = self.module(self.torch.from_numpy(np.ascontiguousarray(inputs, np.float32)))
+        floor = (self.fixed_ms + self.per_query_ms * len(inputs)) / 1000.0
+        left = floor - (time.perf_counter() - start)
+        if left > 0:
+            time.sleep(left)
         return out.numpy().astype(np.float32, copy=False)
 
 
 def build_predictor(cfg: WorkerConfig) -> Predictor:
     if cfg.builtin is not None:
         return BuiltinPredictor(cfg.builtin, cfg.builtin_input_shape, cfg.builtin_output_size, cfg.fixed_ms, cfg.per_query_ms)
-    return TorchPredictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads)
+    return TorchPredictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads, cfg.fixed_ms, cfg.per_query_ms)
