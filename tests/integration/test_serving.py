@@ -224,6 +224,8 @@ def test_retry_while_pending_is_computed_once(serving, zsock):
     assert [r.source for r in replies] == [Source.MODEL, Source.MODEL]
     for r in replies:
         np.testing.assert_array_equal(r.output, head(x))
+    # The worker answers the frontend before it tells the dispatcher the batch is done.
+    wait(lambda: worker_batches(cluster, "shared-0") > before, what="the batch counted")
     assert worker_batches(cluster, "shared-0") == before + 1
 
 
