@@ -207,7 +207,7 @@ def test_retried_request_id_is_answered_the_same(serving, client):
     assert frontend_status(cluster)["answered"]["duplicate"] == duplicates + 1
 
 
-def test_retry_while_pending_is_computed_once(serving, zsock):
+def test_retry_while_pending_is_computed_once(serving, zsock, wait):
     _, cluster = serving
     dealer = zsock(zmq.DEALER, connect=cluster.client_endpoint)
     x = rows(1, 7)[0]

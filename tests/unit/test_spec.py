@@ -248,7 +248,7 @@ def test_argv_round_trips_through_from_dict():
     (lambda d: d["models"]["m"].update(wrokers=2), r"^models\.m\.wrokers: unknown key"),
     (lambda d: d["models"]["m"].update(builtin="magic"), r"^models\.m\.builtin: must be \"noop\" or \"sleep\""),
     (lambda d: d["models"]["m"].update(store_name="x"), r"^models\.m\.store_name: a builtin model has no store_name"),
-    (lambda d: d["models"]["m"].update(fixed_ms=3), r"^models\.m\.fixed_ms: only the builtin \"sleep\""),
+    (lambda d: d["models"]["m"].update(fixed_ms=3), r"^models\.m\.fixed_ms: the builtin \"noop\" model has no cost"),
     (lambda d: d["models"]["m"].update(input_shape=[0]), r"^models\.m\.input_shape: must be positive"),
     (lambda d: d["models"]["m"].update(max_batch=0), r"^models\.m\.max_batch: must be >= 1"),
     (lambda d: d["models"]["m"].update(fixed_batch=100), r"^models\.m\.fixed_batch: must be in 1\.\.max_batch"),
