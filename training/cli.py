@@ -7,6 +7,7 @@ Commands::
     train parity   --model NAME --k K --encoder {add,concat} (--epochs N | --steps N)
                    [--seed S] [--store DIR] [--name NAME]
     evaluate       --parity NAME [--version V] [--seed S] [--store DIR] [--runs DIR]
+    evaluate       --table [--store DIR]      markdown table of every evaluated parity model
 
 Every subcommand sets ``func`` on the parsed namespace: ``args.func(args)`` runs it and
 returns an exit status.
@@ -83,9 +84,12 @@ def _train_parity(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate
+    from training.evaluate import accuracy_table, evaluate
 
-    evaluate(args.parity, args.version, args.store, seed=args.seed, runs_dir=args.runs)
+    if args.parity:
+        evaluate(args.parity, args.version, args.store, seed=args.seed, runs_dir=args.runs)
+    if args.table:
+        print(accuracy_table(args.store))
     return 0
 
 
@@ -121,7 +125,9 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=_train_parity)
 
     e = subparsers.add_parser("evaluate", help="A_a, A_d and A_o(f) of a parity model (ParM §5.1)")
-    e.add_argument("--parity", required=True, help="store name of the parity model")
+    what = e.add_argument_group("what").add_mutually_exclusive_group(required=True)
+    what.add_argument("--parity", help="store name of the parity model to evaluate")
+    what.add_argument("--table", action="store_true", help="print a markdown table of all evaluated parity models")
     e.add_argument("--version", default=None, help="its version (default: latest)")
     e.add_argument("--seed", type=int, default=0, help="seed for placing test queries in coding groups")
     e.add_argument("--store", default=DEFAULT_STORE, help="model store folder (default: %(default)s)")

@@ -145,6 +145,28 @@ def evaluate(
     return metrics
 
 
+def accuracy_table(store_root: str = DEFAULT_STORE) -> str:
+    """A markdown table of every evaluated parity model in the store (latest versions).
+
+    Columns: deployed model, architecture, dataset, k, encoder, A_a, A_d, the gap
+    A_a - A_d in points, A_o at f = 0.1, and the default-prediction bound 1/n_classes.
+    """
+    store = ModelStore(store_root)
+    header = "| deployed model | arch | dataset | k | encoder | A_a | A_d | gap (points) | A_o(f=0.1) | default bound |"
+    rows = [header, "|" + "---|" * header.count(" | ") + "---|"]
+    for name in store.models():
+        m = store.manifest(name)
+        if m.role != "parity" or "A_d" not in m.metrics:
+            continue
+        x = m.metrics
+        a_o = dict((f, a) for f, a in x["A_o"])[0.1]
+        rows.append(
+            f"| {m.parity['deployed']} | {m.arch} | {m.dataset} | {x['k']} | {x['encoder']} | {x['A_a']:.3f} | "
+            f"{x['A_d']:.3f} | {100 * (x['A_a'] - x['A_d']):.1f} | {a_o:.3f} | {x['default_accuracy']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def plot_overall(metrics: dict[str, Any], path: Path, title: str) -> Path:
     """Plot A_o(f) with ParM against A_o(f) with default predictions; returns ``path``."""
     import matplotlib

@@ -80,7 +80,7 @@ def fit(
     opt = torch.optim.Adam(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     step = 0
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         if ckpt["config"] == config:
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["optimizer"])

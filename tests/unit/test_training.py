@@ -169,7 +169,7 @@ def test_fit_resumes_from_its_checkpoint(tmp_path):
     ckpt = tmp_path / "b.pt"
     with pytest.raises(KeyboardInterrupt):
         fit(fresh(), interrupted, F.cross_entropy, 20, config, ckpt, ckpt_every=5, progress=False)
-    assert torch.load(ckpt, weights_only=False)["step"] == 10
+    assert torch.load(ckpt, weights_only=True)["step"] == 10
     resumed = fresh()
     fit(resumed, batch, F.cross_entropy, 20, config, ckpt, ckpt_every=5, progress=False)
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
