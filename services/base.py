@@ -7,6 +7,7 @@ directly. SIGTERM/SIGINT stop the loop gracefully; a second signal exits at once
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -78,6 +79,12 @@ class Service:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.running = True
+        # Latency: a full collection over a frontend's de-duplication table stalls the loop
+        # for tens of ms. Keel's loops make few reference cycles, so collect rarely and never
+        # scan what start-up allocated (torch, the model, configs).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 1000)
         self.log.info("started", role=self.role, pid=os.getpid())
         try:
             while self.running:

@@ -82,7 +82,7 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
         lat = _latency(cluster.client_endpoint, n_latency)
         out["noop_p50_us"], out["noop_p99_us"] = lat["p50_us"], lat["p99_us"]
         log("noop throughput (open-loop Poisson, p99 <= 20 ms) ...")
-        out["noop_throughput_rps"], out["noop_ramp"] = _max_rate(cluster.client_endpoint, 2000, 1.25, 40000, seconds, log)
+        out["noop_throughput_rps"], out["noop_ramp"] = _max_rate(cluster.client_endpoint, 250, 1.25, 40000, seconds, log)
 
     sleep = dict(builtin="sleep", fixed_ms=4.0, per_query_ms=0.02)
     out["batching_model"] = {**sleep, "workers": 1}
