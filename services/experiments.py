@@ -20,4 +20,6 @@ def add_parser(subparsers: Any) -> None:
     e.add_argument("--shuffles", type=int, nargs="+", default=None, help="concurrent shuffles to run (default: 4, and 2 and 5 unless --quick)")
     e.add_argument("--local", action="store_true", help="processes on loopback instead of network namespaces")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--rate", type=float, default=100.0, help="Poisson arrival rate, queries/s (default: %(default)s)")
+    e.add_argument("--link-mbit", type=float, default=50.0, help="tbf limit of each host's link (default: %(default)s)")
     e.set_defaults(func=_parm_tail)

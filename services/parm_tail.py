@@ -31,9 +31,9 @@ SERVICE_MS = 4.0
 WORKER_HOSTS = [f"w{i}" for i in range(1, 7)]
 
 
-def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str) -> dict:
+def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str, rate: float = 100.0,
+               link_mbit: float = 50.0) -> dict:
     duration = 35.0 if quick else 90.0
-    rate = 250.0
     model = {
         "store_name": "digits-mlp", "workers": 4, "k": 2, "hosts": WORKER_HOSTS[:4],
         "fixed_batch": 1, "max_batch": 1, "slo_ms": 2000, "fixed_ms": SERVICE_MS,
@@ -44,7 +44,7 @@ def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str) -
     return {
         "name": f"parm_tail_s{shuffles}",
         "description": f"ParM §6.1: m=4, k=2, {shuffles} concurrent 128-256 MB shuffles among worker hosts; equal vs parm",
-        "seed": seed, "netns": False if local else "auto", "link_mbit": 1000,
+        "seed": seed, "netns": False if local else "auto", "link_mbit": link_mbit,
         "max_duration_s": 4 * duration + 120, "modes": ["equal", "parm"], "schedule": "back_to_back",
         "mode_overrides": {"equal": equal, "parm": parm}, "settle_s": 2.0, "start_timeout_s": 90.0,
         "cluster": {
@@ -102,11 +102,12 @@ def run(args: argparse.Namespace, log=print) -> int:
     labels = np.concatenate([data.y_train, data.y_test])
     shuffles = args.shuffles or ([4] if args.quick else [4, 2, 5])
     json_path = Path(args.json or "runs/parm-tail/parm-tail.json")
-    out = {"quick": args.quick, "seed": args.seed, "service_ms": SERVICE_MS, "m": 4, "k": 2, "runs": {}}
+    out = {"quick": args.quick, "seed": args.seed, "service_ms": SERVICE_MS, "m": 4, "k": 2, "rate": args.rate,
+           "link_mbit": args.link_mbit, "runs": {}}
     t0 = time.time()
     for n in shuffles:
         log(f"== {n} concurrent shuffles: equal, then parm ...")
-        exp = load_experiment(experiment(n, args.quick, args.seed, args.local, store))
+        exp = load_experiment(experiment(n, args.quick, args.seed, args.local, store, args.rate, args.link_mbit))
         report = run_experiment(exp, json_path.parent / f"shuffles-{n}.json")
         figs = _figures(report, labels)
         figs["report"] = str(json_path.parent / f"shuffles-{n}.json")
