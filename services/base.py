@@ -11,12 +11,12 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
 
-from common import logs
+from common import logs, protocol
 from common.metrics import Metrics
 
 
@@ -51,6 +51,22 @@ class Service:
             self.handlers[sock] = handler
             self.poller.register(sock, zmq.POLLIN)
         return sock
+
+    def messages(self, sock: zmq.Socket, router: bool = False, limit: int = 1000) -> Iterator[tuple[list, Any]]:
+        """(envelope, message) for each message waiting on ``sock``, without blocking; a
+        malformed one is logged and skipped (peers inside Keel have no one to answer)."""
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            envelope, body = protocol.split_envelope(frames) if router else ([], frames)
+            try:
+                msg = protocol.decode(body)
+            except protocol.ProtocolError as exc:
+                self.log.error("bad message", socket=sock.type, error=str(exc))
+                continue
+            yield envelope, msg
 
     def every(self, interval: float, fn: Callable[[float], None]) -> None:
         self.chores.append(Chore(fn, interval))

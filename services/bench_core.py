@@ -58,7 +58,6 @@ def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: f
         while rate <= limit:
             count = int(rate * seconds)
             stats = summarize(open_loop(client, "m", xs, rate=rate, count=count, seed=int(rate), duration_s=seconds * 3))
-            achieved = stats["answered"] / max(1e-9, seconds)
             ok = stats["lost"] == 0 and stats.get("p99_ms", 1e9) <= SLO_P99_MS and stats["sources"].get("model", 0) == count
             rows.append({"rate": rate, "p50_ms": stats.get("p50_ms"), "p99_ms": stats.get("p99_ms"), "lost": stats["lost"], "ok": ok})
             log(f"    offered {rate:8.0f}/s  p50 {stats.get('p50_ms', 0):7.2f} ms  p99 {stats.get('p99_ms', 0):7.2f} ms  "

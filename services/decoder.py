@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from common import codec, protocol, transport
+from common import codec, transport
 from common.config import DecoderConfig
 from common.protocol import Predictions, Role, Source
 from services.base import Service
@@ -51,16 +51,7 @@ class Decoder(Service):
         self.m_reconstructions = self.metrics.counter("reconstructions_total", "batches reconstructed")
 
     def _on_outputs(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                msg = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad prediction copy", error=str(exc))
-                continue
+        for _, msg in self.messages(sock):
             if isinstance(msg, Predictions) and msg.group is not None:
                 self.add(msg)
 

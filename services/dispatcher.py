@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from common import protocol, transport
+from common import transport
 from common.config import BatchPolicy, DispatcherConfig
 from common.protocol import Batch, CodingTag, Done, Heartbeat, Queries, Register, Role, Status
 from services.base import Service
@@ -80,16 +80,7 @@ class Dispatcher(Service):
 
     def _on_queries(self, sock: zmq.Socket) -> None:
         now = time.time()
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            try:
-                msg = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad message on query socket", error=str(exc))
-                continue
+        for _, msg in self.messages(sock):
             if isinstance(msg, Queries):
                 queue = self.queues.get(msg.model)
                 if queue is None:
@@ -104,18 +95,8 @@ class Dispatcher(Service):
         self.dispatch()
 
     def _on_worker(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            envelope, body = protocol.split_envelope(frames)
+        for envelope, msg in self.messages(sock, router=True):
             identity = envelope[0].bytes
-            try:
-                msg = protocol.decode(body)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad message on worker socket", error=str(exc))
-                continue
             worker = self.workers.get(identity)
             if worker is not None:
                 worker.last_seen = time.monotonic()

@@ -34,16 +34,7 @@ class Encoder(Service):
         self.m_encode = self.metrics.histogram("encode_seconds", "time to encode one parity batch")
 
     def _on_batches(self, sock: zmq.Socket) -> None:
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                batch = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad batch copy", error=str(exc))
-                continue
+        for _, batch in self.messages(sock):
             if not isinstance(batch, Batch) or batch.group is None:
                 continue
             tag = batch.group

@@ -157,16 +157,7 @@ class Frontend(Service):
     # ------------------------------------------------------------------ predictions
 
     def _on_predictions(self, sock: zmq.Socket) -> None:
-        for _ in range(2000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            try:
-                msg = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad message on prediction socket", error=str(exc))
-                continue
+        for _, msg in self.messages(sock, limit=2000):
             if isinstance(msg, Predictions):
                 self._on_outputs(msg)
 

@@ -86,18 +86,9 @@ class Worker(Service):
     # ------------------------------------------------------------------ work
 
     def _on_dispatcher(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for _, msg in self.messages(sock):
             self.liveness = self.cfg.heartbeat_liveness
             self.backoff = self.cfg.heartbeat_interval_s
-            try:
-                msg = protocol.decode(frames)
-            except protocol.ProtocolError as exc:
-                self.log.error("bad message from dispatcher", error=str(exc))
-                continue
             if isinstance(msg, Batch):
                 self.run_batch(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
