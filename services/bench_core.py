@@ -50,9 +50,12 @@ def _latency(endpoint: str, n: int) -> dict:
 
 
 def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: float, log) -> tuple[float, list[dict]]:
-    """Highest offered rate (ramping ``x step``) whose p99 <= SLO with nothing lost."""
+    """Highest offered rate (ramping ``x step``) whose p99 <= SLO with nothing lost.
+
+    The ramp stops after two consecutive failing rates: on this shared VM one stall can
+    put a single step over the SLO, while saturation fails every step after it."""
     xs = np.random.default_rng(1).random((4096, *SHAPE), dtype=np.float32)
-    best, rows, rate = 0.0, [], start
+    best, rows, rate, failures = 0.0, [], start, 0
     with Client([endpoint], timeout_ms=5000) as client:
         open_loop(client, "m", xs, rate=start, count=int(start * 0.5) + 1, seed=99)  # warm-up
         while rate <= limit:
@@ -62,9 +65,11 @@ def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: f
             rows.append({"rate": rate, "p50_ms": stats.get("p50_ms"), "p99_ms": stats.get("p99_ms"), "lost": stats["lost"], "ok": ok})
             log(f"    offered {rate:8.0f}/s  p50 {stats.get('p50_ms', 0):7.2f} ms  p99 {stats.get('p99_ms', 0):7.2f} ms  "
                 f"lost {stats['lost']}  {'ok' if ok else 'over SLO'}")
-            if not ok:
+            failures = 0 if ok else failures + 1
+            if failures >= 2:
                 break
-            best = rate
+            if ok:
+                best = rate
             rate *= step
     return best, rows
 
