@@ -8,9 +8,9 @@ models serve benchmarks and experiments:
 - ``sleep``: holds the batch for ``fixed_ms + per_query_ms * N`` without using the CPU,
   like an accelerator would, so per-batch fixed cost and service time are set exactly.
 
-Both builtins answer the first ``output_size`` input features (zero-padded): a linear
-function of the input, so a reply can be checked offline and a parity model for it is
-the model itself (F(X1 + X2) = F(X1) + F(X2)), which makes ParM reconstructions exact.
+``sleep`` answers the first ``output_size`` input features (zero-padded), ``noop`` zeros:
+both linear in the input, so a reply can be checked offline and a parity model for them
+is the model itself (F(X1 + X2) = F(X1) + F(X2)), which makes ParM reconstructions exact.
 """
 from __future__ import annotations
 
