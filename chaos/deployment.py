@@ -84,22 +84,13 @@ class Deployment:
         for host, launches in self.spec.by_host().items():
             for svc in launches:
                 self.cluster.spawn(host, svc.argv(), svc.name, kind="service")
-        workers = len(self.spec.role("worker"))
         deadline = time.monotonic() + timeout_s
-        pending = dict(self.spec.status_endpoints())
-        while pending:
-            for name, endpoint in list(pending.items()):
-                info = status_in(self.cluster, self.probe_host, endpoint, 0.5)
-                if info is None:
-                    continue
-                if "workers" in info and len(info["workers"]) < workers:
-                    continue  # the dispatcher is up, not every worker has registered yet
-                del pending[name]
+        while pending := self.spec.unready(lambda ep: status_in(self.cluster, self.probe_host, ep, 0.5)):
             dead = [p.name for h in self.cluster.hosts for p in self.cluster.host(h).procs
                     if p.kind == "service" and not p.running()]
             if dead:
                 raise ChaosError(f"services exited during start-up: {dead}; logs in {self.cluster.run_dir / 'logs'}")
-            if pending and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise ChaosError(f"not ready after {timeout_s} s: {sorted(pending)}; logs in {self.cluster.run_dir / 'logs'}")
         return self
 

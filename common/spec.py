@@ -38,6 +38,8 @@ Example
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dataclasses
 import math
 import os
@@ -108,6 +110,22 @@ class ClusterSpec:
         """Service name -> endpoint answering a Status request (frontends, dispatcher)."""
         out = {s.name: s.config.client_endpoint for s in self.role("frontend")}
         out.update({s.name: s.config.worker_endpoint for s in self.role("dispatcher")})
+        return out
+
+    def unready(self, ask: Callable[[str], dict | None]) -> list[str]:
+        """Services not ready to serve yet, asking each status endpoint with ``ask``.
+
+        A frontend is ready once it answers; the dispatcher once every worker of the spec
+        has registered with it (workers load torch and their model first). ``ask`` takes
+        an endpoint and returns its status info or None: the chaos harness asks from
+        inside a network namespace, everyone else with ``common.transport.request_status``.
+        """
+        workers = len(self.role("worker"))
+        out = []
+        for name, endpoint in self.status_endpoints().items():
+            info = ask(endpoint)
+            if info is None or ("workers" in info and len(info["workers"]) < workers):
+                out.append(name)
         return out
 
 

@@ -254,7 +254,8 @@ def _programs(run_dir: Path) -> dict[str, dict]:
 
 
 def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
-    """Until every program is RUNNING and every frontend answers a status request.
+    """Until every program is RUNNING and the cluster is ready (``ClusterSpec.unready``:
+    frontends answer, every worker has registered with the dispatcher).
 
     A program that restarts meanwhile (its pid changes) has failed, even if it outlived
     ``startsecs``: nothing in a healthy start makes a Keel service exit.
@@ -263,9 +264,8 @@ def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
 
     run_dir = Path(spec.run_dir)
     names = [s.name for s in spec.services]
-    frontends = {s.name: s.config.client_endpoint for s in spec.role("frontend")}
     first_pid: dict[str, int] = {}
-    answered: set[str] = set()
+    unready: list[str] = []
     while True:
         procs = _programs(run_dir)
         for n in names:
@@ -275,10 +275,8 @@ def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
                   or procs.get(n, {}).get("pid") not in (None, 0, first_pid.get(n))]
         waiting = [n for n in names if procs.get(n, {}).get("statename") != "RUNNING"]
         if not failed and not waiting:
-            for n, ep in frontends.items():
-                if n not in answered and request_status(ep, timeout_s=0.25) is not None:
-                    answered.add(n)
-            if len(answered) == len(frontends):
+            unready = spec.unready(lambda ep: request_status(ep, timeout_s=0.25))
+            if not unready:
                 return
         if failed or time.monotonic() >= deadline:
             if failed:
@@ -286,7 +284,7 @@ def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
             elif waiting:
                 bad, why = waiting, "not RUNNING by the deadline"
             else:
-                bad, why = [n for n in frontends if n not in answered], "RUNNING but not answering status requests"
+                bad, why = unready, "RUNNING but not ready (no status answer, or workers not registered)"
             detail = "\n".join(f"--- {n} ({procs.get(n, {}).get('statename', 'missing')}), "
                                f"tail of {run_dir / 'logs' / (n + '.log')}:\n{log_tail(run_dir, n)}" for n in bad[:3])
             raise DeployError(f"cluster {spec.name}: {', '.join(bad)} {why}\n{detail}")

@@ -62,20 +62,6 @@ def _report(title: str, records, labels: np.ndarray, log) -> dict:
     return stats
 
 
-def _wait_workers(spec, log, timeout_s: float = 180.0) -> None:
-    """Workers load torch and their model before registering; wait until all have."""
-    dispatcher = next(s for s in spec.services if s.role == "dispatcher").config
-    expected = sum(1 for s in spec.services if s.role == "worker")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = request_status(dispatcher.worker_endpoint, 1.0)
-        if info is not None and len(info["workers"]) >= expected:
-            log(f"  all {expected} workers registered with the dispatcher")
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"only some of {expected} workers registered within {timeout_s:.0f} s; see {spec.run_dir}/logs")
-
-
 def run(args: argparse.Namespace, log=print) -> int:
     from deploy import supervisor
     from training.cli import ensure_default_model, ensure_default_parity
@@ -99,11 +85,10 @@ def run(args: argparse.Namespace, log=print) -> int:
     spec = load_spec(_spec(args, parity.name if parity else None))
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     log(f"\n== starting {len(spec.services)} services under supervisord (logs in {args.run_dir})")
-    supervisor.up(spec, wait_s=60.0)
+    supervisor.up(spec, wait_s=180.0)  # until every worker has loaded torch and registered
     results: dict = {}
     frozen_pid = None
     try:
-        _wait_workers(spec, log)
         with Client(spec.client_endpoints, timeout_ms=2000) as client:
             records = open_loop(client, "digits-mlp", xs, rate=args.rate, count=args.queries, seed=0,
                                 duration_s=120, keep_outputs=True)

@@ -129,15 +129,16 @@ class Launcher:
         return cluster
 
     def start_spec(self, spec, wait: bool = True, timeout_s: float = 60.0):
-        """Every service of a cluster spec (``common.spec.ClusterSpec``); waits for readiness."""
+        """Every service of a cluster spec (``common.spec.ClusterSpec``); waits until ready."""
         for svc in spec.services:
             self.start(svc.role, svc.config)
         if wait:
-            workers = sum(1 for s in spec.services if s.role == "worker")
-            for endpoint in spec.client_endpoints:
-                self.wait_status(endpoint, timeout_s=timeout_s)
-            dispatcher = next(s.config for s in spec.services if s.role == "dispatcher")
-            self.wait_workers(dispatcher.worker_endpoint, workers, timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while unready := spec.unready(lambda ep: request_status(ep, 0.5)):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not ready after {timeout_s} s: {unready}; logs in {self.log_dir}")
+                time.sleep(0.05)
         return spec
 
     def __enter__(self) -> Launcher:
