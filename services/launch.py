@@ -12,6 +12,7 @@ Example
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,6 +30,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """The first of ``n`` consecutive ports free on ``host`` right now (for specs, which
+    number their ports up from a ``base_port``). Below the ephemeral range, where
+    outgoing connections take their ports."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports on {host}")
 
 
 def local_endpoint() -> str:

@@ -5,9 +5,7 @@ parity model). And the Equal-Resources spec of the same file deploys m + m/k wor
 and no coding services."""
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import time
 import tomllib
 from collections import Counter
@@ -19,31 +17,12 @@ import pytest
 from common.protocol import Source
 from common.spec import load_spec
 from common.transport import request_status
+from services.launch import free_port_block
 
 pytestmark = pytest.mark.slow
 
 PARM_TOML = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "parm.toml"
 PATIENT_MS = 10_000
-
-
-def free_port_block(n: int) -> int:
-    """The first of ``n`` consecutive ports free on 127.0.0.1 right now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000)  # below the ephemeral range, where connects take ports
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def parm_spec(tmp_path: Path, **model_overrides):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 import signal
 import socket
 import sys
@@ -16,32 +15,13 @@ import numpy as np
 import pytest
 
 from common.spec import ClusterSpec, load_spec
+from services.launch import free_port_block
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("services.serve") is None, reason="services/serve.py is not written yet"),
     pytest.mark.skipif(not (Path(sys.executable).parent / "supervisord").exists(), reason="supervisord is not installed"),
 ]
-
-
-def free_port_block(n: int) -> int:
-    """The first of ``n`` consecutive ports that are free on 127.0.0.1 right now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 40000)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 def alive(pid: int) -> bool:
