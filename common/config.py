@@ -39,13 +39,13 @@ class ModelInfo:
     version: str = "1"
     #: Clipper's SLO default: the output answered (marked ``default``) when the deadline passes.
     default_output: list[float] | None = None
-    #: deadline used when a query names none (ms)
-    slo_ms: float = 1000.0
+    #: the frontend's default deadline: used when a query names none (ms)
+    deadline_ms: float = 1000.0
 
     def validate(self, name: str) -> None:
         _check(all(isinstance(d, int) and d > 0 for d in self.input_shape), f"model {name}: input_shape must be positive ints")
         _check(self.output_size > 0, f"model {name}: output_size must be > 0")
-        _check(self.slo_ms > 0, f"model {name}: slo_ms must be > 0")
+        _check(self.deadline_ms > 0, f"model {name}: deadline_ms must be > 0")
         if self.default_output is not None:
             _check(len(self.default_output) == self.output_size, f"model {name}: default_output needs {self.output_size} values")
 
@@ -84,8 +84,9 @@ class FrontendConfig:
 class BatchPolicy:
     """Per-model batching at the dispatcher (Clipper §4.3)."""
 
-    #: latency budget a batch must stay under for AIMD to grow it (ms)
-    slo_ms: float = 20.0
+    #: AIMD's batch latency budget: a batch's service time must stay under it for AIMD
+    #: to grow the batch (ms; Clipper §4.3.1)
+    batch_budget_ms: float = 20.0
     max_batch: int = 64
     #: fixed batch size; disables AIMD (ParM's latency runs use 1)
     fixed_batch: int | None = None
@@ -100,7 +101,7 @@ class BatchPolicy:
     parity_model: str | None = None
 
     def validate(self, name: str) -> None:
-        _check(self.slo_ms > 0, f"{name}: slo_ms must be > 0")
+        _check(self.batch_budget_ms > 0, f"{name}: batch_budget_ms must be > 0")
         _check(self.max_batch >= 1, f"{name}: max_batch must be >= 1")
         _check(self.fixed_batch is None or 1 <= self.fixed_batch <= self.max_batch, f"{name}: fixed_batch must be in [1, max_batch]")
         _check(self.aimd_step >= 1 and 0 < self.aimd_backoff < 1, f"{name}: aimd_step >= 1 and 0 < aimd_backoff < 1")

@@ -380,14 +380,14 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         services.append(ServiceLaunch(name, role, host, _build(role, {"name": name, **data}, path)))
 
     model_infos = {m: {k: t[k] for k in ("input_shape", "output_size", "input_dtype", "version",
-                                         "default_output", "slo_ms")} for m, t in models.items()}
+                                         "default_output", "deadline_ms")} for m, t in models.items()}
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**fe_options, "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
                                "dispatcher_endpoint": query_ep, "models": model_infos}, "frontend")
     policies = {}
     for m, t in models.items():
         policies[m] = {k: t[k] for k in ("max_batch", "fixed_batch", "batch_delay_ms", "aimd_step", "aimd_backoff")}
-        policies[m]["slo_ms"] = t["batch_slo_ms"]
+        policies[m]["batch_budget_ms"] = t["batch_budget_ms"]
         if t["mode"] == "parm":
             policies[m].update(k=t["k"], parity_model=t["parity_model"])
     add("dispatcher", "dispatcher", disp_host,
@@ -485,8 +485,9 @@ def _read_model(model: str, t: _Table, store: str, all_hosts: list[str], hosts_o
         _fail(t.key("output_size"), "must be > 0")
 
     # serving: the frontend's deadline default and the dispatcher's batching
-    out["slo_ms"] = t.take("slo_ms", "number", cfg.ModelInfo.slo_ms)
-    out["batch_slo_ms"] = t.take("batch_slo_ms", "number", out["slo_ms"] if t.has("slo_ms") else cfg.BatchPolicy.slo_ms)
+    out["deadline_ms"] = t.take("deadline_ms", "number", cfg.ModelInfo.deadline_ms)
+    out["batch_budget_ms"] = t.take("batch_budget_ms", "number",
+                                    out["deadline_ms"] if t.has("deadline_ms") else cfg.BatchPolicy.batch_budget_ms)
     out["max_batch"] = t.take("max_batch", "int", cfg.BatchPolicy.max_batch)
     out["fixed_batch"] = t.take("fixed_batch", "int", None)
     out["batch_delay_ms"] = t.take("batch_delay_ms", "number", cfg.BatchPolicy.batch_delay_ms)
@@ -494,8 +495,8 @@ def _read_model(model: str, t: _Table, store: str, all_hosts: list[str], hosts_o
     out["aimd_backoff"] = t.take("aimd_backoff", "number", cfg.BatchPolicy.aimd_backoff)
     out["default_output"] = t.take("default_output", "list[number]", None)
     for key, ok, msg in (
-        ("slo_ms", out["slo_ms"] > 0, "must be > 0"),
-        ("batch_slo_ms", out["batch_slo_ms"] > 0, "must be > 0"),
+        ("deadline_ms", out["deadline_ms"] > 0, "must be > 0"),
+        ("batch_budget_ms", out["batch_budget_ms"] > 0, "must be > 0"),
         ("max_batch", out["max_batch"] >= 1, "must be >= 1"),
         ("fixed_batch", out["fixed_batch"] is None or 1 <= out["fixed_batch"] <= out["max_batch"], "must be in 1..max_batch"),
         ("batch_delay_ms", out["batch_delay_ms"] >= 0, "must be >= 0"),

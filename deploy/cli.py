@@ -190,7 +190,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--spec", required=True, help="cluster spec (TOML)")
     p.add_argument("model")
     p.add_argument("--input", required=True, help="a JSON list, or a .npy file")
-    p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the model's slo_ms)")
+    p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the model's deadline_ms)")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_predict)
 

@@ -33,7 +33,7 @@ SHAPE = [64]
 
 
 def _cluster(launcher: Launcher, workers: int, policy: BatchPolicy, **worker_kw):
-    info = ModelInfo(input_shape=SHAPE, output_size=10, slo_ms=1000.0)
+    info = ModelInfo(input_shape=SHAPE, output_size=10, deadline_ms=1000.0)
     ws = [WorkerConfig(name=f"w{i}", model="m", builtin_input_shape=SHAPE, max_batch=policy.max_batch, **worker_kw)
           for i in range(workers)]
     return launcher.start_cluster({"m": (info, policy)}, ws, frontend={"log_requests": False, "cache_size": 0})
@@ -81,7 +81,7 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS}
     run_dir = Path("runs/bench-core")
     with Launcher(run_dir / "noop") as launcher:
-        cluster = _cluster(launcher, 2, BatchPolicy(slo_ms=SLO_P99_MS, max_batch=128), builtin="noop")
+        cluster = _cluster(launcher, 2, BatchPolicy(batch_budget_ms=SLO_P99_MS, max_batch=128), builtin="noop")
         log("noop latency, one request outstanding ...")
         lat = _latency(cluster.client_endpoint, n_latency)
         out["noop_p50_us"], out["noop_p99_us"] = lat["p50_us"], lat["p99_us"]
@@ -91,11 +91,11 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     sleep = dict(builtin="sleep", fixed_ms=4.0, per_query_ms=0.02)
     out["batching_model"] = {**sleep, "workers": 1}
     with Launcher(run_dir / "batch1") as launcher:
-        cluster = _cluster(launcher, 1, BatchPolicy(slo_ms=SLO_P99_MS, max_batch=128, fixed_batch=1), **sleep)
+        cluster = _cluster(launcher, 1, BatchPolicy(batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1), **sleep)
         log("fixed-cost model, batch size fixed at 1 ...")
         fixed_rps, out["batch1_ramp"] = _max_rate(cluster.client_endpoint, 50, 1.25, 5000, seconds, log)
     with Launcher(run_dir / "aimd") as launcher:
-        cluster = _cluster(launcher, 1, BatchPolicy(slo_ms=SLO_P99_MS / 2, max_batch=256), **sleep)
+        cluster = _cluster(launcher, 1, BatchPolicy(batch_budget_ms=SLO_P99_MS / 2, max_batch=256), **sleep)
         log("fixed-cost model, AIMD batching ...")
         aimd_rps, out["aimd_ramp"] = _max_rate(cluster.client_endpoint, 1000, 1.25, 40000, seconds, log)
         info = request_status(cluster.dispatcher.worker_endpoint, 2.0) or {"workers": {}}

@@ -30,7 +30,7 @@ from common.transport import request_status
 
 
 def _spec(args: argparse.Namespace, parity_store_name: str | None) -> dict:
-    model = {"store_name": "digits-mlp", "slo_ms": 1000, "max_batch": 32, "workers": args.workers}
+    model = {"store_name": "digits-mlp", "deadline_ms": 1000, "max_batch": 32, "workers": args.workers}
     if parity_store_name:
         model.update(k=2, mode="parm", parity_store_name=parity_store_name, encoder="add")
     return {

@@ -4,7 +4,7 @@ Frontends PUSH ``Queries``; the dispatcher appends them to the model's queue. Wo
 register over ROUTER/DEALER with a number of slots; a worker receives a batch only when
 it has a free slot, and its ``Done`` frees the slot. Per worker, the batch size adapts by
 AIMD (Clipper §4.3.1): +``aimd_step`` while the batch's service time stays within the
-model's ``slo_ms`` budget, x``aimd_backoff`` when it does not; delayed batching
+model's ``batch_budget_ms``, x``aimd_backoff`` when it does not; delayed batching
 (§4.3.2) holds a partial batch up to ``batch_delay_ms`` for more queries. A query whose
 deadline has passed is never dispatched (the frontend has answered it with the default).
 
@@ -135,7 +135,7 @@ class Dispatcher(Service):
         policy = self.queues[worker.model].policy
         if policy.fixed_batch is None and msg.ok:
             # AIMD (Clipper §4.3.1): only a full batch says anything about a larger one.
-            if msg.service_ms > policy.slo_ms:
+            if msg.service_ms > policy.batch_budget_ms:
                 worker.batch_size = max(1, int(worker.batch_size * policy.aimd_backoff))
             elif msg.batch_size >= worker.batch_size:
                 worker.batch_size = min(worker.max_batch, worker.batch_size + policy.aimd_step)

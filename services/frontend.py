@@ -131,7 +131,7 @@ class Frontend(Service):
                 return
         if len(self.pending) >= self.cfg.admission_limit:
             return self._error(waiter, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
-        timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.slo_ms
+        timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.deadline_ms
         deadline = time.time() + timeout_ms / 1000.0
         pending = Pending(self.next_qid, msg.model, info.version, deadline, key, [waiter])
         self.next_qid += 1

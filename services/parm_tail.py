@@ -36,7 +36,7 @@ def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str, r
     duration = 35.0 if quick else 90.0
     model = {
         "store_name": "digits-mlp", "workers": 4, "k": 2, "hosts": WORKER_HOSTS[:4],
-        "fixed_batch": 1, "max_batch": 1, "slo_ms": 2000, "fixed_ms": SERVICE_MS,
+        "fixed_batch": 1, "max_batch": 1, "deadline_ms": 2000, "fixed_ms": SERVICE_MS,
     }
     equal = {"models": {"digits-mlp": {"mode": "equal", "hosts": WORKER_HOSTS}}}
     parm = {"models": {"digits-mlp": {"mode": "parm", "parity_store_name": "digits-mlp-parity-k2-add", "encoder": "add",

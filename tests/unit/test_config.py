@@ -46,12 +46,12 @@ def test_missing_model_field_is_named():
     ("frontend", {"max_payload_bytes": 0}, "max_payload_bytes"),
     ("frontend", {"models": {"m": {"input_shape": [0], "output_size": 10}}}, "model m: input_shape"),
     ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 0}}}, "model m: output_size"),
-    ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "slo_ms": 0}}}, "model m: slo_ms"),
+    ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "deadline_ms": 0}}}, "model m: deadline_ms"),
     ("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "default_output": [1.0]}}},
      "model m: default_output needs 2"),
     ("dispatcher", {"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
     ("dispatcher", {"heartbeat_liveness": 1}, "heartbeat_liveness"),
-    ("dispatcher", {"models": {"m": {"slo_ms": -1}}}, "m: slo_ms"),
+    ("dispatcher", {"models": {"m": {"batch_budget_ms": -1}}}, "m: batch_budget_ms"),
     ("dispatcher", {"models": {"m": {"max_batch": 0}}}, "m: max_batch"),
     ("dispatcher", {"models": {"m": {"max_batch": 4, "fixed_batch": 5}}}, "m: fixed_batch"),
     ("dispatcher", {"models": {"m": {"aimd_backoff": 1.0}}}, "m: aimd_step >= 1 and 0 < aimd_backoff"),
@@ -106,7 +106,7 @@ def test_numbers_may_be_ints_where_floats_are_expected():
 def full_configs() -> dict:
     return {
         "frontend": cfg.FrontendConfig(name="fe", cache_size=0, models={
-            "m": cfg.ModelInfo([3, 4], 5, default_output=[0.0] * 5, slo_ms=50.0)}),
+            "m": cfg.ModelInfo([3, 4], 5, default_output=[0.0] * 5, deadline_ms=50.0)}),
         "dispatcher": cfg.DispatcherConfig(encoder_endpoint="tcp://127.0.0.1:9", models={
             "m": cfg.BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity"), "n": cfg.BatchPolicy(batch_delay_ms=2.5)}),
         "worker": cfg.WorkerConfig(name="w", builtin="sleep", fixed_ms=1.5, role="parity", slots=2),

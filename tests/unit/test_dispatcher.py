@@ -156,7 +156,7 @@ def test_workers_of_another_model_get_nothing(harness):
 
 
 def test_aimd_grows_on_full_batches_and_backs_off_over_slo(harness):
-    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=2, aimd_backoff=0.9, max_batch=64)})
+    h = harness({"m": BatchPolicy(batch_budget_ms=20.0, aimd_step=2, aimd_backoff=0.9, max_batch=64)})
     w = h.worker("w0")
     h.send_queries("m", 200)
     sizes, batch = [], h.next_batch(w)
@@ -171,7 +171,7 @@ def test_aimd_grows_on_full_batches_and_backs_off_over_slo(harness):
 
 
 def test_aimd_backs_off_no_lower_than_one(harness):
-    h = harness({"m": BatchPolicy(slo_ms=20.0)})
+    h = harness({"m": BatchPolicy(batch_budget_ms=20.0)})
     w = h.worker("w0")
     h.send_queries("m", 5)
     for _ in range(3):
@@ -182,7 +182,7 @@ def test_aimd_backs_off_no_lower_than_one(harness):
 
 
 def test_aimd_ignores_partial_batches_and_failures(harness):
-    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=4)})
+    h = harness({"m": BatchPolicy(batch_budget_ms=20.0, aimd_step=4)})
     w = h.worker("w0")
     h.send_queries("m", 1)
     h.done(w, h.next_batch(w), 1.0)
@@ -196,7 +196,7 @@ def test_aimd_ignores_partial_batches_and_failures(harness):
 
 
 def test_aimd_is_capped_by_max_batch_of_policy_and_worker(harness):
-    h = harness({"m": BatchPolicy(slo_ms=20.0, aimd_step=8, max_batch=16)})
+    h = harness({"m": BatchPolicy(batch_budget_ms=20.0, aimd_step=8, max_batch=16)})
     w = h.worker("w0", max_batch=10)
     h.send_queries("m", 100)
     for _ in range(4):
@@ -206,7 +206,7 @@ def test_aimd_is_capped_by_max_batch_of_policy_and_worker(harness):
 
 
 def test_fixed_batch_disables_aimd(harness):
-    h = harness({"m": BatchPolicy(slo_ms=20.0, fixed_batch=4)})
+    h = harness({"m": BatchPolicy(batch_budget_ms=20.0, fixed_batch=4)})
     w = h.worker("w0")
     h.send_queries("m", 20)
     for service_ms in (1.0, 1.0, 500.0, 1.0):

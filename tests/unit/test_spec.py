@@ -132,12 +132,12 @@ def test_uncoded_workers_have_no_decoder():
 
 
 def test_serving_params_reach_frontend_and_dispatcher():
-    spec = load_spec(noop(output_size=3, slo_ms=50, max_batch=8, fixed_batch=2, batch_delay_ms=1.5,
+    spec = load_spec(noop(output_size=3, deadline_ms=50, max_batch=8, fixed_batch=2, batch_delay_ms=1.5,
                           default_output=[1, 2, 3], worker={"slots": 2}))
     info = spec.service("frontend").config.models["m"]
     policy = spec.service("dispatcher").config.models["m"]
-    assert info.slo_ms == 50 and info.default_output == [1.0, 2.0, 3.0] and info.output_size == 3
-    assert (policy.slo_ms, policy.max_batch, policy.fixed_batch, policy.batch_delay_ms) == (50, 8, 2, 1.5)
+    assert info.deadline_ms == 50 and info.default_output == [1.0, 2.0, 3.0] and info.output_size == 3
+    assert (policy.batch_budget_ms, policy.max_batch, policy.fixed_batch, policy.batch_delay_ms) == (50, 8, 2, 1.5)
     assert spec.service("worker-m-0").config.slots == 2 and spec.service("worker-m-0").config.max_batch == 8
 
 
@@ -252,7 +252,7 @@ def test_argv_round_trips_through_from_dict():
     (lambda d: d["models"]["m"].update(input_shape=[0]), r"^models\.m\.input_shape: must be positive"),
     (lambda d: d["models"]["m"].update(max_batch=0), r"^models\.m\.max_batch: must be >= 1"),
     (lambda d: d["models"]["m"].update(fixed_batch=100), r"^models\.m\.fixed_batch: must be in 1\.\.max_batch"),
-    (lambda d: d["models"]["m"].update(slo_ms=0), r"^models\.m\.slo_ms: must be > 0"),
+    (lambda d: d["models"]["m"].update(deadline_ms=0), r"^models\.m\.deadline_ms: must be > 0"),
     (lambda d: d["models"]["m"].update(default_output=[1.0]), r"^models\.m\.default_output: needs output_size = 10"),
     (lambda d: d["models"]["m"].update(encoder="xor", k=2), r"^models\.m\.encoder: must be \"add\" or \"concat\""),
     (lambda d: d["models"]["m"].update(parity_store_name="p"), r"^models\.m\.parity_store_name: only used with mode = \"parm\""),
