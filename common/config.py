@@ -160,8 +160,13 @@ class WorkerConfig:
     slots: int = 1
     max_batch: int = 64
     torch_threads: int = 1
+    #: what the worker declares to schedulers (Kairos): its instance type and hourly price
+    instance: str = ""
+    price: float = 0.0
     heartbeat_interval_s: float = 0.25
     heartbeat_liveness: int = 8
+    #: ROUTER answering Status requests; None = none
+    status_endpoint: str | None = None
     metrics_port: int | None = None
 
     def validate(self) -> None:
@@ -169,6 +174,8 @@ class WorkerConfig:
         _check(self.builtin in (None, "noop", "sleep"), f"builtin must be noop or sleep, got {self.builtin!r}")
         _check(self.slots >= 1 and self.max_batch >= 1, "slots and max_batch must be >= 1")
         _check(self.fixed_ms >= 0 and self.per_query_ms >= 0, "fixed_ms and per_query_ms must be >= 0")
+        _check(self.price >= 0, "price must be >= 0")
+        _check(1 <= self.torch_threads <= 256, "torch_threads must be in 1..256")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness must be >= 2")
 
 
@@ -183,12 +190,16 @@ class EncoderConfig:
     parity_models: dict[str, str] = field(default_factory=dict)
     #: "add" (ParM §4.2) or "concat" (§5.2.3)
     encoder: str = "add"
-    #: forget a coding group that has not filled up within this long (s)
-    group_ttl_s: float = 10.0
+    #: encode a coding group that has not filled within this long from its first batch
+    #: with the batches it has (ParM §4.1), so its queries stay protected at low load (ms)
+    partial_group_ms: float = 50.0
+    #: ROUTER answering Status requests; None = none
+    status_endpoint: str | None = None
     metrics_port: int | None = None
 
     def validate(self) -> None:
         _check(self.encoder in ("add", "concat"), f"encoder must be add or concat, got {self.encoder!r}")
+        _check(self.partial_group_ms > 0, "partial_group_ms must be > 0")
 
 
 @dataclass
@@ -200,6 +211,8 @@ class DecoderConfig:
     timeout_ms: float | None = None
     #: forget a coding group after this long (s)
     group_ttl_s: float = 10.0
+    #: ROUTER answering Status requests; None = none
+    status_endpoint: str | None = None
     metrics_port: int | None = None
 
     def validate(self) -> None:

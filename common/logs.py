@@ -32,6 +32,8 @@ def setup(service: str, json: bool | None = None, level: int = logging.INFO) -> 
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # log.exception(...) / exc_info=True: the type, message and traceback, not "exc_info": true
+            structlog.processors.format_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

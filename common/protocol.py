@@ -10,9 +10,18 @@ A message is a ZeroMQ multipart list of frames::
 On a ROUTER socket the routing envelope (identity, and an empty delimiter when the peer is
 a REQ/DEALER that sends one) comes before frame 0; ``split_envelope`` separates it.
 
-The header has room for what later layers add without a version bump: ``group`` (the ParM
-coding-group tag of a batch: group id, index in the group, k) and ``lineage`` (HAMS
-Algorithm 1 lineage entries) are optional fields that default to None.
+The papers' structures travel as typed fields, checked at the edge like every other:
+``group`` (``CodingTag``: the ParM coding group of a batch, its index in it, and k),
+``members`` (``ParityMembers``: which queries a parity batch covers, ParM §4.1) and
+``lineage`` (``LineageEntry`` list: HAMS Algorithm 1).
+
+Ids carry their sender's incarnation (``common.ids``): a frontend's query ids and a
+dispatcher's batch and coding-group ids have the epoch chosen at the process's start in
+their high bits, so after a restart nothing can match new work to an old id.
+
+Deadlines cross process boundaries as remaining budgets (``budgets_ms``: milliseconds
+left when the message was sent), never as wall-clock times, so hosts need not agree on
+the time; each receiver turns a budget into a deadline on its own monotonic clock.
 
 Anything malformed -- wrong version, unknown kind, missing or mistyped field, a tensor
 whose bytes do not match its dtype and shape, a disallowed dtype, an oversized payload --
@@ -49,6 +58,14 @@ _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
 #: Default ceiling on one message's tensor bytes; services may set a lower one.
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 1024 * 1024
+#: Bounds on what a peer can make a service hold or allocate from one small message.
+MAX_REQUEST_ID = 256  # characters of a client's request id
+MAX_NAME = 256  # characters of a model, worker or service name
+MAX_K = 64  # a coding group's size
+MAX_SLOTS = 1024  # credits one worker may announce
+MAX_BATCH = 65_536  # queries in one batch
+MAX_THREADS = 256
+MAX_ID = 2**63 - 1  # query, batch and group ids fit a signed 64-bit integer
 
 
 class ProtocolError(ValueError):
@@ -69,6 +86,9 @@ class Kind(StrEnum):
     DONE = "done"  # worker -> dispatcher: a batch finished, its slot is free
     HEARTBEAT = "heartbeat"  # worker <-> dispatcher
     STATUS = "status"  # anyone -> service (request) and service -> asker (answer)
+    LEAVE = "leave"  # worker -> dispatcher: shutting down, drop me now
+    CONFIGURE = "configure"  # dispatcher -> worker: change concurrency (slots) or torch threads
+    ANSWERED = "answered"  # frontend -> dispatcher: queries already answered (not by their model)
 
 
 class Source(StrEnum):
@@ -98,9 +118,23 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+def _is_int(value: Any, lo: int = 0, hi: int = MAX_ID) -> bool:
+    return type(value) is int and lo <= value <= hi
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_ID for v in value)
+
+
+def _is_strs(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 @dataclass(frozen=True, slots=True)
 class CodingTag:
-    """Place of a batch in a ParM coding group: the group, its index in it, and k."""
+    """Place of a batch in a ParM coding group: the group, its index in it, and k.
+
+    Index k (one past the last query batch) marks the group's parity batch."""
 
     group: int
     index: int
@@ -115,7 +149,88 @@ class CodingTag:
             return None
         if not (isinstance(value, list) and len(value) == 3 and all(type(v) is int for v in value)):
             raise ProtocolError(f"coding group tag must be [group, index, k], got {value!r}")
-        return cls(*value)
+        group, index, k = value
+        if not (_is_int(group) and _is_int(k, 2, MAX_K) and _is_int(index, 0, k)):
+            raise ProtocolError(f"coding group tag {value!r}: need group >= 0, 2 <= k <= {MAX_K}, 0 <= index <= k")
+        return cls(group, index, k)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberBatch:
+    """One query batch of a coding group, as its parity batch remembers it."""
+
+    qids: list[int]
+    reply_to: list[str]  # per query: its frontend
+
+    def to_json(self) -> list:
+        return [self.qids, self.reply_to]
+
+
+@dataclass(frozen=True, slots=True)
+class ParityMembers:
+    """What a parity batch covers (ParM §4.1): the deployed model, the encoder, and the k
+    query batches of its coding group in index order. A member is None when the group was
+    encoded partial (it did not fill before the encoder's timeout), so the decoder can
+    answer a missing batch's queries from the parity output alone."""
+
+    model: str
+    encoder: str
+    batches: list[MemberBatch | None]
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "encoder": self.encoder,
+                "batches": [None if b is None else b.to_json() for b in self.batches]}
+
+    @classmethod
+    def from_json(cls, value: Any) -> ParityMembers | None:
+        if value is None:
+            return None
+        if not (isinstance(value, dict) and set(value) == {"model", "encoder", "batches"}):
+            raise ProtocolError("members must be {model, encoder, batches}")
+        model, encoder, batches = value["model"], value["encoder"], value["batches"]
+        if not (isinstance(model, str) and encoder in ("add", "concat") and isinstance(batches, list)
+                and 2 <= len(batches) <= MAX_K):
+            raise ProtocolError(f"members: model a string, encoder add|concat, 2..{MAX_K} batches")
+        out: list[MemberBatch | None] = []
+        for b in batches:
+            if b is None:
+                out.append(None)
+                continue
+            if not (isinstance(b, list) and len(b) == 2 and _is_ids(b[0]) and _is_strs(b[1]) and len(b[0]) == len(b[1])):
+                raise ProtocolError("members: each batch must be [qids, reply_to] of equal length, or null")
+            out.append(MemberBatch(b[0], b[1]))
+        if all(b is None for b in out):
+            raise ProtocolError("members: a parity batch covers at least one query batch")
+        return cls(model, encoder, out)
+
+
+@dataclass(frozen=True, slots=True)
+class LineageEntry:
+    """One step of a request's path through a service graph (HAMS Algorithm 1): the
+    predecessor operator and the sequence number it gave the message, this operator and
+    the sequence number it gives it."""
+
+    predecessor: str
+    predecessor_seq: int
+    operator: str
+    seq: int
+
+    def to_json(self) -> list:
+        return [self.predecessor, self.predecessor_seq, self.operator, self.seq]
+
+    @staticmethod
+    def list_from_json(value: Any) -> list[LineageEntry] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ProtocolError("lineage must be a list of [predecessor, its seq, operator, seq]")
+        out = []
+        for e in value:
+            if not (isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and _is_int(e[1])
+                    and isinstance(e[2], str) and _is_int(e[3])):
+                raise ProtocolError(f"lineage entry must be [predecessor, its seq, operator, seq], got {e!r}")
+            out.append(LineageEntry(*e))
+        return out
 
 
 # --------------------------------------------------------------------------- messages
@@ -157,7 +272,7 @@ class Queries:
     TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
     model: str
     qids: list[int]
-    deadlines: list[float]  # absolute, time.time() seconds
+    budgets_ms: list[float]  # per query: time left to its deadline when sent
     reply_to: str  # the frontend's prediction endpoint
     inputs: np.ndarray
 
@@ -175,11 +290,10 @@ class Batch:
     inputs: np.ndarray
     role: str = Role.DEPLOYED
     group: CodingTag | None = None
-    #: parity batches only: {"model": deployed model, "encoder": "add"|"concat",
-    #: "batches": [[qids, reply_to] per group index]}, so the decoder can answer a
-    #: missing batch's queries from the parity output alone
-    members: dict | None = None
-    lineage: list | None = None
+    #: per query: time left to its deadline when the batch was sent (None: no deadline)
+    budgets_ms: list[float] | None = None
+    members: ParityMembers | None = None  # parity batches only
+    lineage: list[LineageEntry] | None = None
 
 
 @dataclass(slots=True)
@@ -199,13 +313,16 @@ class Predictions:
     service_ms: float = 0.0
     error: str | None = None
     reply_to: list[str] | None = None  # copies to the decoder: where each query's answer goes
-    members: dict | None = None  # parity outputs: copied from the parity Batch
-    lineage: list | None = None
+    budgets_ms: list[float] | None = None  # copies to the decoder: as in the Batch
+    members: ParityMembers | None = None  # parity outputs: copied from the parity Batch
+    lineage: list[LineageEntry] | None = None
 
 
 @dataclass(slots=True)
 class Register:
-    """A worker announces itself and its free slots (credits) to the dispatcher."""
+    """A worker announces itself to the dispatcher: its slots (credits), its largest batch,
+    and what schedulers need to know of it (Kairos: instance kind and price; SERF: torch
+    threads)."""
 
     KIND: ClassVar[Kind] = Kind.REGISTER
     TENSORS: ClassVar[tuple[str, ...]] = ()
@@ -214,6 +331,9 @@ class Register:
     role: str = Role.DEPLOYED
     slots: int = 1
     max_batch: int = 64
+    instance: str = ""  # instance type, e.g. "c5.xlarge"; "" = unspecified
+    price: float = 0.0  # cost per hour of the instance
+    threads: int = 1
 
 
 @dataclass(slots=True)
@@ -227,6 +347,7 @@ class Done:
     batch_size: int
     service_ms: float
     ok: bool = True
+    error: str | None = None  # why the batch failed (model error, undeliverable predictions)
 
 
 @dataclass(slots=True)
@@ -247,8 +368,40 @@ class Status:
     info: dict | None = None
 
 
+@dataclass(slots=True)
+class Leave:
+    """A worker shutting down (SIGTERM): the dispatcher drops it at once and re-queues
+    whatever it held, instead of waiting for its heartbeats to stop."""
+
+    KIND: ClassVar[Kind] = Kind.LEAVE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    worker: str
+
+
+@dataclass(slots=True)
+class Configure:
+    """The dispatcher changes a worker's concurrency (slots) or torch threads (SERF)."""
+
+    KIND: ClassVar[Kind] = Kind.CONFIGURE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    slots: int | None = None
+    threads: int | None = None
+
+
+@dataclass(slots=True)
+class Answered:
+    """Queries of ``model`` the frontend answered other than by their own prediction (a
+    reconstruction): the dispatcher need not run them again if their worker dies."""
+
+    KIND: ClassVar[Kind] = Kind.ANSWERED
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    model: str
+    qids: list[int]
+
+
 MESSAGES: dict[str, type] = {
-    cls.KIND: cls for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status)
+    cls.KIND: cls
+    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered)
 }
 
 # Per class: (header field names, required header field names). Computed once.
@@ -282,7 +435,9 @@ def encode(msg: Any) -> list:
     for name in names:
         value = getattr(msg, name)
         if value is not None:
-            header[name] = value.to_json() if isinstance(value, CodingTag) else value
+            if name in _TYPED:
+                value = [e.to_json() for e in value] if name == "lineage" else value.to_json()
+            header[name] = value
     frames: list = [b""]
     descs = []
     for name in cls.TENSORS:
@@ -322,8 +477,9 @@ def decode_header(frame: Any) -> dict:
         raise ProtocolError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a JSON object")
-    if header.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r} is not {PROTOCOL_VERSION}")
+    version = header.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:  # true and 1.0 are not 1
+        raise ProtocolError(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
     return header
 
 
@@ -359,8 +515,8 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     if missing:
         raise ProtocolError(f"{cls.KIND} message lacks {sorted(missing)}")
     kwargs = {name: header[name] for name in names if name in header}
-    if "group" in kwargs:
-        kwargs["group"] = CodingTag.from_json(kwargs["group"])
+    for name in _TYPED.keys() & kwargs.keys():
+        kwargs[name] = _TYPED[name](kwargs[name])
     if cls.TENSORS:
         descs = header.get("tensors")
         if not isinstance(descs, list) or len(descs) != len(cls.TENSORS):
@@ -389,43 +545,91 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     return msg
 
 
-# Light type checks on the fields a peer could get wrong; deeper checks belong to services.
-_STR_FIELDS = ("request_id", "model", "source", "worker", "sender", "role", "service")
-_NUM_FIELDS = ("timeout_ms", "service_ms")
-_INT_FIELDS = ("batch_id", "batch_size", "slots", "max_batch")
+# Fields that travel as JSON but are typed on both sides of the wire.
+_TYPED = {"group": CodingTag.from_json, "members": ParityMembers.from_json, "lineage": LineageEntry.list_from_json}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _budgets(value: Any) -> bool:
+    return isinstance(value, list) and all(_finite(v) for v in value)
+
+
+def _str_max(n: int, empty: bool = True):
+    return lambda v: isinstance(v, str) and len(v) <= n and (empty or bool(v))
+
+
+# Per field: (check, what a valid value is). Fields every message kind shares a meaning of.
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "request_id": (_str_max(MAX_REQUEST_ID), f"a string of at most {MAX_REQUEST_ID} characters"),
+    "model": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "worker": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "sender": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "service": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "role": (lambda v: v in (Role.DEPLOYED, Role.PARITY), "deployed or parity"),
+    "instance": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "version": (_str_max(MAX_NAME), "a string"),
+    "error": (lambda v: isinstance(v, str), "a string"),
+    "error_code": (lambda v: isinstance(v, str), "a string"),
+    "timeout_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "service_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "price": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "batch_id": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "batch_size": (lambda v: _is_int(v, 0, MAX_BATCH), f"an integer in 0..{MAX_BATCH}"),
+    "slots": (lambda v: _is_int(v, 1, MAX_SLOTS), f"an integer in 1..{MAX_SLOTS}"),
+    "max_batch": (lambda v: _is_int(v, 1, MAX_BATCH), f"an integer in 1..{MAX_BATCH}"),
+    "threads": (lambda v: _is_int(v, 1, MAX_THREADS), f"an integer in 1..{MAX_THREADS}"),
+    "qids": (lambda v: _is_ids(v) and len(v) <= MAX_BATCH, f"a list of at most {MAX_BATCH} integers in 0..{MAX_ID}"),
+    "budgets_ms": (_budgets, "a list of finite numbers"),
+    "ok": (lambda v: isinstance(v, bool), "true or false"),
+    "known": (lambda v: isinstance(v, bool), "true or false"),
+    "info": (lambda v: isinstance(v, dict), "an object"),
+}
 
 
 def _check_types(msg: Any) -> None:
-    required = _FIELDS[type(msg)][1]
-    for name in _STR_FIELDS:
-        value = getattr(msg, name, "")
+    """Every header field a peer could get wrong, checked once at the edge; a service
+    then trusts the message's shape (not its intent)."""
+    cls = type(msg)
+    required = _FIELDS[cls][1]
+    for name in _FIELDS[cls][0]:
+        value = getattr(msg, name)
         if value is None and name not in required:
             continue
-        if not isinstance(value, str):
-            raise ProtocolError(f"{name} must be a string, got {type(value).__name__}")
-    for name in _NUM_FIELDS:
-        value = getattr(msg, name, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ProtocolError(f"{name} must be a number, got {type(value).__name__}")
-    for name in _INT_FIELDS:
-        value = getattr(msg, name, 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{name} must be an integer, got {type(value).__name__}")
-    reply_to = getattr(msg, "reply_to", "")
-    if not isinstance(reply_to, str) and not (
-        isinstance(reply_to, list) and all(isinstance(r, str) for r in reply_to)
-    ) and reply_to is not None:
-        raise ProtocolError("reply_to must be a string or a list of strings")
-    for name in ("qids", "deadlines"):
-        value = getattr(msg, name, None)
-        if value is not None and not isinstance(value, list):
-            raise ProtocolError(f"{name} must be a list")
-    for arr_name in getattr(msg, "TENSORS", ()):
+        check = _CHECKS.get(name)
+        if check is not None and not check[0](value):
+            raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
+    if cls is Predict and not msg.request_id:
+        raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
+    reply_to = getattr(msg, "reply_to", None)
+    if cls is Queries and not isinstance(reply_to, str):
+        raise ProtocolError("reply_to must be a string")
+    if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):
+        raise ProtocolError("reply_to must be a list of strings")
+    qids = getattr(msg, "qids", None)
+    for arr_name in cls.TENSORS:
         arr = getattr(msg, arr_name)
-        qids = getattr(msg, "qids", None)
         if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):
             rows = arr.shape[0] if arr.ndim else "no"
             raise ProtocolError(f"{arr_name} has {rows} rows for {len(qids)} query ids")
+    if qids is not None:
+        for name in ("reply_to", "budgets_ms"):
+            value = getattr(msg, name, None)
+            if isinstance(value, list) and len(value) != len(qids):
+                raise ProtocolError(f"{name} has {len(value)} entries for {len(qids)} query ids")
+        if cls is Batch and reply_to is None:
+            raise ProtocolError("batch lacks reply_to")
+    group, members = getattr(msg, "group", None), getattr(msg, "members", None)
+    if members is not None and (group is None or len(members.batches) != group.k):
+        raise ProtocolError("members need a coding group tag whose k is their number of batches")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def split_envelope(frames: list) -> tuple[list, list]:

@@ -11,6 +11,7 @@ True
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -19,6 +20,11 @@ from common import protocol
 
 #: messages queued per peer before a socket drops (PUB) or blocks (PUSH, DEALER)
 HWM = 100_000
+#: largest frame any Keel socket reads; a bigger one disconnects its sender before it is
+#: read into memory (ZMQ_MAXMSGSIZE). Sockets facing clients set their own, lower bound.
+MAX_FRAME_BYTES = protocol.MAX_PAYLOAD_BYTES + protocol.MAX_HEADER_BYTES
+#: distinct peers a ``Peers`` table connects to at most (endpoints come from the wire)
+MAX_PEERS = 1024
 
 
 def make_socket(
@@ -27,11 +33,14 @@ def make_socket(
     bind: str | None = None,
     connect: str | list[str] | None = None,
     identity: str | None = None,
+    max_frame_bytes: int = MAX_FRAME_BYTES,
+    hwm: int = HWM,
 ) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, HWM)
-    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     if kind == zmq.ROUTER:
         # A reply to a peer that is gone is an error we want to see, not a silent drop.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -55,6 +64,64 @@ def endpoint_of(sock: zmq.Socket) -> str:
 def send(sock: zmq.Socket, msg: Any, envelope: list | None = None, flags: int = 0) -> None:
     frames = protocol.encode(msg)
     sock.send_multipart(envelope + frames if envelope else frames, flags=flags, copy=False)
+
+
+def try_send(sock: zmq.Socket, msg: Any, envelope: list | None = None) -> bool:
+    """Send without ever blocking: False when the peer's queue is full or, on a ROUTER,
+    the peer is gone. For replies to peers outside Keel's control (clients), whose
+    slowness must cost only themselves."""
+    try:
+        send(sock, msg, envelope, zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EHOSTUNREACH:
+            return False
+        raise
+
+
+def split_rows(dests: list[str]) -> dict[str, list[int]]:
+    """Row indices per destination, in first-seen order (one message per peer per batch)."""
+    out: dict[str, list[int]] = {}
+    for row, dest in enumerate(dests):
+        out.setdefault(dest, []).append(row)
+    return out
+
+
+class Peers:
+    """One PUSH socket per peer endpoint, made on first use: how workers and the decoder
+    reach the frontend named in each query's ``reply_to``.
+
+    Endpoints arrive on the wire, so a malformed or unconnectable one is refused (``get``
+    returns None and the caller answers for those queries) and the table is bounded."""
+
+    def __init__(self, ctx: zmq.Context, on_new: Callable[[zmq.Socket], Any] | None = None, limit: int = MAX_PEERS):
+        self.ctx, self.on_new, self.limit = ctx, on_new, limit
+        self.sockets: dict[str, zmq.Socket] = {}
+
+    def get(self, endpoint: str) -> zmq.Socket | None:
+        sock = self.sockets.get(endpoint)
+        if sock is not None:
+            return sock
+        if len(self.sockets) >= self.limit or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            return None
+        try:
+            sock = make_socket(self.ctx, zmq.PUSH, connect=endpoint)
+        except zmq.ZMQError:
+            return None
+        self.sockets[endpoint] = sock
+        if self.on_new is not None:
+            self.on_new(sock)
+        return sock
+
+    def send(self, endpoint: str, msg: Any) -> bool:
+        """Queue ``msg`` for ``endpoint``; False if the endpoint is refused."""
+        sock = self.get(endpoint)
+        if sock is None:
+            return False
+        send(sock, msg)
+        return True
 
 
 def recv_frames(sock: zmq.Socket) -> list:

@@ -2,8 +2,14 @@
 
 ``__init__`` makes the sockets (linger 0) and registers them with a poller; ``tick(timeout)``
 polls once, hands each ready socket to its handler, then runs due chores (heartbeats,
-expiring deadlines); ``run()`` calls ``tick`` until ``stop()``. Tests drive ``tick``
-directly. SIGTERM/SIGINT stop the loop gracefully; a second signal exits at once.
+purges) and timers (a deadline, a delayed batch: a due time that moves); ``run()`` calls
+``tick`` until ``stop()``. Tests drive ``tick`` directly. SIGTERM/SIGINT stop the loop
+gracefully; a second signal exits at once.
+
+A failure while handling one message, or in one chore or timer, is logged with its
+traceback and the loop goes on: nothing a peer sends may stop a service. Every service
+answers ``Status`` with ``status()``: on its own ROUTER when it has one, else on the
+``status_endpoint`` its config names.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from common import logs, protocol
+from common import logs, protocol, transport
 from common.metrics import Metrics
 
 
@@ -29,6 +35,27 @@ class Chore:
         self.fn, self.interval, self.due = fn, interval, time.monotonic() + interval
 
 
+class Timer:
+    """A function run once at a time (monotonic) that its owner moves: ``at(when)`` sets or
+    moves it, ``clear()`` cancels; after it runs it is clear until set again."""
+
+    __slots__ = ("fn", "due")
+
+    def __init__(self, fn: Callable[[float], None]):
+        self.fn, self.due = fn, None
+
+    def at(self, when: float | None) -> None:
+        self.due = when
+
+    def at_latest(self, when: float) -> None:
+        """Due at ``when`` or earlier, if it already is."""
+        if self.due is None or when < self.due:
+            self.due = when
+
+    def clear(self) -> None:
+        self.due = None
+
+
 class Service:
     role = "service"
 
@@ -39,6 +66,7 @@ class Service:
         self.handlers: dict[zmq.Socket, Callable[[zmq.Socket], None]] = {}
         self.sockets: list[zmq.Socket] = []
         self.chores: list[Chore] = []
+        self.timers: list[Timer] = []
         self.running = False
         self._signals = 0
         self.log = logs.setup(name)
@@ -68,27 +96,55 @@ class Service:
                 continue
             yield envelope, msg
 
+    def serve_status(self, endpoint: str | None) -> None:
+        """Answer ``Status`` requests on a ROUTER at ``endpoint`` (services with no ROUTER of
+        their own: workers, encoder, decoder)."""
+        if endpoint:
+            self.add_socket(transport.make_socket(self.ctx, zmq.ROUTER, bind=endpoint), self._on_status)
+
+    def _on_status(self, sock: zmq.Socket) -> None:
+        for envelope, msg in self.messages(sock, router=True):
+            if isinstance(msg, protocol.Status):
+                transport.try_send(sock, protocol.Status(service=self.name, info=self.status()), envelope)
+
+    def status(self) -> dict:
+        """What ``keel status`` shows of this service; services add their own figures."""
+        return {"service": self.name, "role": self.role}
+
     def every(self, interval: float, fn: Callable[[float], None]) -> None:
         self.chores.append(Chore(fn, interval))
 
+    def timer(self, fn: Callable[[float], None]) -> Timer:
+        timer = Timer(fn)
+        self.timers.append(timer)
+        return timer
+
     def next_timeout(self) -> float:
-        """Seconds until the next chore is due (the poll timeout)."""
-        if not self.chores:
+        """Seconds until the next chore or timer is due (the poll timeout)."""
+        dues = [c.due for c in self.chores] + [t.due for t in self.timers if t.due is not None]
+        if not dues:
             return 0.1
-        return max(0.0, min(c.due for c in self.chores) - time.monotonic())
+        return max(0.0, min(dues) - time.monotonic())
 
     def tick(self, timeout: float | None = None) -> None:
         timeout = self.next_timeout() if timeout is None else timeout
         for sock, _ in self.poller.poll(timeout * 1000):
-            try:
-                self.handlers[sock](sock)
-            except Exception:  # a bug in one message's handling must not stop the service
-                self.log.exception("handler failed", role=self.role)
+            self._guarded("handler", self.handlers[sock], sock)
         now = time.monotonic()
         for chore in self.chores:
             if now >= chore.due:
                 chore.due = now + chore.interval
-                chore.fn(now)
+                self._guarded("chore", chore.fn, now)
+        for timer in self.timers:
+            if timer.due is not None and now >= timer.due:
+                timer.due = None
+                self._guarded("timer", timer.fn, now)
+
+    def _guarded(self, what: str, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception:  # a bug in one message's or one chore's handling must not stop the service
+            self.log.exception(f"{what} failed", role=self.role, fn=getattr(fn, "__name__", repr(fn)))
 
     def run(self) -> None:
         self.metrics.serve(self.metrics_port)

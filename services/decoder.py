@@ -60,7 +60,7 @@ class Decoder(Service):
         if msg.role == Role.PARITY:
             if not msg.members:
                 return
-            key = (msg.members["model"], tag.group)
+            key = (msg.members.model, tag.group)
         else:
             key = (msg.model, tag.group)
         group = self.groups.get(key)
@@ -84,14 +84,14 @@ class Decoder(Service):
             return
         j = missing[0]
         members = group.parity.members
-        qids, reply_to = members["batches"][j]
+        qids, reply_to = members.batches[j].qids, members.batches[j].reply_to
         start = time.perf_counter()
         rows = group.parity.outputs.shape[0]
         available = np.zeros((group.k - 1, rows, group.parity.outputs.shape[1]), np.float32)
         for slot, i in enumerate(sorted(group.outputs)):
             out = group.outputs[i].outputs
             available[slot, : len(out)] = out  # padded queries of shorter batches predict nothing
-        rebuilt = codec.decode(members.get("encoder", "add"), group.parity.outputs, available)[: len(qids)]
+        rebuilt = codec.decode(members.encoder, group.parity.outputs, available)[: len(qids)]
         self.m_decode.observe(time.perf_counter() - start)
         group.decoded = True
         self.reconstructed += 1

@@ -87,7 +87,7 @@ class Dispatcher(Service):
                     self.log.error("queries for a model with no queue", model=msg.model)
                     continue
                 for i, qid in enumerate(msg.qids):
-                    queue.queries.append(Query(qid, msg.deadlines[i], msg.reply_to, msg.inputs[i], now))
+                    queue.queries.append(Query(qid, now + msg.budgets_ms[i] / 1000.0, msg.reply_to, msg.inputs[i], now))
             elif isinstance(msg, Batch) and msg.role == Role.PARITY:
                 queue = self.queues.get(msg.model)
                 if queue is not None:
@@ -189,6 +189,7 @@ class Dispatcher(Service):
         batch = Batch(
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
             inputs=np.stack([q.input for q in taken]), group=group,
+            budgets_ms=[(q.deadline - now_wall) * 1000.0 for q in taken],
         )
         self._send_batch(worker, batch, taken)
         for q in taken:

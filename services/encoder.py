@@ -63,12 +63,13 @@ class Encoder(Service):
             self.push,
             Batch(batch_id=0, model=parity_model, qids=list(range(rows)), reply_to=[""] * rows, inputs=parity,
                   role=Role.PARITY, group=protocol.CodingTag(group, k, k),
-                  members={"model": model, "encoder": self.cfg.encoder, "batches": [[b.qids, b.reply_to] for b in members]}),
+                  members=protocol.ParityMembers(model, self.cfg.encoder,
+                                                 [protocol.MemberBatch(b.qids, b.reply_to) for b in members])),
         )
         self.encoded += 1
 
     def _forget(self, now: float) -> None:
         for key, (born, _) in list(self.groups.items()):
-            if now - born > self.cfg.group_ttl_s:
+            if now - born > 10.0:  # (partial groups: see partial_group_ms)
                 del self.groups[key]
                 self.dropped += 1

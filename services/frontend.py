@@ -144,11 +144,12 @@ class Frontend(Service):
 
     def _flush(self) -> None:
         """One Queries message per model for everything admitted in this tick."""
+        now = time.time()
         for model, items in self.outbox.items():
             if items:
                 transport.send(
                     self.push,
-                    Queries(model=model, qids=[q for q, _, _ in items], deadlines=[d for _, d, _ in items],
+                    Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
                             reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items])),
                 )
                 items.clear()

@@ -11,7 +11,7 @@ import zmq
 
 from common import protocol, transport
 from common.config import BatchPolicy, DispatcherConfig
-from common.protocol import Batch, CodingTag, Done, Heartbeat, Queries, Register, Role
+from common.protocol import Batch, CodingTag, Done, Heartbeat, MemberBatch, ParityMembers, Queries, Register, Role
 from services.dispatcher import Dispatcher
 
 ANY_PORT = "tcp://127.0.0.1:*"
@@ -34,7 +34,7 @@ class Harness:
         qids = list(range(self.next_qid, self.next_qid + n))
         self.next_qid += n
         inputs = np.array([[q] * dim for q in qids], np.float32)
-        transport.send(self.frontend, Queries(model=model, qids=qids, deadlines=[time.time() + deadline_s] * n,
+        transport.send(self.frontend, Queries(model=model, qids=qids, budgets_ms=[deadline_s * 1000.0] * n,
                                               reply_to=REPLY_TO, inputs=inputs))
         return qids
 
@@ -374,7 +374,7 @@ def test_parity_batches_go_to_parity_workers(harness):
     h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")})
     deployed = h.worker("w0")
     parity = h.worker("p0", model="m-parity", role=Role.PARITY)
-    members = {"model": "m", "encoder": "add", "batches": [[[1], [REPLY_TO]], [[2], [REPLY_TO]]]}
+    members = ParityMembers("m", "add", [MemberBatch([1], [REPLY_TO]), MemberBatch([2], [REPLY_TO])])
     transport.send(h.frontend, Batch(batch_id=0, model="m-parity", qids=[0], reply_to=[""], role=Role.PARITY,
                                      inputs=np.ones((1, 4), np.float32), group=CodingTag(0, 2, 2), members=members))
     got = h.next_batch(parity, what="the parity batch")

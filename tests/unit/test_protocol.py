@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from common import protocol
 from common.protocol import (
-    ALLOWED_DTYPES, MESSAGES, PROTOCOL_VERSION, Batch, CodingTag, Done, Heartbeat, Predict, Predictions,
-    ProtocolError, Queries, Register, Reply, Role, Source, Status, decode, encode, split_envelope,
+    ALLOWED_DTYPES, MESSAGES, PROTOCOL_VERSION, Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave,
+    LineageEntry, MemberBatch, ParityMembers, Predict, Predictions, ProtocolError, Queries, Register, Reply, Role,
+    Source, Status, decode, encode, split_envelope,
 )
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -71,14 +72,14 @@ def test_non_contiguous_input_is_sent_contiguous():
 
 def every_kind() -> list:
     inputs = tensor("float32", (3, 4), seed=1)
-    members = {"model": "m", "encoder": "add", "batches": [[[1, 2, 3], ["tcp://a:1"] * 3], [[4, 5], ["tcp://b:2"] * 2]]}
+    members = ParityMembers("m", "add", [MemberBatch([1, 2, 3], ["tcp://a:1"] * 3), MemberBatch([4, 5], ["tcp://b:2"] * 2)])
     return [
         Predict(request_id="r1", model="m", input=tensor("int64", (4,))),
         Reply(request_id="r1", source=Source.MODEL, output=tensor("float32", (10,)), model="m", version="1"),
         Reply(request_id="r2", source=Source.ERROR, output=None, error="no", error_code="bad_request"),
-        Queries(model="m", qids=[1, 2, 3], deadlines=[1.5, 2.5, 3.5], reply_to="tcp://127.0.0.1:9", inputs=inputs),
+        Queries(model="m", qids=[1, 2, 3], budgets_ms=[1.5, 2.5, 3.5], reply_to="tcp://127.0.0.1:9", inputs=inputs),
         Batch(batch_id=7, model="m", qids=[1, 2, 3], reply_to=["tcp://a:1"] * 3, inputs=inputs,
-              group=CodingTag(4, 1, 2), lineage=[{"model": "m", "seq": 3}]),
+              group=CodingTag(4, 1, 2), budgets_ms=[5.0, 6.0, 7.5], lineage=[LineageEntry("a", 2, "m", 3)]),
         Batch(batch_id=8, model="m-parity", qids=[0, 1, 2], reply_to=[""] * 3, inputs=tensor("float16", (3, 2, 2)),
               role=Role.PARITY, group=CodingTag(4, 2, 2), members=members),
         Predictions(batch_id=7, model="m", qids=[1, 2, 3], outputs=tensor("float32", (3, 10)), worker="w0",
@@ -87,8 +88,12 @@ def every_kind() -> list:
                     members=members, group=CodingTag(4, 2, 2)),
         Predictions(batch_id=9, model="m", qids=[5], outputs=None, error="RuntimeError: boom"),
         Predictions(batch_id=10, model="m", qids=[6], outputs=tensor("uint8", (1, 3)), source=Source.RECONSTRUCTION),
-        Register(worker="w0", model="m", role=Role.PARITY, slots=3, max_batch=16),
-        Done(worker="w0", batch_id=7, batch_size=3, service_ms=4.5, ok=False),
+        Register(worker="w0", model="m", role=Role.PARITY, slots=3, max_batch=16, instance="c5.xlarge", price=0.17,
+                 threads=2),
+        Done(worker="w0", batch_id=7, batch_size=3, service_ms=4.5, ok=False, error="no frontend"),
+        Leave(worker="w0"),
+        Configure(slots=2, threads=4),
+        Answered(model="m", qids=[3, 4]),
         Heartbeat(sender="dispatcher", known=False),
         Status(service="frontend", info={"pending": 3, "answered": {"model": 2}, "cache": None}),
         Status(),
@@ -108,7 +113,7 @@ def test_coding_tag_and_members_survive():
     batch = every_kind()[5]
     out = decode(encode(batch))
     assert out.group == CodingTag(4, 2, 2) and isinstance(out.group, CodingTag)
-    assert out.members["batches"][1] == [[4, 5], ["tcp://b:2"] * 2]
+    assert out.members.batches[1] == MemberBatch([4, 5], ["tcp://b:2"] * 2) and isinstance(out.members, ParityMembers)
     assert header(encode(batch))["group"] == [4, 2, 2]
 
 
@@ -402,3 +407,94 @@ def test_split_envelope_of_zmq_frames():
         router.close(0)
         dealer.close(0)
         ctx.term()
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def _with(msg, **changes) -> list:
+    frames = [bytes(f) for f in encode(msg)]
+    head = header(frames)
+    head.update(changes)
+    return [orjson.dumps(head), *frames[1:]]
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", [1]])
+def test_version_must_be_the_integer_1(version):
+    with pytest.raises(ProtocolError, match="version"):
+        decode(_with(Done(worker="w", batch_id=1, batch_size=1, service_ms=1.0), v=version))
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"request_id": ""}, "request_id"),
+    ({"request_id": "r" * 257}, "request_id"),
+    ({"timeout_ms": float("inf")}, "timeout_ms"),
+    ({"timeout_ms": -1}, "timeout_ms"),
+])
+def test_predict_bounds(changes, match):
+    msg = Predict(request_id="r", model="m", input=np.zeros(4, np.float32))
+    if "timeout_ms" in changes and changes["timeout_ms"] == float("inf"):
+        frames = [bytes(f) for f in encode(msg)]
+        text = bytes(frames[0]).replace(b'"model"', b'"timeout_ms":1e999,"model"')
+        with pytest.raises(ProtocolError):
+            decode([text, frames[1]])
+        return
+    with pytest.raises(ProtocolError, match=match):
+        decode(_with(msg, **changes))
+
+
+QUERIES = Queries(model="m", qids=[1, 2], budgets_ms=[5.0, 5.0], reply_to="tcp://a:1", inputs=np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"budgets_ms": None}, "budgets_ms"),
+    ({"budgets_ms": [5.0]}, "budgets_ms"),
+    ({"budgets_ms": [5.0, "x"]}, "budgets_ms"),
+    ({"qids": [1, -2]}, "qids"),
+    ({"qids": [1, True]}, "qids"),
+    ({"qids": [1, 2**63]}, "qids"),
+    ({"reply_to": ["tcp://a:1"]}, "reply_to"),
+])
+def test_queries_are_checked_at_the_edge(changes, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(_with(QUERIES, **changes))
+
+
+BATCH = Batch(batch_id=1, model="m", qids=[1, 2], reply_to=["a", "b"], inputs=np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"reply_to": None}, "reply_to"),
+    ({"reply_to": ["a"]}, "reply_to"),
+    ({"group": [0, 3, 2]}, "coding group"),
+    ({"group": [0, 0, 10**6]}, "coding group"),
+    ({"group": [-1, 0, 2]}, "coding group"),
+    ({"members": {"model": "m", "encoder": "add", "batches": [[[1], ["a"]]]}}, "members"),
+    ({"group": [0, 2, 2], "members": {"model": "m", "encoder": "add", "batches": [[[1], ["a", "b"]], None]}}, "members"),
+    ({"group": [0, 2, 2], "members": {"model": "m", "encoder": "xor", "batches": [None, [[1], ["a"]]]}}, "members"),
+    ({"group": [0, 2, 2], "members": {"model": "m", "encoder": "add", "batches": [None, None]}}, "members"),
+    ({"group": [0, 2, 3], "members": {"model": "m", "encoder": "add", "batches": [None, [[1], ["a"]]]}}, "members"),
+    ({"lineage": [{"model": "m"}]}, "lineage"),
+    ({"lineage": [["a", -1, "b", 2]]}, "lineage"),
+    ({"role": "boss"}, "role"),
+])
+def test_batch_is_checked_at_the_edge(changes, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(_with(BATCH, **changes))
+
+
+def test_partial_group_members_round_trip():
+    members = ParityMembers("m", "add", [None, MemberBatch([7], ["tcp://a:1"])])
+    batch = Batch(batch_id=2, model="m-parity", qids=[0], reply_to=[""], inputs=np.zeros((1, 3), np.float32),
+                  role=Role.PARITY, group=CodingTag(5, 2, 2), members=members)
+    assert decode(encode(batch)).members == members
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"slots": 0}, "slots"), ({"slots": 10**6}, "slots"), ({"max_batch": 0}, "max_batch"),
+    ({"max_batch": 10**7}, "max_batch"), ({"threads": 0}, "threads"), ({"price": -1}, "price"),
+    ({"worker": "w" * 1000}, "worker"),
+])
+def test_register_values_are_bounded(changes, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(_with(Register(worker="w", model="m"), **changes))
