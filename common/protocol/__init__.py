@@ -1,0 +1,57 @@
+"""Keel's wire format: every message between Keel processes, and the one place that knows it.
+
+A message is a ZeroMQ multipart list of frames::
+
+    frame 0      header: an orjson dict {"v": PROTOCOL_VERSION, "kind": KIND, ...fields,
+                 "tensors": [{"dtype": "float32", "shape": [n, ...]}, ...]}
+    frame 1..n   one raw C-contiguous buffer per tensor field, in the order of the
+                 message class's ``TENSORS``; sent zero-copy, read with np.frombuffer
+
+On a ROUTER socket the routing envelope (identity, and an empty delimiter when the peer is
+a REQ/DEALER that sends one) comes before frame 0; ``split_envelope`` separates it.
+
+The papers' structures travel as typed fields, checked at the edge like every other:
+``group`` (``CodingTag``: the ParM coding group of a batch, its index in it, and k),
+``members`` (``ParityMembers``: which queries a parity batch covers, ParM §4.1) and
+``lineage`` (``LineageEntry`` list: HAMS Algorithm 1).
+
+Ids carry their sender's incarnation (``common.ids``): a frontend's query ids and a
+dispatcher's batch and coding-group ids have the epoch chosen at the process's start in
+their high bits, so after a restart nothing can match new work to an old id.
+
+Deadlines cross process boundaries as remaining budgets (``budgets_ms``: milliseconds
+left when the message was sent), never as wall-clock times, so hosts need not agree on
+the time; each receiver turns a budget into a deadline on its own monotonic clock.
+
+Anything malformed -- wrong version, unknown kind, missing or mistyped field, a tensor
+whose bytes do not match its dtype and shape, a disallowed dtype, an oversized payload --
+raises ``ProtocolError``; a service answers it with an error reply when it can and keeps
+running.
+
+Example
+-------
+>>> import numpy as np
+>>> msg = Predict(request_id="r1", model="digits", input=np.zeros(64, np.float32))
+>>> decode(encode(msg)).request_id
+'r1'
+"""
+from __future__ import annotations
+
+from common.protocol.codec import decode, decode_header, decode_tensor, encode, split_envelope
+from common.protocol.fields import (
+    ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
+    MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
+    ParityMembers, ProtocolError, Role, Source,
+)
+from common.protocol.messages import (
+    _FIELDS, MESSAGES, Answered, Batch, Configure, Done, Heartbeat, Leave, Predict, Predictions, Queries, Register,
+    Reply, Status,
+)
+
+__all__ = [
+    "ALLOWED_DTYPES", "DTYPE_NAMES", "MAX_BATCH", "MAX_HEADER_BYTES", "MAX_ID", "MAX_K", "MAX_NAME",
+    "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
+    "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
+    "MemberBatch", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register", "Reply", "Role",
+    "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "split_envelope",
+]

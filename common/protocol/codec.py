@@ -1,0 +1,229 @@
+"""Frames <-> messages: ``encode``, ``decode`` and the checks every header field passes at the
+edge, so a service trusts the shape of what it handles (not its intent).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from common.protocol.fields import (
+    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_NAME, MAX_PAYLOAD_BYTES,
+    MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
+    Role, _is_ids, _is_int, _is_strs,
+)
+from common.protocol.messages import _FIELDS, _REQUIRED_TENSORS, MESSAGES, Batch, Predict, Predictions, Queries
+
+def encode(msg: Any) -> list:
+    """Frames for ``msg``: the orjson header, then one buffer per tensor (zero-copy)."""
+    cls = type(msg)
+    names, _ = _FIELDS[cls]
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": cls.KIND}
+    for name in names:
+        value = getattr(msg, name)
+        if value is not None:
+            if name in _TYPED:
+                value = [e.to_json() for e in value] if name == "lineage" else value.to_json()
+            header[name] = value
+    frames: list = [b""]
+    descs = []
+    for name in cls.TENSORS:
+        arr = getattr(msg, name)
+        if arr is None:
+            descs.append(None)
+            continue
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # not on every array: it turns a 0-d tensor into shape (1,)
+        name = DTYPE_NAMES.get(arr.dtype)
+        if name is None:
+            raise ProtocolError(f"dtype {arr.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+        descs.append({"dtype": name, "shape": list(arr.shape)})
+        frames.append(arr.data if arr.nbytes else b"")
+    if descs:
+        header["tensors"] = descs
+    frames[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    return frames
+
+
+def _frame_bytes(frame: Any) -> memoryview:
+    """A byte view of a frame: a zmq.Frame (received with copy=False), bytes or a buffer."""
+    view = memoryview(getattr(frame, "buffer", frame))
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def decode_header(frame: Any) -> dict:
+    raw = getattr(frame, "bytes", frame)
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"header frame must be bytes, got {type(raw).__name__}")
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a JSON object")
+    version = header.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:  # true and 1.0 are not 1
+        raise ProtocolError(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
+    return header
+
+
+def decode_tensor(desc: Any, frame: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> np.ndarray:
+    if not isinstance(desc, dict):
+        raise ProtocolError("tensor descriptor must be an object")
+    dtype, shape = desc.get("dtype"), desc.get("shape")
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:  # a list or object is unhashable
+        raise ProtocolError(f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 8:
+        raise ProtocolError(f"shape must be a list of at most 8 non-negative ints, got {shape!r}")
+    dt = _DTYPES[dtype]
+    expected = math.prod(shape) * dt.itemsize
+    if expected > max_bytes:
+        raise ProtocolError(f"payload of {expected} bytes exceeds the limit of {max_bytes}")
+    buf = _frame_bytes(frame)
+    if len(buf) != expected:
+        raise ProtocolError(f"tensor frame has {len(buf)} bytes, dtype {dtype} shape {shape} needs {expected}")
+    return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
+    """The message in ``frames`` (no routing envelope). Raises ProtocolError if malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    header = decode_header(frames[0])
+    kind = header.get("kind")
+    cls = MESSAGES.get(kind) if isinstance(kind, str) else None  # a list or object kind is unhashable
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {header.get('kind')!r}")
+    names, required = _FIELDS[cls]
+    missing = required - header.keys()
+    if missing:
+        raise ProtocolError(f"{cls.KIND} message lacks {sorted(missing)}")
+    kwargs = {name: header[name] for name in names if name in header}
+    for name in _TYPED.keys() & kwargs.keys():
+        kwargs[name] = _TYPED[name](kwargs[name])
+    if cls.TENSORS:
+        descs = header.get("tensors")
+        if not isinstance(descs, list) or len(descs) != len(cls.TENSORS):
+            raise ProtocolError(f"{cls.KIND} needs {len(cls.TENSORS)} tensor descriptor(s)")
+        present = [d for d in descs if d is not None]
+        if len(frames) != 1 + len(present):
+            raise ProtocolError(f"{cls.KIND} has {len(frames) - 1} tensor frames, header describes {len(present)}")
+        total, i = 0, 1
+        for name, desc in zip(cls.TENSORS, descs):
+            if desc is None:
+                if name in _REQUIRED_TENSORS[cls]:
+                    raise ProtocolError(f"{cls.KIND} message lacks its {name} tensor")
+                kwargs[name] = None
+                continue
+            arr = decode_tensor(desc, frames[i], max_payload - total)
+            total += arr.nbytes
+            kwargs[name] = arr
+            i += 1
+    elif len(frames) != 1:
+        raise ProtocolError(f"{cls.KIND} carries no tensors but has {len(frames) - 1} extra frames")
+    try:
+        msg = cls(**kwargs)
+    except TypeError as exc:
+        raise ProtocolError(str(exc)) from None
+    _check_types(msg)
+    return msg
+
+
+# Fields that travel as JSON but are typed on both sides of the wire.
+_TYPED = {"group": CodingTag.from_json, "members": ParityMembers.from_json, "lineage": LineageEntry.list_from_json}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _budgets(value: Any) -> bool:
+    return isinstance(value, list) and all(_finite(v) for v in value)
+
+
+def _str_max(n: int, empty: bool = True):
+    return lambda v: isinstance(v, str) and len(v) <= n and (empty or bool(v))
+
+
+# Per field: (check, what a valid value is). Fields every message kind shares a meaning of.
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "request_id": (_str_max(MAX_REQUEST_ID), f"a string of at most {MAX_REQUEST_ID} characters"),
+    "model": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "worker": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "sender": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "service": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "role": (lambda v: v in (Role.DEPLOYED, Role.PARITY), "deployed or parity"),
+    "instance": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "version": (_str_max(MAX_NAME), "a string"),
+    "error": (lambda v: isinstance(v, str), "a string"),
+    "error_code": (lambda v: isinstance(v, str), "a string"),
+    "timeout_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "service_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "price": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "batch_id": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "batch_size": (lambda v: _is_int(v, 0, MAX_BATCH), f"an integer in 0..{MAX_BATCH}"),
+    "slots": (lambda v: _is_int(v, 1, MAX_SLOTS), f"an integer in 1..{MAX_SLOTS}"),
+    "max_batch": (lambda v: _is_int(v, 1, MAX_BATCH), f"an integer in 1..{MAX_BATCH}"),
+    "threads": (lambda v: _is_int(v, 1, MAX_THREADS), f"an integer in 1..{MAX_THREADS}"),
+    "qids": (lambda v: _is_ids(v) and len(v) <= MAX_BATCH, f"a list of at most {MAX_BATCH} integers in 0..{MAX_ID}"),
+    "budgets_ms": (_budgets, "a list of finite numbers"),
+    "ok": (lambda v: isinstance(v, bool), "true or false"),
+    "known": (lambda v: isinstance(v, bool), "true or false"),
+    "info": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _check_types(msg: Any) -> None:
+    """Every header field a peer could get wrong, checked once at the edge; a service
+    then trusts the message's shape (not its intent)."""
+    cls = type(msg)
+    required = _FIELDS[cls][1]
+    for name in _FIELDS[cls][0]:
+        value = getattr(msg, name)
+        if value is None and name not in required:
+            continue
+        check = _CHECKS.get(name)
+        if check is not None and not check[0](value):
+            raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
+    if cls is Predict and not msg.request_id:
+        raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
+    reply_to = getattr(msg, "reply_to", None)
+    if cls is Queries and not isinstance(reply_to, str):
+        raise ProtocolError("reply_to must be a string")
+    if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):
+        raise ProtocolError("reply_to must be a list of strings")
+    qids = getattr(msg, "qids", None)
+    for arr_name in cls.TENSORS:
+        arr = getattr(msg, arr_name)
+        if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):
+            rows = arr.shape[0] if arr.ndim else "no"
+            raise ProtocolError(f"{arr_name} has {rows} rows for {len(qids)} query ids")
+    if qids is not None:
+        for name in ("reply_to", "budgets_ms"):
+            value = getattr(msg, name, None)
+            if isinstance(value, list) and len(value) != len(qids):
+                raise ProtocolError(f"{name} has {len(value)} entries for {len(qids)} query ids")
+        if cls is Batch and reply_to is None:
+            raise ProtocolError("batch lacks reply_to")
+    group, members = getattr(msg, "group", None), getattr(msg, "members", None)
+    if members is not None and (group is None or len(members.batches) != group.k):
+        raise ProtocolError("members need a coding group tag whose k is their number of batches")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def split_envelope(frames: list) -> tuple[list, list]:
+    """(envelope, body) of a message read from a ROUTER: the identity frame, plus the empty
+    delimiter a REQ peer adds (Keel's DEALER peers send none)."""
+    if len(frames) > 1 and len(_frame_bytes(frames[1])) == 0:
+        return frames[:2], frames[2:]
+    return frames[:1], frames[1:]

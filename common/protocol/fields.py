@@ -1,0 +1,196 @@
+"""Wire constants, error kinds and the papers' structures that travel as typed fields:
+``CodingTag`` and ``ParityMembers`` (ParM §4.1), ``LineageEntry`` (HAMS Algorithm 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+#: dtypes a tensor frame may carry. Anything else is a ProtocolError at the edge.
+ALLOWED_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"})
+
+#: dtype -> wire name; ``np.dtype.name`` is a slow Python property on the hot path
+DTYPE_NAMES = {np.dtype(name): name for name in ALLOWED_DTYPES}
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES}
+
+#: Default ceiling on one message's tensor bytes; services may set a lower one.
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_HEADER_BYTES = 1024 * 1024
+#: Bounds on what a peer can make a service hold or allocate from one small message.
+MAX_REQUEST_ID = 256  # characters of a client's request id
+MAX_NAME = 256  # characters of a model, worker or service name
+MAX_K = 64  # a coding group's size
+MAX_SLOTS = 1024  # credits one worker may announce
+MAX_BATCH = 65_536  # queries in one batch
+MAX_THREADS = 256
+MAX_ID = 2**63 - 1  # query, batch and group ids fit a signed 64-bit integer
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be decoded or violates the wire format.
+
+    Raised only at the edge where frames become messages, so that a service can answer
+    the sender with an error reply and keep serving instead of dying on bad input.
+    """
+
+
+class Kind(StrEnum):
+    PREDICT = "predict"  # client -> frontend
+    REPLY = "reply"  # frontend -> client
+    QUERIES = "queries"  # frontend -> dispatcher
+    BATCH = "batch"  # dispatcher -> worker, dispatcher -> encoder (copy), encoder -> dispatcher
+    PREDICTIONS = "predictions"  # worker -> frontend / decoder, decoder -> frontend
+    REGISTER = "register"  # worker -> dispatcher
+    DONE = "done"  # worker -> dispatcher: a batch finished, its slot is free
+    HEARTBEAT = "heartbeat"  # worker <-> dispatcher
+    STATUS = "status"  # anyone -> service (request) and service -> asker (answer)
+    LEAVE = "leave"  # worker -> dispatcher: shutting down, drop me now
+    CONFIGURE = "configure"  # dispatcher -> worker: change concurrency (slots) or torch threads
+    ANSWERED = "answered"  # frontend -> dispatcher: queries already answered (not by their model)
+
+
+class Source(StrEnum):
+    """Who produced the answer a client receives."""
+
+    MODEL = "model"
+    CACHE = "cache"
+    DEFAULT = "default"  # Clipper's SLO default: the deadline passed first
+    RECONSTRUCTION = "reconstruction"  # ParM: rebuilt from the parity output
+    ERROR = "error"
+
+
+class Role(StrEnum):
+    DEPLOYED = "deployed"
+    PARITY = "parity"
+
+
+class ErrorCode(StrEnum):
+    """Error kinds that cross the wire, so clients can tell them apart."""
+
+    BAD_REQUEST = "bad_request"  # malformed frames, wrong dtype/shape, NaN, oversized
+    UNKNOWN_MODEL = "unknown_model"
+    OVERLOADED = "overloaded"  # admission queue full
+    MODEL_ERROR = "model_error"  # the model raised on this batch
+    DEADLINE = "deadline"  # the deadline passed and the model has no default output
+    TIMEOUT = "timeout"  # client side: no frontend answered in time
+    INTERNAL = "internal"
+
+
+def _is_int(value: Any, lo: int = 0, hi: int = MAX_ID) -> bool:
+    return type(value) is int and lo <= value <= hi
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_ID for v in value)
+
+
+def _is_strs(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+@dataclass(frozen=True, slots=True)
+class CodingTag:
+    """Place of a batch in a ParM coding group: the group, its index in it, and k.
+
+    Index k (one past the last query batch) marks the group's parity batch."""
+
+    group: int
+    index: int
+    k: int
+
+    def to_json(self) -> list[int]:
+        return [self.group, self.index, self.k]
+
+    @classmethod
+    def from_json(cls, value: Any) -> CodingTag | None:
+        if value is None:
+            return None
+        if not (isinstance(value, list) and len(value) == 3 and all(type(v) is int for v in value)):
+            raise ProtocolError(f"coding group tag must be [group, index, k], got {value!r}")
+        group, index, k = value
+        if not (_is_int(group) and _is_int(k, 2, MAX_K) and _is_int(index, 0, k)):
+            raise ProtocolError(f"coding group tag {value!r}: need group >= 0, 2 <= k <= {MAX_K}, 0 <= index <= k")
+        return cls(group, index, k)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberBatch:
+    """One query batch of a coding group, as its parity batch remembers it."""
+
+    qids: list[int]
+    reply_to: list[str]  # per query: its frontend
+
+    def to_json(self) -> list:
+        return [self.qids, self.reply_to]
+
+
+@dataclass(frozen=True, slots=True)
+class ParityMembers:
+    """What a parity batch covers (ParM §4.1): the deployed model, the encoder, and the k
+    query batches of its coding group in index order. A member is None when the group was
+    encoded partial (it did not fill before the encoder's timeout), so the decoder can
+    answer a missing batch's queries from the parity output alone."""
+
+    model: str
+    encoder: str
+    batches: list[MemberBatch | None]
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "encoder": self.encoder,
+                "batches": [None if b is None else b.to_json() for b in self.batches]}
+
+    @classmethod
+    def from_json(cls, value: Any) -> ParityMembers | None:
+        if value is None:
+            return None
+        if not (isinstance(value, dict) and set(value) == {"model", "encoder", "batches"}):
+            raise ProtocolError("members must be {model, encoder, batches}")
+        model, encoder, batches = value["model"], value["encoder"], value["batches"]
+        if not (isinstance(model, str) and encoder in ("add", "concat") and isinstance(batches, list)
+                and 2 <= len(batches) <= MAX_K):
+            raise ProtocolError(f"members: model a string, encoder add|concat, 2..{MAX_K} batches")
+        out: list[MemberBatch | None] = []
+        for b in batches:
+            if b is None:
+                out.append(None)
+                continue
+            if not (isinstance(b, list) and len(b) == 2 and _is_ids(b[0]) and _is_strs(b[1]) and len(b[0]) == len(b[1])):
+                raise ProtocolError("members: each batch must be [qids, reply_to] of equal length, or null")
+            out.append(MemberBatch(b[0], b[1]))
+        if all(b is None for b in out):
+            raise ProtocolError("members: a parity batch covers at least one query batch")
+        return cls(model, encoder, out)
+
+
+@dataclass(frozen=True, slots=True)
+class LineageEntry:
+    """One step of a request's path through a service graph (HAMS Algorithm 1): the
+    predecessor operator and the sequence number it gave the message, this operator and
+    the sequence number it gives it."""
+
+    predecessor: str
+    predecessor_seq: int
+    operator: str
+    seq: int
+
+    def to_json(self) -> list:
+        return [self.predecessor, self.predecessor_seq, self.operator, self.seq]
+
+    @staticmethod
+    def list_from_json(value: Any) -> list[LineageEntry] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise ProtocolError("lineage must be a list of [predecessor, its seq, operator, seq]")
+        out = []
+        for e in value:
+            if not (isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) and _is_int(e[1])
+                    and isinstance(e[2], str) and _is_int(e[3])):
+                raise ProtocolError(f"lineage entry must be [predecessor, its seq, operator, seq], got {e!r}")
+            out.append(LineageEntry(*e))
+        return out

@@ -1,0 +1,199 @@
+"""Every message kind between Keel processes: one dataclass each, with its ``KIND`` and the
+names of its tensor fields (``TENSORS``), which travel as frames after the header.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from common.protocol.fields import CodingTag, Kind, LineageEntry, ParityMembers, Role, Source
+
+@dataclass(slots=True)
+class Predict:
+    """One query from a client. ``timeout_ms`` is the client's deadline, relative."""
+
+    KIND: ClassVar[Kind] = Kind.PREDICT
+    TENSORS: ClassVar[tuple[str, ...]] = ("input",)
+    request_id: str
+    model: str
+    input: np.ndarray
+    timeout_ms: float | None = None
+    version: str | None = None
+
+
+@dataclass(slots=True)
+class Reply:
+    """The one answer to a Predict. ``output`` is None for errors."""
+
+    KIND: ClassVar[Kind] = Kind.REPLY
+    TENSORS: ClassVar[tuple[str, ...]] = ("output",)
+    request_id: str
+    source: str
+    output: np.ndarray | None = None
+    model: str | None = None
+    version: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+@dataclass(slots=True)
+class Queries:
+    """Queries a frontend hands to the dispatcher: ``inputs`` stacks them on axis 0."""
+
+    KIND: ClassVar[Kind] = Kind.QUERIES
+    TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
+    model: str
+    qids: list[int]
+    budgets_ms: list[float]  # per query: time left to its deadline when sent
+    reply_to: str  # the frontend's prediction endpoint
+    inputs: np.ndarray
+
+
+@dataclass(slots=True)
+class Batch:
+    """A query batch (or ParM parity batch) for one worker; one row of ``inputs`` a query."""
+
+    KIND: ClassVar[Kind] = Kind.BATCH
+    TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
+    batch_id: int
+    model: str
+    qids: list[int]
+    reply_to: list[str]  # per query: where its prediction goes
+    inputs: np.ndarray
+    role: str = Role.DEPLOYED
+    group: CodingTag | None = None
+    #: per query: time left to its deadline when the batch was sent (None: no deadline)
+    budgets_ms: list[float] | None = None
+    members: ParityMembers | None = None  # parity batches only
+    lineage: list[LineageEntry] | None = None
+
+
+@dataclass(slots=True)
+class Predictions:
+    """Outputs of one batch, from a worker (or a reconstruction, from the decoder)."""
+
+    KIND: ClassVar[Kind] = Kind.PREDICTIONS
+    TENSORS: ClassVar[tuple[str, ...]] = ("outputs",)
+    batch_id: int
+    model: str
+    qids: list[int]
+    outputs: np.ndarray | None
+    worker: str = ""
+    role: str = Role.DEPLOYED
+    source: str = Source.MODEL
+    group: CodingTag | None = None
+    service_ms: float = 0.0
+    error: str | None = None
+    reply_to: list[str] | None = None  # copies to the decoder: where each query's answer goes
+    budgets_ms: list[float] | None = None  # copies to the decoder: as in the Batch
+    members: ParityMembers | None = None  # parity outputs: copied from the parity Batch
+    lineage: list[LineageEntry] | None = None
+
+
+@dataclass(slots=True)
+class Register:
+    """A worker announces itself to the dispatcher: its slots (credits), its largest batch,
+    and what schedulers need to know of it (Kairos: instance kind and price; SERF: torch
+    threads)."""
+
+    KIND: ClassVar[Kind] = Kind.REGISTER
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    worker: str
+    model: str
+    role: str = Role.DEPLOYED
+    slots: int = 1
+    max_batch: int = 64
+    instance: str = ""  # instance type, e.g. "c5.xlarge"; "" = unspecified
+    price: float = 0.0  # cost per hour of the instance
+    threads: int = 1
+
+
+@dataclass(slots=True)
+class Done:
+    """A worker finished a batch: its slot is free again; ``service_ms`` feeds AIMD."""
+
+    KIND: ClassVar[Kind] = Kind.DONE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    worker: str
+    batch_id: int
+    batch_size: int
+    service_ms: float
+    ok: bool = True
+    error: str | None = None  # why the batch failed (model error, undeliverable predictions)
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    KIND: ClassVar[Kind] = Kind.HEARTBEAT
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    sender: str
+    known: bool = True  # dispatcher -> worker: False means "register again"
+
+
+@dataclass(slots=True)
+class Status:
+    """A status request (``info`` None) or answer (``info`` a JSON-able dict)."""
+
+    KIND: ClassVar[Kind] = Kind.STATUS
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    service: str = ""
+    info: dict | None = None
+
+
+@dataclass(slots=True)
+class Leave:
+    """A worker shutting down (SIGTERM): the dispatcher drops it at once and re-queues
+    whatever it held, instead of waiting for its heartbeats to stop."""
+
+    KIND: ClassVar[Kind] = Kind.LEAVE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    worker: str
+
+
+@dataclass(slots=True)
+class Configure:
+    """The dispatcher changes a worker's concurrency (slots) or torch threads (SERF)."""
+
+    KIND: ClassVar[Kind] = Kind.CONFIGURE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    slots: int | None = None
+    threads: int | None = None
+
+
+@dataclass(slots=True)
+class Answered:
+    """Queries of ``model`` the frontend answered other than by their own prediction (a
+    reconstruction): the dispatcher need not run them again if their worker dies."""
+
+    KIND: ClassVar[Kind] = Kind.ANSWERED
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    model: str
+    qids: list[int]
+
+
+MESSAGES: dict[str, type] = {
+    cls.KIND: cls
+    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered)
+}
+
+# Per class: (header field names, required header field names). Computed once.
+_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+for _cls in MESSAGES.values():
+    _names = tuple(f.name for f in dataclasses.fields(_cls) if f.name not in _cls.TENSORS)
+    _required = frozenset(
+        f.name
+        for f in dataclasses.fields(_cls)
+        if f.name not in _cls.TENSORS
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
+    _FIELDS[_cls] = (_names, _required)
+
+# Per class: tensor fields that may not be absent (those not typed "... | None").
+_REQUIRED_TENSORS: dict[type, frozenset[str]] = {
+    _cls: frozenset(f.name for f in dataclasses.fields(_cls) if f.name in _cls.TENSORS and "None" not in str(f.type))
+    for _cls in MESSAGES.values()
+}
