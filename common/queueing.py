@@ -1,0 +1,87 @@
+"""SERF's latency model: the M/D_interf/c queue (SERF §IV-C, Eq. 2-13).
+
+A model served with service parallelism c (c requests at once) has a profiled mean
+service rate ``mu[i-1]`` per request when i requests run together (i = 1..c; interference
+makes mu fall with i). Poisson arrivals at rate ``lam``. The mean latency is the mean
+wait in queue plus the mean service time:
+
+- Eq. 2-4: state probabilities of the M/M_interf/c birth-death chain, p_n;
+- Eq. 7: its mean wait W_q (Little's law on L_q, Eq. 5-6);
+- Eq. 8-11: Cosmetatos' correction from exponential to deterministic service;
+- Eq. 12: the mean service time seen by an arrival (PASTA). The paper's tail term drops
+  p0; the corrected form (../shared/papers/NOTES.md) is
+  ``p0 * prod(rho_i) / (mu_c * c! * (1 - rho))``;
+- Eq. 13: W = S + W_q.
+
+Example
+-------
+>>> round(latency([100.0], 50.0) * 1000, 3)   # M/D/1, rho = 0.5: 10 ms + 5 ms wait
+15.0
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def _rho_products(mu: Sequence[float], lam: float) -> list[float]:
+    """prod_{i<=n} rho_i / n! for n = 0..c."""
+    out, prod = [1.0], 1.0
+    for n, m in enumerate(mu, start=1):
+        prod *= lam / m
+        out.append(prod / math.factorial(n))
+    return out
+
+
+def utilisation(mu: Sequence[float], lam: float) -> float:
+    """rho = lam / (c * mu_c): the queue is stable only below 1."""
+    return lam / (len(mu) * mu[-1])
+
+
+def latency(mu: Sequence[float], lam: float) -> float:
+    """Mean latency (s) of the M/D_interf/c queue at arrival rate ``lam`` (Eq. 13).
+
+    Raises ValueError when the queue is unstable (rho >= 1) or an input is not positive."""
+    c = len(mu)
+    if c == 0 or lam <= 0 or any(m <= 0 for m in mu):
+        raise ValueError("need c >= 1 profiled rates > 0 and an arrival rate > 0")
+    rho = utilisation(mu, lam)
+    if rho >= 1:
+        raise ValueError(f"unstable: utilisation {rho:.3f} >= 1")
+    terms = _rho_products(mu, lam)  # terms[n] = prod_{i<=n} rho_i / n!
+    tail = terms[c] / (1 - rho)  # sum_{n>=c} p_n / p0
+    p0 = 1.0 / (sum(terms[:c]) + tail)  # Eq. 3-4
+    service = sum(p0 * terms[i - 1] / mu[i - 1] for i in range(1, c + 1)) + p0 * tail / mu[-1]  # Eq. 12, corrected
+    wait_mm = p0 * terms[c] / lam * rho / (1 - rho) ** 2  # Eq. 7 (terms[c] holds the 1/c!)
+    f = (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * c)  # Eq. 9
+    g = (1 - rho) / rho  # Eq. 10
+    wait = 0.5 * (1 + f * g) * wait_mm  # Eq. 8, 11
+    return service + wait  # Eq. 13
+
+
+def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, warmup: float = 0.1) -> float:
+    """Mean latency (s) of the same queue by discrete-event simulation: FCFS, c servers,
+    Poisson arrivals; a request's service time is ``1 / mu[k-1]``, k being the number of
+    requests in service once it starts. The reference Eq. 13 is tested against."""
+    import heapq
+    from collections import deque
+
+    import numpy as np
+
+    arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / lam, n))
+    c, running, waiting = len(mu), [], deque()
+    latencies = np.empty(n)
+    i = done = 0
+    while done < n:
+        if i < n and (not running or arrivals[i] <= running[0][0]):
+            t, idx, i = arrivals[i], i, i + 1
+            if len(running) < c:
+                heapq.heappush(running, (t + 1.0 / mu[len(running)], idx))
+            else:
+                waiting.append(idx)
+            continue
+        t, idx = heapq.heappop(running)
+        latencies[idx], done = t - arrivals[idx], done + 1
+        if waiting:
+            heapq.heappush(running, (t + 1.0 / mu[len(running)], waiting.popleft()))
+    return float(latencies[int(n * warmup):].mean())

@@ -1,0 +1,46 @@
+"""SERF's M/D_interf/c model (Eq. 2-13, Eq. 12 with p0 restored) against closed forms and a
+discrete-event simulation of the same queue."""
+from __future__ import annotations
+
+import pytest
+
+from common.queueing import latency, simulate, utilisation
+
+
+def test_md1_closed_form():
+    # M/D/1: W = 1/mu + rho / (2 mu (1 - rho))
+    mu, lam = 100.0, 70.0
+    rho = lam / mu
+    assert latency([mu], lam) == pytest.approx(1 / mu + rho / (2 * mu * (1 - rho)), rel=1e-12)
+
+
+def test_light_load_is_the_single_request_service_time():
+    assert latency([100.0, 60.0, 40.0], 0.01) == pytest.approx(0.01, rel=1e-3)
+
+
+@pytest.mark.parametrize("mu", [[100.0, 100.0], [100.0, 90.0], [100.0, 90.0, 80.0, 70.0], [200.0, 150.0, 120.0, 100.0]],
+                         ids=str)
+@pytest.mark.parametrize("load", [0.2, 0.5, 0.8])
+def test_eq13_agrees_with_simulation_within_2_percent(mu, load):
+    lam = load * len(mu) * mu[-1]
+    assert utilisation(mu, lam) == pytest.approx(load)
+    assert latency(mu, lam) == pytest.approx(simulate(mu, lam, n=60_000, seed=1), rel=0.02)
+
+
+def test_eq12_as_printed_disagrees_with_simulation():
+    """The paper's Eq. 12 drops p0 from its tail term (NOTES.md); as printed, the latency at
+    c=2, rho=0.8 is far off the simulation, while the corrected form is within 2%."""
+    mu, lam = [100.0, 90.0], 0.8 * 2 * 90.0
+    rho, r1, r2 = utilisation(mu, lam), lam / mu[0], lam / mu[1]
+    tail = r1 * r2 / (2 * (1 - rho))
+    p0 = 1 / (1 + r1 + tail)
+    printed = latency(mu, lam) + (1 - p0) * tail / mu[1]  # the tail term without its p0
+    measured = simulate(mu, lam, n=60_000, seed=2)
+    assert abs(printed - measured) / measured > 0.10
+    assert latency(mu, lam) == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("mu,lam", [([100.0], 100.0), ([100.0, 50.0], 120.0), ([], 1.0), ([100.0], 0.0), ([0.0], 1.0)])
+def test_unstable_or_bad_inputs_are_refused(mu, lam):
+    with pytest.raises(ValueError):
+        latency(mu, lam)
