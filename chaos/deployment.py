@@ -97,7 +97,7 @@ class Deployment:
     def predictors(self, models: list[str]) -> dict[str, Any]:
         """Offline predictors of ``models``, built as their deployed workers build them
         (builtin costs set to zero: they change the time a prediction takes, not its value)."""
-        from services.models import build_predictor
+        from common.containers import build_predictor
 
         out = {}
         for svc in self.spec.role("worker"):

@@ -8,7 +8,7 @@ Layout::
 
 Versions are integers as strings ("1", "2", ...); "latest" is the highest. The sha256 in
 the manifest is checked at every load, so a truncated or swapped weights file is refused
-instead of served. Architectures are built by name through ``training.models.build``.
+instead of served. Architectures are built by name through ``common.architectures.build``.
 
 Example
 -------
@@ -142,7 +142,7 @@ class ModelStore:
         """(torch module in eval mode, manifest); refuses weights whose sha256 differs."""
         import torch
 
-        from training.models import build
+        from common.architectures import build
 
         manifest = self.manifest(name, version)
         weights = self.root / name / manifest.version / manifest.weights

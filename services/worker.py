@@ -23,7 +23,7 @@ from common import protocol, transport
 from common.config import WorkerConfig
 from common.protocol import Batch, Done, Heartbeat, Predictions, Register, Source
 from services.base import Service
-from services.models import build_predictor
+from common.containers import build_predictor
 
 
 class Worker(Service):

@@ -1,4 +1,4 @@
-"""Command line for training and evaluation; ``services/cli.py`` mounts it under ``keel``.
+"""Command line for training and evaluation; ``deploy/keel.py`` mounts it under ``keel``.
 
 Commands::
 
@@ -96,7 +96,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> None:
     """Add ``train`` (``deployed``, ``parity``) and ``evaluate`` to an argparse subparsers object."""
     from training.datasets import NAMES
-    from training.models import ARCHS, INITS
+    from common.architectures import ARCHS, INITS
 
     train = subparsers.add_parser("train", help="train a deployed or a parity model into the model store")
     what = train.add_subparsers(dest="train_what", required=True)

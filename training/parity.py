@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from common.codec import Encoder, encode_torch
 from common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
 from training import datasets
-from training.models import build
+from common.architectures import build
 from training.train import RUNS_DIR, fit, predict
 
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from common.modelstore import DEFAULT_STORE, Manifest, ModelStore
 from training import datasets
-from training.models import build, config_for, query_shape
+from common.architectures import build, config_for, query_shape
 
 RUNS_DIR = "runs"
 

@@ -13,7 +13,7 @@ from common.modelstore import ModelStore, ModelStoreError, sha256_file
 from training import datasets
 from training.cli import ensure_default_model, main
 from training.evaluate import evaluate, overall_accuracy
-from training.models import ARCHS, build, config_for, query_shape
+from common.architectures import ARCHS, build, config_for, query_shape
 from training.parity import parity_name, train_parity
 from training.train import fit, predict, train_deployed
 

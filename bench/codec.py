@@ -11,7 +11,7 @@ and, with ``--json PATH``, written as JSON. Timings only; tests never assert on 
 
 Example
 -------
-$ python -m services.bench_codec --json runs/bench_codec.json
+$ python -m bench.codec --json runs/bench_codec.json
 """
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.bench_codec [--json PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m services.bench_codec", description=__doc__.splitlines()[0])
+    """``python -m bench.codec [--json PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.codec", description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     run(args.json)

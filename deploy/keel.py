@@ -23,18 +23,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from services.demo import run
+    from deploy.demo import run
 
     return run(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
     if args.what == "core":
-        from services.bench_core import run
+        from bench.core import run
 
         run(args.json, args.quick)
     else:
-        from services.bench_codec import run
+        from bench.codec import run
 
         run(args.json)
     return 0
@@ -42,8 +42,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from chaos.cli import add_parser as add_chaos
+    from common.roles import ROLES
     from deploy.cli import add_parser as add_deploy
-    from services.experiments import add_parser as add_experiments
+    from chaos.parm_tail import add_parser as add_experiments
     from training.cli import add_parser as add_training
 
     parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("serve", help="run one service process (what supervisord and the chaos harness start)")
-    p.add_argument("role", choices=["frontend", "dispatcher", "worker", "encoder", "decoder"])
+    p.add_argument("role", choices=list(ROLES))
     p.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
     p.set_defaults(func=_serve)
 

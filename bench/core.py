@@ -23,20 +23,23 @@ from pathlib import Path
 import numpy as np
 
 from common.client import Client
-from common.config import BatchPolicy, ModelInfo, WorkerConfig
 from common.loadgen import open_loop, summarize
+from common.spec import ClusterSpec, load_spec
 from common.transport import request_status
-from services.launch import Launcher
+from deploy.local import Launcher, free_port_block
 
 SLO_P99_MS = 20.0
 SHAPE = [64]
 
 
-def _cluster(launcher: Launcher, workers: int, policy: BatchPolicy, **worker_kw):
-    info = ModelInfo(input_shape=SHAPE, output_size=10, deadline_ms=1000.0)
-    ws = [WorkerConfig(name=f"w{i}", model="m", builtin_input_shape=SHAPE, max_batch=policy.max_batch, **worker_kw)
-          for i in range(workers)]
-    return launcher.start_cluster({"m": (info, policy)}, ws, frontend={"log_requests": False, "cache_size": 0})
+def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
+    """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers, started."""
+    spec = load_spec({
+        "cluster": {"name": "bench-core", "base_port": free_port_block(4), "run_dir": str(launcher.log_dir)},
+        "frontend": {"log_requests": False, "cache_size": 0},
+        "models": {"m": {"input_shape": SHAPE, "output_size": 10, "deadline_ms": 1000.0, "workers": workers, **model}},
+    })
+    return launcher.start_spec(spec)
 
 
 def _latency(endpoint: str, n: int) -> dict:
@@ -81,24 +84,25 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS}
     run_dir = Path("runs/bench-core")
     with Launcher(run_dir / "noop") as launcher:
-        cluster = _cluster(launcher, 2, BatchPolicy(batch_budget_ms=SLO_P99_MS, max_batch=128), builtin="noop")
+        cluster = _cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
+        endpoint = cluster.client_endpoints[0]
         log("noop latency, one request outstanding ...")
-        lat = _latency(cluster.client_endpoint, n_latency)
+        lat = _latency(endpoint, n_latency)
         out["noop_p50_us"], out["noop_p99_us"] = lat["p50_us"], lat["p99_us"]
         log("noop throughput (open-loop Poisson, p99 <= 20 ms) ...")
-        out["noop_throughput_rps"], out["noop_ramp"] = _max_rate(cluster.client_endpoint, 250, 1.25, 40000, seconds, log)
+        out["noop_throughput_rps"], out["noop_ramp"] = _max_rate(endpoint, 250, 1.25, 40000, seconds, log)
 
     sleep = dict(builtin="sleep", fixed_ms=4.0, per_query_ms=0.02)
     out["batching_model"] = {**sleep, "workers": 1}
     with Launcher(run_dir / "batch1") as launcher:
-        cluster = _cluster(launcher, 1, BatchPolicy(batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1), **sleep)
+        cluster = _cluster(launcher, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
         log("fixed-cost model, batch size fixed at 1 ...")
-        fixed_rps, out["batch1_ramp"] = _max_rate(cluster.client_endpoint, 50, 1.25, 5000, seconds, log)
+        fixed_rps, out["batch1_ramp"] = _max_rate(cluster.client_endpoints[0], 50, 1.25, 5000, seconds, log)
     with Launcher(run_dir / "aimd") as launcher:
-        cluster = _cluster(launcher, 1, BatchPolicy(batch_budget_ms=SLO_P99_MS / 2, max_batch=256), **sleep)
+        cluster = _cluster(launcher, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
         log("fixed-cost model, AIMD batching ...")
-        aimd_rps, out["aimd_ramp"] = _max_rate(cluster.client_endpoint, 1000, 1.25, 40000, seconds, log)
-        info = request_status(cluster.dispatcher.worker_endpoint, 2.0) or {"workers": {}}
+        aimd_rps, out["aimd_ramp"] = _max_rate(cluster.client_endpoints[0], 1000, 1.25, 40000, seconds, log)
+        info = request_status(cluster.service("dispatcher").config.worker_endpoint, 2.0) or {"workers": {}}
         sizes = [w["batch_size"] for w in info["workers"].values()]
         out["aimd_batch_size"] = int(np.median(sizes)) if sizes else None
     out["batch1_throughput_rps"], out["aimd_throughput_rps"] = fixed_rps, aimd_rps
