@@ -12,21 +12,31 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from common.jsontypes import describe, fits
+
 
 class ConfigError(ValueError):
-    """A configuration value is missing, mistyped or inconsistent with another."""
+    """A configuration value is missing, mistyped or inconsistent with another.
+
+    ``key`` names the option at fault (when one is) and ``reason`` says what is wrong
+    with it, so that a cluster spec can report it under its own key path
+    (``models.m.deadline_ms: must be > 0``)."""
+
+    def __init__(self, message: str, key: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.key, self.reason = key, reason if reason is not None else message
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, key: str, reason: str, where: str = "", msg: str | None = None) -> None:
+    """Raise ``ConfigError("{where}{key} {reason}")`` (or ``msg``) unless ``cond``."""
     if not cond:
-        raise ConfigError(msg)
+        raise ConfigError(msg or f"{where}{key} {reason}", key, reason)
 
 
 @dataclass
@@ -43,11 +53,14 @@ class ModelInfo:
     deadline_ms: float = 1000.0
 
     def validate(self, name: str) -> None:
-        _check(all(isinstance(d, int) and d > 0 for d in self.input_shape), f"model {name}: input_shape must be positive ints")
-        _check(self.output_size > 0, f"model {name}: output_size must be > 0")
-        _check(self.deadline_ms > 0, f"model {name}: deadline_ms must be > 0")
-        if self.default_output is not None:
-            _check(len(self.default_output) == self.output_size, f"model {name}: default_output needs {self.output_size} values")
+        where = f"model {name}: "
+        _check(bool(self.input_shape) and all(isinstance(d, int) and d > 0 for d in self.input_shape), "input_shape",
+               f"must be positive integers, got {self.input_shape}", where)
+        _check(self.output_size > 0, "output_size", "must be > 0", where)
+        _check(self.deadline_ms > 0, "deadline_ms", "must be > 0", where)
+        n = self.output_size
+        _check(self.default_output is None or len(self.default_output) == n, "default_output",
+               f"needs output_size = {n} values", where, msg=f"{where}default_output needs {n} values (output_size)")
 
 
 @dataclass
@@ -72,10 +85,10 @@ class FrontendConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.cache_size >= 0, "cache_size must be >= 0")
-        _check(self.admission_limit > 0, "admission_limit must be > 0")
-        _check(self.dedup_ttl_s > 0, "dedup_ttl_s must be > 0")
-        _check(self.max_payload_bytes > 0, "max_payload_bytes must be > 0")
+        _check(self.cache_size >= 0, "cache_size", "must be >= 0")
+        _check(self.admission_limit > 0, "admission_limit", "must be > 0")
+        _check(self.dedup_ttl_s > 0, "dedup_ttl_s", "must be > 0")
+        _check(self.max_payload_bytes > 0, "max_payload_bytes", "must be > 0")
         for name, info in self.models.items():
             info.validate(name)
 
@@ -101,13 +114,22 @@ class BatchPolicy:
     parity_model: str | None = None
 
     def validate(self, name: str) -> None:
-        _check(self.batch_budget_ms > 0, f"{name}: batch_budget_ms must be > 0")
-        _check(self.max_batch >= 1, f"{name}: max_batch must be >= 1")
-        _check(self.fixed_batch is None or 1 <= self.fixed_batch <= self.max_batch, f"{name}: fixed_batch must be in [1, max_batch]")
-        _check(self.aimd_step >= 1 and 0 < self.aimd_backoff < 1, f"{name}: aimd_step >= 1 and 0 < aimd_backoff < 1")
-        _check(self.batch_delay_ms >= 0, f"{name}: batch_delay_ms must be >= 0")
-        _check(self.k == 0 or self.k >= 2, f"{name}: k must be 0 (off) or >= 2")
-        _check(self.k == 0 or bool(self.parity_model), f"{name}: k > 0 needs parity_model")
+        where = f"{name}: "
+        _check(self.batch_budget_ms > 0, "batch_budget_ms", "must be > 0", where)
+        _check(self.max_batch >= 1, "max_batch", "must be >= 1", where)
+        _check(self.fixed_batch is None or 1 <= self.fixed_batch <= self.max_batch, "fixed_batch",
+               "must be in 1..max_batch", where)
+        aimd = f"{where}aimd_step >= 1 and 0 < aimd_backoff < 1"
+        _check(self.aimd_step >= 1, "aimd_step", "must be >= 1", where, msg=aimd)
+        _check(0 < self.aimd_backoff < 1, "aimd_backoff", "must be in (0, 1)", where, msg=aimd)
+        _check(self.batch_delay_ms >= 0, "batch_delay_ms", "must be >= 0", where)
+        # Relation: with AIMD on, a batch that waits its whole budget for company can
+        # never meet the budget, so AIMD would shrink it forever.
+        _check(self.fixed_batch is not None or self.batch_delay_ms < self.batch_budget_ms, "batch_delay_ms",
+               f"must be < batch_budget_ms ({self.batch_budget_ms:g}) while AIMD sizes batches (no fixed_batch)", where)
+        _check(self.k == 0 or self.k >= 2, "k", "must be 0 (off) or >= 2", where)
+        _check(self.k == 0 or bool(self.parity_model), "parity_model", "is needed when k > 0", where,
+               msg=f"{where}k > 0 needs parity_model")
 
 
 @dataclass
@@ -129,8 +151,8 @@ class DispatcherConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s must be > 0")
-        _check(self.heartbeat_liveness >= 2, "heartbeat_liveness must be >= 2")
+        _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
+        _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
         for name, policy in self.models.items():
             policy.validate(name)
 
@@ -170,13 +192,18 @@ class WorkerConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.role in ("deployed", "parity"), f"role must be deployed or parity, got {self.role!r}")
-        _check(self.builtin in (None, "noop", "sleep"), f"builtin must be noop or sleep, got {self.builtin!r}")
-        _check(self.slots >= 1 and self.max_batch >= 1, "slots and max_batch must be >= 1")
-        _check(self.fixed_ms >= 0 and self.per_query_ms >= 0, "fixed_ms and per_query_ms must be >= 0")
-        _check(self.price >= 0, "price must be >= 0")
-        _check(1 <= self.torch_threads <= 256, "torch_threads must be in 1..256")
-        _check(self.heartbeat_liveness >= 2, "heartbeat_liveness must be >= 2")
+        _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
+        _check(self.builtin in (None, "noop", "sleep"), "builtin", f"must be noop or sleep, got {self.builtin!r}")
+        both = "slots and max_batch must be >= 1"
+        _check(self.slots >= 1, "slots", "must be >= 1", msg=both)
+        _check(self.max_batch >= 1, "max_batch", "must be >= 1", msg=both)
+        costs = "fixed_ms and per_query_ms must be >= 0"
+        _check(self.fixed_ms >= 0, "fixed_ms", "must be >= 0", msg=costs)
+        _check(self.per_query_ms >= 0, "per_query_ms", "must be >= 0", msg=costs)
+        _check(self.price >= 0, "price", "must be >= 0")
+        _check(1 <= self.torch_threads <= 256, "torch_threads", "must be in 1..256")
+        _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
+        _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
 
 
 @dataclass
@@ -198,8 +225,8 @@ class EncoderConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.encoder in ("add", "concat"), f"encoder must be add or concat, got {self.encoder!r}")
-        _check(self.partial_group_ms > 0, "partial_group_ms must be > 0")
+        _check(self.encoder in ("add", "concat"), "encoder", f"must be add or concat, got {self.encoder!r}")
+        _check(self.partial_group_ms > 0, "partial_group_ms", "must be > 0")
 
 
 @dataclass
@@ -216,84 +243,83 @@ class DecoderConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.group_ttl_s > 0, "group_ttl_s must be > 0")
+        _check(self.group_ttl_s > 0, "group_ttl_s", "must be > 0")
+        _check(self.timeout_ms is None or self.timeout_ms > 0, "timeout_ms", "must be > 0 (or null: off)")
+        # Relation: a group forgotten before its timeout fires is never reconstructed.
+        _check(self.timeout_ms is None or self.timeout_ms / 1000.0 < self.group_ttl_s, "timeout_ms",
+               f"must be shorter than group_ttl_s ({self.group_ttl_s:g} s)")
 
 
-CONFIGS: dict[str, type] = {
-    "frontend": FrontendConfig,
-    "dispatcher": DispatcherConfig,
-    "worker": WorkerConfig,
-    "encoder": EncoderConfig,
-    "decoder": DecoderConfig,
-}
+def heartbeats_agree(dispatcher: DispatcherConfig, worker: WorkerConfig) -> str | None:
+    """Why a worker and its dispatcher would drop each other while both are healthy, or None.
 
-_NESTED = {("frontend", "models"): ModelInfo, ("dispatcher", "models"): BatchPolicy}
+    Each side declares the other dead after its own liveness window (interval x liveness)
+    of silence; the window must hold at least two of the other side's heartbeats, so one
+    late heartbeat on a loaded host is never taken for a death.
+    """
+    window = dispatcher.heartbeat_interval_s * dispatcher.heartbeat_liveness
+    if window < 2 * worker.heartbeat_interval_s:
+        return (f"the dispatcher's liveness window ({window:g} s) must hold two of the worker's heartbeats "
+                f"(heartbeat_interval_s {worker.heartbeat_interval_s:g} s)")
+    window = worker.heartbeat_interval_s * worker.heartbeat_liveness
+    if window < 2 * dispatcher.heartbeat_interval_s:
+        return (f"the worker's liveness window ({window:g} s) must hold two of the dispatcher's heartbeats "
+                f"(heartbeat_interval_s {dispatcher.heartbeat_interval_s:g} s)")
+    return None
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a JSON-shaped value fits a config field's annotation (an int fits a float)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is list:
-        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
-    return isinstance(value, hint) if isinstance(hint, type) else True
+def __getattr__(name: str) -> Any:
+    if name == "CONFIGS":  # role -> config class, from the role table (common.roles)
+        from common.roles import ROLES
+
+        return {r.name: r.config for r in ROLES.values()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_types(cls: type, data: dict[str, Any], where: str) -> None:
     """A mistyped value is a ConfigError naming its key, not a TypeError from validate()."""
     hints = typing.get_type_hints(cls)
     for key, value in data.items():
-        if not _fits(value, hints[key]):
-            kind = str(hints[key]).replace("common.config.", "").replace("<class '", "").replace("'>", "")
-            raise ConfigError(f"{where}{key} must be {kind}, got {value!r}")
+        if not fits(value, hints[key]):
+            reason = f"must be {describe(hints[key])}, got {value!r}"
+            raise ConfigError(f"{where}{key} {reason}", key, reason)
+
+
+def _make(cls: type, data: Any, where: str) -> Any:
+    """``cls(**data)`` after checking keys and types; ``where`` prefixes every message."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where.rstrip(': ')}: must be a table of options, got {data!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{where}unknown option(s) {sorted(unknown)}; options: {sorted(known)}")
+    _check_types(cls, data, where)
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}{exc}") from None
 
 
 def from_dict(role: str, data: dict[str, Any]) -> Any:
     """The validated config of ``role`` from a plain dict; unknown keys and values of the
     wrong type are errors."""
-    cls = CONFIGS.get(role)
-    if cls is None:
-        raise ConfigError(f"unknown service role {role!r}; roles: {sorted(CONFIGS)}")
-    known = {f.name for f in dataclasses.fields(cls)}
+    from common.roles import role as role_of
+
+    row = role_of(role)
+    data = dict(data)
+    for key, nested in row.nested.items():
+        if key not in data:
+            continue
+        if not isinstance(data[key], dict):
+            raise ConfigError(f"{role}: {key} must be a table of model name -> options, got {data[key]!r}")
+        data[key] = {name: _make(nested, value, f"{role}: model {name}: ") for name, value in data[key].items()}
+    known = {f.name for f in dataclasses.fields(row.config)}
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"{role}: unknown option(s) {sorted(unknown)}; options: {sorted(known)}")
-    data = dict(data)
-    nested = _NESTED.get((role, "models"))
-    if nested and "models" in data:
-        if not isinstance(data["models"], dict):
-            raise ConfigError(f"{role}: models must be a table of model name -> options, got {data['models']!r}")
-        models = {}
-        for name, value in data["models"].items():
-            if isinstance(value, nested):
-                models[name] = value
-                continue
-            if not isinstance(value, dict):
-                raise ConfigError(f"{role}: model {name}: must be a table of options, got {value!r}")
-            sub_known = {f.name for f in dataclasses.fields(nested)}
-            bad = set(value) - sub_known
-            if bad:
-                raise ConfigError(f"{role}: model {name}: unknown option(s) {sorted(bad)}; options: {sorted(sub_known)}")
-            _check_types(nested, value, f"{role}: model {name}: ")
-            try:
-                models[name] = nested(**value)
-            except TypeError as exc:
-                raise ConfigError(f"{role}: model {name}: {exc}") from None
-        data["models"] = models
-    _check_types(cls, data, f"{role}: ")
-    try:
-        cfg = cls(**data)
-    except TypeError as exc:
-        raise ConfigError(f"{role}: {exc}") from None
+    cfg = _make(row.config, data, f"{role}: ")
     cfg.validate()
     return cfg
 

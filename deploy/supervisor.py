@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.roles import ROLES
+from common.waiting import wait_until
 from common.spec import ClusterSpec, load_spec, run_dir_of
 from deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
 
-# supervisord starts what comes first first: the dispatcher before those that connect to it
-_PRIORITY = {"dispatcher": 100, "encoder": 200, "decoder": 200, "frontend": 300, "worker": 400}
 _BAD_STATES = {"FATAL", "EXITED", "STOPPED", "UNKNOWN"}
 _SOCKET_MAX = 100  # AF_UNIX paths are limited to ~107 bytes
 
@@ -96,7 +96,7 @@ def render(spec: ClusterSpec, python: str = sys.executable) -> Path:
             f"[program:{svc.name}]",
             f"command = {_value(shlex.join(svc.argv(python)), svc.name + ' command')}",
             f"directory = {_value(cwd, 'cwd')}",
-            f"priority = {_PRIORITY.get(svc.role, 500)}",
+            f"priority = {ROLES[svc.role].priority}",  # what others connect to starts first
             "autostart = true",
             "autorestart = true",
             "startsecs = 1",
@@ -173,15 +173,6 @@ def _read_pid(pidfile: Path) -> int | None:
         return None
 
 
-def _poll(cond: Callable[[], Any], deadline: float, interval: float = 0.1) -> Any:
-    """``cond()`` once it is truthy, or its last value at the deadline."""
-    while True:
-        value = cond()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
 def log_tail(run_dir: str | os.PathLike, name: str, lines: int = 20) -> str:
     path = Path(run_dir) / "logs" / f"{name}.log"
     try:
@@ -218,7 +209,7 @@ def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addre
         if proc.returncode != 0:
             raise DeployError(f"supervisord failed to start (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
                               f"see {run_dir / 'supervisord.log'}")
-        if not _poll(lambda: _running(run_dir), time.monotonic() + 10):
+        if not wait_until(lambda: _running(run_dir), 10.0, interval_s=0.1):
             raise DeployError(f"supervisord did not open its socket; see {run_dir / 'supervisord.log'}")
     else:
         _update(rpc(run_dir))
@@ -317,9 +308,9 @@ def down(target: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, o
             return False
         os.kill(pid, signal.SIGTERM)  # its socket is gone but our supervisord is not: TERM is its shutdown
     deadline = time.monotonic() + wait_s
-    if pid is not None and not _poll(lambda: not _alive(pid), deadline):
+    if pid is not None and not wait_until(lambda: not _alive(pid), deadline=deadline, interval_s=0.1):
         raise DeployError(f"supervisord (pid {pid}) still runs {wait_s:.0f} s after shutdown; see {run_dir / 'supervisord.log'}")
-    _poll(lambda: not any(_alive(c) for c in children), deadline)
+    wait_until(lambda: not any(_alive(c) for c in children), deadline=deadline, interval_s=0.1)
     left = [c for c in children if _alive(c)]
     for child in left:  # supervisord is gone; these were its programs
         os.kill(child, signal.SIGKILL)

@@ -1,6 +1,6 @@
 """Start one Keel process: ``python -m services.serve ROLE --config JSON``.
 
-ROLE is one of common.config.CONFIGS; JSON is the role's config (see common.config).
+ROLE is a role of common.roles.ROLES; JSON is the role's config (see common.config).
 supervisord, systemd and the chaos harness all start services this way.
 """
 from __future__ import annotations
@@ -11,22 +11,12 @@ import sys
 import orjson
 
 from common.config import ConfigError, from_dict
+from common.roles import role as role_of
 
 
 def build(role: str, cfg):
-    if role == "frontend":
-        from services.frontend import Frontend as cls
-    elif role == "dispatcher":
-        from services.dispatcher import Dispatcher as cls
-    elif role == "worker":
-        from services.worker import Worker as cls
-    elif role == "encoder":
-        from services.encoder import Encoder as cls
-    elif role == "decoder":
-        from services.decoder import Decoder as cls
-    else:
-        raise ConfigError(f"unknown role {role!r}")
-    return cls(cfg)
+    """The process of ``role`` (a row of ``common.roles.ROLES``) for ``cfg``."""
+    return role_of(role).build(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

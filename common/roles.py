@@ -1,0 +1,91 @@
+"""The process roles of Keel: one row per role, everything else derives from this table.
+
+A row says, for one role: its config dataclass (``common.config``), its service class as
+an import string (``common/`` never imports ``services/``), the config fields holding
+the endpoints it binds, the config fields a cluster spec sets itself (naming them in a
+spec table is an error), the nested tables of its config (model name -> options), the
+field whose endpoint answers a Status request, and its start order under supervisord.
+
+``services.serve`` builds a process from a row; ``keel serve`` takes its choices from
+``ROLES``; ``common.config.from_dict`` finds a role's config here; the cluster spec
+reads binds, spec-set fields and status endpoints here; ``deploy.supervisor`` reads the
+start order. A new role (manager, statemgr) is one new row.
+
+Example
+-------
+>>> ROLES["dispatcher"].binds
+('query_endpoint', 'worker_endpoint')
+>>> role("worker").service
+'services.worker:Worker'
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import config as cfg
+
+
+@dataclass(frozen=True)
+class Role:
+    """One process role of Keel."""
+
+    name: str
+    #: the config dataclass (``common.config``)
+    config: type
+    #: "module:Class" of the process; imported only when a process of this role starts
+    service: str
+    #: config fields holding the endpoints this role binds (others connect to them)
+    binds: tuple[str, ...] = ()
+    #: config fields a cluster spec sets itself (name, endpoints, models, ports...)
+    spec_sets: frozenset[str] = frozenset()
+    #: config field -> dataclass of each value of that table (model name -> options)
+    nested: dict[str, type] = field(default_factory=dict)
+    #: config field whose endpoint answers a Status request; None = this role answers none
+    status: str | None = None
+    #: supervisord starts lower numbers first: what others connect to comes up first
+    priority: int = 500
+
+    def service_class(self) -> type:
+        """The process class (imports its module)."""
+        module, _, name = self.service.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def build(self, config: Any) -> Any:
+        """The process of this role for ``config``."""
+        return self.service_class()(config)
+
+
+_COMMON_SET = {"name", "metrics_port"}
+
+ROLES: dict[str, Role] = {r.name: r for r in (
+    Role("frontend", cfg.FrontendConfig, "services.frontend:Frontend",
+         binds=("client_endpoint", "prediction_endpoint"),
+         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "prediction_endpoint", "dispatcher_endpoint", "models"}),
+         nested={"models": cfg.ModelInfo}, status="client_endpoint", priority=300),
+    Role("dispatcher", cfg.DispatcherConfig, "services.dispatcher:Dispatcher",
+         binds=("query_endpoint", "worker_endpoint"),
+         spec_sets=frozenset(_COMMON_SET | {"query_endpoint", "worker_endpoint", "encoder_endpoint", "models"}),
+         nested={"models": cfg.BatchPolicy}, status="worker_endpoint", priority=100),
+    Role("worker", cfg.WorkerConfig, "services.worker:Worker",
+         spec_sets=frozenset(_COMMON_SET | {
+             "model", "version", "role", "store", "store_name", "builtin", "builtin_input_shape",
+             "builtin_output_size", "fixed_ms", "per_query_ms", "dispatcher_endpoint", "decoder_endpoint",
+             "max_batch"}),
+         priority=400),
+    Role("encoder", cfg.EncoderConfig, "services.encoder:Encoder",
+         binds=("batch_endpoint",),
+         spec_sets=frozenset(_COMMON_SET | {"batch_endpoint", "dispatcher_endpoint", "parity_models", "encoder"}),
+         priority=200),
+    Role("decoder", cfg.DecoderConfig, "services.decoder:Decoder",
+         binds=("endpoint",), spec_sets=frozenset(_COMMON_SET | {"endpoint"}), priority=200),
+)}
+
+
+def role(name: str) -> Role:
+    """The row of role ``name``; an unknown name is a ``ConfigError`` listing the roles."""
+    try:
+        return ROLES[name]
+    except KeyError:
+        raise cfg.ConfigError(f"unknown service role {name!r}; roles: {sorted(ROLES)}") from None

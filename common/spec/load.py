@@ -1,0 +1,107 @@
+"""``load_spec``: read the root tables of a cluster spec and hand them to the model
+resolution (``common.spec.models``), port allocation (``common.spec.ports``) and wiring
+(``common.spec.topology``)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from common.modelstore import DEFAULT_STORE
+from common.spec.models import read_model
+from common.spec.ports import Ports, assign_metrics_ports
+from common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
+from common.spec.topology import ClusterSpec, wire
+
+
+def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
+    """Read, check and wire a cluster spec.
+
+    Parameters
+    ----------
+    source
+        A TOML file path, or a dict shaped like the parsed TOML.
+    addresses
+        Host name -> address, replacing those in ``[hosts]`` (the chaos harness passes
+        the addresses of the network namespaces it made). Every name must be a host.
+
+    Raises
+    ------
+    SpecError
+        The message starts with the offending key path.
+    """
+    root = Table(read_source(source), "")
+
+    cluster = Table(root.take("cluster", dict, {}), "cluster")
+    name = cluster.take("name", str, "keel")
+    if not NAME.match(name):
+        fail("cluster.name", f"{name!r} must be letters, digits, '_', '.', '-'")
+    store = str(Path(cluster.take("store", str, DEFAULT_STORE)).absolute())
+    run_dir_ = run_dir(cluster.take("run_dir", str, None), name)
+    base_port = cluster.take("base_port", int, 7000)
+    metrics_base = cluster.take("metrics_base_port", int, None)
+    for key, port in (("base_port", base_port), ("metrics_base_port", metrics_base)):
+        if port is not None and not 1 <= port <= 65535:
+            fail(f"cluster.{key}", f"must be a port in 1..65535, got {port}")
+    cluster.finish()
+
+    hosts_table = Table(root.take("hosts", dict, {"local": "127.0.0.1"}), "hosts")
+    hosts: dict[str, str] = {}
+    for host in list(hosts_table.data):
+        hosts[host] = hosts_table.take(host, str)
+        if not NAME.match(host):
+            fail(f"hosts.{host}", "host names must be letters, digits, '_', '.', '-'")
+    if not hosts:
+        fail("hosts", "needs at least one host")
+    for host, address in (addresses or {}).items():
+        if host not in hosts:
+            raise SpecError(f"addresses.{host}: not a host of [hosts] ({sorted(hosts)})")
+        hosts[host] = address
+    for host, address in hosts.items():
+        check_address(f"hosts.{host}", address)
+    first_host = next(iter(hosts))
+
+    def host_of(table: Table, default: str) -> str:
+        host = table.take("host", str, default)
+        if host not in hosts:
+            fail(table.key("host"), f"{host!r} is not in [hosts] ({sorted(hosts)})")
+        return host
+
+    def hosts_of(table: Table, key: str, default: list[str]) -> list[str]:
+        listed = table.take(key, list[str], default)
+        if not listed:
+            fail(table.key(key), "must name at least one host")
+        for h in listed:
+            if h not in hosts:
+                fail(table.key(key), f"{h!r} is not in [hosts] ({sorted(hosts)})")
+        return listed
+
+    placement, opts = {}, {}
+    fe_table = Table(root.take("frontend", dict, {}), "frontend")
+    if fe_table.has("host") and fe_table.has("hosts"):
+        fail("frontend.hosts", "give host or hosts, not both")
+    placement["frontend"] = hosts_of(fe_table, "hosts", [host_of(fe_table, first_host)])
+    opts["frontend"] = options("frontend", fe_table)
+    disp_table = Table(root.take("dispatcher", dict, {}), "dispatcher")
+    placement["dispatcher"] = host_of(disp_table, first_host)
+    opts["dispatcher"] = options("dispatcher", disp_table)
+    for role in ("encoder", "decoder"):
+        table = Table(root.take(role, dict, {}), role)
+        placement[role] = host_of(table, placement["dispatcher"])
+        opts[role] = options(role, table)
+    opts["worker"] = options("worker", Table(root.take("worker", dict, {}), "worker"))
+
+    models_table = Table(root.take("models", dict), "models")
+    if not models_table.data:
+        fail("models", "needs at least one [models.NAME] table")
+    models = {}
+    for model in list(models_table.data):
+        models_table.take(model, dict)
+        models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of)
+    root.finish()
+
+    ports = Ports(base_port)
+    services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
+    if metrics_base is not None:
+        assign_metrics_ports(services, hosts, metrics_base, ports)
+    return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
+                       client_endpoints=client_endpoints, models=models)

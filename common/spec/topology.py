@@ -1,0 +1,159 @@
+"""Topology: which Keel processes a resolved spec runs, where, and how their endpoints
+connect. ``wire`` turns resolved models and per-role options into ``ServiceLaunch``es;
+``ClusterSpec`` is the result every deployer (supervisord, systemd, the chaos harness,
+``deploy.local``) starts from.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common import config as cfg
+from common.roles import ROLES
+from common.spec.models import batch_policy, model_info
+from common.spec.ports import Ports
+from common.spec.tables import SpecError, fail
+
+
+@dataclass
+class ServiceLaunch:
+    """One process of the cluster: what ``python -m services.serve`` needs to start it."""
+
+    name: str
+    role: str
+    host: str
+    config: Any
+
+    def argv(self, python: str = sys.executable) -> list[str]:
+        return [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+
+    def endpoints(self) -> list[str]:
+        """The endpoints this service binds (workers bind none)."""
+        return [getattr(self.config, f) for f in ROLES[self.role].binds]
+
+
+@dataclass
+class ClusterSpec:
+    name: str
+    hosts: dict[str, str]
+    store: str
+    run_dir: str
+    services: list[ServiceLaunch]
+    client_endpoints: list[str]
+    models: dict[str, dict]
+
+    def by_host(self) -> dict[str, list[ServiceLaunch]]:
+        """Services per host name, every host present (possibly with none), spec order."""
+        out: dict[str, list[ServiceLaunch]] = {h: [] for h in self.hosts}
+        for svc in self.services:
+            out[svc.host].append(svc)
+        return out
+
+    def service(self, name: str) -> ServiceLaunch:
+        for svc in self.services:
+            if svc.name == name:
+                return svc
+        raise KeyError(f"no service {name!r} in cluster {self.name!r}; services: {[s.name for s in self.services]}")
+
+    def role(self, role: str) -> list[ServiceLaunch]:
+        """The services of one role ("frontend", "worker", ...), spec order."""
+        return [s for s in self.services if s.role == role]
+
+    def status_endpoints(self) -> dict[str, str]:
+        """Service name -> endpoint answering a Status request (each role's ``status`` field)."""
+        return {s.name: getattr(s.config, ROLES[s.role].status) for s in self.services if ROLES[s.role].status}
+
+    def unready(self, ask: Callable[[str], dict | None]) -> list[str]:
+        """Services not ready to serve yet, asking each status endpoint with ``ask``.
+
+        A frontend is ready once it answers; the dispatcher once every worker of the spec
+        has registered with it (workers load torch and their model first). ``ask`` takes
+        an endpoint and returns its status info or None: the chaos harness asks from
+        inside a network namespace, everyone else with ``common.transport.request_status``.
+        """
+        workers = len(self.role("worker"))
+        out = []
+        for name, endpoint in self.status_endpoints().items():
+            info = ask(endpoint)
+            if info is None or ("workers" in info and len(info["workers"]) < workers):
+                out.append(name)
+        return out
+
+
+def _build(role: str, data: dict[str, Any], path: str) -> Any:
+    try:
+        return cfg.from_dict(role, data)
+    except cfg.ConfigError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
+def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict], placement: dict[str, Any],
+         options: dict[str, dict[str, Any]]) -> tuple[list[ServiceLaunch], list[str]]:
+    """The services of a single-model-per-queue deployment (Clipper/ParM) and the client
+    endpoints. ``placement``: ``frontend`` (list of hosts), ``dispatcher``, ``encoder``,
+    ``decoder`` (a host each); ``options``: role -> options from its spec table."""
+
+    def endpoint(host: str, owner: str) -> str:
+        return f"tcp://{hosts[host]}:{ports.take(hosts[host], owner)}"
+
+    fe_hosts, disp_host = placement["frontend"], placement["dispatcher"]
+    fe_names = ["frontend"] if len(fe_hosts) == 1 else [f"frontend-{i}" for i in range(len(fe_hosts))]
+    fe_endpoints = [(endpoint(h, n), endpoint(h, n)) for n, h in zip(fe_names, fe_hosts)]
+    query_ep, worker_ep = endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")
+    coded = {m: t for m, t in models.items() if t["mode"] == "parm"}
+    encoder_ep = endpoint(placement["encoder"], "encoder") if coded else None
+    decoder_ep = endpoint(placement["decoder"], "decoder") if coded else None
+
+    services: list[ServiceLaunch] = []
+
+    def add(name: str, role: str, host: str, data: dict[str, Any], path: str) -> None:
+        services.append(ServiceLaunch(name, role, host, _build(role, {"name": name, **data}, path)))
+
+    infos = {m: model_info(t) for m, t in models.items()}
+    for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
+        add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
+                               "dispatcher_endpoint": query_ep, "models": infos}, "frontend")
+    add("dispatcher", "dispatcher", disp_host,
+        {**options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
+         "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")
+    dispatcher = services[-1].config
+    if coded:
+        kinds = {t["encoder"] for t in coded.values()}
+        if len(kinds) > 1:
+            fail(f"models.{list(coded)[-1]}.encoder", f"coded models use {sorted(kinds)}; one encoder service serves all, so they must agree")
+        add("encoder", "encoder", placement["encoder"],
+            {**options["encoder"], "batch_endpoint": encoder_ep, "dispatcher_endpoint": query_ep,
+             "parity_models": {m: t["parity_model"] for m, t in coded.items()}, "encoder": kinds.pop()}, "encoder")
+        add("decoder", "decoder", placement["decoder"], {**options["decoder"], "endpoint": decoder_ep}, "decoder")
+
+    worker_options = options["worker"]
+    for m, t in models.items():
+        common = {**worker_options, **t["worker_options"], "store": store, "dispatcher_endpoint": worker_ep,
+                  "max_batch": t["max_batch"], "decoder_endpoint": decoder_ep if t["mode"] == "parm" else None}
+        # sleep model: its cost; store model: a floor on its service time (common/config.py)
+        common.update(fixed_ms=t["fixed_ms"], per_query_ms=t["per_query_ms"])
+        if t["builtin"]:
+            common.update(builtin=t["builtin"], builtin_input_shape=t["input_shape"], builtin_output_size=t["output_size"])
+        deployed = {**common, "model": m, "role": "deployed"}
+        if not t["builtin"]:
+            deployed.update(store_name=t["store_name"], version=t["version"])
+        # the table a bad worker option most likely came from
+        where = f"models.{m}.worker" if t["worker_options"] else "worker" if worker_options else f"models.{m}"
+        n_deployed = t["workers"] + (t["parity_workers"] if t["mode"] == "equal" else 0)
+        first = len(services)
+        for i in range(n_deployed):
+            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], deployed, where)
+        if t["mode"] == "parm":
+            parity = {**common, "model": t["parity_model"], "role": "parity"}
+            if not t["builtin"]:
+                parity.update(store_name=t["parity_store_name"], version=t["parity_version"])
+            # parity workers continue the round-robin so they land beside, not on, the first deployed ones
+            ph = t["parity_hosts"]
+            for i in range(t["parity_workers"]):
+                add(f"parity-{m}-{i}", "worker", ph[(t["workers"] + i) % len(ph)], parity, where)
+        disagree = cfg.heartbeats_agree(dispatcher, services[first].config)
+        if disagree:
+            fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
+    return services, [c for c, _ in fe_endpoints]
