@@ -22,17 +22,9 @@ from typing import Callable
 
 import orjson
 
+from common.waiting import wait_until  # noqa: F401  (the harness imports it from here)
+
 _TOKENS = __import__("itertools").count(1)
-
-
-def wait_until(cond: Callable[[], object], timeout: float, interval: float = 0.01) -> object:
-    """Poll ``cond`` until it returns something truthy or ``timeout`` passes (then falsy)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def wait_file(path: Path, timeout: float, alive: Callable[[], bool] | None = None) -> dict | None:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import orjson
 
+from common.waiting import wait_until
+
 #: where run state files live (override with KEEL_CHAOS_STATE)
 STATE_DIR = Path(os.environ.get("KEEL_CHAOS_STATE", f"/tmp/keel-chaos-state-{os.getuid()}"))
 #: every namespace the harness creates is named NS_PREFIX + run id + "-" + host
@@ -134,12 +136,7 @@ def delete_netns(ns: str) -> None:
 
 
 def _wait_gone(pids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
-            return True
-        time.sleep(0.02)
-    return not any(alive(p) for p in pids)
+    return wait_until(lambda: not any(alive(p) for p in pids), timeout, interval_s=0.02)
 
 
 @dataclass

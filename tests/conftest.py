@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,17 @@ from typing import Any
 import pytest
 import zmq
 
+from common import waiting
 from common.client import Client
-from services.launch import Launcher
+from deploy.local import Launcher
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float = 5.0, interval_s: float = 0.01, what: str = "condition") -> Any:
     """Poll ``condition`` until it returns something truthy (returned) or fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s} s")
-        time.sleep(interval_s)
+    value = waiting.wait_until(condition, timeout_s, interval_s)
+    if not value:
+        raise AssertionError(f"{what} did not hold within {timeout_s} s")
+    return value
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from common.protocol import Source
 from common.spec import load_spec
 from common.transport import request_status
-from services.launch import free_port_block
+from deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 

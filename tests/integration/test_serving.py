@@ -1,5 +1,5 @@
 """Keel serving end to end: real frontend, dispatcher and worker processes on free loopback
-ports (Launcher), builtin models, the client library and raw DEALERs.
+ports (a cluster spec started by deploy.local.Launcher), builtin models, the client library and raw DEALERs.
 
 The builtin ``sleep`` model answers the first ``output_size`` input features (after its
 fixed cost), so every output can be checked against its input; ``noop`` answers zeros.
@@ -20,9 +20,10 @@ import zmq
 
 from common import loadgen, protocol
 from common.client import AsyncClient
-from common.config import BatchPolicy, ModelInfo, WorkerConfig
 from common.protocol import ErrorCode, Heartbeat, Predict, Reply, Source
+from common.spec import ClusterSpec, load_spec
 from common.transport import request_status
+from deploy.local import Launcher, free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -39,43 +40,49 @@ def rows(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random((n, DIM), dtype=np.float32)
 
 
-def sleep_worker(name: str, model: str, fixed_ms: float = 0.0, **options) -> WorkerConfig:
-    return WorkerConfig(name=name, model=model, builtin="sleep", fixed_ms=fixed_ms,
-                        builtin_input_shape=[DIM], builtin_output_size=OUT, **options)
+def sleep_model(fixed_ms: float = 0.0, **options) -> dict:
+    """A ``[models.NAME]`` table: the builtin sleep model, one worker."""
+    return {"builtin": "sleep", "fixed_ms": fixed_ms, "input_shape": [DIM], "output_size": OUT, **options}
+
+
+def start(launcher: Launcher, models: dict, **tables) -> ClusterSpec:
+    """A spec of ``models`` (plus [frontend], [dispatcher], [worker] ``tables``) on free
+    loopback ports, started and ready (every worker registered)."""
+    spec = load_spec({"cluster": {"name": "itest", "base_port": free_port_block(4), "run_dir": str(launcher.log_dir)},
+                      "models": models, **tables})
+    return launcher.start_spec(spec)
+
+
+def dispatcher_endpoint(cluster: ClusterSpec) -> str:
+    return cluster.service("dispatcher").config.worker_endpoint
 
 
 @pytest.fixture(scope="module")
 def serving(module_launcher):
     """One cluster for the tests that do not change its configuration."""
     launcher = module_launcher("serving")
-    cluster = launcher.start_cluster(
+    cluster = start(
+        launcher,
         models={
-            "echo": (ModelInfo([DIM], OUT), BatchPolicy()),
-            "noop": (ModelInfo([8], 3), BatchPolicy()),
-            "shared": (ModelInfo([DIM], OUT), BatchPolicy()),
-            "slow": (ModelInfo([DIM], OUT, default_output=DEFAULT), BatchPolicy()),
-            "slow-nodefault": (ModelInfo([DIM], OUT), BatchPolicy()),
+            "echo": sleep_model(),
+            "noop": {"builtin": "noop", "input_shape": [8], "output_size": 3},
+            "shared": sleep_model(fixed_ms=300.0),
+            "slow": sleep_model(fixed_ms=1000.0, default_output=DEFAULT),
+            "slow-nodefault": sleep_model(fixed_ms=1000.0),
         },
-        workers=[
-            sleep_worker("echo-0", "echo"),
-            WorkerConfig(name="noop-0", model="noop", builtin="noop", builtin_input_shape=[8], builtin_output_size=3),
-            sleep_worker("shared-0", "shared", fixed_ms=300.0),
-            sleep_worker("slow-0", "slow", fixed_ms=1000.0),
-            sleep_worker("slow-nodefault-0", "slow-nodefault", fixed_ms=1000.0),
-        ],
         frontend={"max_payload_bytes": 4096},
     )
     return launcher, cluster
 
 
 def frontend_status(cluster) -> dict:
-    info = request_status(cluster.client_endpoint, 5.0)
+    info = request_status(cluster.client_endpoints[0], 5.0)
     assert info is not None, "the frontend did not answer a status request"
     return info
 
 
 def worker_batches(cluster, worker: str) -> int:
-    info = request_status(cluster.dispatcher.worker_endpoint, 5.0)
+    info = request_status(dispatcher_endpoint(cluster), 5.0)
     assert info is not None, "the dispatcher did not answer a status request"
     return info["workers"][worker]["batches"]
 
@@ -83,7 +90,7 @@ def worker_batches(cluster, worker: str) -> int:
 def assert_serving(client, cluster, seed: int = 0) -> None:
     """The frontend still answers a good query correctly."""
     x = rows(1, 10_000 + seed)[0]
-    result = client(cluster.client_endpoint, timeout_ms=PATIENT_MS).predict("echo", x)
+    result = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS).predict("echo", x)
     assert result.source in (Source.MODEL, Source.CACHE) and result.error is None
     np.testing.assert_array_equal(result.output, head(x))
 
@@ -115,7 +122,7 @@ def ask(sock: zmq.Socket, frames: list, timeout_s: float = 10.0) -> Reply:
 def test_single_predict(serving, client):
     _, cluster = serving
     x = rows(1, 1)[0]
-    result = client(cluster.client_endpoint).predict("echo", x, timeout_ms=PATIENT_MS)
+    result = client(cluster.client_endpoints[0]).predict("echo", x, timeout_ms=PATIENT_MS)
     assert result.source == Source.MODEL and result.ok
     assert result.model == "echo" and result.version == "1" and result.error_code is None
     np.testing.assert_array_equal(result.output, head(x))
@@ -123,7 +130,7 @@ def test_single_predict(serving, client):
 
 def test_noop_answers_zeros(serving, client):
     _, cluster = serving
-    result = client(cluster.client_endpoint).predict("noop", np.arange(8, dtype=np.float32), timeout_ms=PATIENT_MS)
+    result = client(cluster.client_endpoints[0]).predict("noop", np.arange(8, dtype=np.float32), timeout_ms=PATIENT_MS)
     assert result.source == Source.MODEL
     np.testing.assert_array_equal(result.output, np.zeros(3, np.float32))
 
@@ -131,7 +138,7 @@ def test_noop_answers_zeros(serving, client):
 def test_batch_predict_answers_each_once(serving, client):
     _, cluster = serving
     xs = rows(300, 2)
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     results = c.predict_batch("echo", xs)
     assert len(results) == 300
     assert len({r.request_id for r in results}) == 300
@@ -146,7 +153,7 @@ def test_async_client(serving):
     xs = rows(20, 3)
 
     async def run():
-        ac = AsyncClient(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+        ac = AsyncClient(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
         try:
             one = await ac.predict("echo", xs[0])
             many = await ac.predict_batch("echo", xs[1:])
@@ -165,7 +172,7 @@ def test_async_client(serving):
 
 def test_repeated_input_is_a_cache_hit(serving, client):
     _, cluster = serving
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     x = rows(1, 4)[0]
     first = c.predict("echo", x)
     hits = frontend_status(cluster)["cache"]["hits"]
@@ -178,9 +185,9 @@ def test_repeated_input_is_a_cache_hit(serving, client):
 
 def test_concurrent_identical_requests_share_one_computation(serving, client, wait):
     _, cluster = serving
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     x = rows(1, 5)[0]
-    before = worker_batches(cluster, "shared-0")
+    before = worker_batches(cluster, "worker-shared-0")
     rids = [c.submit("shared", x) for _ in range(6)]
     results = collect_all(c, rids)
     assert {r.source for r in results.values()} == {Source.MODEL}
@@ -188,13 +195,13 @@ def test_concurrent_identical_requests_share_one_computation(serving, client, wa
         np.testing.assert_array_equal(result.output, head(x))
     # Every answer was delivered after the one computation finished, and its Done follows
     # its predictions; six computations would show up as six batches.
-    wait(lambda: worker_batches(cluster, "shared-0") > before, what="the batch counted")
-    assert worker_batches(cluster, "shared-0") == before + 1
+    wait(lambda: worker_batches(cluster, "worker-shared-0") > before, what="the batch counted")
+    assert worker_batches(cluster, "worker-shared-0") == before + 1
 
 
 def test_retried_request_id_is_answered_the_same(serving, client):
     _, cluster = serving
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     x = rows(1, 6)[0]
     rid = f"retry-{uuid.uuid4().hex}"
     duplicates = frontend_status(cluster)["answered"].get("duplicate", 0)
@@ -209,10 +216,10 @@ def test_retried_request_id_is_answered_the_same(serving, client):
 
 def test_retry_while_pending_is_computed_once(serving, zsock, wait):
     _, cluster = serving
-    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoint)
+    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoints[0])
     x = rows(1, 7)[0]
     rid = f"pending-{uuid.uuid4().hex}"
-    before = worker_batches(cluster, "shared-0")
+    before = worker_batches(cluster, "worker-shared-0")
     frames = protocol.encode(Predict(request_id=rid, model="shared", input=x, timeout_ms=PATIENT_MS))
     dealer.send_multipart(frames)
     dealer.send_multipart(frames)  # the retry, while the first is still computing
@@ -225,8 +232,8 @@ def test_retry_while_pending_is_computed_once(serving, zsock, wait):
     for r in replies:
         np.testing.assert_array_equal(r.output, head(x))
     # The worker answers the frontend before it tells the dispatcher the batch is done.
-    wait(lambda: worker_batches(cluster, "shared-0") > before, what="the batch counted")
-    assert worker_batches(cluster, "shared-0") == before + 1
+    wait(lambda: worker_batches(cluster, "worker-shared-0") > before, what="the batch counted")
+    assert worker_batches(cluster, "worker-shared-0") == before + 1
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -234,7 +241,7 @@ def test_retry_while_pending_is_computed_once(serving, zsock, wait):
 
 def test_deadline_answers_the_default_output(serving, client):
     _, cluster = serving
-    c = client(cluster.client_endpoint)
+    c = client(cluster.client_endpoints[0])
     result = c.predict("slow", rows(1, 8)[0], timeout_ms=100)
     assert result.source == Source.DEFAULT and result.error_code is None
     np.testing.assert_array_equal(result.output, np.asarray(DEFAULT, np.float32))
@@ -242,7 +249,7 @@ def test_deadline_answers_the_default_output(serving, client):
 
 def test_deadline_without_default_is_a_deadline_error(serving, client):
     _, cluster = serving
-    c = client(cluster.client_endpoint)
+    c = client(cluster.client_endpoints[0])
     result = c.predict("slow-nodefault", rows(1, 9)[0], timeout_ms=100)
     assert result.source == Source.DEFAULT
     assert result.output is None and result.error_code == ErrorCode.DEADLINE and result.error
@@ -277,7 +284,7 @@ RAW_CASES = {
 @pytest.mark.parametrize("case", sorted(RAW_CASES))
 def test_garbage_frames_get_bad_request(serving, zsock, client, case):
     _, cluster = serving
-    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoint)
+    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoints[0])
     reply = ask(dealer, RAW_CASES[case]())
     assert reply.source == Source.ERROR and reply.error_code == ErrorCode.BAD_REQUEST, reply
     assert reply.output is None and reply.error
@@ -286,7 +293,7 @@ def test_garbage_frames_get_bad_request(serving, zsock, client, case):
 
 def test_wrong_version_error_says_so(serving, zsock):
     _, cluster = serving
-    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoint)
+    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoints[0])
     reply = ask(dealer, RAW_CASES["wrong protocol version"]())
     assert "version" in reply.error
 
@@ -294,7 +301,7 @@ def test_wrong_version_error_says_so(serving, zsock):
 def test_malformed_request_keeps_its_request_id(serving, zsock):
     """The error of a decodable header with a bad tensor reaches the call that made it."""
     _, cluster = serving
-    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoint)
+    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoints[0])
     reply = ask(dealer, [orjson.dumps(good_header(request_id="mine")), b"short"])
     assert reply.request_id == "mine" and reply.error_code == ErrorCode.BAD_REQUEST
 
@@ -314,7 +321,7 @@ BAD_INPUTS = {
 def test_bad_input_gets_a_clear_error(serving, client, case):
     _, cluster = serving
     model, make, code, words = BAD_INPUTS[case]
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     result = c.predict(model, make())
     assert result.source == Source.ERROR and result.error_code == code, result
     assert result.output is None and words in result.error
@@ -329,10 +336,11 @@ def test_status_of_frontend_and_dispatcher(serving):
     fe = frontend_status(cluster)
     assert fe["role"] == "frontend" and fe["models"] == ["echo", "noop", "shared", "slow", "slow-nodefault"]
     assert fe["cache"] is not None and fe["pending"] >= 0
-    dp = request_status(cluster.dispatcher.worker_endpoint, 5.0)
+    dp = request_status(dispatcher_endpoint(cluster), 5.0)
     assert dp is not None and dp["role"] == "dispatcher"
-    assert set(dp["workers"]) == {"echo-0", "noop-0", "shared-0", "slow-0", "slow-nodefault-0"}
-    assert dp["workers"]["echo-0"]["model"] == "echo"
+    assert set(dp["workers"]) == {"worker-echo-0", "worker-noop-0", "worker-shared-0", "worker-slow-0",
+                                  "worker-slow-nodefault-0"}
+    assert dp["workers"]["worker-echo-0"]["model"] == "echo"
     assert set(dp["queues"]) == {"echo", "noop", "shared", "slow", "slow-nodefault"}
 
 
@@ -340,12 +348,12 @@ def test_status_of_frontend_and_dispatcher(serving):
 
 
 def test_overload_is_refused_not_queued(launcher, client):
-    cluster = launcher("overload").start_cluster(
-        models={"slow": (ModelInfo([DIM], OUT), BatchPolicy(fixed_batch=1))},
-        workers=[sleep_worker("slow-0", "slow", fixed_ms=300.0)],
+    cluster = start(
+        launcher("overload"),
+        models={"slow": sleep_model(fixed_ms=300.0, fixed_batch=1)},
         frontend={"admission_limit": 2, "cache_size": 0},
     )
-    c = client(cluster.client_endpoint, timeout_ms=PATIENT_MS)
+    c = client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS)
     xs = rows(8, 11)
     results = c.predict_batch("slow", xs)
     codes = Counter(r.error_code for r in results)
@@ -383,16 +391,17 @@ class RecordingClient:
 
 def test_worker_killed_under_open_loop_load_loses_nothing(launcher, client):
     run = launcher("kill")
-    cluster = run.start_cluster(
-        models={"sleep": (ModelInfo([DIM], OUT), BatchPolicy(fixed_batch=1))},
-        workers=[sleep_worker(f"w{i}", "sleep", fixed_ms=15.0, heartbeat_interval_s=0.1) for i in range(3)],
+    cluster = start(
+        run,
+        models={"sleep": sleep_model(fixed_ms=15.0, fixed_batch=1, workers=3)},
         frontend={"cache_size": 0},
+        worker={"heartbeat_interval_s": 0.1},
         dispatcher={"heartbeat_interval_s": 0.1, "heartbeat_liveness": 4},
     )
-    victim = "w1"
+    victim = "worker-sleep-1"
 
     def kill_when_busy() -> bool:
-        info = request_status(cluster.dispatcher.worker_endpoint, 1.0)
+        info = request_status(dispatcher_endpoint(cluster), 1.0)
         if info is None or info["workers"].get(victim, {}).get("inflight", 0) == 0:
             return False
         run.kill(victim, signal.SIGKILL)
@@ -400,7 +409,7 @@ def test_worker_killed_under_open_loop_load_loses_nothing(launcher, client):
 
     count = 300
     inputs = rows(count, 12)
-    recorder = RecordingClient(client(cluster.client_endpoint, timeout_ms=PATIENT_MS), count // 4, kill_when_busy)
+    recorder = RecordingClient(client(cluster.client_endpoints[0], timeout_ms=PATIENT_MS), count // 4, kill_when_busy)
     records = loadgen.open_loop(recorder, "sleep", inputs, rate=300.0, count=count, seed=5,
                                 timeout_ms=PATIENT_MS, drain_s=30.0, keep_outputs=True)
 
@@ -415,6 +424,6 @@ def test_worker_killed_under_open_loop_load_loses_nothing(launcher, client):
         np.testing.assert_array_equal(rec.output, head(inputs[rec.index]))
     fe = frontend_status(cluster)
     assert fe["answered"].get(Source.MODEL) == count and "duplicate" not in fe["answered"]
-    dp = request_status(cluster.dispatcher.worker_endpoint, 5.0)
-    assert victim not in dp["workers"] and set(dp["workers"]) == {"w0", "w2"}
+    dp = request_status(dispatcher_endpoint(cluster), 5.0)
+    assert victim not in dp["workers"] and set(dp["workers"]) == {"worker-sleep-0", "worker-sleep-2"}
     assert dp["requeued"] >= 1  # the victim held a batch when it died; it was served elsewhere

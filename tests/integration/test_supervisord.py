@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common.spec import ClusterSpec, load_spec
-from services.launch import free_port_block
+from deploy.local import free_port_block
 
 pytestmark = [
     pytest.mark.slow,

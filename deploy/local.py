@@ -1,13 +1,17 @@
-"""Start Keel services as real processes on this machine and stop them by PID.
+"""A local process backend, beside supervisord (``deploy.supervisor``) and systemd
+(``deploy.units``): the services of a cluster spec as plain child processes of this
+one, stopped by PID. Benchmarks and integration tests use it where supervisord is not
+the thing under test; the chaos harness places services in network namespaces itself.
 
-Used by benchmarks and integration tests, where supervisord is not the thing under test
-(``keel up`` uses supervisord; the chaos harness places services in network namespaces).
+Every launch path builds a spec first (``common.spec.load_spec``: the wiring of
+``keel up``) and starts each ``ServiceLaunch.argv()``.
 
 Example
 -------
->>> with Launcher("runs/bench") as cluster:                        # doctest: +SKIP
-...     cluster.start("worker", WorkerConfig(name="w0", builtin="noop"))
-...     cluster.wait_workers(dispatcher_endpoint, 1)
+>>> spec = load_spec({"cluster": {"base_port": free_port_block(4)},          # doctest: +SKIP
+...                   "models": {"m": {"builtin": "noop", "workers": 2}}})
+>>> with Launcher("runs/bench") as cluster:                                 # doctest: +SKIP
+...     cluster.start_spec(spec)
 """
 from __future__ import annotations
 
@@ -16,14 +20,12 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from common import config as configs
+from common.spec import ClusterSpec, ServiceLaunch
 from common.transport import request_status
+from common.waiting import wait_until
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,21 +56,6 @@ def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no block of {n} free ports on {host}")
 
 
-def local_endpoint() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
-
-
-@dataclass
-class Cluster:
-    frontend: configs.FrontendConfig
-    dispatcher: configs.DispatcherConfig
-    workers: list[configs.WorkerConfig]
-
-    @property
-    def client_endpoint(self) -> str:
-        return self.frontend.client_endpoint
-
-
 class Launcher:
     def __init__(self, log_dir: str | os.PathLike = "runs/local", env: dict[str, str] | None = None):
         self.log_dir = Path(log_dir)
@@ -77,13 +64,11 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()  # stopped on purpose: not a failure
 
-    def start(self, role: str, cfg: Any) -> subprocess.Popen:
-        cfg.validate()
-        log = open(self.log_dir / f"{cfg.name}.log", "ab")
-        argv = [sys.executable, "-m", "services.serve", role, "--config", configs.to_json(cfg)]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        log.close()
-        self.procs[cfg.name] = proc
+    def start(self, svc: ServiceLaunch) -> subprocess.Popen:
+        """Start one service of a spec; its output goes to ``log_dir/NAME.log``."""
+        with open(self.log_dir / f"{svc.name}.log", "ab") as log:
+            proc = subprocess.Popen(svc.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.procs[svc.name] = proc
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -96,13 +81,14 @@ class Launcher:
 
     def wait_status(self, endpoint: str, predicate=lambda info: True, timeout_s: float = 30.0) -> dict:
         """Poll a service's status until ``predicate(info)`` holds; raise with logs otherwise."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def reached() -> dict | None:
             self.check_alive()
             info = request_status(endpoint, 0.5)
-            if info is not None and predicate(info):
-                return info
-            time.sleep(0.05)
+            return info if info is not None and predicate(info) else None
+
+        info = wait_until(reached, timeout_s, interval_s=0.05)
+        if info is not None:
+            return info
         raise TimeoutError(f"{endpoint} did not reach the expected state in {timeout_s} s; logs in {self.log_dir}")
 
     def wait_workers(self, dispatcher_worker_endpoint: str, count: int, timeout_s: float = 60.0) -> dict:
@@ -129,39 +115,18 @@ class Launcher:
                 proc.wait(5)
         self.procs.clear()
 
-    def start_cluster(self, models: dict[str, tuple[configs.ModelInfo, configs.BatchPolicy]],
-                      workers: list[configs.WorkerConfig], frontend: dict | None = None,
-                      dispatcher: dict | None = None, wait: bool = True) -> Cluster:
-        """Frontend + dispatcher + ``workers`` on free loopback ports; waits until all registered."""
-        fe = configs.FrontendConfig(
-            name="frontend", client_endpoint=local_endpoint(), prediction_endpoint=local_endpoint(),
-            models={m: info for m, (info, _) in models.items()}, **(frontend or {}))
-        dp = configs.DispatcherConfig(
-            name="dispatcher", query_endpoint=local_endpoint(), worker_endpoint=local_endpoint(),
-            models={m: policy for m, (_, policy) in models.items()}, **(dispatcher or {}))
-        fe.dispatcher_endpoint = dp.query_endpoint
-        self.start("dispatcher", dp)
-        self.start("frontend", fe)
-        for w in workers:
-            w.dispatcher_endpoint = dp.worker_endpoint
-            self.start("worker", w)
-        cluster = Cluster(fe, dp, workers)
-        if wait:
-            self.wait_status(fe.client_endpoint)
-            self.wait_workers(dp.worker_endpoint, len(workers))
-        return cluster
-
-    def start_spec(self, spec, wait: bool = True, timeout_s: float = 60.0):
-        """Every service of a cluster spec (``common.spec.ClusterSpec``); waits until ready."""
+    def start_spec(self, spec: ClusterSpec, wait: bool = True, timeout_s: float = 60.0) -> ClusterSpec:
+        """Every service of a cluster spec; waits until ready (``ClusterSpec.unready``)."""
         for svc in spec.services:
-            self.start(svc.role, svc.config)
+            self.start(svc)
         if wait:
-            deadline = time.monotonic() + timeout_s
-            while unready := spec.unready(lambda ep: request_status(ep, 0.5)):
+            def ready() -> bool:
                 self.check_alive()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not ready after {timeout_s} s: {unready}; logs in {self.log_dir}")
-                time.sleep(0.05)
+                return not spec.unready(lambda ep: request_status(ep, 0.5))
+
+            if not wait_until(ready, timeout_s, interval_s=0.05):
+                unready = spec.unready(lambda ep: request_status(ep, 0.5))
+                raise TimeoutError(f"not ready after {timeout_s} s: {unready}; logs in {self.log_dir}")
         return spec
 
     def __enter__(self) -> Launcher:
