@@ -64,9 +64,10 @@ def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: f
         while rate <= limit:
             count = int(rate * seconds)
             stats = summarize(open_loop(client, "m", xs, rate=rate, count=count, seed=int(rate), duration_s=seconds * 3))
-            ok = stats["lost"] == 0 and stats.get("p99_ms", 1e9) <= SLO_P99_MS and stats["sources"].get("model", 0) == count
-            rows.append({"rate": rate, "p50_ms": stats.get("p50_ms"), "p99_ms": stats.get("p99_ms"), "lost": stats["lost"], "ok": ok})
-            log(f"    offered {rate:8.0f}/s  p50 {stats.get('p50_ms', 0):7.2f} ms  p99 {stats.get('p99_ms', 0):7.2f} ms  "
+            p50, p99 = stats["latency_ms"]["p50"], stats["latency_ms"]["p99"]
+            ok = stats["lost"] == 0 and (p99 if p99 is not None else 1e9) <= SLO_P99_MS and stats["sources"].get("model", 0) == count
+            rows.append({"rate": rate, "p50_ms": p50, "p99_ms": p99, "lost": stats["lost"], "ok": ok})
+            log(f"    offered {rate:8.0f}/s  p50 {p50 or 0:7.2f} ms  p99 {p99 or 0:7.2f} ms  "
                 f"lost {stats['lost']}  {'ok' if ok else 'over SLO'}")
             failures = 0 if ok else failures + 1
             if failures >= 2:

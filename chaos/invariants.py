@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
-#: error codes that mean the request was refused, so never accepted
-REJECTED = frozenset({"overloaded", "bad_request", "unknown_model"})
+from common.loadgen import REJECTED, accepted, answers  # noqa: F401  (the harness imports them from here)
+
 MAX_EXAMPLES = 10
 
 
@@ -68,16 +68,6 @@ class Invariant(Protocol):
     name: str
 
     def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult: ...
-
-
-def answers(record: dict) -> list[dict]:
-    """The real answers of a request: replies except the client's own timeouts."""
-    return [r for r in record.get("replies", []) if r.get("error_code") != "timeout"]
-
-
-def accepted(record: dict) -> bool:
-    replies = record.get("replies", [])
-    return not (replies and replies[0].get("error_code") in REJECTED)
 
 
 def _same(a: dict, b: dict, atol: float) -> bool:

@@ -67,21 +67,17 @@ def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str, r
 
 def _figures(report: dict, labels: np.ndarray) -> dict:
     from chaos.workload import read_records
+    from common.loadgen import grade
 
     out: dict = {}
     for mode in report["modes_order"]:
         s = report["modes"][mode]
         lat = s["latency_ms"]
-        records = read_records(Path(report["records"][mode]))
-        rebuilt = [(r["input_index"], r["replies"][0]) for r in records if r["replies"] and r["replies"][0]["source"] == "reconstruction"]
-        correct = [int(np.argmax(reply["output"]) == labels[i]) for i, reply in rebuilt if reply.get("output") is not None]
-        answered_ok = [(r["input_index"], r["replies"][0]) for r in records
-                       if r["replies"] and r["replies"][0].get("output") is not None]
+        graded = grade(read_records(Path(report["records"][mode])), labels)
         out[mode] = {
             "p50_ms": lat["p50"], "p99_ms": lat["p99"], "p999_ms": lat["p99.9"], "answered": s["answered"],
             "lost": s["lost"], "reconstructed": s["sources"].get("reconstruction", 0), "sources": s["sources"],
-            "degraded_accuracy": float(np.mean(correct)) if correct else None,
-            "accuracy": float(np.mean([np.argmax(rep["output"]) == labels[i] for i, rep in answered_ok])) if answered_ok else None,
+            "degraded_accuracy": graded["degraded_accuracy"], "accuracy": graded["accuracy"],
         }
     e, p = out["equal"], out["parm"]
     out["gap_ratio"] = (e["p999_ms"] - e["p50_ms"]) / max(1e-9, p["p999_ms"] - p["p50_ms"])

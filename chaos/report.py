@@ -1,8 +1,9 @@
 """Reports: per-mode latency percentiles and counts, mode ratios, JSON and PNG plots.
 
-``summarize(records)`` counts sent / accepted / answered / lost / rejected requests and
-answer sources, and takes latency percentiles (p50, p90, p99, p99.9) over requests whose
-first answer is a prediction (model, cache, default or reconstruction: not an error).
+``summarize(records)`` (``common.loadgen.summarize``, the one latency summary) counts
+sent / accepted / answered / lost / rejected requests and answer sources, and takes
+latency percentiles (p50, p90, p99, p99.9) over requests whose first answer is a
+prediction (model, cache, default or reconstruction: not an error).
 ``ratios`` compares every mode with the first one, the quantity ParM's figures plot.
 ``plot_cdf`` draws each mode's latency CDF and its tail; ``plot_timeline`` draws latency
 over time with a marker per fault.
@@ -14,53 +15,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from chaos.invariants import REJECTED, accepted, answers
+from common.loadgen import PERCENTILES, latency_ms, pkey, summarize  # noqa: F401  (summarize: re-exported)
 
-PERCENTILES = (50, 90, 99, 99.9)
 _FAULT_COLORS = {"kill": "red", "restart": "green", "freeze": "purple", "thaw": "violet", "partition": "orange",
                  "heal": "gold", "shuffle": "blue", "delay": "brown", "undelay": "tan", "limit": "gray"}
-
-
-def pkey(p: float) -> str:
-    return f"p{p:g}"
-
-
-def latency_ms(record: dict) -> float | None:
-    """Send to first answer (ms) when that answer is a prediction, else None."""
-    got = answers(record)
-    if not got or got[0].get("source") == "error":
-        return None
-    first = got[0]
-    if first.get("latency_ms") is not None:
-        return float(first["latency_ms"])
-    return (first["recv_t"] - record["send_t"]) * 1000.0
-
-
-def summarize(records: list[dict]) -> dict:
-    lat = np.array([v for v in map(latency_ms, records) if v is not None])
-    sources: dict[str, int] = {}
-    errors: dict[str, int] = {}
-    for rec in records:
-        got = answers(rec) or rec.get("replies", [])[:1]
-        if got:
-            sources[got[0]["source"]] = sources.get(got[0]["source"], 0) + 1
-            if got[0].get("error_code"):
-                errors[got[0]["error_code"]] = errors.get(got[0]["error_code"], 0) + 1
-    acc = [r for r in records if accepted(r)]
-    out = {
-        "sent": len(records),
-        "accepted": len(acc),
-        "rejected": sum(1 for r in records if r.get("replies") and r["replies"][0].get("error_code") in REJECTED),
-        "answered": sum(1 for r in acc if answers(r)),
-        "lost": sum(1 for r in acc if not answers(r)),
-        "predictions": int(lat.size),
-        "sources": sources,
-        "errors": errors,
-        "latency_ms": {pkey(p): (float(np.percentile(lat, p)) if lat.size else None) for p in PERCENTILES},
-    }
-    out["latency_ms"]["mean"] = float(lat.mean()) if lat.size else None
-    out["latency_ms"]["max"] = float(lat.max()) if lat.size else None
-    return out
 
 
 def ratios(summaries: dict[str, dict]) -> dict[str, dict]:

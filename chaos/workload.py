@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import sys
 import threading
 import time
@@ -31,8 +30,8 @@ import numpy as np
 import orjson
 
 from chaos.probes import wait_file, write_json
+from common.loadgen import MAX_REQUESTS, schedule
 
-MAX_REQUESTS = 1_000_000
 MAX_DURATION_S = 3600.0
 
 
@@ -67,15 +66,6 @@ class WorkloadConfig:
             raise ValueError("workload.timeout_ms > 0, drain_s >= 0, retries >= 0")
 
 
-def schedule(rate: float, count: int | None, duration_s: float, seed: int) -> np.ndarray:
-    """Offsets (s) of Poisson arrivals at ``rate``/s: at most ``count``, all before ``duration_s``."""
-    from common.loadgen import poisson_schedule
-
-    limit = count if count is not None else min(MAX_REQUESTS, math.ceil(rate * duration_s * 1.2 + 50))
-    offsets = poisson_schedule(rate, limit, seed)
-    return offsets[offsets < duration_s]
-
-
 @functools.lru_cache(maxsize=4)
 def _dataset(dataset: str) -> np.ndarray:
     try:
@@ -101,10 +91,6 @@ def load_inputs(dataset: str, input_shape: list[int] | None) -> np.ndarray:
             flat = np.resize(flat, (len(x), want))
         x = flat.reshape(len(x), *input_shape)
     return np.ascontiguousarray(x)
-
-
-def picks(n_inputs: int, n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed + 1).integers(0, n_inputs, size=n)
 
 
 def read_records(path: Path) -> list[dict]:
@@ -238,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = orjson.loads(Path(args.config).read_bytes())
     out_dir = Path(cfg["out_dir"])
     inputs = np.load(cfg["inputs"]) if cfg.get("inputs") else load_inputs(cfg["dataset"], cfg.get("input_shape"))
-    offsets = schedule(cfg["rate"], cfg.get("count"), cfg["duration_s"], cfg["seed"])
-    rows = picks(len(inputs), len(offsets), cfg["seed"])
+    offsets, rows = schedule(cfg["rate"], cfg.get("count"), cfg["seed"], len(inputs), cfg["duration_s"])
     stats: dict[str, dict] = {}
 
     def run(mode: str, frontends: list[str]) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from common.client import Client
-from common.loadgen import open_loop, summarize
+from common.loadgen import grade, open_loop, summarize
 from common.spec import load_spec
 from common.transport import request_status
 
@@ -42,23 +42,17 @@ def _spec(args: argparse.Namespace, parity_store_name: str | None) -> dict:
 
 
 def _report(title: str, records, labels: np.ndarray, log) -> dict:
-    stats = summarize(records)
-    answered = [r for r in records if r.output is not None]
-    correct = [int(np.argmax(r.output) == labels[r.index]) for r in answered]
-    stats["accuracy"] = float(np.mean(correct)) if correct else None
-    rebuilt = [r for r in answered if r.source == "reconstruction"]
-    stats["reconstructed"] = len(rebuilt)
-    stats["degraded_accuracy"] = (
-        float(np.mean([np.argmax(r.output) == labels[r.index] for r in rebuilt])) if rebuilt else None
-    )
+    records = [r.as_dict() for r in records]
+    stats = {**summarize(records), **grade(records, labels)}
+    lat = stats["latency_ms"]
     log(f"\n{title}")
     log(f"  queries {stats['sent']}, answered {stats['answered']}, lost {stats['lost']}, by source {stats['sources']}")
-    if stats.get("p50_ms") is not None:
-        log(f"  latency ms: p50 {stats['p50_ms']:.2f}  p90 {stats['p90_ms']:.2f}  p99 {stats['p99_ms']:.2f}  p99.9 {stats['p999_ms']:.2f}")
+    if lat["p50"] is not None:
+        log(f"  latency ms: p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  p99 {lat['p99']:.2f}  p99.9 {lat['p99.9']:.2f}")
     if stats["accuracy"] is not None:
         log(f"  accuracy {stats['accuracy'] * 100:.1f}%")
-    if rebuilt:
-        log(f"  reconstructed {len(rebuilt)}; degraded-mode accuracy online {stats['degraded_accuracy'] * 100:.1f}%")
+    if stats["reconstructed"]:
+        log(f"  reconstructed {stats['reconstructed']}; degraded-mode accuracy online {stats['degraded_accuracy'] * 100:.1f}%")
     return stats
 
 

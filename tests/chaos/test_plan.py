@@ -7,7 +7,8 @@ import pytest
 from chaos.deployment import spec_for_mode
 from chaos.faults import FaultPlan, PlanError, parse_fault, random_plan
 from chaos.resources import ChaosError
-from chaos.workload import load_inputs, schedule
+from chaos.workload import load_inputs
+from common import loadgen
 
 HOSTS = ["fe", "w1", "w2"]
 
@@ -45,6 +46,11 @@ def test_random_plan_is_seeded_and_bounded():
     assert [f.to_dict() for f in random_plan(cfg, HOSTS, seed=4).faults] != [f.to_dict() for f in a.faults]
     full = FaultPlan.from_config({"faults_random": {**cfg, "seed": 3}}, HOSTS)
     assert sum(f.kind == "thaw" for f in full.faults) == sum(f.kind == "freeze" for f in full.faults)
+
+
+def schedule(rate, count, duration_s, seed):
+    """The arrival offsets of the one open-loop schedule (``common.loadgen.schedule``)."""
+    return loadgen.schedule(rate, count, seed, n_inputs=10, duration_s=duration_s)[0]
 
 
 def test_schedule_is_bounded_by_count_and_duration():
