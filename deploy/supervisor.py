@@ -199,7 +199,11 @@ def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addre
     """
     spec = _as_spec(spec, addresses)
     run_dir = Path(spec.run_dir)
-    conf = render(spec)
+    try:
+        conf = render(spec)
+    except OSError as exc:
+        raise DeployError(f"run_dir {run_dir}: cannot write there: {exc.strerror or exc}"
+                          + (f" ({exc.filename})" if exc.filename else "")) from None
     started = not _running(run_dir)
     if started:
         supervisord = Path(sys.executable).parent / "supervisord"
@@ -294,8 +298,13 @@ def _run_dir(target: ClusterSpec | str | os.PathLike | dict) -> Path:
 
 def down(target: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, out: Callable[[str], Any] | None = print) -> bool:
     """Shut down the supervisord of a spec (or run_dir) and wait until it and its programs
-    are gone. Returns False when nothing was running."""
+    are gone. Returns False when nothing was running (never brought up, or down already):
+    ``down`` is idempotent."""
     run_dir = _run_dir(target)
+    if not (run_dir / "supervisord.conf").is_file():
+        if out:
+            out(f"nothing was brought up in {run_dir}; nothing to stop")
+        return False
     sock, pidfile = _conf_paths(run_dir)
     pid = _read_pid(pidfile)
     children = [p["pid"] for p in _programs(run_dir).values() if p.get("pid")]

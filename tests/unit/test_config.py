@@ -128,3 +128,48 @@ def test_json_round_trip(role):
 def test_model_objects_pass_through():
     info = cfg.ModelInfo([4], 2)
     assert from_dict("frontend", {"models": {"m": info}}).models["m"] is info
+
+
+# --------------------------------------------------------------------------- how options relate
+
+
+def test_aimd_delay_must_be_shorter_than_the_budget():
+    with pytest.raises(ConfigError, match=r"m: batch_delay_ms must be < batch_budget_ms \(10\)") as info:
+        from_dict("dispatcher", {"models": {"m": {"batch_budget_ms": 10, "batch_delay_ms": 10}}})
+    assert info.value.key == "batch_delay_ms"
+    from_dict("dispatcher", {"models": {"m": {"batch_budget_ms": 10, "batch_delay_ms": 10, "fixed_batch": 4}}})
+
+
+def test_decoder_timeout_must_be_shorter_than_the_group_ttl():
+    with pytest.raises(ConfigError, match=r"timeout_ms must be shorter than group_ttl_s"):
+        from_dict("decoder", {"timeout_ms": 2000.0, "group_ttl_s": 1.0})
+    with pytest.raises(ConfigError, match=r"timeout_ms must be > 0"):
+        from_dict("decoder", {"timeout_ms": 0.0})
+    assert from_dict("decoder", {"timeout_ms": 500.0, "group_ttl_s": 1.0}).timeout_ms == 500.0
+
+
+def test_encoder_group_ttl_must_be_positive():
+    with pytest.raises(ConfigError, match="group_ttl_s must be > 0"):
+        from_dict("encoder", {"group_ttl_s": 0})
+
+
+@pytest.mark.parametrize("dispatcher,worker,words", [
+    ({"heartbeat_interval_s": 0.1, "heartbeat_liveness": 2}, {"heartbeat_interval_s": 0.25}, "dispatcher's liveness window"),
+    ({"heartbeat_interval_s": 1.0}, {"heartbeat_interval_s": 0.25, "heartbeat_liveness": 4}, "worker's liveness window"),
+    ({}, {}, None),
+    ({"heartbeat_interval_s": 0.1, "heartbeat_liveness": 4}, {"heartbeat_interval_s": 0.1}, None),
+])
+def test_worker_and_dispatcher_heartbeats_agree(dispatcher, worker, words):
+    from common.config import heartbeats_agree
+
+    why = heartbeats_agree(from_dict("dispatcher", dispatcher), from_dict("worker", worker))
+    assert (why is None) if words is None else (words in why)
+
+
+def test_errors_carry_the_key_and_reason():
+    with pytest.raises(ConfigError) as info:
+        from_dict("frontend", {"models": {"m": {"input_shape": [4], "output_size": 2, "deadline_ms": 0}}})
+    assert (info.value.key, info.value.reason) == ("deadline_ms", "must be > 0")
+    with pytest.raises(ConfigError) as info:
+        from_dict("worker", {"slots": "2"})
+    assert info.value.key == "slots" and info.value.reason.startswith("must be an integer")

@@ -379,3 +379,52 @@ def test_cli_parser_and_info_tables():
     tables = info_tables({"service": "dispatcher", "queues": {"m": 0}, "workers": {"w0": {"batch_size": 4, "queue": 1}}})
     assert tables[0] == ("", [{"key": "service", "value": "dispatcher"}, {"key": "queues", "value": {"m": 0}}])
     assert tables[1] == ("workers", [{"workers": "w0", "batch_size": 4, "queue": 1}])
+
+
+# --------------------------------------------------------------------------- addresses and relations
+
+
+@pytest.mark.parametrize("address", ["999.1.1.1", "1.2.3", "10.0.0.256", "-bad.host", "a..b", "host name", "x" * 254])
+def test_bad_host_addresses_are_refused(address):
+    with pytest.raises(SpecError, match=r"^hosts\.local: must be an address"):
+        load_spec({**noop(), "hosts": {"local": address}})
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.213.0.2", "localhost", "node-1.lan"])
+def test_good_host_addresses_pass(address):
+    assert load_spec({**noop(), "hosts": {"local": address}}).hosts["local"] == address
+
+
+def test_batch_budget_must_not_exceed_the_deadline():
+    with pytest.raises(SpecError, match=r"^models\.m\.batch_budget_ms: must be <= deadline_ms \(50\)"):
+        load_spec(noop(deadline_ms=50, batch_budget_ms=80))
+
+
+def test_batch_delay_must_stay_under_the_aimd_budget():
+    with pytest.raises(SpecError, match=r"^models\.m\.batch_delay_ms: must be < batch_budget_ms \(20\)"):
+        load_spec(noop(batch_delay_ms=20))
+    load_spec(noop(batch_delay_ms=20, fixed_batch=4))  # no AIMD: the delay is only a wait
+
+
+@pytest.mark.parametrize("tables,where", [
+    ({"dispatcher": {"heartbeat_interval_s": 0.1, "heartbeat_liveness": 2}, "worker": {"heartbeat_interval_s": 0.5}},
+     r"^worker: heartbeat settings disagree with the dispatcher's: the dispatcher's liveness window"),
+    ({"dispatcher": {"heartbeat_interval_s": 1.0}, "worker": {"heartbeat_interval_s": 0.1, "heartbeat_liveness": 3}},
+     r"^worker: heartbeat settings disagree with the dispatcher's: the worker's liveness window"),
+    ({"dispatcher": {"heartbeat_interval_s": 1.5}},
+     r"^worker: heartbeat settings disagree with the dispatcher's: the worker's liveness window"),
+])
+def test_worker_and_dispatcher_heartbeats_must_agree(tables, where):
+    with pytest.raises(SpecError, match=where):
+        load_spec({**noop(), **tables})
+
+
+def test_status_endpoints_and_binds_come_from_the_role_table():
+    from common.roles import ROLES
+
+    spec = load_spec(noop(workers=2, k=2))
+    assert spec.status_endpoints() == {"frontend": spec.service("frontend").config.client_endpoint,
+                                       "dispatcher": spec.service("dispatcher").config.worker_endpoint}
+    for svc in spec.services:
+        assert svc.endpoints() == [getattr(svc.config, f) for f in ROLES[svc.role].binds]
+        assert type(svc.config) is ROLES[svc.role].config

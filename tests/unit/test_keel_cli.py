@@ -1,0 +1,57 @@
+"""The ``keel`` command: every subcommand parses, and operator mistakes end in one
+``keel: ...`` line and exit 1, never a traceback; ``keel down`` is idempotent."""
+from __future__ import annotations
+
+import pytest
+
+from deploy.keel import build_parser, main
+
+
+def noop_spec(tmp_path, run_dir) -> str:
+    path = tmp_path / "spec.toml"
+    path.write_text(f'[cluster]\nname = "t"\nrun_dir = "{run_dir}"\n[models.m]\nbuiltin = "noop"\n')
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [["serve", "worker", "--config", "{}"], ["bench", "core", "--quick"],
+                                  ["experiment", "parm-tail", "--quick"], ["demo", "--no-parm"]])
+def test_subcommands_parse(argv):
+    assert callable(build_parser().parse_args(argv).func)
+
+
+def test_serve_roles_come_from_the_role_table():
+    from common.roles import ROLES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "manager", "--config", "{}"])
+    for role in ROLES:
+        assert build_parser().parse_args(["serve", role, "--config", "{}"]).role == role
+
+
+def one_line_error(capsys, argv, words: str) -> None:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("keel: ") and words in err and "Traceback" not in err, err
+
+
+def test_up_on_a_binary_file(tmp_path, capsys):
+    path = tmp_path / "spec.toml"
+    path.write_bytes(bytes(range(256)) * 4)
+    one_line_error(capsys, ["up", str(path)], "not a text file")
+
+
+def test_up_on_a_directory(tmp_path, capsys):
+    one_line_error(capsys, ["up", str(tmp_path)], "is a directory")
+
+
+def test_up_with_an_unwritable_run_dir(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    one_line_error(capsys, ["up", noop_spec(tmp_path, blocker / "run")], "cannot write there")
+
+
+def test_down_of_a_spec_never_brought_up_succeeds(tmp_path, capsys):
+    spec = noop_spec(tmp_path, tmp_path / "run")
+    for _ in range(2):
+        assert main(["down", spec]) == 0
+        assert "nothing was brought up" in capsys.readouterr().out
