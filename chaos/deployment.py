@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from typing import Any
 
 from chaos.hosts import Cluster
 from chaos.netns import in_netns
 from chaos.resources import ChaosError
+from common.waiting import wait_until
 
 MODES = ("none", "equal", "parm")
 
@@ -84,14 +84,18 @@ class Deployment:
         for host, launches in self.spec.by_host().items():
             for svc in launches:
                 self.cluster.spawn(host, svc.argv(), svc.name, kind="service")
-        deadline = time.monotonic() + timeout_s
-        while pending := self.spec.unready(lambda ep: status_in(self.cluster, self.probe_host, ep, 0.5)):
+        pending: list[str] = []
+
+        def ready() -> bool:
             dead = [p.name for h in self.cluster.hosts for p in self.cluster.host(h).procs
                     if p.kind == "service" and not p.running()]
             if dead:
                 raise ChaosError(f"services exited during start-up: {dead}; logs in {self.cluster.run_dir / 'logs'}")
-            if time.monotonic() > deadline:
-                raise ChaosError(f"not ready after {timeout_s} s: {sorted(pending)}; logs in {self.cluster.run_dir / 'logs'}")
+            pending[:] = self.spec.unready(lambda ep: status_in(self.cluster, self.probe_host, ep, 0.5))
+            return not pending
+
+        if not wait_until(ready, timeout_s, interval_s=0.05):
+            raise ChaosError(f"not ready after {timeout_s} s: {sorted(pending)}; logs in {self.cluster.run_dir / 'logs'}")
         return self
 
     def predictors(self, models: list[str]) -> dict[str, Any]:

@@ -1,5 +1,11 @@
 """One config dataclass per Keel process, each with documented defaults and ``validate()``.
 
+``validate()`` checks each option and how options of one config relate (AIMD's batch
+delay under its budget, the decoder's timeout under its group TTL); ``heartbeats_agree``
+checks a worker against its dispatcher. Every ``ConfigError`` carries the option at
+fault (``key``) and what is wrong with it (``reason``). Which config belongs to which
+role is the role table's business (``common.roles``).
+
 A process is started as ``keel serve ROLE --config JSON`` where JSON is
 ``dataclasses.asdict`` of its config; ``from_dict`` refuses unknown keys so a typo in a
 cluster spec is an error, not a silently ignored option.

@@ -209,15 +209,3 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--etc", default="/etc/keel", help="where OUT/keel/ is installed (default /etc/keel)")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_render_systemd)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m deploy.cli``) until ``keel`` wires ``add_parser``."""
-    parser = argparse.ArgumentParser(prog="keel")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
