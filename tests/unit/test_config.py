@@ -148,9 +148,10 @@ def test_decoder_timeout_must_be_shorter_than_the_group_ttl():
     assert from_dict("decoder", {"timeout_ms": 500.0, "group_ttl_s": 1.0}).timeout_ms == 500.0
 
 
-def test_encoder_group_ttl_must_be_positive():
-    with pytest.raises(ConfigError, match="group_ttl_s must be > 0"):
-        from_dict("encoder", {"group_ttl_s": 0})
+def test_decoder_group_ttl_must_be_positive():
+    with pytest.raises(ConfigError, match="group_ttl_s must be > 0") as info:
+        from_dict("decoder", {"group_ttl_s": 0})
+    assert (info.value.key, info.value.reason) == ("group_ttl_s", "must be > 0")
 
 
 @pytest.mark.parametrize("dispatcher,worker,words", [
