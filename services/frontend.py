@@ -175,10 +175,10 @@ class Frontend(Service):
         for qid, model in zip(qids, models):
             self.pending[qid] = pending
             self.outbox[model].append((qid, deadline, x))
+            heapq.heappush(self.deadlines, (deadline, qid))  # fan-out: the first still open expires it
         self.by_request[dkey] = (pending, digest)
         if key is not None:
             self.by_key[key] = pending
-        heapq.heappush(self.deadlines, (deadline, qids[0]))
         self.deadline.at_latest(deadline)
 
     def _flush(self) -> None:
