@@ -1,11 +1,14 @@
 """Keel's client library: sync (``Client``) and asyncio (``AsyncClient``).
 
-Each call has a request id and a deadline (``timeout_ms``, sent to the frontend, which
-answers with the model's default output if the deadline passes). If no answer arrives
-by the deadline plus a grace period, the call is retried with the *same* request id
-against the next frontend in the list (a frontend de-duplicates ids, so a retry is never
-computed twice there); after ``retries`` retries the call ends with source ``error`` and
-error code ``timeout``. Every call ends with exactly one ``Result``.
+Each call has a request id and a deadline (``timeout_ms``, a finite number > 0, sent to
+the frontend, which answers with the model's default output if the deadline passes).
+Calls are spread over the frontends round-robin. If no answer arrives by the deadline
+plus a grace period, the call is retried with the *same* request id against another
+frontend (a frontend de-duplicates ids, so a retry is never computed twice there), and
+the frontend that timed out is *suspect* for ``suspect_s`` seconds: new calls go to the
+others meanwhile (if every frontend is suspect, round-robin again), and any answer from
+it clears it. After ``retries`` retries the call ends with source ``error`` and error
+code ``timeout``. Every call ends with exactly one ``Result``.
 
 Example
 -------
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import os
 import time
 import uuid
@@ -61,26 +65,63 @@ class _Call:
     frontend: int
 
 
+#: calls ``predict_batch`` keeps in flight at once
+WINDOW = 1000
+
+
+def _check_timeout(value: float, what: str = "timeout_ms") -> float:
+    """A deadline must be a finite number > 0: NaN or infinity would never expire."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 class _Base:
-    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
+                 suspect_s: float = 5.0):
         self.frontends = [frontends] if isinstance(frontends, str) else list(frontends)
         if not self.frontends:
             raise ValueError("a client needs at least one frontend endpoint")
-        self.timeout_ms, self.retries = timeout_ms, retries
-        self.grace_ms = grace_ms
+        if type(retries) is not int or retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+        if grace_ms is not None and grace_ms != 0:
+            _check_timeout(grace_ms, "grace_ms")
+        if not (isinstance(suspect_s, (int, float)) and math.isfinite(suspect_s) and suspect_s >= 0):
+            raise ValueError(f"suspect_s must be a finite number >= 0, got {suspect_s!r}")
+        self.timeout_ms, self.retries = _check_timeout(timeout_ms), retries
+        self.grace_ms, self.suspect_s = grace_ms, suspect_s
+        self.turn = 0  # round-robin: the frontend the next call tries first
+        self.suspect_until = [0.0] * len(self.frontends)  # perf_counter; a frontend that timed out
         self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.counter = itertools.count(1)
         self.calls: dict[str, _Call] = {}
         self.expiry: list[tuple[float, str]] = []  # heap of (expires, request id); stale entries skipped
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> tuple[str, _Call]:
-        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
+        timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, 0)
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, self._pick(now))
         self.calls[rid] = call
         heapq.heappush(self.expiry, (call.expires, rid))
         return rid, call
+
+    def _pick(self, now: float, avoid: int = -1) -> int:
+        """The frontend for the next attempt: round-robin over those not suspect (and not
+        ``avoid``, the one that just timed out); round-robin over all if none is left."""
+        n = len(self.frontends)
+        if n == 1:
+            return 0
+        start = self.turn
+        self.turn = (start + 1) % n
+        for j in range(n):
+            i = (start + j) % n
+            if i != avoid and self.suspect_until[i] <= now:
+                return i
+        return start if start != avoid else (start + 1) % n
+
+    def _timed_out(self, frontend: int, now: float) -> None:
+        self.suspect_until[frontend] = now + self.suspect_s
 
     def _patience(self, timeout_ms: float) -> float:
         grace = self.grace_ms if self.grace_ms is not None else max(250.0, 0.5 * timeout_ms)
@@ -96,6 +137,7 @@ class _Base:
             return None
         if not isinstance(reply, Reply):
             return None
+        self.suspect_until[frontend] = 0.0  # it answers
         call = self.calls.pop(reply.request_id, None)
         if call is None:
             return None  # a duplicate answer to a retried call: the first one counted
@@ -111,9 +153,10 @@ class _Base:
             call = self.calls.get(rid)
             if call is None or call.expires > now:
                 continue  # answered, or a stale entry of an earlier attempt
+            self._timed_out(call.frontend, now)
             if call.attempt < self.retries:
                 call.attempt += 1
-                call.frontend = (call.frontend + 1) % len(self.frontends)
+                call.frontend = self._pick(now, avoid=call.frontend)
                 call.expires = now + self._patience(call.timeout_ms)
                 heapq.heappush(self.expiry, (call.expires, rid))
                 retry.append((rid, call))
@@ -132,8 +175,9 @@ class _Base:
 class Client(_Base):
     """Blocking client; also open-loop via ``submit`` + ``collect``."""
 
-    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
-        super().__init__(frontends, timeout_ms, retries, grace_ms)
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
+                 suspect_s: float = 5.0):
+        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s)
         self.ctx = zmq.Context()
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
         self.poller = zmq.Poller()
@@ -155,6 +199,11 @@ class Client(_Base):
         """Results that arrived, waiting up to ``timeout_ms`` for at least one."""
         out = list(self.results.values())
         self.results.clear()
+        return out if out else self._poll(timeout_ms)
+
+    def _poll(self, timeout_ms: float) -> list[Result]:
+        """Results off the sockets (not those set aside), waiting up to ``timeout_ms``."""
+        out: list[Result] = []
         end = time.perf_counter() + timeout_ms / 1000.0
         while True:
             now = time.perf_counter()
@@ -179,25 +228,44 @@ class Client(_Base):
             if out or time.perf_counter() >= end:
                 return out
 
-    def _wait_for(self, rids: list[str]) -> dict[str, Result]:
-        wanted, got = set(rids), {}
-        while wanted:
-            for result in self.collect(50.0):
+    def _gather(self, wanted: set[str], got: dict[str, Result], limit: int = 0) -> None:
+        """Move results of ``wanted`` calls into ``got`` until at most ``limit`` are left;
+        others' results are set aside for their ``collect``."""
+        for rid in [r for r in wanted if r in self.results]:
+            wanted.discard(rid)
+            got[rid] = self.results.pop(rid)
+        while len(wanted) > limit:
+            for result in self._poll(50.0):
                 if result.request_id in wanted:
                     wanted.discard(result.request_id)
                     got[result.request_id] = result
                 else:
                     self.results[result.request_id] = result  # someone else's submit
-        return got
 
     def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> Result:
         rid = self.submit(model, x, timeout_ms, request_id)
-        return self._wait_for([rid])[rid]
+        got: dict[str, Result] = {}
+        self._gather({rid}, got)
+        return got[rid]
 
-    def predict_batch(self, model: str, xs, timeout_ms: float | None = None) -> list[Result]:
-        """One query per row of ``xs``, all in flight at once; results in input order."""
-        rids = [self.submit(model, x, timeout_ms) for x in xs]
-        got = self._wait_for(rids)
+    def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW) -> list[Result]:
+        """One query per row of ``xs``; results in input order.
+
+        At most ``window`` calls are in flight at once: a frontend drops replies that do
+        not fit a client's queue, so a client that sent everything before reading would
+        lose answers (and, before that, both sides could block) on a large batch."""
+        if timeout_ms is not None:
+            _check_timeout(timeout_ms)
+        rids: list[str] = []
+        wanted: set[str] = set()
+        got: dict[str, Result] = {}
+        for x in xs:
+            if len(wanted) >= window:
+                self._gather(wanted, got, window - 1)
+            rid = self.submit(model, x, timeout_ms)
+            rids.append(rid)
+            wanted.add(rid)
+        self._gather(wanted, got)
         return [got[r] for r in rids]
 
     def close(self) -> None:
@@ -216,8 +284,9 @@ class Client(_Base):
 class AsyncClient(_Base):
     """asyncio client: ``await client.predict(...)``; many calls may be in flight."""
 
-    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None):
-        super().__init__(frontends, timeout_ms, retries, grace_ms)
+    def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
+                 suspect_s: float = 5.0):
+        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s)
         self.ctx = zmq.asyncio.Context()
         self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f) for f in self.frontends]
         self.futures: dict[str, asyncio.Future] = {}
@@ -241,19 +310,30 @@ class AsyncClient(_Base):
         rid, call = self._new_call(model, x, timeout_ms, request_id)
         future = self.futures[rid] = asyncio.get_running_loop().create_future()
         for attempt in range(self.retries + 1):
-            call.attempt, call.frontend = attempt, attempt % len(self.frontends)
+            if attempt:
+                call.attempt, call.frontend = attempt, self._pick(time.perf_counter(), avoid=call.frontend)
             await self.sockets[call.frontend].send_multipart(protocol.encode(self._message(rid, call)), copy=False)
             try:
                 return await asyncio.wait_for(asyncio.shield(future), self._patience(call.timeout_ms))
             except asyncio.TimeoutError:
-                continue
+                self._timed_out(call.frontend, time.perf_counter())
         self.calls.pop(rid, None)
         self.futures.pop(rid, None)
         return Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {self.retries + 1} attempt(s)",
                       ErrorCode.TIMEOUT, model, None, (time.perf_counter() - call.sent) * 1000.0)
 
-    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None) -> list[Result]:
-        return list(await asyncio.gather(*(self.predict(model, x, timeout_ms) for x in xs)))
+    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW) -> list[Result]:
+        """One query per row of ``xs``, at most ``window`` in flight at once (see
+        ``Client.predict_batch``); results in input order."""
+        if timeout_ms is not None:
+            _check_timeout(timeout_ms)
+        gate = asyncio.Semaphore(window)
+
+        async def one(x: np.ndarray) -> Result:
+            async with gate:
+                return await self.predict(model, x, timeout_ms)
+
+        return list(await asyncio.gather(*(one(x) for x in xs)))
 
     async def close(self) -> None:
         for task in self.readers:

@@ -86,6 +86,13 @@ class FrontendConfig:
     max_payload_bytes: int = 16 * 1024 * 1024
     #: how long a request id is remembered for de-duplication (s)
     dedup_ttl_s: float = 60.0
+    #: answered (sender, request id)s remembered for de-duplication, at most
+    dedup_max_entries: int = 200_000
+    #: bytes the de-duplication table may hold (its replies, keys and bookkeeping), at most
+    dedup_max_bytes: int = 128 * 1024 * 1024
+    #: replies queued per client before further replies to it are dropped (the client ROUTER's
+    #: SNDHWM): a client that stops reading costs only itself
+    client_hwm: int = 10_000
     #: one canonical structlog line per request
     log_requests: bool = True
     metrics_port: int | None = None
@@ -94,6 +101,9 @@ class FrontendConfig:
         _check(self.cache_size >= 0, "cache_size", "must be >= 0")
         _check(self.admission_limit > 0, "admission_limit", "must be > 0")
         _check(self.dedup_ttl_s > 0, "dedup_ttl_s", "must be > 0")
+        _check(self.dedup_max_entries >= 1, "dedup_max_entries", "must be >= 1")
+        _check(self.dedup_max_bytes >= 1, "dedup_max_bytes", "must be >= 1")
+        _check(self.client_hwm >= 1, "client_hwm", "must be >= 1")
         _check(self.max_payload_bytes > 0, "max_payload_bytes", "must be > 0")
         for name, info in self.models.items():
             info.validate(name)

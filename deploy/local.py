@@ -34,6 +34,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def local_endpoint() -> str:
+    """A tcp endpoint on loopback whose port is free right now."""
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     """The first of ``n`` consecutive ports free on ``host`` right now (for specs, which
     number their ports up from a ``base_port``). Below the ephemeral range, where

@@ -1,70 +1,93 @@
 """Frontend: the clients' ROUTER; answers every accepted request exactly once.
 
 Per request (Clipper §4): validate the query against the model's declared input (a bad
-one is answered ``bad_request``); de-duplicate by request id (a retried id is computed
-once and answered the same); look it up in the CLOCK prediction cache; attach it to an
-identical query already in flight (one computation, many waiters); admit it only while
-fewer than ``admission_limit`` are pending (else ``overloaded``); hand it to the
-dispatcher. The first of {prediction, reconstruction} answers; if the deadline passes
-first the model's default output answers, marked ``default``. Every reply names its
-source. Late predictions are counted, and checked against earlier reconstructions.
+one is answered ``bad_request``); de-duplicate by (sender, request id) -- a retried id is
+computed once and answered the same, the same id with another input is refused; look it
+up in the CLOCK prediction cache; attach it to an identical query already in flight (one
+computation, many waiters); admit it only while fewer than ``admission_limit`` queries are
+pending (else ``overloaded``); hand its model queries to the dispatcher. The first of
+{prediction, reconstruction} answers; if the deadline (monotonic clock) passes first the
+model's default output answers, marked ``default``. Every reply names its source. Late
+predictions are counted, and checked against earlier reconstructions.
+
+A request's states and the seams for model selection and durable replies are in
+``services.requests``. Query ids come from this incarnation's ``IdSpace``: a prediction
+for a query of an earlier incarnation (the frontend restarted on the same endpoint) is
+counted ``stale`` and dropped, never matched to a new query. A query answered by a
+reconstruction is reported to the dispatcher (``Answered``) so it is not run again.
+
+Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
+has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
+counted (``reply_dropped``), and a frame above ``max_payload_bytes`` plus a header is
+refused before it is read (the sender is disconnected).
 """
 from __future__ import annotations
 
 import heapq
 import time
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from common import protocol, transport
 from common.config import FrontendConfig
-from common.protocol import ErrorCode, Predict, Predictions, Queries, Reply, Source, Status
+from common.ids import SEQ_BITS, IdSpace
+from common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source, Status
 from services.base import Service
 from services.cache import ClockCache
+from services.requests import Answered as AnsweredTable
+from services.requests import Hold, Request, Selection, State
 
-#: answered request ids remembered for de-duplication, at most
-DEDUP_ENTRIES = 200_000
-
-
-@dataclass(slots=True)
-class Waiter:
-    envelope: list
-    request_id: str
-    start: float  # perf_counter at arrival
+#: reconstructed outputs kept to grade against their late predictions, at most
+GRADED = 50_000
 
 
 @dataclass(slots=True)
 class Pending:
-    qid: int
-    model: str
+    """One computation: the model queries a request made (``Selection.select``), shared by
+    its retries and by identical requests that arrived while it was in flight."""
+
+    qids: tuple[int, ...]  # one per selected model
+    models: tuple[str, ...]
+    model: str  # the model the requests asked for
     version: str
-    deadline: float  # wall clock
-    key: bytes | None
-    waiters: list = field(default_factory=list)
+    deadline: float  # monotonic
+    key: bytes | None  # cache key
+    requests: list[Request]
+    outputs: dict[str, np.ndarray] | None = None  # arrived so far, by model (fan-out only)
+    source: str = Source.MODEL
 
 
 class Frontend(Service):
     role = "frontend"
 
-    def __init__(self, cfg: FrontendConfig):
+    def __init__(self, cfg: FrontendConfig, selection: Selection | None = None, hold: Hold | None = None):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
-        self.router = self.add_socket(transport.make_socket(self.ctx, zmq.ROUTER, bind=cfg.client_endpoint), self._on_clients)
+        self.selection = selection or Selection()
+        self.hold = hold or Hold()
+        self.identity = type(self.selection) is Selection  # one model, its output as is: skip combine
+        self.router = self.add_socket(transport.make_socket(
+            self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
+            max_frame_bytes=cfg.max_payload_bytes + protocol.MAX_HEADER_BYTES), self._on_clients)
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.prediction_endpoint), self._on_predictions)
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
         self.reply_to = transport.endpoint_of(self.pull)
+        self.ids = IdSpace()
         self.cache = ClockCache(cfg.cache_size) if cfg.cache_size else None
-        self.pending: dict[int, Pending] = {}
-        self.by_request: dict[str, Pending] = {}
+        self.pending: dict[int, Pending] = {}  # qid -> its computation
+        self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
-        self.answered: OrderedDict[str, tuple[list, float]] = OrderedDict()  # request id -> (reply frames, time)
+        self.answered = AnsweredTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
+        self.held: dict[Request, list] = {}  # request -> its reply frames, until released
         self.deadlines: list[tuple[float, int]] = []
+        self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
-        self.reconstructed: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.next_qid = 1
+        self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
+        self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
         self.every(1.0, self._forget_answered)
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
@@ -85,66 +108,83 @@ class Frontend(Service):
             try:
                 msg = protocol.decode(body, self.cfg.max_payload_bytes)
             except protocol.ProtocolError as exc:
-                self._error(Waiter(envelope, _request_id_of(body), start), ErrorCode.BAD_REQUEST, str(exc))
+                self._refuse(Request(envelope, _request_id_of(body), start), ErrorCode.BAD_REQUEST, str(exc))
                 continue
             if isinstance(msg, Predict):
-                self._on_predict(msg, Waiter(envelope, msg.request_id, start))
+                self._on_predict(msg, envelope, start)
             elif isinstance(msg, Status):
-                transport.send(self.router, Status(service=self.name, info=self.status()), envelope)
+                self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
             else:
-                self._error(Waiter(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
+                self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
         self._flush()
 
-    def _on_predict(self, msg: Predict, waiter: Waiter) -> None:
+    def _on_predict(self, msg: Predict, envelope: list, start: float) -> None:
+        rid = msg.request_id
         info = self.cfg.models.get(msg.model)
+        x = msg.input
+        dkey = (envelope[0], rid)
+        request = Request(envelope, rid, start, dkey)
         if info is None:
             known = ", ".join(sorted(self.cfg.models)) or "none"
-            return self._error(waiter, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
-        x = msg.input
+            return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
         if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
-            return self._error(waiter, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype}")
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype}")
         if list(x.shape) != info.input_shape:
-            return self._error(waiter, ErrorCode.BAD_REQUEST, f"model {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
-            return self._error(waiter, ErrorCode.BAD_REQUEST, "input contains NaN or infinity")
+            return self._refuse(request, ErrorCode.BAD_REQUEST, "input contains NaN or infinity")
         if msg.version not in (None, info.version):
-            return self._error(waiter, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
-        done = self.answered.get(msg.request_id)
+            return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
+        # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
+        request.digest = digest = zlib.crc32(x, zlib.crc32(msg.model.encode()))
+        done = self.answered.get(dkey)
         if done is not None:  # a retry of an answered request: the same answer again
-            self.router.send_multipart(waiter.envelope + done[0], copy=False)
+            if done[1] != digest:
+                return self._refuse(request, ErrorCode.BAD_REQUEST, "request id reused with a different input")
             self.counts["duplicate"] += 1
+            request.to(State.ANSWERED)
+            self._send(envelope, done[0])
             return
-        pending = self.by_request.get(msg.request_id)
-        if pending is not None:  # a retry while it is still being computed
-            pending.waiters.append(waiter)
+        waiting = self.by_request.get(dkey)
+        if waiting is not None:  # a retry while it is still being computed
+            if waiting[1] != digest:
+                return self._refuse(request, ErrorCode.BAD_REQUEST, "request id reused with a different input")
+            request.to(State.WAITING)
+            waiting[0].requests.append(request)
             return
         key = None
         if self.cache is not None:
             key = b"%s\0%s\0%s" % (msg.model.encode(), info.version.encode(), x.tobytes())
             output = self.cache.get(key)
             if output is not None:
-                return self._answer([waiter], Source.CACHE, msg.model, info.version, output)
+                return self._answer([request], Source.CACHE, msg.model, info.version, output)
             shared = self.by_key.get(key)
             if shared is not None:  # the same query is in flight: share its computation
-                shared.waiters.append(waiter)
-                self.by_request[msg.request_id] = shared
+                request.to(State.WAITING)
+                shared.requests.append(request)
+                self.by_request[dkey] = (shared, digest)
                 return
         if len(self.pending) >= self.cfg.admission_limit:
-            return self._error(waiter, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
+            return self._refuse(request, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
         timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.deadline_ms
-        deadline = time.time() + timeout_ms / 1000.0
-        pending = Pending(self.next_qid, msg.model, info.version, deadline, key, [waiter])
-        self.next_qid += 1
-        self.pending[pending.qid] = pending
-        self.by_request[msg.request_id] = pending
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        models = self.selection.select(msg.model)
+        qids = tuple(self.ids.next() for _ in models)
+        pending = Pending(qids, models, msg.model, info.version, deadline, key, [request])
+        request.to(State.WAITING)
+        for qid, model in zip(qids, models):
+            self.pending[qid] = pending
+            self.outbox[model].append((qid, deadline, x))
+            heapq.heappush(self.deadlines, (deadline, qid))  # fan-out: the first still open expires it
+        self.by_request[dkey] = (pending, digest)
         if key is not None:
             self.by_key[key] = pending
-        heapq.heappush(self.deadlines, (deadline, pending.qid))
-        self.outbox[msg.model].append((pending.qid, deadline, x))
+        self.deadline.at_latest(deadline)
 
     def _flush(self) -> None:
-        """One Queries message per model for everything admitted in this tick."""
-        now = time.time()
+        """One Queries message per model for everything admitted in this tick, and one
+        Answered per model for the queries reconstructions answered."""
+        now = time.monotonic()
         for model, items in self.outbox.items():
             if items:
                 transport.send(
@@ -153,6 +193,10 @@ class Frontend(Service):
                             reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items])),
                 )
                 items.clear()
+        for model, qids in self.reconstructed_by.items():
+            if qids:
+                transport.send(self.push, Answered(model=model, qids=list(qids)))
+                qids.clear()
         self.m_pending.set(len(self.pending))
 
     # ------------------------------------------------------------------ predictions
@@ -161,26 +205,69 @@ class Frontend(Service):
         for _, msg in self.messages(sock, limit=2000):
             if isinstance(msg, Predictions):
                 self._on_outputs(msg)
+        self._flush()
 
     def _on_outputs(self, msg: Predictions) -> None:
         source = Source.RECONSTRUCTION if msg.source == Source.RECONSTRUCTION else Source.MODEL
+        outputs, error = msg.outputs, msg.error
+        info = self.cfg.models.get(msg.model)
+        if outputs is not None:
+            if info is None or outputs.size != len(msg.qids) * info.output_size:
+                want = "" if info is None else f", not {info.output_size} values per query"
+                error, outputs = f"outputs of shape {list(outputs.shape)}{want}", None
+            elif outputs.ndim != 2:
+                outputs = outputs.reshape(len(msg.qids), info.output_size)
+        elif error is None:
+            error = "no outputs"
+        epoch = self.ids.epoch
         for i, qid in enumerate(msg.qids):
-            pending = self.pending.pop(qid, None)
+            if qid >> SEQ_BITS != epoch:  # a query of an earlier incarnation of this frontend
+                self.counts["stale"] += 1
+                continue
+            pending = self.pending.get(qid)
             if pending is None:
-                self._late(qid, source, None if msg.outputs is None else msg.outputs[i])
+                self._late(qid, source, None if outputs is None else outputs[i])
                 continue
-            self._release(pending)
-            if msg.error is not None or msg.outputs is None:
-                self._error_all(pending, ErrorCode.MODEL_ERROR, f"model {msg.model} failed on this batch: {msg.error}")
+            model = pending.models[0] if len(pending.qids) == 1 else pending.models[pending.qids.index(qid)]
+            if model != msg.model:  # not this query's model: not its answer
+                self.counts["mismatched"] += 1
                 continue
-            output = msg.outputs[i]
+            del self.pending[qid]
+            if outputs is None:
+                if len(pending.qids) == 1 or not self._open(pending):
+                    self._settle(pending)
+                    self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
+                                 f"model {msg.model} failed on this batch: {error}", ErrorCode.MODEL_ERROR)
+                continue
+            output = outputs[i]
             if source == Source.RECONSTRUCTION:
+                self.reconstructed_by[model].append(qid)
                 self.reconstructed[qid] = output
-                if len(self.reconstructed) > 50_000:
-                    self.reconstructed.popitem(last=False)
-            elif self.cache is not None and pending.key is not None:
+                if len(self.reconstructed) > GRADED:
+                    del self.reconstructed[next(iter(self.reconstructed))]
+            if len(pending.qids) > 1:  # fan-out: combine what has arrived
+                pending.source = source
+                if pending.outputs is None:
+                    pending.outputs = {}
+                pending.outputs[model] = output
+                output = self.selection.combine(pending.model, pending.outputs, not self._open(pending))
+                if output is None:
+                    continue
+                self._settle(pending)
+            else:
+                self._settle(pending)
+                if not self.identity:
+                    output = self.selection.combine(pending.model, {model: output}, True)
+                    if output is None:  # the selection refused its only output: as at the deadline
+                        self._default(pending)
+                        continue
+            if source == Source.MODEL and self.cache is not None and pending.key is not None:
                 self.cache.put(pending.key, output)
-            self._answer(pending.waiters, source, pending.model, pending.version, output)
+            self._answer(pending.requests, source, pending.model, pending.version, output)
+
+    def _open(self, pending: Pending) -> bool:
+        """Whether any of a fanned-out computation's queries is still in flight."""
+        return any(q in self.pending for q in pending.qids)
 
     def _late(self, qid: int, source: str, output: np.ndarray | None) -> None:
         """An answer for a query already answered: count it; grade an earlier reconstruction."""
@@ -191,50 +278,63 @@ class Frontend(Service):
                 self.counts["reconstructions_graded"] += 1
                 self.counts["reconstructions_agree"] += int(np.argmax(rebuilt) == np.argmax(output))
 
-    def _release(self, pending: Pending) -> None:
-        for waiter in pending.waiters:
-            self.by_request.pop(waiter.request_id, None)
+    def _settle(self, pending: Pending) -> None:
+        """A computation is decided: forget how requests found it, and its other queries."""
+        for request in pending.requests:
+            self.by_request.pop(request.dedup, None)
         if pending.key is not None:
             self.by_key.pop(pending.key, None)
+        if len(pending.qids) > 1:
+            for qid in pending.qids:
+                self.pending.pop(qid, None)
 
     # ------------------------------------------------------------------ answers
 
-    def _answer(self, waiters: list[Waiter], source: str, model: str, version: str, output: np.ndarray | None,
+    def _answer(self, requests: list[Request], source: str, model: str, version: str, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None) -> None:
         now = time.perf_counter()
-        for waiter in waiters:
-            reply = Reply(request_id=waiter.request_id, source=source, output=output, model=model, version=version,
-                          error=error, error_code=code)
-            frames = protocol.encode(reply)
-            try:
-                self.router.send_multipart(waiter.envelope + frames, copy=False)
-            except zmq.ZMQError:  # the client is gone; its answer is still remembered below
-                self.counts["client_gone"] += 1
-            if waiter.request_id:
-                self.answered[waiter.request_id] = (frames, time.monotonic())
-            latency = now - waiter.start
+        remember = code is None
+        for request in requests:
+            frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
+                                           version=version, error=error, error_code=code))
+            if remember and request.dedup is not None:
+                nbytes = len(frames[0]) + (0 if output is None else output.nbytes)
+                self.answered.put(request.dedup, frames, request.digest, time.monotonic(), nbytes)
+            if self.hold.hold(request, source):
+                request.to(State.HELD)
+                self.held[request] = frames
+            else:
+                request.to(State.ANSWERED)
+                self._send(request.envelope, frames)
+            latency = now - request.start
             self.counts[str(source)] += 1
             self.m_requests.labels(source=source).inc()
             self.m_latency.labels(source=source).observe(latency)
             if self.cfg.log_requests:
-                self.log.info("request", request_id=waiter.request_id, model=model, source=source,
+                self.log.info("request", request_id=request.request_id, model=model, source=source,
                               latency_ms=round(latency * 1000, 3), error=code)
 
-    def _error(self, waiter: Waiter, code: str, text: str) -> None:
-        self._answer([waiter], Source.ERROR, "", "", None, text, code)
+    def release(self, request: Request) -> None:
+        """The hold let go of ``request``: its reply leaves now (HAMS: it became durable)."""
+        frames = self.held.pop(request)
+        request.to(State.ANSWERED)
+        self._send(request.envelope, frames)
 
-    def _error_all(self, pending: Pending, code: str, text: str) -> None:
-        self._answer(pending.waiters, Source.ERROR, pending.model, pending.version, None, text, code)
+    def _send(self, envelope: list, frames: list) -> None:
+        """A reply to a client, never blocking: one that does not fit its queue is dropped."""
+        try:
+            self.router.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.counts["reply_dropped"] += 1
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.counts["client_gone"] += 1
+
+    def _refuse(self, request: Request, code: str, text: str) -> None:
+        self._answer([request], Source.ERROR, "", "", None, text, code)
 
     # ------------------------------------------------------------------ chores
-
-    def tick(self, timeout: float | None = None) -> None:
-        if timeout is None:
-            timeout = self.next_timeout()
-            if self.deadlines:
-                timeout = min(timeout, max(0.0, self.deadlines[0][0] - time.time()))
-        super().tick(timeout)
-        self._expire(time.time())
 
     def _expire(self, now: float) -> None:
         """Clipper's SLO behaviour: at its deadline a query gets the model's default output."""
@@ -243,46 +343,56 @@ class Frontend(Service):
             pending = self.pending.pop(qid, None)
             if pending is None:
                 continue
-            self._release(pending)
-            info = self.cfg.models[pending.model]
-            if info.default_output is not None:
-                self._answer(pending.waiters, Source.DEFAULT, pending.model, pending.version,
-                             np.asarray(info.default_output, np.float32))
+            self._settle(pending)
+            output = None
+            if pending.outputs:  # fan-out: what arrived may be enough
+                output = self.selection.combine(pending.model, pending.outputs, True)
+            if output is not None:
+                self._answer(pending.requests, pending.source, pending.model, pending.version, output)
             else:
-                self._answer(pending.waiters, Source.DEFAULT, pending.model, pending.version, None,
-                             "deadline passed before a prediction; no default output is configured", ErrorCode.DEADLINE)
+                self._default(pending)
         # Heap entries of answered queries are dropped lazily; keep the heap from growing.
         if len(self.deadlines) > 4 * len(self.pending) + 1024:
             self.deadlines = [(d, q) for d, q in self.deadlines if q in self.pending]
             heapq.heapify(self.deadlines)
+        if self.deadlines:
+            self.deadline.at(self.deadlines[0][0])
+
+    def _default(self, pending: Pending) -> None:
+        info = self.cfg.models[pending.model]
+        if info.default_output is not None:
+            self._answer(pending.requests, Source.DEFAULT, pending.model, pending.version, np.asarray(info.default_output, np.float32))
+        else:
+            self._answer(pending.requests, Source.DEFAULT, pending.model, pending.version, None,
+                         "deadline passed before a prediction; no default output is configured", ErrorCode.DEADLINE)
 
     def _forget_answered(self, now: float) -> None:
-        horizon = now - self.cfg.dedup_ttl_s
-        while self.answered:
-            _, (_, when) = next(iter(self.answered.items()))
-            if when >= horizon and len(self.answered) <= DEDUP_ENTRIES:
-                break
-            self.answered.popitem(last=False)
+        self.answered.forget(now)
 
     def drain(self) -> None:
-        """On shutdown, every pending query still gets an answer that says why."""
-        for pending in list(self.pending.values()):
-            self._error_all(pending, ErrorCode.INTERNAL, "frontend shutting down")
+        """On shutdown, every pending request still gets an answer that says why."""
+        for pending in {id(p): p for p in self.pending.values()}.values():
+            self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
+                         "frontend shutting down", ErrorCode.INTERNAL)
         self.pending.clear()
+        for request, frames in list(self.held.items()):
+            self.release(request)
 
     def status(self) -> dict:
         cache = None
         if self.cache is not None:
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
         return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
-                "cache": cache, "models": sorted(self.cfg.models)}
+                "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
+                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes}}
 
 
 def _request_id_of(body: list) -> str:
-    """Best-effort request id of a malformed message, so its error reaches the right call."""
+    """Best-effort request id of a malformed message, so its error reaches the right call
+    (none if it is not a well-formed id: an oversized one is neither echoed nor logged)."""
     try:
         header = protocol.decode_header(body[0])
         rid = header.get("request_id", "")
-        return rid if isinstance(rid, str) else ""
+        return rid if isinstance(rid, str) and len(rid) <= protocol.MAX_REQUEST_ID else ""
     except (protocol.ProtocolError, IndexError):
         return ""

@@ -1,0 +1,367 @@
+"""The frontend stepped with ``tick``: a raw DEALER as the client, a PULL as the dispatcher
+and a PUSH as the worker. Covers the request lifecycle and its seams, incarnation ids,
+monotonic deadlines and de-duplication by (sender, request id)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+import pytest
+import zmq
+
+from common import protocol, transport
+from common.config import FrontendConfig, ModelInfo
+from common.ids import SEQ_MASK, epoch_of
+from common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source
+from services.frontend import Frontend
+from services.requests import Answered as AnsweredTable
+from services.requests import Hold, LifecycleError, Request, Selection, State
+
+DIM, OUT = 4, 2
+
+
+class Harness:
+    def __init__(self, zsock, selection=None, hold=None, **options):
+        self.zsock = zsock
+        self.dispatcher = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
+        models = {"m": ModelInfo([DIM], OUT), "m2": ModelInfo([DIM], OUT), "d": ModelInfo([DIM], OUT, default_output=[-1.0, -1.0])}
+        cfg = FrontendConfig(name="fe", client_endpoint="tcp://127.0.0.1:*", prediction_endpoint="tcp://127.0.0.1:*",
+                             dispatcher_endpoint=transport.endpoint_of(self.dispatcher), models=models,
+                             log_requests=False, **options)
+        self.fe = Frontend(cfg, selection, hold)
+        self.worker = zsock(zmq.PUSH, connect=self.fe.reply_to)
+
+    def client(self) -> zmq.Socket:
+        return self.zsock(zmq.DEALER, connect=transport.endpoint_of(self.fe.router))
+
+    def step(self, condition, timeout_s: float = 5.0):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.fe.tick(0.01)
+            value = condition()
+            if value:
+                return value
+            assert time.monotonic() < deadline, "condition did not hold"
+
+    def predict(self, dealer, rid: str, x, model: str = "m", timeout_ms: float | None = 10_000) -> None:
+        transport.send(dealer, Predict(request_id=rid, model=model, input=np.asarray(x, np.float32), timeout_ms=timeout_ms))
+
+    def queries(self):
+        frames = self.step(lambda: self.dispatcher.poll(0) and self.dispatcher.recv_multipart())
+        return protocol.decode(frames)
+
+    def reply(self, dealer) -> Reply:
+        frames = self.step(lambda: dealer.poll(0) and dealer.recv_multipart())
+        msg = protocol.decode(frames)
+        assert isinstance(msg, Reply)
+        return msg
+
+    def no_reply(self, dealer, ticks: int = 20) -> None:
+        for _ in range(ticks):
+            self.fe.tick(0.005)
+        assert not dealer.poll(0), protocol.decode(dealer.recv_multipart())
+
+    def answer(self, model: str, qids: list[int], outputs, source: str = Source.MODEL) -> None:
+        transport.send(self.worker, Predictions(batch_id=1, model=model, qids=qids, source=source,
+                                                outputs=np.asarray(outputs, np.float32).reshape(len(qids), -1)))
+
+    def counts(self) -> dict:
+        return self.fe.status()["answered"]
+
+
+@pytest.fixture
+def harness(zsock):
+    made = []
+
+    def make(**kwargs) -> Harness:
+        h = Harness(zsock, **kwargs)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.fe.shutdown()
+
+
+def x_of(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random(DIM, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_request_states_and_answering_twice_is_impossible():
+    r = Request([b"c"], "r1", 0.0)
+    assert r.state is State.ADMITTED
+    r.to(State.WAITING)
+    r.to(State.HELD)
+    r.to(State.ANSWERED)
+    with pytest.raises(LifecycleError, match="answered -> answered"):
+        r.to(State.ANSWERED)
+    with pytest.raises(LifecycleError):
+        Request([b"c"], "r2", 0.0).to(State.ADMITTED)
+
+
+def test_one_query_answered_once(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(1))
+    q = h.queries()
+    assert isinstance(q, Queries) and q.model == "m" and len(q.qids) == 1
+    h.answer("m", q.qids, [[1, 2]])
+    reply = h.reply(c)
+    assert (reply.request_id, reply.source, list(reply.output)) == ("a", Source.MODEL, [1.0, 2.0])
+    h.answer("m", q.qids, [[1, 2]])  # a second prediction for it: late, not a second answer
+    h.no_reply(c)
+    assert h.counts()["late_model"] == 1
+
+
+def test_hold_delays_the_reply_until_released(harness):
+    class HoldAll(Hold):
+        def __init__(self):
+            self.held = []
+
+        def hold(self, request, source):
+            self.held.append(request)
+            return True
+
+    hold = HoldAll()
+    h = harness(hold=hold)
+    c = h.client()
+    h.predict(c, "a", x_of(2))
+    q = h.queries()
+    h.answer("m", q.qids, [[3, 4]])
+    h.step(lambda: hold.held)
+    h.no_reply(c)
+    (request,) = hold.held
+    assert request.state is State.HELD
+    h.fe.release(request)
+    assert list(h.reply(c).output) == [3.0, 4.0]
+    assert request.state is State.ANSWERED
+    with pytest.raises(KeyError):
+        h.fe.release(request)
+
+
+class Mean(Selection):
+    """Two models per request; the mean once both answered, or what arrived at the deadline."""
+
+    def select(self, model):
+        return ("m", "m2")
+
+    def combine(self, model, outputs, final):
+        if len(outputs) == 2 or (final and outputs):
+            return np.mean(list(outputs.values()), axis=0).astype(np.float32)
+        return None
+
+
+def test_selection_fans_out_and_combines(harness):
+    h = harness(selection=Mean())
+    c = h.client()
+    h.predict(c, "a", x_of(3))
+    first, second = h.queries(), h.queries()
+    assert {first.model, second.model} == {"m", "m2"}
+    by_model = {q.model: q.qids[0] for q in (first, second)}
+    h.answer("m", [by_model["m"]], [[1, 1]])
+    h.no_reply(c)  # one of two: wait
+    h.answer("m2", [by_model["m2"]], [[3, 5]])
+    assert list(h.reply(c).output) == [2.0, 3.0]
+    assert h.fe.pending == {}
+
+
+def test_selection_combines_what_arrived_by_the_deadline(harness):
+    h = harness(selection=Mean())
+    c = h.client()
+    h.predict(c, "a", x_of(4), timeout_ms=150)
+    first, second = h.queries(), h.queries()
+    q = first if first.model == "m" else second
+    h.answer("m", q.qids, [[7, 8]])
+    reply = h.reply(c)
+    assert reply.source == Source.MODEL and list(reply.output) == [7.0, 8.0]
+    assert h.fe.pending == {}
+
+
+# --------------------------------------------------------------------------- incarnations
+
+
+def test_prediction_of_an_earlier_incarnation_is_not_delivered(harness):
+    """A restarted frontend numbers its queries again; predictions still in flight for the
+    old incarnation's queries carry the same sequence numbers and must not answer them."""
+    h = harness()
+    c = h.client()
+    x = x_of(5)
+    h.predict(c, "new", x)
+    (qid,) = h.queries().qids
+    assert epoch_of(qid) == h.fe.ids.epoch
+    seq = qid & SEQ_MASK
+    old_epoch = h.fe.ids.epoch - 1
+    # what an earlier incarnation numbered the same: without an epoch, and with an older one
+    h.answer("m", [seq, (old_epoch << 32) | seq], [[9, 9], [9, 9]])
+    h.no_reply(c)
+    assert h.counts()["stale"] == 2
+    h.answer("m", [qid], [[1, 0]])
+    assert list(h.reply(c).output) == [1.0, 0.0]
+
+
+def test_reconstruction_is_reported_answered_to_the_dispatcher(harness):
+    h = harness(cache_size=0)
+    c = h.client()
+    h.predict(c, "a", x_of(6))
+    h.predict(c, "b", x_of(7))
+    q = h.queries()
+    assert len(q.qids) == 2
+    h.answer("m", [q.qids[1]], [[5, 6]], source=Source.RECONSTRUCTION)
+    reply = h.reply(c)
+    assert (reply.request_id, reply.source) == ("b", Source.RECONSTRUCTION)
+    answered = h.queries()
+    assert isinstance(answered, Answered) and (answered.model, answered.qids) == ("m", [q.qids[1]])
+    h.answer("m", [q.qids[0]], [[1, 1]])
+    assert h.reply(c).request_id == "a"
+    h.no_reply(c)
+    assert not h.dispatcher.poll(0)  # a model's own answer is not reported
+
+
+def test_budgets_are_ms_left_at_send(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(8), timeout_ms=2000)
+    (budget,) = h.queries().budgets_ms
+    assert 0 < budget <= 2000
+
+
+def test_deadline_is_on_the_monotonic_clock(harness, monkeypatch):
+    """A wall-clock jump (NTP step) does not expire queries early."""
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(9), model="d", timeout_ms=5000)
+    (qid,) = h.queries().qids
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)
+    h.no_reply(c)
+    h.answer("d", [qid], [[1, 2]])
+    assert h.reply(c).source == Source.MODEL
+
+
+def test_deadline_answers_default(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(10), model="d", timeout_ms=50)
+    h.queries()
+    reply = h.reply(c)
+    assert reply.source == Source.DEFAULT and list(reply.output) == [-1.0, -1.0]
+
+
+# --------------------------------------------------------------------------- hostile predictions
+
+
+def test_prediction_of_another_model_does_not_answer(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(11))
+    (qid,) = h.queries().qids
+    h.answer("m2", [qid], [[6, 6]])
+    h.no_reply(c)
+    assert h.counts()["mismatched"] == 1
+    h.answer("m", [qid], [[1, 2]])
+    assert list(h.reply(c).output) == [1.0, 2.0]
+
+
+def test_outputs_of_the_wrong_shape_are_a_model_error(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "a", x_of(12))
+    (qid,) = h.queries().qids
+    h.answer("m", [qid], [[1, 2, 3]])
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.MODEL_ERROR and "shape" in reply.error
+
+
+# --------------------------------------------------------------------------- de-duplication
+
+
+def test_same_id_with_another_input_is_refused(harness):
+    h = harness()
+    c = h.client()
+    h.predict(c, "r", x_of(13))
+    (qid,) = h.queries().qids
+    h.predict(c, "r", x_of(14))  # while the first is pending
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and "reused with a different input" in reply.error
+    h.answer("m", [qid], [[1, 2]])
+    assert list(h.reply(c).output) == [1.0, 2.0]
+    h.predict(c, "r", x_of(15))  # after it was answered
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and "reused with a different input" in reply.error
+    h.predict(c, "r", x_of(13))  # a true retry: the same answer
+    reply = h.reply(c)
+    assert list(reply.output) == [1.0, 2.0] and h.counts()["duplicate"] == 1
+
+
+def test_same_id_from_another_client_is_its_own_request(harness):
+    h = harness()
+    a, b = h.client(), h.client()
+    h.predict(a, "same", x_of(16))
+    (qa,) = h.queries().qids
+    h.answer("m", [qa], [[1, 1]])
+    assert list(h.reply(a).output) == [1.0, 1.0]
+    h.predict(b, "same", x_of(17))
+    (qb,) = h.queries().qids  # computed, not answered from a's entry
+    h.answer("m", [qb], [[2, 2]])
+    assert list(h.reply(b).output) == [2.0, 2.0]
+    assert "duplicate" not in h.counts()
+
+
+def test_error_replies_are_not_remembered(harness):
+    h = harness()
+    c = h.client()
+    transport.send(c, Predict(request_id="e", model="m", input=np.zeros(DIM + 1, np.float32)))
+    assert h.reply(c).error_code == ErrorCode.BAD_REQUEST
+    h.predict(c, "e", x_of(18))
+    (qid,) = h.queries().qids  # the valid request with that id is computed
+    h.answer("m", [qid], [[4, 4]])
+    reply = h.reply(c)
+    assert reply.source == Source.MODEL and list(reply.output) == [4.0, 4.0]
+
+
+def test_empty_request_id_is_a_bad_request(harness):
+    h = harness()
+    c = h.client()
+    header = orjson.loads(bytes(protocol.encode(Predict(request_id="x", model="m", input=x_of(19)))[0]))
+    header["request_id"] = ""
+    c.send_multipart([orjson.dumps(header), x_of(19).tobytes()])
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and "request_id" in reply.error
+
+
+def test_an_oversized_request_id_is_not_echoed(harness):
+    h = harness()
+    c = h.client()
+    header = orjson.loads(bytes(protocol.encode(Predict(request_id="x", model="m", input=x_of(20)))[0]))
+    header["request_id"] = "i" * 100_000
+    c.send_multipart([orjson.dumps(header), b"short"])
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and reply.request_id == ""
+    assert len(reply.error) < 1000
+
+
+def test_dedup_table_is_capped_by_bytes(harness):
+    h = harness(cache_size=0, dedup_max_bytes=4000)
+    c = h.client()
+    for i in range(40):
+        h.predict(c, f"r{i}", x_of(100 + i))
+        (qid,) = h.queries().qids
+        h.answer("m", [qid], [[i, i]])
+        assert h.reply(c).request_id == f"r{i}"
+    table = h.fe.answered
+    assert 0 < table.bytes <= 4000 and 0 < len(table) < 40
+    assert h.fe.status()["dedup"]["bytes"] == table.bytes
+
+
+def test_answered_table_bounds():
+    table = AnsweredTable(ttl_s=10.0, max_entries=3, max_bytes=10_000)
+    for i in range(5):
+        table.put((b"c", f"r{i}"), [b"x"], 0, now=float(i), nbytes=1)
+    assert [k[1] for k in table.entries] == ["r2", "r3", "r4"]
+    table.forget(now=13.5)  # r2 and r3 are older than 10 s
+    assert [k[1] for k in table.entries] == ["r4"]
+    assert table.bytes == AnsweredTable.OVERHEAD + 1 + 2 + 1
