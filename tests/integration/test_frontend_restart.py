@@ -31,7 +31,6 @@ def test_restarted_frontend_never_answers_with_an_old_prediction(tmp_path, launc
     run = launcher("restart")
     run.start_spec(spec)
     endpoint = spec.client_endpoints[0]
-    frontend = spec.service("frontend").config
     c = client(endpoint, timeout_ms=20_000, retries=0)
     rng = np.random.default_rng(3)
     inputs: dict[str, np.ndarray] = {}
