@@ -74,7 +74,7 @@ def messages(draw, epoch: int):
         "error": st.one_of(st.none(), st.text(max_size=30)),
         "group": st.one_of(st.none(), st.builds(CodingTag, INT, st.integers(0, 70), st.integers(0, 70))),
         "lineage": st.one_of(st.none(), st.lists(st.builds(LineageEntry, TEXT, INT, TEXT, INT), max_size=3)),
-        "info": st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)),
+        "info": st.one_of(st.none(), st.dictionaries(st.text(max_size=5), INT, max_size=3)),
         "ok": st.booleans(), "known": st.booleans(),
         "members": st.none(),
     }
