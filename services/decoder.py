@@ -27,8 +27,8 @@ was surely expired; a row that expired a little earlier than the latest may stil
 rebuilt, and its frontend ignores it.
 
 Incarnations: per deployed model the decoder remembers the newest dispatcher epoch
-(``ids.epoch_of(group)``); outputs of an older epoch are dropped (``stale``) and a newer
-epoch drops the groups of older ones. At most ``max_open_groups`` groups are tracked.
+(``ids.epoch_of(group)``); outputs of an older epoch, or of one no ``IdSpace`` makes, are
+dropped (``stale``) and a newer epoch drops the groups of older ones. At most ``max_open_groups`` groups are tracked.
 
 The decoder is never on the critical path of an available prediction: workers answer
 the frontend directly. The structure keeps "missing" as a set so that r > 1 (§7) only

@@ -25,8 +25,9 @@ Bounds, since everything here comes from the wire (hardening): at most
 opens); a batch is refused if its model has no parity model, its k differs from its
 group's, it repeats an index, its rows differ in shape or dtype from the group's, or it
 is empty. Incarnations: per deployed model the encoder remembers the newest dispatcher
-epoch (``ids.epoch_of(group)``); batches of an older epoch are dropped (``stale``) and a
-newer epoch drops the open groups of older ones.
+epoch (``ids.epoch_of(group)``); batches of an older epoch, or of one no ``IdSpace`` makes
+(beyond ``ids.EPOCH_BITS``, which would shadow every real one), are dropped (``stale``),
+and a newer epoch drops the open groups of older ones.
 """
 from __future__ import annotations
 
