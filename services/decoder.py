@@ -136,8 +136,8 @@ class Decoder(Service):
     def _current_epoch(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older groups."""
         newest = self.epochs.get(model)
-        if newest is not None and epoch < newest:
-            return False
+        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
+            return False  # (an epoch no IdSpace makes would shadow every real one)
         if newest is None or epoch > newest:
             if newest is None and len(self.epochs) >= MAX_MODELS:
                 del self.epochs[next(iter(self.epochs))]

@@ -121,8 +121,8 @@ class Encoder(Service):
     def _current_epoch(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older open groups."""
         newest = self.epochs.get(model)
-        if newest is not None and epoch < newest:
-            return False
+        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
+            return False  # (an epoch no IdSpace makes would shadow every real one)
         if newest is None or epoch > newest:
             self.epochs[model] = epoch
             for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:

@@ -43,7 +43,7 @@ def send(enc, push, batch: Batch, ticks: int = 3) -> None:
 
 
 def member(group: int, index: int, k: int, n: int = 2, model: str = "m", dim: int = 4, budgets=None, value: float = 1.0) -> Batch:
-    qids = [group * 100 + index * 10 + i for i in range(n)]
+    qids = [(group % 1000) * 100 + index * 10 + i for i in range(n)]
     return Batch(batch_id=index + 1, model=model, qids=qids, reply_to=[FE] * n,
                  inputs=np.full((n, dim), value, np.float32) + np.arange(n, dtype=np.float32)[:, None],
                  group=CodingTag(group, index, k), budgets_ms=budgets)
@@ -124,4 +124,6 @@ def test_older_dispatcher_epochs_are_stale(make):
     assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 2
     send(enc, push, member(old, 1, 2))  # a late copy from the old incarnation
     assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 3
+    send(enc, push, member((1 << 30) << 32, 0, 2))  # an epoch no IdSpace makes: it would shadow all
+    assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 4 and enc.epochs["m"] == 6
     assert parity_batch(out, 0.1) is None
