@@ -236,6 +236,9 @@ class EncoderConfig:
     #: encode a coding group that has not filled within this long from its first batch
     #: with the batches it has (ParM §4.1), so its queries stay protected at low load (ms)
     partial_group_ms: float = 50.0
+    #: coding groups open at once (each holds up to k batches); when one more opens, the
+    #: oldest is dropped unencoded and counted (a bound on what peers can make it hold)
+    max_open_groups: int = 256
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
@@ -243,6 +246,7 @@ class EncoderConfig:
     def validate(self) -> None:
         _check(self.encoder in ("add", "concat"), "encoder", f"must be add or concat, got {self.encoder!r}")
         _check(self.partial_group_ms > 0, "partial_group_ms", "must be > 0")
+        _check(self.max_open_groups >= 1, "max_open_groups", "must be >= 1")
 
 
 @dataclass
@@ -254,6 +258,8 @@ class DecoderConfig:
     timeout_ms: float | None = None
     #: forget a coding group after this long (s)
     group_ttl_s: float = 10.0
+    #: coding groups tracked at once; when one more opens, the oldest is forgotten and counted
+    max_open_groups: int = 4096
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
@@ -264,6 +270,7 @@ class DecoderConfig:
         # Relation: a group forgotten before its timeout fires is never reconstructed.
         _check(self.timeout_ms is None or self.timeout_ms / 1000.0 < self.group_ttl_s, "timeout_ms",
                f"must be shorter than group_ttl_s ({self.group_ttl_s:g} s)")
+        _check(self.max_open_groups >= 1, "max_open_groups", "must be >= 1")
 
 
 def heartbeats_agree(dispatcher: DispatcherConfig, worker: WorkerConfig) -> str | None:

@@ -1,13 +1,34 @@
 """ParM decoder: rebuilds an unavailable prediction batch from its coding group (§4.1-§4.2).
 
 Workers of coded models push a copy of each prediction batch here; parity workers push
-the parity model's output. When the parity output and k-1 of a group's k predictions are
-here and one is missing, the missing batch is reconstructed at once as
+the parity model's output. When the parity output and all but one of a group's member
+predictions are here, the missing batch is reconstructed at once as
 ``F_P(P) - sum(other predictions)`` (``codec.decode``; the concat encoder subtracts in
 probability space) and sent to each query's frontend marked ``reconstruction``. With
 ``timeout_ms`` set, the decoder instead waits that long after the group's first output
 for the missing prediction before declaring it unavailable (the timeout policy of §4.1).
-A group is forgotten once all k predictions are in, or after ``group_ttl_s``.
+A group is forgotten once all its predictions are in, or after ``group_ttl_s``.
+
+Partial groups: the encoder encodes a group that did not fill in time with the members it
+had (``ParityMembers.batches`` is None for the others, which it counted as zero queries).
+Such a group's "k" is its number of present members: with one of them missing it is
+rebuilt from the parity output minus the other present members' predictions (with a
+single present member, the parity output alone).
+
+Rows are matched by query id, not position: workers send only the queries they ran
+(expired ones are skipped), so member i's copy is placed by its qids in the member batch,
+and parity row r has qid r. A row of the missing batch is rebuilt only when the parity row
+and every other present member's row are known.
+
+Deadlines (an approximation): the missing batch's own budgets never reach the decoder, so
+row r is skipped (``skipped_expired``) when the parity row's deadline has passed. The
+encoder gives parity row r the latest deadline of the members' row r, so a skipped row
+was surely expired; a row that expired a little earlier than the latest may still be
+rebuilt, and its frontend ignores it.
+
+Incarnations: per deployed model the decoder remembers the newest dispatcher epoch
+(``ids.epoch_of(group)``); outputs of an older epoch, or of one no ``IdSpace`` makes, are
+dropped (``stale``) and a newer epoch drops the groups of older ones. At most ``max_open_groups`` groups are tracked.
 
 The decoder is never on the critical path of an available prediction: workers answer
 the frontend directly. The structure keeps "missing" as a set so that r > 1 (§7) only
@@ -16,15 +37,19 @@ changes when a group is decodable.
 from __future__ import annotations
 
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
-from common import codec, transport
+from common import codec, ids, transport
 from common.config import DecoderConfig
 from common.protocol import Predictions, Role, Source
 from services.base import Service
+
+#: deployed models whose newest epoch the decoder remembers (names come from the wire)
+MAX_MODELS = 1024
 
 
 @dataclass
@@ -33,7 +58,14 @@ class Group:
     born: float
     outputs: dict[int, Predictions] = field(default_factory=dict)  # index -> prediction copy
     parity: Predictions | None = None
+    parity_deadlines: list[float] | None = None  # per parity output row (monotonic)
     decoded: bool = False
+
+    def present(self) -> list[int]:
+        """Members the parity batch covers (all k until the parity output is here)."""
+        if self.parity is None:
+            return list(range(self.k))
+        return [i for i, b in enumerate(self.parity.members.batches) if b is not None]
 
 
 class Decoder(Service):
@@ -43,75 +75,137 @@ class Decoder(Service):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.endpoint), self._on_outputs)
-        self.frontends: dict[str, zmq.Socket] = {}
-        self.groups: dict[tuple[str, int], Group] = {}
-        self.reconstructed = 0
+        self.peers = transport.Peers(self.ctx, on_new=self.add_socket)  # frontend endpoint -> PUSH
+        self.groups: OrderedDict[tuple[str, int], Group] = OrderedDict()  # oldest first
+        self.epochs: dict[str, int] = {}  # deployed model -> newest dispatcher epoch seen
+        self.counts: Counter[str] = Counter()
         self.every(min(0.05, (cfg.timeout_ms or 50.0) / 1000.0), self._chores)
+        self.serve_status(cfg.status_endpoint)
         self.m_decode = self.metrics.histogram("decode_seconds", "time to reconstruct one batch")
         self.m_reconstructions = self.metrics.counter("reconstructions_total", "batches reconstructed")
+
+    @property
+    def reconstructed(self) -> int:
+        return self.counts["reconstructed"]
 
     def _on_outputs(self, sock: zmq.Socket) -> None:
         for _, msg in self.messages(sock):
             if isinstance(msg, Predictions) and msg.group is not None:
                 self.add(msg)
+            else:
+                self.counts["refused"] += 1
+
+    def _refuse(self, why: str, msg: Predictions) -> None:
+        self.counts["refused"] += 1
+        self.log.warning("output refused", why=why, model=msg.model, batch_id=msg.batch_id)
 
     def add(self, msg: Predictions) -> None:
-        tag = msg.group
-        if msg.role == Role.PARITY:
-            if not msg.members:
-                return
-            key = (msg.members.model, tag.group)
-        else:
-            key = (msg.model, tag.group)
+        tag, now = msg.group, time.monotonic()
+        parity = msg.role == Role.PARITY
+        if parity and (msg.members is None or tag.index != tag.k):
+            return self._refuse("parity output without members or parity index", msg)
+        if not parity and tag.index >= tag.k:
+            return self._refuse("prediction copy with a parity index", msg)
+        if msg.outputs is not None and msg.outputs.ndim != 2:
+            return self._refuse("outputs are not (queries, classes)", msg)
+        model = msg.members.model if parity else msg.model
+        if not self._current_epoch(model, ids.epoch_of(tag.group)):
+            self.counts["stale"] += 1
+            return
+        key = (model, tag.group)
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(tag.k, time.monotonic())
-        if msg.role == Role.PARITY:
-            group.parity = msg if msg.outputs is not None else None
+            while len(self.groups) >= self.cfg.max_open_groups:
+                self._forget(next(iter(self.groups)), "dropped_full")
+            group = self.groups[key] = Group(tag.k, now)
+        elif group.k != tag.k:
+            return self._refuse(f"k {tag.k} differs from its group's {group.k}", msg)
+        if parity:
+            if msg.outputs is not None and group.parity is None:
+                group.parity = msg
+                if msg.budgets_ms is not None:
+                    group.parity_deadlines = [now + b / 1000.0 for b in msg.budgets_ms]
         elif msg.outputs is not None:  # a failed batch counts as unavailable
             group.outputs[tag.index] = msg
-        if len(group.outputs) == group.k:
+        if all(i in group.outputs for i in group.present()):
             del self.groups[key]  # every prediction arrived: nothing to rebuild
             return
         if self.cfg.timeout_ms is None:
             self._try_decode(key, group)
 
+    def _current_epoch(self, model: str, epoch: int) -> bool:
+        """False for an older dispatcher incarnation; a newer one drops older groups."""
+        newest = self.epochs.get(model)
+        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
+            return False  # (an epoch no IdSpace makes would shadow every real one)
+        if newest is None or epoch > newest:
+            if newest is None and len(self.epochs) >= MAX_MODELS:
+                del self.epochs[next(iter(self.epochs))]
+            self.epochs[model] = epoch
+            for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
+                self._forget(key, "stale")
+        return True
+
+    def _forget(self, key: tuple[str, int], why: str) -> None:
+        del self.groups[key]
+        self.counts[why] += 1
+
+    # ------------------------------------------------------------------ reconstruction
+
     def _try_decode(self, key: tuple[str, int], group: Group) -> None:
         if group.decoded or group.parity is None:
             return
-        missing = [i for i in range(group.k) if i not in group.outputs]
+        present = group.present()
+        missing = [i for i in present if i not in group.outputs]
         if len(missing) != 1:  # r = 1: exactly one unavailable prediction can be rebuilt
             return
-        j = missing[0]
-        members = group.parity.members
-        qids, reply_to = members.batches[j].qids, members.batches[j].reply_to
-        start = time.perf_counter()
-        rows = group.parity.outputs.shape[0]
-        available = np.zeros((group.k - 1, rows, group.parity.outputs.shape[1]), np.float32)
-        for slot, i in enumerate(sorted(group.outputs)):
-            out = group.outputs[i].outputs
-            available[slot, : len(out)] = out  # padded queries of shorter batches predict nothing
-        rebuilt = codec.decode(members.encoder, group.parity.outputs, available)[: len(qids)]
-        self.m_decode.observe(time.perf_counter() - start)
         group.decoded = True
-        self.reconstructed += 1
+        j, parity, members = missing[0], group.parity, group.parity.members
+        start = time.perf_counter()
+        rows = max(len(members.batches[i].qids) for i in present)
+        width = parity.outputs.shape[1]
+        known = np.zeros(rows, bool)
+        parity_out = np.zeros((rows, width), np.float32)
+        deadline = np.full(rows, np.inf)
+        for pos, q in enumerate(parity.qids):  # parity query r is row r
+            if q < rows:
+                parity_out[q], known[q] = parity.outputs[pos], True
+                if group.parity_deadlines is not None:
+                    deadline[q] = group.parity_deadlines[pos]
+        others = [i for i in present if i != j]
+        available = np.zeros((len(others), rows, width), np.float32)
+        for slot, i in enumerate(others):
+            copy, member = group.outputs[i], members.batches[i]
+            if copy.outputs.shape[1] != width:
+                return self._refuse("prediction width differs from the parity output's", copy)
+            row_of = {q: r for r, q in enumerate(member.qids)}
+            have = np.zeros(rows, bool)
+            have[len(member.qids):] = True  # padding rows: zero queries predict nothing
+            for pos, q in enumerate(copy.qids):
+                r = row_of.get(q)
+                if r is not None:
+                    available[slot, r], have[r] = copy.outputs[pos], True
+            known &= have
+        target = members.batches[j]
+        now = time.monotonic()
+        live = [r for r in range(len(target.qids)) if known[r] and deadline[r] > now]
+        self.counts["skipped_expired"] += int(np.count_nonzero(known[: len(target.qids)] & (deadline[: len(target.qids)] <= now)))
+        self.counts["unknown_rows"] += len(target.qids) - int(np.count_nonzero(known[: len(target.qids)]))
+        if not live:
+            return
+        rebuilt = codec.decode(members.encoder, parity_out, available)
+        self.m_decode.observe(time.perf_counter() - start)
+        self.counts["reconstructed"] += 1
+        self.counts["reconstructed_partial"] += len(present) < group.k
         self.m_reconstructions.inc()
-        by_dest: dict[str, list[int]] = {}
-        for row, dest in enumerate(reply_to):
-            by_dest.setdefault(dest, []).append(row)
-        for dest, rows_of in by_dest.items():
-            transport.send(
-                self._frontend(dest),
-                Predictions(batch_id=0, model=key[0], qids=[qids[r] for r in rows_of],
-                            outputs=np.ascontiguousarray(rebuilt[rows_of]), worker=self.name,
-                            source=Source.RECONSTRUCTION, group=group.parity.group),
-            )
-
-    def _frontend(self, endpoint: str) -> zmq.Socket:
-        sock = self.frontends.get(endpoint)
-        if sock is None:
-            sock = self.frontends[endpoint] = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=endpoint))
-        return sock
+        for dest, picked in transport.split_rows([target.reply_to[r] for r in live]).items():
+            rows_of = [live[p] for p in picked]
+            msg = Predictions(batch_id=0, model=key[0], qids=[target.qids[r] for r in rows_of],
+                              outputs=np.ascontiguousarray(rebuilt[rows_of]), worker=self.name,
+                              source=Source.RECONSTRUCTION, group=parity.group)
+            sock = self.peers.get(dest)
+            if sock is None or not transport.try_send(sock, msg):
+                self.counts["undeliverable"] += len(rows_of)
 
     def _chores(self, now: float) -> None:
         timeout = None if self.cfg.timeout_ms is None else self.cfg.timeout_ms / 1000.0
@@ -121,3 +215,7 @@ class Decoder(Service):
                 self._try_decode(key, group)
             if age > self.cfg.group_ttl_s:
                 del self.groups[key]
+
+    def status(self) -> dict:
+        return {**super().status(), "groups_open": len(self.groups), "reconstructed": self.counts["reconstructed"],
+                "skipped_expired": self.counts["skipped_expired"], "stale": self.counts["stale"], **self.counts}

@@ -5,19 +5,51 @@ tagged (group, index, k). When all k batches of a group are here, the i-th queri
 the k batches are encoded into the i-th parity query (batches shorter than the longest
 are padded with zero queries), and the parity batch goes to the dispatcher's parity
 queue, where parity workers pull it like any batch. The parity batch carries each
-member batch's query ids and reply addresses so the decoder can answer for a missing one.
+member batch's query ids and reply addresses so the decoder can answer for a missing one;
+its queries are numbered by row (qid r is row r).
+
+Partial groups (§4.1: encoding must not wait for a group that may never fill, e.g. at low
+load): ``partial_group_ms`` after a group's first batch arrived, it is encoded with the
+batches it has. Absent members count as zero queries (the sum covers only the present
+ones) and are None in ``ParityMembers.batches``; a member arriving after its group was
+encoded is dropped (counted ``late``). For the concatenation encoder (§5.2.3) the zero
+tiles of absent members are an input the parity model was not trained on: partial
+reconstructions are approximate there.
+
+Deadlines: each member's ``budgets_ms`` become deadlines on this clock at arrival; parity
+row r carries the latest deadline of the members' row r, so a parity worker skips a row
+only when every query it protects has expired.
+
+Bounds, since everything here comes from the wire (hardening): at most
+``max_open_groups`` groups are open (the oldest is dropped and counted when one more
+opens); a batch is refused if its model has no parity model, its k differs from its
+group's, it repeats an index, its rows differ in shape or dtype from the group's, or it
+is empty. Incarnations: per deployed model the encoder remembers the newest dispatcher
+epoch (``ids.epoch_of(group)``); batches of an older epoch, or of one no ``IdSpace`` makes
+(beyond ``ids.EPOCH_BITS``, which would shadow every real one), are dropped (``stale``),
+and a newer epoch drops the open groups of older ones.
 """
 from __future__ import annotations
 
 import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
-from common import codec, protocol, transport
+from common import codec, ids, protocol, transport
 from common.config import EncoderConfig
 from common.protocol import Batch, Role
 from services.base import Service
+
+
+@dataclass
+class OpenGroup:
+    k: int
+    encode_at: float  # monotonic: encode with what is here by then
+    members: list[Batch | None]
+    deadlines: list[list[float] | None]  # per member: per-row monotonic deadlines (None: no budgets)
 
 
 class Encoder(Service):
@@ -28,48 +60,143 @@ class Encoder(Service):
         self.cfg = cfg
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.batch_endpoint), self._on_batches)
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
-        self.groups: dict[tuple[str, int], tuple[float, list[Batch | None]]] = {}
-        self.encoded = self.dropped = 0
-        self.every(1.0, self._forget)
+        self.groups: OrderedDict[tuple[str, int], OpenGroup] = OrderedDict()  # oldest first
+        self.closed: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently encoded or dropped
+        self.epochs: dict[str, int] = {}  # deployed model -> newest dispatcher epoch seen
+        self.counts: Counter[str] = Counter()
+        self.partial_timer = self.timer(self._encode_due)
+        self.serve_status(cfg.status_endpoint)
         self.m_encode = self.metrics.histogram("encode_seconds", "time to encode one parity batch")
+
+    # ------------------------------------------------------------------ coding groups
 
     def _on_batches(self, sock: zmq.Socket) -> None:
         for _, batch in self.messages(sock):
-            if not isinstance(batch, Batch) or batch.group is None:
-                continue
-            tag = batch.group
-            key = (batch.model, tag.group)
-            _, members = self.groups.setdefault(key, (time.monotonic(), [None] * tag.k))
-            members[tag.index] = batch
-            if all(m is not None for m in members):
-                del self.groups[key]
-                self.encode_group(batch.model, tag.group, members)
+            if isinstance(batch, Batch):
+                self.add(batch)
+            else:
+                self.counts["refused"] += 1
 
-    def encode_group(self, model: str, group: int, members: list[Batch]) -> None:
-        parity_model = self.cfg.parity_models.get(model)
-        if parity_model is None:
-            self.log.error("no parity model configured", model=model)
+    def _refuse(self, why: str, batch: Batch) -> None:
+        self.counts["refused"] += 1
+        self.log.warning("batch refused", why=why, model=batch.model, batch_id=batch.batch_id)
+
+    def add(self, batch: Batch) -> None:
+        tag, now = batch.group, time.monotonic()
+        if tag is None or batch.role != Role.DEPLOYED or tag.index >= tag.k:
+            return self._refuse("not a query batch of a coding group", batch)
+        if batch.model not in self.cfg.parity_models:
+            return self._refuse("model has no parity model", batch)
+        if not batch.qids:
+            return self._refuse("empty batch", batch)
+        if not self._current_epoch(batch.model, ids.epoch_of(tag.group)):
+            self.counts["stale"] += 1
             return
-        start = time.perf_counter()
-        rows = max(len(b.qids) for b in members)
-        first = members[0].inputs
-        stacked = np.zeros((len(members), rows, *first.shape[1:]), first.dtype)
-        for i, b in enumerate(members):
-            stacked[i, : len(b.qids)] = b.inputs  # shorter batches are padded with zero queries
-        parity = codec.encode(self.cfg.encoder, stacked)
-        self.m_encode.observe(time.perf_counter() - start)
-        k = len(members)
-        transport.send(
-            self.push,
-            Batch(batch_id=0, model=parity_model, qids=list(range(rows)), reply_to=[""] * rows, inputs=parity,
-                  role=Role.PARITY, group=protocol.CodingTag(group, k, k),
-                  members=protocol.ParityMembers(model, self.cfg.encoder,
-                                                 [protocol.MemberBatch(b.qids, b.reply_to) for b in members])),
-        )
-        self.encoded += 1
+        key = (batch.model, tag.group)
+        if key in self.closed:
+            self.counts["late"] += 1
+            return
+        group = self.groups.get(key)
+        if group is None:
+            while len(self.groups) >= self.cfg.max_open_groups:
+                self._forget(next(iter(self.groups)), "dropped_full")
+            group = self.groups[key] = OpenGroup(tag.k, now + self.cfg.partial_group_ms / 1000.0, [None] * tag.k, [None] * tag.k)
+            self.partial_timer.at_latest(group.encode_at)
+        else:
+            first = next(m for m in group.members if m is not None)
+            if tag.k != group.k:
+                return self._refuse(f"k {tag.k} differs from its group's {group.k}", batch)
+            if group.members[tag.index] is not None:
+                return self._refuse("index already in its group", batch)
+            if batch.inputs.shape[1:] != first.inputs.shape[1:] or batch.inputs.dtype != first.inputs.dtype:
+                return self._refuse("rows differ in shape or dtype from the group's", batch)
+        group.members[tag.index] = batch
+        if batch.budgets_ms is not None:
+            group.deadlines[tag.index] = [now + b / 1000.0 for b in batch.budgets_ms]
+        if all(m is not None for m in group.members):
+            del self.groups[key]
+            self._close(key)
+            self.encode_group(batch.model, tag.group, group)
 
-    def _forget(self, now: float) -> None:
-        for key, (born, _) in list(self.groups.items()):
-            if now - born > 10.0:  # (partial groups: see partial_group_ms)
-                del self.groups[key]
-                self.dropped += 1
+    def _current_epoch(self, model: str, epoch: int) -> bool:
+        """False for an older dispatcher incarnation; a newer one drops older open groups."""
+        newest = self.epochs.get(model)
+        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
+            return False  # (an epoch no IdSpace makes would shadow every real one)
+        if newest is None or epoch > newest:
+            self.epochs[model] = epoch
+            for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
+                self._forget(key, "stale")
+        return True
+
+    def _forget(self, key: tuple[str, int], why: str) -> None:
+        del self.groups[key]
+        self._close(key)
+        self.counts[why] += 1
+
+    def _close(self, key: tuple[str, int]) -> None:
+        self.closed[key] = None
+        while len(self.closed) > 4 * self.cfg.max_open_groups:
+            self.closed.popitem(last=False)
+
+    def _encode_due(self, now: float) -> None:
+        """Partial groups (§4.1): encode each group whose time is up with the batches it has."""
+        while self.groups:
+            key, group = next(iter(self.groups.items()))
+            if group.encode_at > now:
+                self.partial_timer.at_latest(group.encode_at)
+                return
+            del self.groups[key]
+            self._close(key)
+            self.counts["partial"] += 1
+            self.encode_group(key[0], key[1], group)
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode_group(self, model: str, group_id: int, group: OpenGroup) -> None:
+        start = time.perf_counter()
+        present = [b for b in group.members if b is not None]
+        rows = max(len(b.qids) for b in present)
+        first = present[0].inputs
+        stacked = np.zeros((group.k, rows, *first.shape[1:]), first.dtype)  # absent members: zero queries
+        for i, b in enumerate(group.members):
+            if b is not None:
+                stacked[i, : len(b.qids)] = b.inputs  # shorter batches are padded with zero queries
+        try:
+            parity = codec.encode(self.cfg.encoder, stacked)
+        except ValueError as exc:  # e.g. concat on inputs that are not images
+            self.counts["errors"] += 1
+            self.log.error("cannot encode coding group", model=model, group=group_id, error=str(exc))
+            return
+        self.m_encode.observe(time.perf_counter() - start)
+        batch = Batch(
+            batch_id=0, model=self.cfg.parity_models[model], qids=list(range(rows)), reply_to=[""] * rows,
+            inputs=parity, role=Role.PARITY, group=protocol.CodingTag(group_id, group.k, group.k),
+            budgets_ms=self._parity_budgets(group, rows),
+            members=protocol.ParityMembers(model, self.cfg.encoder,
+                                           [None if b is None else protocol.MemberBatch(b.qids, b.reply_to)
+                                            for b in group.members]),
+        )
+        if transport.try_send(self.push, batch):
+            self.counts["encoded"] += 1
+        else:
+            self.counts["unsent"] += 1
+
+    @staticmethod
+    def _parity_budgets(group: OpenGroup, rows: int) -> list[float] | None:
+        """Per parity row: what is left of the latest deadline among the members' row; None
+        when a present member has no budgets (its queries have no deadline)."""
+        latest = [-np.inf] * rows
+        for b, deadlines in zip(group.members, group.deadlines):
+            if b is None:
+                continue
+            if deadlines is None:
+                return None
+            for r, d in enumerate(deadlines):
+                latest[r] = max(latest[r], d)
+        now = time.monotonic()
+        return [(d - now) * 1000.0 for d in latest]
+
+    def status(self) -> dict:
+        return {**super().status(), "groups_open": len(self.groups), "encoded": self.counts["encoded"],
+                "partial": self.counts["partial"], "dropped_stale": self.counts["stale"], **self.counts}

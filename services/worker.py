@@ -1,11 +1,28 @@
 """Model worker: a Clipper model container behind ``predict_batch``.
 
-A worker connects a DEALER to the dispatcher's ROUTER, registers its slots (credits), and
-receives a batch only when it has a free slot. Predictions go straight to each query's
-frontend (PUSH), never through the dispatcher; a ``Done`` back to the dispatcher frees the
-slot and carries the batch's service time for AIMD. For coded models it also pushes a
-copy of each prediction batch to the decoder (ParM). A model exception answers that batch
-with an error and the worker keeps serving.
+A worker connects a DEALER to the dispatcher's ROUTER, registers its slots (credits) and
+what schedulers need to know of it (instance type, price, torch threads), and receives a
+batch only when it has a free slot. Predictions go straight to each query's frontend (one
+PUSH per frontend, ``transport.Peers``), never through the dispatcher; a ``Done`` back to
+the dispatcher frees the slot and carries the batch's service time for AIMD. For coded
+models it also pushes a copy of each prediction batch to the decoder (ParM §4.1).
+
+Every batch the worker takes is answered with a ``Done``, whatever happens to it: a model
+exception, an input the model cannot take, or predictions that cannot be delivered (a
+``reply_to`` that is empty, malformed or unconnectable, a frontend whose queue is full)
+give ``Done(ok=False, error=...)``; the queries that can be delivered still are. Otherwise
+one hostile batch would hold its slot for ever.
+
+Deadlines: ``Batch.budgets_ms`` become deadlines on this worker's monotonic clock when the
+batch arrives; queries whose deadline has passed are not run (their frontend has answered
+them with the default) and ``Done.batch_size`` counts the queries actually run, so AIMD
+sees a service time that matches its batch size. Prediction copies to the decoder carry
+what is left of each query's budget.
+
+``Configure(slots, threads)`` from the dispatcher (SERF) sets torch's threads (store
+models; builtin models just record it) and the slots, and the worker registers again so
+the dispatcher's view agrees. On SIGTERM the worker sends ``Leave`` so the dispatcher
+drops it at once instead of after its heartbeats stop.
 
 Liveness (zguide ppworker): the worker heartbeats every ``heartbeat_interval_s``; when the
 dispatcher has been silent for ``heartbeat_liveness`` intervals, the worker closes its
@@ -21,9 +38,12 @@ import zmq
 
 from common import protocol, transport
 from common.config import WorkerConfig
-from common.protocol import Batch, Done, Heartbeat, Predictions, Register, Source
+from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
 from services.base import Service
 from common.containers import build_predictor
+
+#: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
+LEAVE_LINGER_MS = 500
 
 
 class Worker(Service):
@@ -34,7 +54,8 @@ class Worker(Service):
         self.cfg = cfg
         self.predictor = build_predictor(cfg)
         self.version = getattr(self.predictor, "version", cfg.version or "1")
-        self.outputs: dict[str, zmq.Socket] = {}  # reply_to endpoint -> PUSH
+        self.slots, self.threads = cfg.slots, cfg.torch_threads
+        self.peers = transport.Peers(self.ctx, on_new=self.add_socket)  # reply_to endpoint -> PUSH
         self.decoder = (
             self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.decoder_endpoint))
             if cfg.decoder_endpoint
@@ -44,8 +65,10 @@ class Worker(Service):
         self.liveness = cfg.heartbeat_liveness
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
+        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0}
         self._connect()
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
+        self.serve_status(cfg.status_endpoint)
         self.m_batches = self.metrics.counter("worker_batches_total", "batches run", ["outcome"])
         self.m_service = self.metrics.histogram("worker_service_seconds", "time in predict_batch per batch")
         self.m_batch_size = self.metrics.histogram("worker_batch_size", "queries per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -54,10 +77,7 @@ class Worker(Service):
 
     def _connect(self) -> None:
         if self.dealer is not None:
-            self.poller.unregister(self.dealer)
-            self.sockets.remove(self.dealer)
-            self.handlers.pop(self.dealer, None)
-            self.dealer.close(0)
+            self._close_dealer(0)
         self.dealer = self.add_socket(
             transport.make_socket(self.ctx, zmq.DEALER, connect=self.cfg.dispatcher_endpoint, identity=self.name),
             self._on_dispatcher,
@@ -65,10 +85,18 @@ class Worker(Service):
         self._register()
         self.liveness = self.cfg.heartbeat_liveness
 
+    def _close_dealer(self, linger_ms: int) -> None:
+        self.poller.unregister(self.dealer)
+        self.sockets.remove(self.dealer)
+        self.handlers.pop(self.dealer, None)
+        self.dealer.close(linger_ms)
+        self.dealer = None
+
     def _register(self) -> None:
         transport.send(
             self.dealer,
-            Register(worker=self.name, model=self.cfg.model, role=self.cfg.role, slots=self.cfg.slots, max_batch=self.cfg.max_batch),
+            Register(worker=self.name, model=self.cfg.model, role=self.cfg.role, slots=self.slots,
+                     max_batch=self.cfg.max_batch, instance=self.cfg.instance, price=self.cfg.price, threads=self.threads),
         )
 
     def _heartbeat(self, now: float) -> None:
@@ -83,7 +111,14 @@ class Worker(Service):
             return
         transport.send(self.dealer, Heartbeat(sender=self.name))
 
-    # ------------------------------------------------------------------ work
+    def drain(self) -> None:
+        """Leaving (SIGTERM): tell the dispatcher now, and give the message time to go."""
+        if self.dealer is None:
+            return
+        transport.try_send(self.dealer, Leave(worker=self.name))
+        self._close_dealer(LEAVE_LINGER_MS)  # the context's term() waits for it, bounded
+
+    # ------------------------------------------------------------------ control
 
     def _on_dispatcher(self, sock: zmq.Socket) -> None:
         for _, msg in self.messages(sock):
@@ -91,54 +126,113 @@ class Worker(Service):
             self.backoff = self.cfg.heartbeat_interval_s
             if isinstance(msg, Batch):
                 self.run_batch(msg)
+            elif isinstance(msg, Configure):
+                self.configure(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
                 self._register()  # the dispatcher lost us (it restarted, or dropped us)
 
+    def configure(self, msg: Configure) -> None:
+        """SERF: new concurrency (slots) and torch threads; re-announce so the dispatcher agrees."""
+        if msg.threads is not None and msg.threads != self.threads:
+            if self.cfg.builtin is None:  # builtin models use no torch: the figure is only recorded
+                import torch
+
+                torch.set_num_threads(msg.threads)
+            self.threads = msg.threads
+        if msg.slots is not None:
+            self.slots = msg.slots
+        self.counts["configured"] += 1
+        self.log.info("configured", slots=self.slots, threads=self.threads)
+        self._register()
+
+    # ------------------------------------------------------------------ work
+
     def run_batch(self, batch: Batch) -> None:
+        """Run the live queries of ``batch``, deliver their predictions, always answer Done."""
+        received = time.monotonic()
+        live = self._live_rows(batch, received)
         start = time.perf_counter()
-        error = None
-        try:
-            outputs = np.ascontiguousarray(self.predictor.predict_batch(batch.inputs), np.float32)
-            if outputs.shape[0] != len(batch.qids):
-                raise RuntimeError(f"model returned {outputs.shape[0]} outputs for {len(batch.qids)} queries")
-        except Exception as exc:  # the model's failure must not take the worker down
-            outputs = None
-            error = f"{type(exc).__name__}: {exc}"
-            self.log.error("model raised", batch_id=batch.batch_id, error=error, trace=traceback.format_exc(limit=3))
+        outputs, error = None, None
+        if live:
+            try:
+                outputs = self._predict(batch.inputs if len(live) == len(batch.qids) else batch.inputs[live], len(live))
+            except Exception as exc:  # the model's failure must not take the worker down
+                error = f"{type(exc).__name__}: {exc}"
+                self.log.error("model raised", batch_id=batch.batch_id, error=error, trace=traceback.format_exc(limit=3))
         service_ms = (time.perf_counter() - start) * 1000.0
+        refused = 0
+        if live:
+            refused = self._deliver(batch, live, outputs, service_ms, error, received)
+        if refused:
+            self.counts["undeliverable"] += refused
+            self.log.warning("predictions undeliverable", batch_id=batch.batch_id, queries=refused)
+            error = error or f"{refused} of {len(live)} predictions undeliverable (reply_to refused or its queue full)"
+        self.counts["batches"] += 1
+        self.counts["errors"] += error is not None
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
         self.m_service.observe(service_ms / 1000.0)
-        self.m_batch_size.observe(len(batch.qids))
-        self._deliver(batch, outputs, service_ms, error)
+        self.m_batch_size.observe(len(live))
         transport.send(
             self.dealer,
-            Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(batch.qids), service_ms=service_ms, ok=error is None),
+            Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=service_ms,
+                 ok=error is None, error=error),
         )
 
-    def _deliver(self, batch: Batch, outputs: np.ndarray | None, service_ms: float, error: str | None) -> None:
+    def _live_rows(self, batch: Batch, now: float) -> list[int]:
+        """Rows whose deadline (budget at receipt, on this clock) has not passed."""
+        if batch.budgets_ms is None:
+            return list(range(len(batch.qids)))
+        deadlines = [now + budget / 1000.0 for budget in batch.budgets_ms]
+        start = time.monotonic()
+        live = [row for row, deadline in enumerate(deadlines) if deadline > start]
+        self.counts["expired"] += len(batch.qids) - len(live)
+        return live
+
+    def _predict(self, inputs: np.ndarray, rows: int) -> np.ndarray:
+        want = tuple(getattr(self.predictor, "input_shape", inputs.shape[1:]))
+        if tuple(inputs.shape[1:]) != want:
+            raise ValueError(f"input shape {list(inputs.shape[1:])} is not the model's {list(want)}")
+        if inputs.dtype.kind not in "fiub":
+            raise ValueError(f"input dtype {inputs.dtype} is not numeric")
+        outputs = np.ascontiguousarray(self.predictor.predict_batch(inputs), np.float32)
+        if outputs.ndim != 2 or outputs.shape[0] != rows:
+            raise RuntimeError(f"model returned outputs of shape {list(outputs.shape)} for {rows} queries")
+        return outputs
+
+    def _deliver(self, batch: Batch, live: list[int], outputs: np.ndarray | None, service_ms: float,
+                 error: str | None, received: float) -> int:
+        """Send the live rows' predictions; the number of queries that could not be sent."""
+        every = len(live) == len(batch.qids)
+        qids = batch.qids if every else [batch.qids[r] for r in live]
+        budgets = None
+        if batch.budgets_ms is not None:  # what is left of each budget, for the decoder
+            spent = (time.monotonic() - received) * 1000.0
+            budgets = [batch.budgets_ms[r] - spent for r in live]
         common = dict(
             batch_id=batch.batch_id, model=batch.model, worker=self.name, role=batch.role,
             source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error,
         )
         if batch.role == protocol.Role.PARITY:
-            # A parity output answers no client: it goes to the decoder only.
+            # A parity output answers no client: it goes to the decoder only (rows by qid:
+            # the encoder numbers parity queries by their row).
             if self.decoder is not None:
-                transport.send(self.decoder, Predictions(qids=batch.qids, outputs=outputs, members=batch.members, **common))
-            return
-        # Split by destination frontend; one message per frontend per batch.
-        by_dest: dict[str, list[int]] = {}
-        for row, dest in enumerate(batch.reply_to):
-            by_dest.setdefault(dest, []).append(row)
-        for dest, rows in by_dest.items():
-            all_rows = len(rows) == len(batch.qids)
-            qids = batch.qids if all_rows else [batch.qids[r] for r in rows]
-            out = outputs if outputs is None or all_rows else outputs[rows]
-            transport.send(self._output(dest), Predictions(qids=qids, outputs=out, **common))
+                transport.try_send(self.decoder, Predictions(qids=qids, outputs=outputs, members=batch.members,
+                                                             budgets_ms=budgets, **common))
+            return 0
+        reply_to = batch.reply_to if every else [batch.reply_to[r] for r in live]
+        refused = 0
+        for dest, rows in transport.split_rows(reply_to).items():
+            sock = self.peers.get(dest)
+            part = len(rows) == len(qids)
+            msg = Predictions(qids=qids if part else [qids[r] for r in rows],
+                              outputs=outputs if outputs is None or part else outputs[rows], **common)
+            if sock is None or not transport.try_send(sock, msg):
+                refused += len(rows)
         if self.decoder is not None and batch.group is not None:
-            transport.send(self.decoder, Predictions(qids=batch.qids, outputs=outputs, reply_to=batch.reply_to, **common))
+            transport.try_send(self.decoder, Predictions(qids=qids, outputs=outputs, reply_to=reply_to,
+                                                         budgets_ms=budgets, **common))
+        return refused
 
-    def _output(self, endpoint: str) -> zmq.Socket:
-        sock = self.outputs.get(endpoint)
-        if sock is None:
-            sock = self.outputs[endpoint] = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=endpoint))
-        return sock
+    def status(self) -> dict:
+        return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "slots": self.slots,
+                "threads": self.threads, **self.counts, "peers": len(self.peers.sockets)}
