@@ -357,8 +357,10 @@ def test_coding_groups_tag_consecutive_batches_and_copy_to_the_encoder(harness, 
     got: list[Batch] = []
     h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 5, what="five batches")
     assert [b.qids for b in got] == [[q] for q in sent]
-    assert [b.group for b in got] == [CodingTag(0, 0, 2), CodingTag(0, 1, 2), CodingTag(1, 0, 2), CodingTag(1, 1, 2),
-                                      CodingTag(2, 0, 2)]
+    g = got[0].group.group  # group ids come from the dispatcher's IdSpace: this incarnation's, consecutive
+    assert h.d.group_ids.owns(g)
+    assert [b.group for b in got] == [CodingTag(g, 0, 2), CodingTag(g, 1, 2), CodingTag(g + 1, 0, 2), CodingTag(g + 1, 1, 2),
+                                      CodingTag(g + 2, 0, 2)]
     copies: list[Batch] = []
     h.pump(lambda: copies.extend(h.batches(encoder)) or len(copies) >= 5, what="five copies at the encoder")
     assert [(c.batch_id, c.qids, c.group) for c in copies] == [(b.batch_id, b.qids, b.group) for b in got]
