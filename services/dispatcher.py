@@ -157,10 +157,14 @@ class Dispatcher(Service):
         queue = self.queues.get(msg.model)
         if queue is None:
             return "the dispatcher does not serve this model"
-        if (msg.role == Role.PARITY) != queue.parity:
+        if msg.role not in (Role.DEPLOYED, Role.PARITY) or (msg.role == Role.PARITY) != queue.parity:
             return "role does not match the model: a parity model's workers have role parity, and only they"
-        if not (1 <= msg.slots <= MAX_SLOTS and 1 <= msg.max_batch <= MAX_BATCH and 1 <= msg.threads <= MAX_THREADS):
-            return "slots, max_batch and threads must be >= 1"
+        # The wire checks these too, but lets null through for fields that have a default.
+        for value, hi in ((msg.slots, MAX_SLOTS), (msg.max_batch, MAX_BATCH), (msg.threads, MAX_THREADS)):
+            if type(value) is not int or not 1 <= value <= hi:
+                return "slots, max_batch and threads must be integers >= 1"
+        if not isinstance(msg.instance, str) or not isinstance(msg.price, (int, float)):
+            return "instance must be a string and price a number"
         return None
 
     def _on_register(self, identity: bytes, msg: Register) -> None:
