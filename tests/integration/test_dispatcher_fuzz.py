@@ -82,7 +82,7 @@ class Rig:
         return None
 
     def wait_status(self, predicate, timeout_s: float = 20.0) -> dict:
-        deadline = time.monotonic() + timeout_s
+        deadline, info = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"the dispatcher exited with {self.proc.returncode}"
             info = self.status(0.5)
