@@ -158,17 +158,22 @@ class DispatcherConfig:
     #: the encoder's PULL, for copies of dispatched batches of coded models; None = off
     encoder_endpoint: str | None = None
     models: dict[str, BatchPolicy] = field(default_factory=dict)
-    #: distribution policy plug-in (services.policies): "single_queue"
+    #: distribution policy plug-in (services.scheduling.distribution): "single_queue"
+    #: (Clipper/ParM single queue) or "round_robin"
     policy: str = "single_queue"
     heartbeat_interval_s: float = 0.25
     #: heartbeats a worker may miss before it is dropped and its batch re-queued
     #: (2 s by default: a loaded 2-core host can stall a healthy process for a second)
     heartbeat_liveness: int = 8
+    #: query ids a frontend said were answered by a reconstruction, remembered (oldest
+    #: forgotten first) so a dead worker's batch is not run again for them (ParM)
+    answered_limit: int = 100_000
     metrics_port: int | None = None
 
     def validate(self) -> None:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
+        _check(self.answered_limit >= 0, "answered_limit", "must be >= 0")
         for name, policy in self.models.items():
             policy.validate(name)
 

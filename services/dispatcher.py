@@ -1,52 +1,49 @@
-"""Dispatcher: one queue per model; workers pull batches by credits (single-queue, ParM §6.1).
+"""Dispatcher: one queue per model; workers pull query batches by credits (ParM §4.1, §6.1).
 
-Frontends PUSH ``Queries``; the dispatcher appends them to the model's queue. Workers
-register over ROUTER/DEALER with a number of slots; a worker receives a batch only when
-it has a free slot, and its ``Done`` frees the slot. Per worker, the batch size adapts by
-AIMD (Clipper §4.3.1): +``aimd_step`` while the batch's service time stays within the
-model's ``batch_budget_ms``, x``aimd_backoff`` when it does not; delayed batching
-(§4.3.2) holds a partial batch up to ``batch_delay_ms`` for more queries. A query whose
-deadline has passed is never dispatched (the frontend has answered it with the default).
+Frontends PUSH ``Queries``; each query's deadline becomes ``time.monotonic() +
+budget_ms/1000`` at receipt, and a batch carries, per query, the ms left when it is sent
+(``Batch.budgets_ms``). A query whose deadline has passed is never dispatched (the
+frontend has answered it with the default). Workers register over ROUTER/DEALER with a
+number of slots and what they are (instance kind, price, threads, max batch); a worker
+receives a batch only when it has a free slot, and its ``Done`` frees the slot and feeds
+its measured service-time profile.
 
-A worker silent for ``heartbeat_liveness`` heartbeat intervals is dropped and the queries
-of its in-flight batches go back to the head of their queue.
+Scheduling is three plug-ins (``services.scheduling``): the distribution policy decides
+which worker gets which chunk of the queue (single queue, round robin; Kairos §5.1 next),
+the batching plug-in how big a worker's batch is (Clipper §4.3.1 AIMD, §4.3.2 delayed
+batching, fixed), and ``CodingGroups`` forms ParM's coding groups (§4.1): for a model with
+``k > 0`` the k batches dispatched consecutively form a group; each batch is tagged and a
+copy goes to the encoder *after* it is sent to its worker, so encoding never delays
+dispatch. Parity batches from the encoder wait in the parity model's queue and are served
+whole to ``parity`` workers. ``configure(worker, slots=, threads=)`` is SERF's lever: it
+sends ``Configure`` to the worker and fills the new number of slots at once.
 
-ParM: for a model with ``k > 0``, the k batches dispatched consecutively form a coding
-group; each is tagged (group, index, k) and a copy goes to the encoder *after* it is sent
-to its worker, so encoding never delays dispatch. Parity batches from the encoder wait in
-the parity model's queue and are served to ``parity`` workers exactly like queries.
+A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
+heartbeat intervals is dropped too. Either way the queries of its in-flight batches go
+back to the head of their queue, except those a frontend has reported ``Answered`` (a
+ParM reconstruction answered them). Batch and coding-group ids come from an ``IdSpace``
+made at start, so a restarted dispatcher's ids never collide with the previous
+incarnation's; a ``Done`` for another incarnation's batch is counted ``stale`` and ignored.
+
+A batch takes only queries of one input shape and dtype (those of its first query); a
+query of another shape waits for the next batch, so one bad row never costs good ones.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections import OrderedDict
 
 import numpy as np
 import zmq
 
 from common import transport
-from common.config import BatchPolicy, DispatcherConfig
-from common.protocol import Batch, CodingTag, Done, Heartbeat, Queries, Register, Role, Status
+from common.config import ConfigError, DispatcherConfig
+from common.ids import IdSpace
+from common.protocol import (
+    MAX_BATCH, MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
+)
 from services.base import Service
-from services.policies import POLICIES, WorkerState
-
-
-@dataclass(slots=True)
-class Query:
-    qid: int
-    deadline: float
-    reply_to: str
-    input: np.ndarray
-    enqueued: float
-
-
-@dataclass
-class ModelQueue:
-    policy: BatchPolicy
-    queries: deque = field(default_factory=deque)  # of Query; parity queues hold Batch
-    next_group: int = 0
-    group_index: int = 0
+from services.scheduling import POLICIES, CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
 
 
 class Dispatcher(Service):
@@ -55,44 +52,85 @@ class Dispatcher(Service):
     def __init__(self, cfg: DispatcherConfig):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
-        self.queues: dict[str, ModelQueue] = {m: ModelQueue(p) for m, p in cfg.models.items()}
-        self.parity_of = {p.parity_model: m for m, p in cfg.models.items() if p.k and p.parity_model}
-        for parity, model in self.parity_of.items():
-            self.queues[parity] = ModelQueue(cfg.models[model])
-        self.workers: dict[bytes, WorkerState] = {}
+        if cfg.policy not in POLICIES:
+            raise ConfigError(f"unknown distribution policy {cfg.policy!r}; known: {sorted(POLICIES)}")
         self.policy = POLICIES[cfg.policy]()
-        self.next_batch = 1
+        self.ids = IdSpace()  # batch ids of this incarnation
+        self.group_ids = IdSpace(self.ids.epoch)  # coding-group ids
+        self.queues: dict[str, ModelQueue] = {
+            m: ModelQueue(m, p, batching_for(p), CodingGroups(p.k, self.group_ids) if p.k else None)
+            for m, p in cfg.models.items()
+        }
+        for m, p in cfg.models.items():
+            if p.k and p.parity_model:
+                self.queues[p.parity_model] = ModelQueue(p.parity_model, p, batching_for(p), parity=True)
+        self.workers: dict[bytes, WorkerState] = {}
+        self.by_model: dict[str, list[WorkerState]] = {m: [] for m in self.queues}  # registration order
+        self.names: dict[str, bytes] = {}
+        self.answered: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.query_endpoint), self._on_queries)
         self.router = self.add_socket(transport.make_socket(self.ctx, zmq.ROUTER, bind=cfg.worker_endpoint), self._on_worker)
         self.encoder = (
             self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.encoder_endpoint)) if cfg.encoder_endpoint else None
         )
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
-        self.wake_at: float | None = None  # delayed batching: when to look again
-        self.expired = 0
-        self.requeued = 0
-        self.m_dispatched = self.metrics.counter("dispatched_queries_total", "queries sent to workers", ["model"])
-        self.m_expired = self.metrics.counter("expired_queries_total", "queries dropped because their deadline passed", ["model"])
+        self.wake = self.timer(lambda now: self.dispatch())  # delayed batching: when to look again
+        self.expired = self.requeued = self.stale = self.late_done = self.answered_skipped = 0
+        self.shape_splits = self.refused_queries = self.refused_registers = self.unexpected = self.encoder_dropped = 0
+        m_dispatched = self.metrics.counter("dispatched_queries_total", "queries sent to workers", ["model"])
+        m_expired = self.metrics.counter("expired_queries_total", "queries dropped because their deadline passed", ["model"])
+        self.m_dispatched = {m: m_dispatched.labels(model=m) for m in self.queues}
+        self.m_expired = {m: m_expired.labels(model=m) for m in self.queues}
         self.m_queue_time = self.metrics.histogram("queue_seconds", "time a query waited in the dispatcher queue")
         self.m_batch = self.metrics.histogram("dispatched_batch_size", "batch sizes", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
-    # ------------------------------------------------------------------ inputs
+    @property
+    def wake_at(self) -> float | None:
+        return self.wake.due
+
+    # ------------------------------------------------------------------ frontends and encoder
 
     def _on_queries(self, sock: zmq.Socket) -> None:
-        now = time.time()
         for _, msg in self.messages(sock):
-            if isinstance(msg, Queries):
+            kind = type(msg)
+            if kind is Queries:
+                self._enqueue(msg, time.monotonic())
+            elif kind is Batch and msg.role == Role.PARITY:
                 queue = self.queues.get(msg.model)
-                if queue is None:
-                    self.log.error("queries for a model with no queue", model=msg.model)
-                    continue
-                for i, qid in enumerate(msg.qids):
-                    queue.queries.append(Query(qid, now + msg.budgets_ms[i] / 1000.0, msg.reply_to, msg.inputs[i], now))
-            elif isinstance(msg, Batch) and msg.role == Role.PARITY:
-                queue = self.queues.get(msg.model)
-                if queue is not None:
-                    queue.queries.append(msg)
+                if queue is not None and queue.parity:
+                    queue.entries.append(msg)
+                else:
+                    self.refused_queries += len(msg.qids)
+                    self.log.error("parity batch for a model with no parity queue", model=msg.model)
+            elif kind is Answered:
+                self._on_answered(msg)
+            else:
+                self.unexpected += 1
         self.dispatch()
+
+    def _enqueue(self, msg: Queries, now: float) -> None:
+        queue = self.queues.get(msg.model)
+        if queue is None or queue.parity:
+            self.refused_queries += len(msg.qids)
+            self.log.error("queries for a model with no query queue", model=msg.model)
+            return
+        inputs, reply_to, append = msg.inputs, msg.reply_to, queue.entries.append
+        kind = (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
+        for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, inputs):
+            append(Query(qid, now + budget_ms / 1000.0, reply_to, row, now, kind))
+        queue.arrived += len(msg.qids)
+
+    def _on_answered(self, msg: Answered) -> None:
+        limit = self.cfg.answered_limit
+        if not limit:
+            return
+        answered = self.answered
+        for qid in msg.qids:
+            answered[(msg.model, qid)] = None
+        while len(answered) > limit:
+            answered.popitem(last=False)
+
+    # ------------------------------------------------------------------ workers
 
     def _on_worker(self, sock: zmq.Socket) -> None:
         for envelope, msg in self.messages(sock, router=True):
@@ -100,117 +138,199 @@ class Dispatcher(Service):
             worker = self.workers.get(identity)
             if worker is not None:
                 worker.last_seen = time.monotonic()
-            if isinstance(msg, Done) and worker is not None:
+            kind = type(msg)
+            if kind is Done:
                 self._on_done(worker, msg)
-            elif isinstance(msg, Register):
+            elif kind is Register:
                 self._on_register(identity, msg)
-            elif isinstance(msg, Heartbeat):
-                self._send(identity, Heartbeat(sender=self.name, known=worker is not None))
-            elif isinstance(msg, Status):
+            elif kind is Heartbeat:
+                self._send([identity], Heartbeat(sender=self.name, known=worker is not None))
+            elif kind is Leave:
+                self._on_leave(worker, msg)
+            elif kind is Status:
                 self._send(envelope, Status(service=self.name, info=self.status()))
+            else:
+                self.unexpected += 1
         self.dispatch()
 
-    def _on_register(self, identity: bytes, msg: Register) -> None:
-        old = self.workers.pop(identity, None)
-        if old is not None:
-            self._requeue(old)  # a worker that registers again has lost what it held
-        if msg.model not in self.queues:
-            self.log.error("worker registered for a model the dispatcher does not serve", worker=msg.worker, model=msg.model)
-            return
-        policy = self.queues[msg.model].policy
-        max_batch = min(msg.max_batch, policy.max_batch)
-        start = policy.fixed_batch or 1
-        self.workers[identity] = WorkerState(
-            identity=identity, name=msg.worker, model=msg.model, role=msg.role, slots=msg.slots,
-            max_batch=max_batch, batch_size=min(start, max_batch), last_seen=time.monotonic(),
-        )
-        self.log.info("worker registered", worker=msg.worker, model=msg.model, role=msg.role, slots=msg.slots)
+    def _refusal(self, msg: Register) -> str | None:
+        queue = self.queues.get(msg.model)
+        if queue is None:
+            return "the dispatcher does not serve this model"
+        if msg.role not in (Role.DEPLOYED, Role.PARITY) or (msg.role == Role.PARITY) != queue.parity:
+            return "role does not match the model: a parity model's workers have role parity, and only they"
+        # The wire checks these too, but lets null through for fields that have a default.
+        for value, hi in ((msg.slots, MAX_SLOTS), (msg.max_batch, MAX_BATCH), (msg.threads, MAX_THREADS)):
+            if type(value) is not int or not 1 <= value <= hi:
+                return "slots, max_batch and threads must be integers >= 1"
+        if not isinstance(msg.instance, str) or not isinstance(msg.price, (int, float)):
+            return "instance must be a string and price a number"
+        return None
 
-    def _on_done(self, worker: WorkerState, msg: Done) -> None:
-        batch = worker.inflight.pop(msg.batch_id, None)
-        if batch is None:
+    def _on_register(self, identity: bytes, msg: Register) -> None:
+        old = self.workers.get(identity)
+        if old is not None:
+            self._drop(old, "worker registered again")  # it has lost what it held
+        other = self.names.get(msg.worker)
+        if other is not None and other in self.workers:
+            self._drop(self.workers[other], "worker's name registered from a new connection")
+        problem = self._refusal(msg)
+        if problem is not None:
+            self.refused_registers += 1
+            self.log.error("registration refused", worker=msg.worker, model=msg.model, role=msg.role, reason=problem)
+            return
+        queue = self.queues[msg.model]
+        max_batch = min(msg.max_batch, queue.policy.max_batch)
+        worker = WorkerState(
+            identity=identity, name=msg.worker, model=msg.model, role=msg.role, slots=msg.slots, max_batch=max_batch,
+            batch_size=queue.batching.start_size(max_batch), last_seen=time.monotonic(),
+            instance=msg.instance, price=msg.price, threads=msg.threads,
+        )
+        self.workers[identity] = worker
+        self.by_model[msg.model] = [*self.by_model[msg.model], worker]
+        self.names[msg.worker] = identity
+        self.log.info("worker registered", worker=msg.worker, model=msg.model, role=msg.role, slots=msg.slots,
+                      instance=msg.instance, threads=msg.threads)
+
+    def _on_leave(self, worker: WorkerState | None, msg: Leave) -> None:
+        if worker is None:
+            return
+        if msg.worker != worker.name:
+            self.unexpected += 1
+            self.log.warning("Leave names another worker than its sender; ignored", sender=worker.name, named=msg.worker)
+            return
+        self._drop(worker, "worker left")
+
+    def _on_done(self, worker: WorkerState | None, msg: Done) -> None:
+        held = worker.inflight.pop(msg.batch_id, None) if worker is not None else None
+        if held is None:
+            if not self.ids.owns(msg.batch_id):
+                self.stale += 1  # a batch of another incarnation of this dispatcher
+            else:
+                self.late_done += 1  # re-queued when its worker was dropped
             return
         worker.batches += 1
         worker.last_service_ms = msg.service_ms
-        policy = self.queues[worker.model].policy
-        if policy.fixed_batch is None and msg.ok:
-            # AIMD (Clipper §4.3.1): only a full batch says anything about a larger one.
-            if msg.service_ms > policy.batch_budget_ms:
-                worker.batch_size = max(1, int(worker.batch_size * policy.aimd_backoff))
-            elif msg.batch_size >= worker.batch_size:
-                worker.batch_size = min(worker.max_batch, worker.batch_size + policy.aimd_step)
+        if msg.ok:
+            worker.profile.observe(held.size, msg.service_ms)
+        self.queues[worker.model].batching.observe(worker, held.size, msg.service_ms, msg.ok)
+
+    def configure(self, worker_name: str, slots: int | None = None, threads: int | None = None) -> bool:
+        """Change a worker's concurrency (``slots``) and/or torch ``threads`` (SERF): send it
+        ``Configure`` and fill the new slots from now on. False if the worker is unknown or
+        unreachable."""
+        if slots is not None and not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in 1..{MAX_SLOTS}")
+        if threads is not None and not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in 1..{MAX_THREADS}")
+        worker = self.workers.get(self.names.get(worker_name, b""))
+        if worker is None or not self._send([worker.identity], Configure(slots=slots, threads=threads)):
+            return False
+        worker.slots = slots or worker.slots
+        worker.threads = threads or worker.threads
+        self.log.info("worker configured", worker=worker_name, slots=worker.slots, threads=worker.threads)
+        self.dispatch()
+        return True
 
     # ------------------------------------------------------------------ dispatch
 
     def dispatch(self) -> None:
-        now_wall, now = time.time(), time.monotonic()
-        self.wake_at = None
-        for model, queue in self.queues.items():
-            # Rounds of one batch per free worker, until the queue or the free slots run out:
-            # a worker with several free slots gets several batches, spread like the rest.
-            sent = True
-            while sent and queue.queries:
-                sent = False
-                free = [w for w in self.workers.values() if w.model == model and w.free_slots > 0]
-                for worker in self.policy.assign(len(queue.queries), free, now):
-                    if not queue.queries:
-                        break
-                    if isinstance(queue.queries[0], Batch):
-                        self._send_batch(worker, queue.queries.popleft(), [])
-                    elif not self._take_batch(model, queue, worker, now_wall, now):
-                        break
-                    sent = True
+        self.wake.clear()
+        now = time.monotonic()
+        for queue in self.queues.values():
+            if queue.entries and self.by_model[queue.model]:
+                self._dispatch_queue(queue, now)
 
-    def _take_batch(self, model: str, queue: ModelQueue, worker: WorkerState, now_wall: float, now: float) -> bool:
-        policy = queue.policy
-        want = worker.batch_size
-        # Delayed batching: a partial batch waits (bounded) for more queries.
-        if policy.batch_delay_ms > 0 and len(queue.queries) < want:
-            ready_at = queue.queries[0].enqueued + policy.batch_delay_ms / 1000.0
-            if ready_at > now_wall:
-                self.wake_at = min(self.wake_at or float("inf"), now + (ready_at - now_wall))
-                return False
+    def _dispatch_queue(self, queue: ModelQueue, now: float) -> None:
+        # Rounds of the policy's plan until the queue or the free slots run out: a worker
+        # with several free slots gets several batches, spread like the rest.
+        entries = queue.entries
+        sent = True
+        while sent and entries:
+            sent = False
+            workers = self.by_model[queue.model]  # anew each round: a failed send drops its worker
+            kept: list = []  # chunks the plan keeps queued this round
+            for a in self.policy.assign(queue, workers, now):
+                if not entries:
+                    break
+                worker = a.worker
+                if worker is None:
+                    for _ in range(min(a.count or 1, len(entries))):
+                        kept.append(entries.popleft())
+                    continue
+                if not worker.alive or worker.free_slots <= 0:
+                    continue
+                if queue.parity:
+                    self._send_batch(worker, entries.popleft(), None, now)
+                elif not self._take_batch(queue, worker, a.count, now):
+                    break
+                sent = True
+            if kept:
+                entries.extendleft(reversed(kept))
+
+    def _take_batch(self, queue: ModelQueue, worker: WorkerState, count: int | None, now: float) -> bool:
+        want = max(1, min(count or queue.batching.size(worker), worker.max_batch))
+        hold = queue.batching.hold_until(queue, want, now)
+        if hold is not None:
+            self.wake.at_latest(hold)
+            return False
+        entries, answered, model = queue.entries, self.answered, queue.model
         taken: list[Query] = []
-        while queue.queries and len(taken) < want:
-            query = queue.queries.popleft()
-            if query.deadline <= now_wall:
-                self.expired += 1
-                self.m_expired.labels(model=model).inc()
+        kind = None
+        expired = skipped = 0
+        while entries and len(taken) < want:
+            query = entries.popleft()
+            if query.deadline <= now:
+                expired += 1
                 continue
+            if query.requeued and (model, query.qid) in answered:
+                skipped += 1
+                continue
+            if query.kind is not kind:
+                if kind is None:
+                    kind = query.kind
+                elif query.kind != kind:  # another shape or dtype: it heads the next batch
+                    entries.appendleft(query)
+                    self.shape_splits += 1
+                    break
             taken.append(query)
+        if expired:
+            self.expired += expired
+            self.m_expired[model].inc(expired)
+        self.answered_skipped += skipped
         if not taken:
             return False
-        group = None
-        if policy.k:
-            group = CodingTag(queue.next_group, queue.group_index, policy.k)
-            queue.group_index += 1
-            if queue.group_index == policy.k:
-                queue.group_index, queue.next_group = 0, queue.next_group + 1
         batch = Batch(
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
-            inputs=np.stack([q.input for q in taken]), group=group,
-            budgets_ms=[(q.deadline - now_wall) * 1000.0 for q in taken],
+            inputs=np.stack([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
+            budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
         )
-        self._send_batch(worker, batch, taken)
+        if not self._send_batch(worker, batch, taken, now):
+            return True  # its worker is dropped and the queries are back in the queue
         for q in taken:
-            self.m_queue_time.observe(now_wall - q.enqueued)
-        self.m_dispatched.labels(model=model).inc(len(taken))
+            self.m_queue_time.observe(now - q.enqueued)
+        self.m_dispatched[model].inc(len(taken))
         self.m_batch.observe(len(taken))
-        if group is not None and self.encoder is not None:
-            transport.send(self.encoder, batch)  # after the worker has it: encoding never delays dispatch
+        if batch.group is not None and self.encoder is not None:
+            # after the worker has it: encoding never delays dispatch
+            if not transport.try_send(self.encoder, batch):
+                self.encoder_dropped += 1
         return True
 
-    def _send_batch(self, worker: WorkerState, batch: Batch, queries: list[Query]) -> None:
-        batch.batch_id = self.next_batch
-        self.next_batch += 1
-        worker.inflight[batch.batch_id] = queries or batch
-        self._send(worker.identity, batch)
+    def _send_batch(self, worker: WorkerState, batch: Batch, queries: list[Query] | None, now: float) -> bool:
+        batch.batch_id = self.ids.next()
+        worker.inflight[batch.batch_id] = Inflight(batch if queries is None else queries, len(batch.qids), now)
+        if self._send([worker.identity], batch):
+            return True
+        self._drop(worker, "worker unreachable; dropped")
+        return False
 
-    def _send(self, envelope: bytes | list, msg) -> None:
+    def _send(self, envelope: list, msg) -> bool:
         try:
-            transport.send(self.router, msg, envelope=[envelope] if isinstance(envelope, bytes) else envelope)
-        except zmq.ZMQError as exc:  # peer gone (ROUTER_MANDATORY): heartbeats will drop it
-            self.log.warning("send to a vanished peer", error=str(exc))
+            return transport.try_send(self.router, msg, envelope)
+        except zmq.ZMQError as exc:
+            self.log.warning("send failed", kind=type(msg).__name__, error=str(exc))
+            return False
 
     # ------------------------------------------------------------------ liveness
 
@@ -218,46 +338,62 @@ class Dispatcher(Service):
         limit = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
         for identity, worker in list(self.workers.items()):
             if now - worker.last_seen > limit:
-                del self.workers[identity]
-                self.log.warning("worker missed heartbeats; dropped", worker=worker.name, inflight=len(worker.inflight))
-                self._requeue(worker)
+                self._drop(worker, "worker missed heartbeats; dropped")
             else:
-                self._send(identity, Heartbeat(sender=self.name))
+                self._send([identity], Heartbeat(sender=self.name))
+        for queue in self.queues.values():
+            queue.update_rate(now)
         self.dispatch()
+
+    def _drop(self, worker: WorkerState, reason: str) -> None:
+        """Forget ``worker`` and put what it held back at the head of its queue."""
+        if self.workers.get(worker.identity) is worker:
+            del self.workers[worker.identity]
+        if worker in self.by_model.get(worker.model, ()):
+            self.by_model[worker.model] = [w for w in self.by_model[worker.model] if w is not worker]
+        if self.names.get(worker.name) == worker.identity:
+            del self.names[worker.name]
+        worker.alive = False
+        self.log.warning(reason, worker=worker.name, inflight=len(worker.inflight))
+        self._requeue(worker)
 
     def _requeue(self, worker: WorkerState) -> None:
         queue = self.queues.get(worker.model)
         if queue is None:
             return
-        for held in reversed(list(worker.inflight.values())):
+        answered, model = self.answered, worker.model
+        for flight in reversed(list(worker.inflight.values())):
+            held = flight.held
             if isinstance(held, Batch):
-                queue.queries.appendleft(held)
-            else:
-                queue.queries.extendleft(reversed(held))
-                self.requeued += len(held)
+                queue.entries.appendleft(held)
+                continue
+            # ParM: a reconstruction may already have answered some of these queries
+            keep = [q for q in held if (model, q.qid) not in answered] if answered else held
+            self.answered_skipped += len(held) - len(keep)
+            for q in keep:
+                q.requeued = True
+            queue.entries.extendleft(reversed(keep))
+            self.requeued += len(keep)
         worker.inflight.clear()
-
-    def next_timeout(self) -> float:
-        timeout = super().next_timeout()
-        if self.wake_at is not None:
-            timeout = min(timeout, max(0.0, self.wake_at - time.monotonic()))
-        return timeout
-
-    def tick(self, timeout: float | None = None) -> None:
-        super().tick(timeout)
-        if self.wake_at is not None and time.monotonic() >= self.wake_at:
-            self.dispatch()
 
     def status(self) -> dict:
         return {
             "service": self.name,
             "role": self.role,
-            "queues": {m: len(q.queries) for m, q in self.queues.items()},
-            "workers": {
-                w.name: {"model": w.model, "role": w.role, "batch_size": w.batch_size, "inflight": len(w.inflight),
-                         "batches": w.batches, "last_service_ms": round(w.last_service_ms, 3)}
-                for w in self.workers.values()
-            },
+            "epoch": self.ids.epoch,
+            "policy": self.cfg.policy,
+            "queues": {m: len(q.entries) for m, q in self.queues.items()},
+            "arrival_rate": {m: round(q.rate, 3) for m, q in self.queues.items()},
+            "workers": {w.name: w.status() for w in self.workers.values()},
             "expired": self.expired,
             "requeued": self.requeued,
+            "stale": self.stale,
+            "late_done": self.late_done,
+            "answered_skipped": self.answered_skipped,
+            "answered_known": len(self.answered),
+            "shape_splits": self.shape_splits,
+            "refused_queries": self.refused_queries,
+            "refused_registers": self.refused_registers,
+            "unexpected": self.unexpected,
+            "encoder_dropped": self.encoder_dropped,
         }

@@ -6,13 +6,18 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import orjson
 import pytest
 import zmq
 
 from common import protocol, transport
-from common.config import BatchPolicy, DispatcherConfig
-from common.protocol import Batch, CodingTag, Done, Heartbeat, MemberBatch, ParityMembers, Queries, Register, Role
+from common.config import BatchPolicy, ConfigError, DispatcherConfig
+from common.ids import IdSpace
+from common.protocol import (
+    Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Queries, Register, Role,
+)
 from services.dispatcher import Dispatcher
+from services.scheduling import POLICIES, Assignment
 
 ANY_PORT = "tcp://127.0.0.1:*"
 REPLY_TO = "tcp://127.0.0.1:1"  # never connected to: the dispatcher only passes it on
@@ -30,18 +35,19 @@ class Harness:
         self.next_qid = 1
 
     # -- the frontend
-    def send_queries(self, model: str, n: int, deadline_s: float = 60.0, dim: int = 4) -> list[int]:
+    def send_queries(self, model: str, n: int, deadline_s: float = 60.0, dim: int = 4, dtype=np.float32) -> list[int]:
         qids = list(range(self.next_qid, self.next_qid + n))
         self.next_qid += n
-        inputs = np.array([[q] * dim for q in qids], np.float32)
+        inputs = np.array([[q] * dim for q in qids], dtype)
         transport.send(self.frontend, Queries(model=model, qids=qids, budgets_ms=[deadline_s * 1000.0] * n,
                                               reply_to=REPLY_TO, inputs=inputs))
         return qids
 
     # -- a worker
-    def worker(self, name: str, model: str = "m", slots: int = 1, max_batch: int = 64, role: str = Role.DEPLOYED) -> zmq.Socket:
+    def worker(self, name: str, model: str = "m", slots: int = 1, max_batch: int = 64, role: str = Role.DEPLOYED,
+               **declared) -> zmq.Socket:
         sock = self.zsock(zmq.DEALER, connect=self.worker_endpoint, identity=name.encode())
-        transport.send(sock, Register(worker=name, model=model, role=role, slots=slots, max_batch=max_batch))
+        transport.send(sock, Register(worker=name, model=model, role=role, slots=slots, max_batch=max_batch, **declared))
         self.pump(lambda: name.encode() in self.d.workers, what=f"{name} registered")
         return sock
 
@@ -357,8 +363,10 @@ def test_coding_groups_tag_consecutive_batches_and_copy_to_the_encoder(harness, 
     got: list[Batch] = []
     h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 5, what="five batches")
     assert [b.qids for b in got] == [[q] for q in sent]
-    assert [b.group for b in got] == [CodingTag(0, 0, 2), CodingTag(0, 1, 2), CodingTag(1, 0, 2), CodingTag(1, 1, 2),
-                                      CodingTag(2, 0, 2)]
+    g = got[0].group.group  # group ids come from the dispatcher's IdSpace: this incarnation's, consecutive
+    assert h.d.group_ids.owns(g)
+    assert [b.group for b in got] == [CodingTag(g, 0, 2), CodingTag(g, 1, 2), CodingTag(g + 1, 0, 2), CodingTag(g + 1, 1, 2),
+                                      CodingTag(g + 2, 0, 2)]
     copies: list[Batch] = []
     h.pump(lambda: copies.extend(h.batches(encoder)) or len(copies) >= 5, what="five copies at the encoder")
     assert [(c.batch_id, c.qids, c.group) for c in copies] == [(b.batch_id, b.qids, b.group) for b in got]
@@ -393,3 +401,348 @@ def test_status_over_the_worker_socket(harness):
     info = protocol.decode(asker.recv_multipart()).info
     assert info["role"] == "dispatcher" and info["workers"]["w0"]["model"] == "m"
     assert info["queues"] == {"m": 0}
+
+
+# --------------------------------------------------------------------------- distribution plug-ins
+
+
+def test_round_robin_rotates_over_free_workers(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, policy="round_robin")
+    socks = {name: h.worker(name) for name in ("w0", "w1", "w2")}
+    order = []
+    for _ in range(6):
+        h.send_queries("m", 1)
+        got: list = []
+        h.pump(lambda: got.extend((n, b) for n, s in socks.items() for b in h.batches(s)) or got, what="a batch")
+        name, batch = got[0]
+        order.append(name)
+        h.done(socks[name], batch, 1.0)
+        # w1 is chatty: single_queue would serve it last (longest quiet first); round robin keeps its turn
+        transport.send(socks["w1"], Heartbeat(sender="w1"))
+        h.pump(lambda: h.state("w1").last_seen > h.state("w2").last_seen, what="w1's heartbeat")
+    assert order == ["w0", "w1", "w2", "w0", "w1", "w2"]
+
+
+class Recording:
+    """A policy that records what it sees and keeps the head query queued (as Kairos would
+    for a query that waits for a busy, faster worker)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def assign(self, queue, workers, now):
+        self.seen.append(([(q.qid, q.size, now - q.enqueued, q.deadline - now) for q in queue.entries],
+                          [(w.name, w.instance, w.price, w.threads, w.free_slots) for w in workers]))
+        by_name = {w.name: w for w in workers}
+        return [Assignment(None, 1), Assignment(by_name["fast"], 2), Assignment(by_name["slow"])]
+
+
+def test_a_policy_sees_the_queue_and_every_worker_and_its_plan_is_followed(harness, monkeypatch):
+    monkeypatch.setitem(POLICIES, "recording", Recording)
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, policy="recording")
+    slow = h.worker("slow", instance="cpu", price=0.1, threads=2)
+    fast = h.worker("fast", instance="gpu", price=0.9)
+    sent = h.send_queries("m", 4, deadline_s=30.0)
+    assert h.next_batch(fast).qids == sent[1:3]  # a chunk of 2 though the batching says 1
+    assert h.next_batch(slow).qids == sent[3:]
+    h.settle()
+    assert h.d.status()["queues"]["m"] == 1 and h.d.queues["m"].entries[0].qid == sent[0]  # kept queued
+    queries, workers = h.d.policy.seen[0]
+    assert [q[0] for q in queries] == sent and all(q[1] == 1 and q[2] >= 0 and 29_000 < q[3] * 1000 <= 30_000 for q in queries)
+    assert workers == [("slow", "cpu", 0.1, 2, 1), ("fast", "gpu", 0.9, 1, 1)]
+    assert h.d.policy.seen[-1][1] == [("slow", "cpu", 0.1, 2, 0), ("fast", "gpu", 0.9, 1, 0)]  # busy workers too
+
+
+def test_an_unknown_policy_is_a_config_error(harness):
+    with pytest.raises(ConfigError, match="policy"):
+        harness({"m": BatchPolicy()}, policy="nope")
+
+
+# --------------------------------------------------------------------------- run-time reconfiguration
+
+
+def received(sock: zmq.Socket) -> list:
+    out = []
+    while sock.poll(0):
+        out.append(protocol.decode(sock.recv_multipart(copy=False)))
+    return out
+
+
+def test_configure_reaches_the_worker_and_dispatch_fills_the_new_slots(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0", slots=1)
+    sent = h.send_queries("m", 5)
+    first = h.next_batch(w)
+    h.settle()
+    assert h.batches(w) == []
+    assert h.d.configure("w0", slots=3, threads=2)
+    msgs: list = []
+    h.pump(lambda: msgs.extend(received(w)) or sum(isinstance(m, Batch) for m in msgs) >= 2, what="two more batches")
+    assert isinstance(msgs[0], Configure) and (msgs[0].slots, msgs[0].threads) == (3, 2)  # before the batches it allows
+    more = [m for m in msgs if isinstance(m, Batch)]
+    assert qids_of(more) == sent[1:3]
+    h.settle()
+    assert h.batches(w) == []  # three slots, three batches
+    assert (h.state("w0").slots, h.state("w0").threads, h.state("w0").free_slots) == (3, 2, 0)
+    # fewer slots: batches in flight finish, and no new one leaves until one is free under the new count
+    assert h.d.configure("w0", slots=2)
+    h.done(w, first, 1.0)
+    h.settle()
+    assert [m for m in received(w) if isinstance(m, Batch)] == []
+    h.done(w, more[0], 1.0)
+    assert h.next_batch(w).qids == [sent[3]]
+    assert not h.d.configure("nobody", slots=2)
+
+
+# --------------------------------------------------------------------------- Leave and Answered
+
+
+def test_leave_drops_the_worker_at_once_and_requeues_its_batch(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)})  # heartbeats every 30 s: only Leave can drop it in time
+    leaving = h.worker("leaving")
+    h.send_queries("m", 2)
+    held = h.next_batch(leaving)
+    other = h.worker("other")
+    transport.send(leaving, Leave(worker="leaving"))
+    rescued = h.next_batch(other, what="the leaving worker's batch, without waiting for heartbeats")
+    assert rescued.qids == held.qids and b"leaving" not in h.d.workers
+    assert h.d.requeued == 2
+
+
+def test_leave_naming_another_worker_drops_nobody(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    h.worker("w0")
+    impostor = h.worker("impostor")
+    transport.send(impostor, Leave(worker="w0"))
+    stranger = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"stranger")
+    transport.send(stranger, Leave(worker="w0"))
+    h.pump(lambda: h.d.unexpected == 1, what="the impostor's Leave counted")
+    h.settle()
+    assert set(h.d.workers) == {b"w0", b"impostor"}
+
+
+def test_answered_queries_are_not_run_again_when_their_worker_leaves(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=4)})
+    dying = h.worker("dying")
+    sent = h.send_queries("m", 4)
+    h.next_batch(dying)
+    transport.send(h.frontend, Answered(model="m", qids=sent[:3]))  # reconstructions answered three of them
+    transport.send(h.frontend, Answered(model="other", qids=[sent[3]]))  # another model's query of that id
+    h.pump(lambda: len(h.d.answered) == 4, what="Answered remembered")
+    other = h.worker("other")
+    transport.send(dying, Leave(worker="dying"))
+    assert h.next_batch(other).qids == [sent[3]]
+    assert (h.d.answered_skipped, h.d.requeued) == (3, 1)
+
+
+def test_answered_after_the_requeue_still_skips_them(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=4)})
+    dying = h.worker("dying")
+    sent = h.send_queries("m", 4)
+    h.next_batch(dying)
+    transport.send(dying, Leave(worker="dying"))
+    h.pump(lambda: h.d.status()["queues"]["m"] == 4, what="re-queued, no worker to take them")
+    transport.send(h.frontend, Answered(model="m", qids=sent[1:3]))
+    h.pump(lambda: len(h.d.answered) == 2, what="Answered remembered")
+    assert h.next_batch(h.worker("other")).qids == [sent[0], sent[3]]
+    assert h.d.answered_skipped == 2
+
+
+def test_answered_memory_is_bounded_oldest_first(harness):
+    h = harness({"m": BatchPolicy()}, answered_limit=100)
+    transport.send(h.frontend, Answered(model="m", qids=list(range(1000))))
+    h.pump(lambda: h.d.status()["answered_known"] == 100, what="100 remembered")
+    assert ("m", 999) in h.d.answered and ("m", 899) not in h.d.answered
+
+
+# --------------------------------------------------------------------------- incarnations and budgets
+
+
+def test_a_restarted_dispatcher_never_reuses_batch_or_group_ids(harness, zsock):
+    incarnations = []
+    for i in range(2):
+        encoder = zsock(zmq.PULL, bind=ANY_PORT)
+        h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")}, encoder_endpoint=transport.endpoint_of(encoder))
+        w = h.worker(f"w{i}", slots=4)
+        h.send_queries("m", 4)
+        got: list[Batch] = []
+        h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 4, what="four batches")
+        incarnations.append(({b.batch_id for b in got}, {b.group.group for b in got}))
+        h.d.shutdown()
+        time.sleep(0.02)  # a restart takes longer than one 10 ms tick of the epoch clock
+    (batches0, groups0), (batches1, groups1) = incarnations
+    assert not batches0 & batches1 and not groups0 & groups1
+    assert min(batches1) > max(batches0) and min(groups1) > max(groups0)
+
+
+def test_done_for_another_incarnations_batch_is_ignored_and_counted_stale(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0")
+    h.send_queries("m", 2)
+    batch = h.next_batch(w)
+    old = IdSpace(epoch=h.d.ids.epoch - 1).next()  # the same sequence number, the previous incarnation
+    assert old & 0xFFFFFFFF == batch.batch_id & 0xFFFFFFFF
+    transport.send(w, Done(worker="w0", batch_id=old, batch_size=1, service_ms=1.0))
+    h.pump(lambda: h.d.status()["stale"] == 1, what="a stale Done counted")
+    assert batch.batch_id in h.state("w0").inflight
+    h.settle()
+    assert h.batches(w) == []  # the slot is still taken
+
+
+def test_deadlines_are_on_the_monotonic_clock(harness, monkeypatch):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    sent = h.send_queries("m", 1, deadline_s=5.0)
+    h.pump(lambda: h.d.status()["queues"]["m"] == 1, what="queued")
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)  # the wall clock steps an hour (NTP)
+    w = h.worker("w0")
+    assert h.next_batch(w).qids == sent
+    assert h.d.expired == 0
+
+
+def test_batch_budgets_are_the_ms_left_when_sent(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2, batch_delay_ms=200)})
+    w = h.worker("w0")
+    h.send_queries("m", 1, deadline_s=10.0)
+    batch = h.next_batch(w)  # after the 200 ms delay
+    assert 5_000 < batch.budgets_ms[0] <= 10_000 - 200
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def raw(msg, drop: tuple[str, ...] = (), **header) -> list[bytes]:
+    """``msg``'s frames with header fields replaced or dropped: what a buggy peer sends."""
+    frames = protocol.encode(msg)
+    fields = {**orjson.loads(frames[0]), **header}
+    for key in drop:
+        del fields[key]
+    return [orjson.dumps(fields)] + [bytes(f) for f in frames[1:]]
+
+
+def test_queries_with_null_or_short_budgets_are_refused_and_serving_goes_on(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=8)})
+    w = h.worker("w0")
+    bad = Queries(model="m", qids=[901, 902], budgets_ms=[60_000.0] * 2, reply_to=REPLY_TO, inputs=np.ones((2, 4), np.float32))
+    h.frontend.send_multipart(raw(bad, budgets_ms=None))
+    h.frontend.send_multipart(raw(bad, budgets_ms=[60_000.0]))
+    h.frontend.send_multipart(raw(bad, drop=("budgets_ms",)))
+    h.frontend.send_multipart(raw(bad, budgets_ms=[60_000.0, None]))
+    good = h.send_queries("m", 2)
+    assert h.next_batch(w).qids == good
+    h.settle()
+    assert h.batches(w) == [] and h.d.status()["queues"]["m"] == 0
+
+
+def test_a_failing_chore_or_handler_does_not_stop_the_dispatcher(harness, monkeypatch):
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, heartbeat_interval_s=0.02)
+    w = h.worker("w0")
+    calls = []
+
+    def broken(queue, workers, now):
+        calls.append(now)
+        raise RuntimeError("a bug in a policy")
+
+    monkeypatch.setattr(h.d.policy, "assign", broken)
+    sent = h.send_queries("m", 1)
+    h.pump(lambda: len(calls) >= 5, what="the heartbeat chore hitting the bug again and again", also=beats(w))
+    monkeypatch.undo()
+    assert h.next_batch(w, also=beats(w)).qids == sent
+
+
+def test_queries_of_another_shape_or_dtype_wait_for_their_own_batch(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=8)})
+    a = h.send_queries("m", 2, dim=4)
+    b = h.send_queries("m", 1, dim=5)
+    c = h.send_queries("m", 1, dim=4, dtype=np.float64)
+    d = h.send_queries("m", 2, dim=4)
+    h.pump(lambda: h.d.status()["queues"]["m"] == 6, what="all queued")
+    w = h.worker("w0", slots=8)
+    got: list[Batch] = []
+    h.pump(lambda: got.extend(h.batches(w)) or len(got) >= 4, what="four batches")
+    assert [g.qids for g in got] == [a, b, c, d]
+    assert [(g.inputs.shape, g.inputs.dtype) for g in got] == [((2, 4), np.float32), ((1, 5), np.float32),
+                                                               ((1, 4), np.float64), ((2, 4), np.float32)]
+    assert h.d.shape_splits == 3
+
+
+def test_register_with_zero_slots_or_max_batch_is_refused_and_others_are_served(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    bad = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"bad")
+    # the wire refuses 0; null passes it (a field with a default may be null), the dispatcher refuses it
+    for change in ({"slots": 0}, {"max_batch": 0}, {"slots": None}, {"max_batch": None}, {"threads": None}):
+        bad.send_multipart(raw(Register(worker="bad", model="m"), **change))
+    good = h.worker("good")
+    sent = h.send_queries("m", 3)
+    for qid in sent:
+        batch = h.next_batch(good)
+        assert batch.qids == [qid]
+        h.done(good, batch, 1.0)
+    assert set(h.d.workers) == {b"good"} and h.d.refused_registers == 3
+
+
+def test_the_dispatcher_refuses_registers_that_would_stall_or_misroute(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")})
+    refused = [
+        Register(worker="b0", model="m", max_batch=0),  # what the wire refuses, handed straight in
+        Register(worker="b1", model="m", slots=0),
+        Register(worker="b2", model="m", role=Role.PARITY),  # parity role, not a parity model
+        Register(worker="b3", model="m-parity", role=Role.DEPLOYED),  # a parity model's worker must be parity
+        Register(worker="b4", model="unknown"),
+    ]
+    for i, msg in enumerate(refused):
+        h.d._on_register(f"b{i}".encode(), msg)
+    assert h.d.workers == {} and h.d.refused_registers == 5
+    assert all(ws == [] for ws in h.d.by_model.values())
+    good = h.worker("good")
+    sent = h.send_queries("m", 1)
+    assert h.next_batch(good).qids == sent
+
+
+def test_a_parity_role_worker_for_a_deployed_model_is_refused_over_the_wire(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    bad = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"p0")
+    transport.send(bad, Register(worker="p0", model="m", role=Role.PARITY))
+    h.pump(lambda: h.d.refused_registers == 1, what="refused")
+    good = h.worker("good")
+    sent = h.send_queries("m", 1)
+    assert h.next_batch(good).qids == sent
+    h.settle()
+    assert h.batches(bad) == [] and b"p0" not in h.d.workers
+
+
+def test_reregistering_under_another_model_leaves_nothing_of_the_old(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1), "other": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0", model="m")
+    h.send_queries("m", 1)
+    h.next_batch(w)
+    transport.send(w, Register(worker="w0", model="other"))
+    h.pump(lambda: h.state("w0").model == "other", what="registered again")
+    assert h.d.by_model["m"] == [] and [x.name for x in h.d.by_model["other"]] == ["w0"]
+    assert h.d.requeued == 1 and h.d.status()["queues"]["m"] == 1  # what it held waits for an m worker
+    sent = h.send_queries("other", 1)
+    assert h.next_batch(w).qids == sent
+    h.settle()
+    assert h.batches(w) == []
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_shows_declarations_profile_queues_and_counts(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)})
+    w = h.worker("w0", instance="c5.xlarge", price=0.17, threads=4)
+    h.send_queries("m", 3)
+    h.done(w, h.next_batch(w), 7.0)
+    h.next_batch(w)
+    asker = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"asker")
+    transport.send(asker, protocol.Status(service="?"))
+    h.pump(lambda: asker.poll(0), what="a status answer")
+    info = protocol.decode(asker.recv_multipart()).info
+    w0 = info["workers"]["w0"]
+    assert {k: w0[k] for k in ("instance", "price", "threads", "slots", "max_batch", "inflight", "batches")} == {
+        "instance": "c5.xlarge", "price": 0.17, "threads": 4, "slots": 1, "max_batch": 64, "inflight": 1, "batches": 1}
+    assert w0["profile"] == {"2": 7.0}
+    assert info["queues"] == {"m": 0} and info["epoch"] == h.d.ids.epoch
+    for count in ("expired", "requeued", "stale", "late_done", "answered_skipped", "shape_splits", "refused_registers"):
+        assert info[count] == 0

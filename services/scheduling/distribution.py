@@ -1,0 +1,85 @@
+"""Query-distribution policies: which worker gets which query batch (a dispatcher plug-in).
+
+Interface::
+
+    policy.assign(queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]
+
+``queue.entries`` is the model's FIFO (``Query``: ``size``, ``enqueued``, ``deadline``;
+parity queues hold whole parity ``Batch``es), ``workers`` every live worker of the model,
+free or busy, with what it declared (``instance``, ``price``, ``threads``, ``slots``,
+``max_batch``) and what was measured (``profile.estimate(batch_size)``,
+``expected_free_at(now)``, ``inflight``). Read them; never change them.
+
+The plan is a list of ``Assignment(worker, count)`` taken in order as consecutive chunks
+from the head of the queue: the first assignment's chunk is the first ``count`` queries,
+the next one's the following ``count``, and so on. ``count`` None means what the batching
+plug-in says for that worker (``queue.batching.size(worker)``); ``worker`` None keeps the
+chunk queued this round (a policy that would rather wait for a busy, faster worker). An
+assignment to a worker with no free slot is skipped: credits are the dispatcher's
+invariant, not a policy's. The dispatcher asks again after each round that sent
+something, until the queue or the free slots run out, so a policy may return one
+assignment at a time (``RoundRobin``) or a whole round (``SingleQueue``).
+
+Kairos (§5.1) fits as: chunks = the head of the queue cut into candidate batches; cost
+matrix C[chunk, worker] = (time until the worker is free + profile.estimate(chunk size))
+x the worker's heterogeneity coefficient (ratio of its latency on the largest batch to the
+fastest instance kind's), + a large penalty where the chunk's wait + completion exceeds
+its deadline (Eq. 8); ``scipy.optimize.linear_sum_assignment(C)``; return the chunks in
+queue order, each with its matched worker (None where it matched a busy one).
+
+Example
+-------
+>>> sorted(POLICIES)
+['round_robin', 'single_queue']
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.scheduling.view import ModelQueue, WorkerState
+
+
+@dataclass(slots=True)
+class Assignment:
+    """The next chunk of the queue goes to ``worker`` (None: stays queued this round)."""
+
+    worker: WorkerState | None
+    count: int | None = None
+
+
+class DistributionPolicy(Protocol):
+    def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]: ...
+
+
+class SingleQueue:
+    """Clipper/ParM single-queue load balancing (ParM §6.1): any worker with a free slot
+    pulls the next batch. Workers are served longest-quiet first, so load spreads evenly."""
+
+    def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]:
+        free = [w for w in workers if w.free_slots > 0]
+        if len(free) > 1:
+            free.sort(key=lambda w: w.last_seen)
+        return [Assignment(w) for w in free]
+
+
+class RoundRobin:
+    """Rotate over the model's workers in registration order, skipping those with no free
+    slot: one batch per turn, whatever the workers' speed."""
+
+    def __init__(self) -> None:
+        self.turn: dict[str, int] = {}  # model -> index of the worker whose turn is next
+
+    def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]:
+        n = len(workers)
+        start = self.turn.get(queue.model, 0)
+        for step in range(n):
+            i = (start + step) % n
+            if workers[i].free_slots > 0:
+                self.turn[queue.model] = i + 1
+                return [Assignment(workers[i])]
+        return []
+
+
+POLICIES: dict[str, type] = {"single_queue": SingleQueue, "round_robin": RoundRobin}

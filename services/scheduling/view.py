@@ -1,0 +1,172 @@
+"""What schedulers read: the dispatcher's queues and its view of every worker.
+
+Policies read these and never change them (the dispatcher does). Times are the
+dispatcher's ``time.monotonic()``.
+
+- ``Query``: one queued query (a row): its deadline, when it was queued; ``size`` 1.
+  Kairos §5.1 reads wait time (``now - enqueued``) and the deadline (its QoS check, Eq. 3).
+- ``ModelQueue``: one model's FIFO of ``Query`` (deployed models) or parity ``Batch``
+  (parity models, ParM §4.1), its batching plug-in, its coding groups, and the arrival
+  rate SERF's load-adaptive scheduler follows.
+- ``WorkerState``: what the worker declared in ``Register`` (instance kind and price for
+  Kairos; threads and slots for SERF; max_batch) and what the dispatcher measured: a
+  ``ServiceProfile`` per (slots, threads) configuration, its in-flight batches.
+- ``ServiceProfile``: EWMA of service time per batch size, with linear inter- and
+  extrapolation for sizes not yet seen (Kairos §5.1 "starts with a linear model ... a
+  lookup table after processing more queries").
+
+Example
+-------
+>>> p = ServiceProfile()
+>>> p.observe(1, 2.0); p.observe(9, 10.0)
+>>> p.estimate(5)
+6.0
+"""
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from common.config import BatchPolicy
+
+
+@dataclass(slots=True)
+class Query:
+    qid: int
+    deadline: float  # monotonic
+    reply_to: str
+    input: np.ndarray
+    enqueued: float  # monotonic
+    #: (row shape, dtype) of the Queries message it came in; one object per message, so a
+    #: batch keeps to one shape with an identity test (rows of another shape wait)
+    kind: tuple
+    #: back in the queue after its worker died or left: skipped if meanwhile answered
+    requeued: bool = False
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+@dataclass
+class ModelQueue:
+    model: str
+    policy: BatchPolicy
+    batching: Any  # services.scheduling.batching.Batching
+    coding: Any = None  # services.scheduling.coding.CodingGroups for coded models
+    #: Query, or for a parity model's queue, parity Batch (sent whole)
+    entries: deque = field(default_factory=deque)
+    parity: bool = False
+    #: rows received since the last rate update, and the EWMA of arrivals per second
+    arrived: int = 0
+    rate: float = 0.0
+    rate_at: float = 0.0
+
+    def update_rate(self, now: float, alpha: float = 0.3) -> None:
+        if self.rate_at and now > self.rate_at:
+            self.rate += alpha * (self.arrived / (now - self.rate_at) - self.rate)
+        self.arrived, self.rate_at = 0, now
+
+
+class ServiceProfile:
+    """Service time (ms) per batch size: EWMA of what ``Done`` reported."""
+
+    __slots__ = ("alpha", "ms", "count", "_sizes")
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.ms: dict[int, float] = {}
+        self.count = 0
+        self._sizes: list[int] = []  # sorted keys of ms
+
+    def observe(self, size: int, service_ms: float) -> None:
+        self.count += 1
+        old = self.ms.get(size)
+        if old is None:
+            self.ms[size] = service_ms
+            bisect.insort(self._sizes, size)
+        else:
+            self.ms[size] = old + self.alpha * (service_ms - old)
+
+    def estimate(self, size: int) -> float | None:
+        """Expected service time of a batch of ``size``; None before any observation."""
+        exact = self.ms.get(size)
+        if exact is not None or not self._sizes:
+            return exact
+        sizes, i = self._sizes, bisect.bisect(self._sizes, size)
+        if len(sizes) == 1:  # one point: proportional to the batch size
+            return self.ms[sizes[0]] * size / sizes[0] if sizes[0] else self.ms[sizes[0]]
+        lo, hi = (i - 1, i) if 0 < i < len(sizes) else ((0, 1) if i == 0 else (len(sizes) - 2, len(sizes) - 1))
+        x0, x1 = sizes[lo], sizes[hi]
+        y0, y1 = self.ms[x0], self.ms[x1]
+        slope = max(0.0, (y1 - y0) / (x1 - x0))
+        return max(0.0, y0 + slope * (size - x0))
+
+    def to_json(self) -> dict[str, float]:
+        return {str(s): round(self.ms[s], 3) for s in self._sizes}
+
+
+@dataclass(slots=True)
+class Inflight:
+    """A batch a worker holds: its queries (or the parity Batch), size, when it was sent."""
+
+    held: Any  # list[Query] | Batch
+    size: int
+    sent_at: float
+
+
+@dataclass
+class WorkerState:
+    """The dispatcher's view of one worker: declared at ``Register``, measured from ``Done``."""
+
+    identity: bytes
+    name: str
+    model: str
+    role: str
+    slots: int
+    max_batch: int
+    batch_size: int
+    last_seen: float
+    instance: str = ""  # declared instance kind (Kairos: a heterogeneous pool's types)
+    price: float = 0.0  # declared cost per hour
+    threads: int = 1  # declared (or configured) torch threads
+    inflight: dict[int, Inflight] = field(default_factory=dict)  # batch_id -> Inflight
+    batches: int = 0
+    last_service_ms: float = 0.0
+    #: service-time profile per (slots, threads) configuration (SERF profiles each)
+    profiles: dict[tuple[int, int], ServiceProfile] = field(default_factory=dict)
+    alive: bool = True
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self.inflight)
+
+    @property
+    def profile(self) -> ServiceProfile:
+        """The profile of the current configuration."""
+        key = (self.slots, self.threads)
+        profile = self.profiles.get(key)
+        if profile is None:
+            profile = self.profiles[key] = ServiceProfile()
+        return profile
+
+    def expected_free_at(self, now: float) -> float:
+        """When the earliest in-flight batch is expected to finish (``now`` if a slot is
+        free): the "remaining time till the instance can serve" of Kairos §5.1."""
+        if self.free_slots > 0 or not self.inflight:
+            return now
+        profile = self.profile
+        ends = [f.sent_at + (profile.estimate(f.size) or 0.0) / 1000.0 for f in self.inflight.values()]
+        return max(now, min(ends))
+
+    def status(self) -> dict:
+        return {
+            "model": self.model, "role": self.role, "instance": self.instance, "price": self.price,
+            "threads": self.threads, "slots": self.slots, "max_batch": self.max_batch,
+            "batch_size": self.batch_size, "inflight": len(self.inflight), "batches": self.batches,
+            "last_service_ms": round(self.last_service_ms, 3), "profile": self.profile.to_json(),
+        }
