@@ -40,7 +40,7 @@ from common import transport
 from common.config import ConfigError, DispatcherConfig
 from common.ids import IdSpace
 from common.protocol import (
-    MAX_BATCH, MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
+    MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
 )
 from services.base import Service
 from services.scheduling import POLICIES, CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
@@ -159,13 +159,7 @@ class Dispatcher(Service):
             return "the dispatcher does not serve this model"
         if msg.role not in (Role.DEPLOYED, Role.PARITY) or (msg.role == Role.PARITY) != queue.parity:
             return "role does not match the model: a parity model's workers have role parity, and only they"
-        # The wire checks these too, but lets null through for fields that have a default.
-        for value, hi in ((msg.slots, MAX_SLOTS), (msg.max_batch, MAX_BATCH), (msg.threads, MAX_THREADS)):
-            if type(value) is not int or not 1 <= value <= hi:
-                return "slots, max_batch and threads must be integers >= 1"
-        if not isinstance(msg.instance, str) or not isinstance(msg.price, (int, float)):
-            return "instance must be a string and price a number"
-        return None
+        return None  # slots, max_batch, threads, instance and price are bounded at the wire
 
     def _on_register(self, identity: bytes, msg: Register) -> None:
         old = self.workers.get(identity)

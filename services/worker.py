@@ -132,7 +132,9 @@ class Worker(Service):
                 self._register()  # the dispatcher lost us (it restarted, or dropped us)
 
     def configure(self, msg: Configure) -> None:
-        """SERF: new concurrency (slots) and torch threads; re-announce so the dispatcher agrees."""
+        """SERF: new concurrency (slots) and torch threads. The dispatcher that sent it has
+        already updated its view; a Register here would make it drop what this worker
+        holds. Later Registers (after a reconnect) announce the new values."""
         if msg.threads is not None and msg.threads != self.threads:
             if self.cfg.builtin is None:  # builtin models use no torch: the figure is only recorded
                 import torch
@@ -143,7 +145,6 @@ class Worker(Service):
             self.slots = msg.slots
         self.counts["configured"] += 1
         self.log.info("configured", slots=self.slots, threads=self.threads)
-        self._register()
 
     # ------------------------------------------------------------------ work
 

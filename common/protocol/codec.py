@@ -14,7 +14,7 @@ from common.protocol.fields import (
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     Role, _is_ids, _is_int, _is_strs,
 )
-from common.protocol.messages import _FIELDS, _REQUIRED_TENSORS, MESSAGES, Batch, Predict, Predictions, Queries
+from common.protocol.messages import _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Predict, Predictions, Queries
 
 def encode(msg: Any) -> list:
     """Frames for ``msg``: the orjson header, then one buffer per tensor (zero-copy)."""
@@ -183,11 +183,13 @@ def _check_types(msg: Any) -> None:
     """Every header field a peer could get wrong, checked once at the edge; a service
     then trusts the message's shape (not its intent)."""
     cls = type(msg)
-    required = _FIELDS[cls][1]
+    nullable = _NULLABLE[cls]
     for name in _FIELDS[cls][0]:
         value = getattr(msg, name)
-        if value is None and name not in required:
-            continue
+        if value is None:
+            if name in nullable:
+                continue
+            raise ProtocolError(f"{name} may not be null")
         check = _CHECKS.get(name)
         if check is not None and not check[0](value):
             raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")

@@ -192,6 +192,12 @@ for _cls in MESSAGES.values():
     )
     _FIELDS[_cls] = (_names, _required)
 
+# Per class: header fields that may be null (typed "... | None"); any other null is refused.
+_NULLABLE: dict[type, frozenset[str]] = {
+    _cls: frozenset(f.name for f in dataclasses.fields(_cls) if f.name not in _cls.TENSORS and "None" in str(f.type))
+    for _cls in MESSAGES.values()
+}
+
 # Per class: tensor fields that may not be absent (those not typed "... | None").
 _REQUIRED_TENSORS: dict[type, frozenset[str]] = {
     _cls: frozenset(f.name for f in dataclasses.fields(_cls) if f.name in _cls.TENSORS and "None" not in str(f.type))

@@ -18,6 +18,7 @@ from common import protocol, transport
 from common.config import WorkerConfig
 from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register
 from common.spec import ServiceLaunch
+from common.waiting import wait_until
 from deploy.local import local_endpoint
 
 ANY = "tcp://127.0.0.1:*"
@@ -130,16 +131,20 @@ def test_expired_queries_are_not_run(worker):
     assert info["expired"] == 3
 
 
-def test_configure_is_applied_and_announced(worker):
+def test_configure_is_applied_and_announced_on_the_next_register(worker):
     disp, _, _, cfg, _ = worker
     disp.send(Configure(slots=5, threads=2))
-    reg = disp.recv((Register,))
-    assert (reg.slots, reg.threads, reg.instance, reg.price) == (5, 2, "c5.xlarge", 0.17)
     disp.send(Configure(threads=7))
-    reg = disp.recv((Register,))
-    assert (reg.slots, reg.threads) == (5, 7)
+    assert wait_until(lambda: transport.request_status(cfg.status_endpoint, 5.0)["configured"] == 2, 10.0)
     info = transport.request_status(cfg.status_endpoint, 5.0)
-    assert (info["slots"], info["threads"], info["configured"]) == (5, 7, 2)
+    assert (info["slots"], info["threads"]) == (5, 7)
+    # No Register follows a Configure (the dispatcher would drop what the worker holds) ...
+    with pytest.raises(AssertionError, match="no"):
+        disp.recv((Register,), timeout_s=0.3)
+    # ... but the next one, after the dispatcher lost the worker, carries the new values.
+    disp.send(Heartbeat(sender="dispatcher", known=False))
+    reg = disp.recv((Register,))
+    assert (reg.slots, reg.threads, reg.instance, reg.price) == (5, 7, "c5.xlarge", 0.17)
 
 
 def test_status_counts(worker):

@@ -498,3 +498,14 @@ def test_partial_group_members_round_trip():
 def test_register_values_are_bounded(changes, match):
     with pytest.raises(ProtocolError, match=match):
         decode(_with(Register(worker="w", model="m"), **changes))
+
+
+@pytest.mark.parametrize("msg,name", [
+    (Register(worker="w", model="m"), "slots"), (Register(worker="w", model="m"), "max_batch"),
+    (Register(worker="w", model="m"), "threads"), (Register(worker="w", model="m"), "role"),
+    (Done(worker="w", batch_id=1, batch_size=1, service_ms=1.0), "ok"), (Heartbeat(sender="d"), "known"),
+    (QUERIES, "budgets_ms"), (BATCH, "role"),
+])
+def test_only_fields_typed_optional_may_be_null(msg, name):
+    with pytest.raises(ProtocolError, match=name):
+        decode(_with(msg, **{name: None}))
