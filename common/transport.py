@@ -11,6 +11,7 @@ True
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -93,35 +94,43 @@ class Peers:
     """One PUSH socket per peer endpoint, made on first use: how workers and the decoder
     reach the frontend named in each query's ``reply_to``.
 
-    Endpoints arrive on the wire, so a malformed or unconnectable one is refused (``get``
-    returns None and the caller answers for those queries) and the table is bounded."""
+    Endpoints arrive on the wire, so a malformed or unconnectable one is refused, a full
+    peer queue never blocks the sender (``send`` returns False and the caller counts those
+    queries), and the table is bounded: past ``limit`` peers the least recently used one
+    is closed, so garbage endpoints cannot lock out a real frontend."""
 
-    def __init__(self, ctx: zmq.Context, on_new: Callable[[zmq.Socket], Any] | None = None, limit: int = MAX_PEERS):
-        self.ctx, self.on_new, self.limit = ctx, on_new, limit
-        self.sockets: dict[str, zmq.Socket] = {}
+    def __init__(self, ctx: zmq.Context, on_new: Callable[[zmq.Socket], Any] | None = None,
+                 on_drop: Callable[[zmq.Socket], Any] | None = None, limit: int = MAX_PEERS):
+        self.ctx, self.on_new, self.on_drop, self.limit = ctx, on_new, on_drop, limit
+        self.sockets: OrderedDict[str, zmq.Socket] = OrderedDict()  # least recently used first
 
     def get(self, endpoint: str) -> zmq.Socket | None:
         sock = self.sockets.get(endpoint)
         if sock is not None:
+            self.sockets.move_to_end(endpoint)
             return sock
-        if len(self.sockets) >= self.limit or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             return None
         try:
             sock = make_socket(self.ctx, zmq.PUSH, connect=endpoint)
         except zmq.ZMQError:
             return None
+        if len(self.sockets) >= self.limit:
+            _, old = self.sockets.popitem(last=False)
+            if self.on_drop is not None:
+                self.on_drop(old)
+            else:
+                old.close(0)
         self.sockets[endpoint] = sock
         if self.on_new is not None:
             self.on_new(sock)
         return sock
 
     def send(self, endpoint: str, msg: Any) -> bool:
-        """Queue ``msg`` for ``endpoint``; False if the endpoint is refused."""
+        """Queue ``msg`` for ``endpoint`` without blocking; False if the endpoint is refused
+        or its queue is full."""
         sock = self.get(endpoint)
-        if sock is None:
-            return False
-        send(sock, msg)
-        return True
+        return sock is not None and try_send(sock, msg)
 
 
 def recv_frames(sock: zmq.Socket) -> list:

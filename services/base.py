@@ -80,6 +80,14 @@ class Service:
             self.poller.register(sock, zmq.POLLIN)
         return sock
 
+    def remove_socket(self, sock: zmq.Socket, linger_ms: int = 0) -> None:
+        """Close a socket this service made (a replaced connection, an evicted peer)."""
+        if sock in self.handlers:
+            self.poller.unregister(sock)
+            del self.handlers[sock]
+        self.sockets.remove(sock)
+        sock.close(linger_ms)
+
     def messages(self, sock: zmq.Socket, router: bool = False, limit: int = 1000) -> Iterator[tuple[list, Any]]:
         """(envelope, message) for each message waiting on ``sock``, without blocking; a
         malformed one is logged and skipped (peers inside Keel have no one to answer)."""

@@ -75,7 +75,7 @@ class Decoder(Service):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.endpoint), self._on_outputs)
-        self.peers = transport.Peers(self.ctx, on_new=self.add_socket)  # frontend endpoint -> PUSH
+        self.peers = transport.Peers(self.ctx, on_new=self.add_socket, on_drop=self.remove_socket)  # frontend endpoint -> PUSH
         self.groups: OrderedDict[tuple[str, int], Group] = OrderedDict()  # oldest first
         self.epochs: dict[str, int] = {}  # deployed model -> newest dispatcher epoch seen
         self.counts: Counter[str] = Counter()
@@ -203,8 +203,7 @@ class Decoder(Service):
             msg = Predictions(batch_id=0, model=key[0], qids=[target.qids[r] for r in rows_of],
                               outputs=np.ascontiguousarray(rebuilt[rows_of]), worker=self.name,
                               source=Source.RECONSTRUCTION, group=parity.group)
-            sock = self.peers.get(dest)
-            if sock is None or not transport.try_send(sock, msg):
+            if not self.peers.send(dest, msg):
                 self.counts["undeliverable"] += len(rows_of)
 
     def _chores(self, now: float) -> None:

@@ -55,7 +55,7 @@ class Worker(Service):
         self.predictor = build_predictor(cfg)
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
-        self.peers = transport.Peers(self.ctx, on_new=self.add_socket)  # reply_to endpoint -> PUSH
+        self.peers = transport.Peers(self.ctx, on_new=self.add_socket, on_drop=self.remove_socket)  # reply_to endpoint -> PUSH
         self.decoder = (
             self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.decoder_endpoint))
             if cfg.decoder_endpoint
@@ -86,10 +86,7 @@ class Worker(Service):
         self.liveness = self.cfg.heartbeat_liveness
 
     def _close_dealer(self, linger_ms: int) -> None:
-        self.poller.unregister(self.dealer)
-        self.sockets.remove(self.dealer)
-        self.handlers.pop(self.dealer, None)
-        self.dealer.close(linger_ms)
+        self.remove_socket(self.dealer, linger_ms)
         self.dealer = None
 
     def _register(self) -> None:
@@ -223,11 +220,10 @@ class Worker(Service):
         reply_to = batch.reply_to if every else [batch.reply_to[r] for r in live]
         refused = 0
         for dest, rows in transport.split_rows(reply_to).items():
-            sock = self.peers.get(dest)
             part = len(rows) == len(qids)
             msg = Predictions(qids=qids if part else [qids[r] for r in rows],
                               outputs=outputs if outputs is None or part else outputs[rows], **common)
-            if sock is None or not transport.try_send(sock, msg):
+            if not self.peers.send(dest, msg):
                 refused += len(rows)
         if self.decoder is not None and batch.group is not None:
             transport.try_send(self.decoder, Predictions(qids=qids, outputs=outputs, reply_to=reply_to,

@@ -1,0 +1,62 @@
+"""Socket helpers: frames over the limit are refused before they are read; Peers never
+blocks, refuses bad endpoints, and evicts the least recently used peer when full."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from common import protocol, transport
+from common.protocol import Status
+
+
+def test_peers_refuse_bad_endpoints_and_evict_the_least_recently_used():
+    ctx = zmq.Context()
+    closed: list[zmq.Socket] = []
+    peers = transport.Peers(ctx, on_drop=lambda s: (closed.append(s), s.close(0)), limit=3)
+    try:
+        assert not peers.send("garbage", Status())
+        assert not peers.send("tcp://no-port", Status())
+        for i in range(3):
+            assert peers.get(f"tcp://127.0.0.1:{40000 + i}") is not None
+        first = peers.sockets["tcp://127.0.0.1:40000"]
+        peers.get("tcp://127.0.0.1:40000")  # used again: no longer the least recent
+        assert peers.get("tcp://127.0.0.1:40099") is not None  # a fourth peer: 40001 goes
+        assert list(peers.sockets) == ["tcp://127.0.0.1:40002", "tcp://127.0.0.1:40000", "tcp://127.0.0.1:40099"]
+        assert len(closed) == 1 and closed[0] is not first
+    finally:
+        for s in peers.sockets.values():
+            s.close(0)
+        ctx.term()
+
+
+def test_a_peer_whose_queue_is_full_does_not_block_the_sender():
+    ctx = zmq.Context()
+    pull = transport.make_socket(ctx, zmq.PULL, bind="tcp://127.0.0.1:*", hwm=1)
+    endpoint = transport.endpoint_of(pull)
+    peers = transport.Peers(ctx)
+    peers.get(endpoint).setsockopt(zmq.SNDHWM, 1)
+    try:
+        start = time.monotonic()
+        results = [peers.send(endpoint, Status()) for _ in range(10_000)]  # nobody reads
+        assert time.monotonic() - start < 30  # returned at all (a blocking send would hang)
+        assert not all(results)
+    finally:
+        for s in peers.sockets.values():
+            s.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+def test_a_frame_over_the_limit_disconnects_its_sender_before_it_is_read():
+    ctx = zmq.Context()
+    pull = transport.make_socket(ctx, zmq.PULL, bind="tcp://127.0.0.1:*", max_frame_bytes=1024)
+    push = transport.make_socket(ctx, zmq.PUSH, connect=transport.endpoint_of(pull))
+    try:
+        transport.send(push, protocol.Predict(request_id="big", model="m", input=np.zeros(4096, np.float32)))
+        assert not pull.poll(500)
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
