@@ -35,7 +35,7 @@ SHAPE = [64]
 def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
     """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers, started."""
     spec = load_spec({
-        "cluster": {"name": "bench-core", "base_port": free_port_block(4), "run_dir": str(launcher.log_dir)},
+        "cluster": {"name": "bench-core", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
         "frontend": {"log_requests": False, "cache_size": 0},
         "models": {"m": {"input_shape": SHAPE, "output_size": 10, "deadline_ms": 1000.0, "workers": workers, **model}},
     })

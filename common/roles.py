@@ -69,17 +69,20 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          spec_sets=frozenset(_COMMON_SET | {"query_endpoint", "worker_endpoint", "encoder_endpoint", "models"}),
          nested={"models": cfg.BatchPolicy}, status="worker_endpoint", priority=100),
     Role("worker", cfg.WorkerConfig, "services.worker:Worker",
-         spec_sets=frozenset(_COMMON_SET | {
+         binds=("status_endpoint",), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"status_endpoint",
              "model", "version", "role", "store", "store_name", "builtin", "builtin_input_shape",
              "builtin_output_size", "fixed_ms", "per_query_ms", "dispatcher_endpoint", "decoder_endpoint",
              "max_batch"}),
          priority=400),
     Role("encoder", cfg.EncoderConfig, "services.encoder:Encoder",
-         binds=("batch_endpoint",),
-         spec_sets=frozenset(_COMMON_SET | {"batch_endpoint", "dispatcher_endpoint", "parity_models", "encoder"}),
+         binds=("batch_endpoint", "status_endpoint"), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"batch_endpoint", "status_endpoint", "dispatcher_endpoint", "parity_models",
+                                            "encoder"}),
          priority=200),
     Role("decoder", cfg.DecoderConfig, "services.decoder:Decoder",
-         binds=("endpoint",), spec_sets=frozenset(_COMMON_SET | {"endpoint"}), priority=200),
+         binds=("endpoint", "status_endpoint"), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint"}), priority=200),
 )}
 
 

@@ -8,7 +8,7 @@ Every launch path builds a spec first (``common.spec.load_spec``: the wiring of
 
 Example
 -------
->>> spec = load_spec({"cluster": {"base_port": free_port_block(4)},          # doctest: +SKIP
+>>> spec = load_spec({"cluster": {"base_port": free_port_block()},          # doctest: +SKIP
 ...                   "models": {"m": {"builtin": "noop", "workers": 2}}})
 >>> with Launcher("runs/bench") as cluster:                                 # doctest: +SKIP
 ...     cluster.start_spec(spec)
@@ -39,9 +39,10 @@ def local_endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
-def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+def free_port_block(n: int = 64, host: str = "127.0.0.1") -> int:
     """The first of ``n`` consecutive ports free on ``host`` right now (for specs, which
-    number their ports up from a ``base_port``). Below the ephemeral range, where
+    number their ports up from a ``base_port``; 64 covers every spec the tests and
+    benchmarks make). Below the ephemeral range, where
     outgoing connections take their ports."""
     rng = random.Random()
     for _ in range(200):

@@ -109,6 +109,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     services: list[ServiceLaunch] = []
 
     def add(name: str, role: str, host: str, data: dict[str, Any], path: str) -> None:
+        if ROLES[role].status == "status_endpoint":  # roles with no ROUTER of their own answer Status there
+            data = {**data, "status_endpoint": endpoint(host, name)}
         services.append(ServiceLaunch(name, role, host, _build(role, {"name": name, **data}, path)))
 
     infos = {m: model_info(t) for m, t in models.items()}

@@ -47,7 +47,7 @@ def check_failover(endpoints: list[str], dead: int) -> None:
 def start(launcher, tmp_path, frontends: int):
     hosts = {f"h{i}": "127.0.0.1" for i in range(frontends)}
     spec = load_spec({
-        "cluster": {"name": "failover", "base_port": free_port_block(10), "run_dir": str(tmp_path / "run")},
+        "cluster": {"name": "failover", "base_port": free_port_block(), "run_dir": str(tmp_path / "run")},
         "hosts": hosts, "frontend": {"hosts": list(hosts), "cache_size": 0},
         "models": {"echo": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT}},
     })

@@ -29,7 +29,7 @@ DIM, OUT = 16, 4
 @pytest.fixture(scope="module")
 def cluster(module_launcher, tmp_path_factory):
     spec = load_spec({
-        "cluster": {"name": "fuzz", "base_port": free_port_block(8), "run_dir": str(tmp_path_factory.mktemp("fuzz"))},
+        "cluster": {"name": "fuzz", "base_port": free_port_block(), "run_dir": str(tmp_path_factory.mktemp("fuzz"))},
         "frontend": {"cache_size": 0, "log_requests": False},
         "models": {"echo": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT}},
     })

@@ -32,7 +32,7 @@ PATIENT_MS = 10_000
 
 def start(launcher, tmp_path, name: str, frontend: dict | None = None, models: dict | None = None):
     data = {
-        "cluster": {"name": name, "base_port": free_port_block(8), "run_dir": str(tmp_path / name)},
+        "cluster": {"name": name, "base_port": free_port_block(), "run_dir": str(tmp_path / name)},
         "frontend": frontend or {},
         "models": models or {"echo": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT}},
     }

@@ -22,7 +22,7 @@ DIM, OUT = 16, 4
 
 def test_restarted_frontend_never_answers_with_an_old_prediction(tmp_path, launcher, client):
     spec = load_spec({
-        "cluster": {"name": "restart", "base_port": free_port_block(8), "run_dir": str(tmp_path / "run")},
+        "cluster": {"name": "restart", "base_port": free_port_block(), "run_dir": str(tmp_path / "run")},
         "frontend": {"cache_size": 0},
         # one query per batch at 20 ms: a backlog of seconds builds at the dispatcher
         "models": {"sleep": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT, "fixed_ms": 20.0,

@@ -27,7 +27,7 @@ PATIENT_MS = 10_000
 
 def parm_spec(tmp_path: Path, **model_overrides):
     data = tomllib.loads(PARM_TOML.read_text())
-    data["cluster"].update(base_port=free_port_block(8), run_dir=str(tmp_path / "run"))
+    data["cluster"].update(base_port=free_port_block(), run_dir=str(tmp_path / "run"))
     data["models"]["sleep"].update(model_overrides)
     return data, load_spec(data)
 

@@ -15,7 +15,7 @@ import pytest
 from common.protocol import Source
 from common.spec import load_spec
 from common.transport import request_status
-from deploy.local import free_port_block, local_endpoint
+from deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +24,9 @@ PARM_TOML = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "parm.
 
 def test_partial_group_of_a_frozen_worker_is_answered_by_exact_reconstruction(tmp_path, launcher, client, wait):
     data = tomllib.loads(PARM_TOML.read_text())
-    data["cluster"].update(base_port=free_port_block(8), run_dir=str(tmp_path / "run"))
+    data["cluster"].update(base_port=free_port_block(), run_dir=str(tmp_path / "run"))
     data["models"]["sleep"].update(workers=2, k=2)
-    data["encoder"] = {"status_endpoint": local_endpoint(), "partial_group_ms": 50.0}
-    data["decoder"] = {"status_endpoint": local_endpoint()}
+    data["encoder"] = {"partial_group_ms": 50.0}  # status endpoints: allocated by the spec
     spec = load_spec(data)
     dim, out = data["models"]["sleep"]["input_shape"][0], data["models"]["sleep"]["output_size"]
     run = launcher("partial")

@@ -48,7 +48,7 @@ def sleep_model(fixed_ms: float = 0.0, **options) -> dict:
 def start(launcher: Launcher, models: dict, **tables) -> ClusterSpec:
     """A spec of ``models`` (plus [frontend], [dispatcher], [worker] ``tables``) on free
     loopback ports, started and ready (every worker registered)."""
-    spec = load_spec({"cluster": {"name": "itest", "base_port": free_port_block(4), "run_dir": str(launcher.log_dir)},
+    spec = load_spec({"cluster": {"name": "itest", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
                       "models": models, **tables})
     return launcher.start_spec(spec)
 

@@ -53,7 +53,7 @@ def cluster(tmp_path):
     pids: set[int] = set()
 
     def make(data: dict) -> ClusterSpec:
-        data = {**data, "cluster": {"name": "itest", "run_dir": str(tmp_path / "run"), "base_port": free_port_block(8),
+        data = {**data, "cluster": {"name": "itest", "run_dir": str(tmp_path / "run"), "base_port": free_port_block(),
                                      **data.get("cluster", {})}}
         spec = load_spec(data)
         made.append(spec)

@@ -423,8 +423,16 @@ def test_status_endpoints_and_binds_come_from_the_role_table():
     from common.roles import ROLES
 
     spec = load_spec(noop(workers=2, k=2))
-    assert spec.status_endpoints() == {"frontend": spec.service("frontend").config.client_endpoint,
-                                       "dispatcher": spec.service("dispatcher").config.worker_endpoint}
+    status = spec.status_endpoints()
+    assert {n: status[n] for n in ("frontend", "dispatcher")} == {
+        "frontend": spec.service("frontend").config.client_endpoint,
+        "dispatcher": spec.service("dispatcher").config.worker_endpoint}
+    # every other process answers Status on an endpoint of its own, allocated by the spec
+    others = [s for s in spec.services if s.role not in ("frontend", "dispatcher")]
+    assert {s.role for s in others} == {"worker", "encoder", "decoder"}
+    for svc in others:
+        assert status[svc.name] == svc.config.status_endpoint and svc.config.status_endpoint.startswith("tcp://")
+    assert len(set(status.values())) == len(spec.services)
     for svc in spec.services:
         assert svc.endpoints() == [getattr(svc.config, f) for f in ROLES[svc.role].binds]
         assert type(svc.config) is ROLES[svc.role].config
