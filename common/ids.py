@@ -48,3 +48,28 @@ class IdSpace:
 
     def owns(self, ident: int) -> bool:
         return ident >> SEQ_BITS == self.epoch
+
+
+class NewestEpochs:
+    """The newest epoch seen from each sender (a dispatcher, by the model it serves), so a
+    receiver can recognise a message of an older incarnation. Bounded: past ``limit``
+    senders the first one seen is forgotten."""
+
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self.newest: dict[str, int] = {}
+
+    def see(self, sender: str, epoch: int) -> tuple[bool, bool]:
+        """(current, advanced). ``current`` is False for an epoch older than the newest seen
+        from ``sender``, or one no ``IdSpace`` makes (it would shadow every real one);
+        ``advanced`` is True when ``epoch`` is newer than any before it: what older
+        incarnations left behind can be dropped."""
+        newest = self.newest.get(sender)
+        if epoch >> EPOCH_BITS or (newest is not None and epoch < newest):
+            return False, False
+        if newest is not None and epoch == newest:
+            return True, False
+        if newest is None and len(self.newest) >= self.limit:
+            del self.newest[next(iter(self.newest))]
+        self.newest[sender] = epoch
+        return True, True

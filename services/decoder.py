@@ -48,9 +48,6 @@ from common.config import DecoderConfig
 from common.protocol import Predictions, Role, Source
 from services.base import Service
 
-#: deployed models whose newest epoch the decoder remembers (names come from the wire)
-MAX_MODELS = 1024
-
 
 @dataclass
 class Group:
@@ -77,7 +74,7 @@ class Decoder(Service):
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.endpoint), self._on_outputs)
         self.peers = transport.Peers(self.ctx, on_new=self.add_socket, on_drop=self.remove_socket)  # frontend endpoint -> PUSH
         self.groups: OrderedDict[tuple[str, int], Group] = OrderedDict()  # oldest first
-        self.epochs: dict[str, int] = {}  # deployed model -> newest dispatcher epoch seen
+        self.epochs = ids.NewestEpochs()  # deployed model -> newest dispatcher epoch seen
         self.counts: Counter[str] = Counter()
         self.every(min(0.05, (cfg.timeout_ms or 50.0) / 1000.0), self._chores)
         self.serve_status(cfg.status_endpoint)
@@ -135,16 +132,11 @@ class Decoder(Service):
 
     def _current_epoch(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older groups."""
-        newest = self.epochs.get(model)
-        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
-            return False  # (an epoch no IdSpace makes would shadow every real one)
-        if newest is None or epoch > newest:
-            if newest is None and len(self.epochs) >= MAX_MODELS:
-                del self.epochs[next(iter(self.epochs))]
-            self.epochs[model] = epoch
+        current, advanced = self.epochs.see(model, epoch)
+        if advanced:
             for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
                 self._forget(key, "stale")
-        return True
+        return current
 
     def _forget(self, key: tuple[str, int], why: str) -> None:
         del self.groups[key]

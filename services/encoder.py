@@ -62,7 +62,7 @@ class Encoder(Service):
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
         self.groups: OrderedDict[tuple[str, int], OpenGroup] = OrderedDict()  # oldest first
         self.closed: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently encoded or dropped
-        self.epochs: dict[str, int] = {}  # deployed model -> newest dispatcher epoch seen
+        self.epochs = ids.NewestEpochs()  # deployed model -> newest dispatcher epoch seen
         self.counts: Counter[str] = Counter()
         self.partial_timer = self.timer(self._encode_due)
         self.serve_status(cfg.status_endpoint)
@@ -120,14 +120,11 @@ class Encoder(Service):
 
     def _current_epoch(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older open groups."""
-        newest = self.epochs.get(model)
-        if epoch >> ids.EPOCH_BITS or (newest is not None and epoch < newest):
-            return False  # (an epoch no IdSpace makes would shadow every real one)
-        if newest is None or epoch > newest:
-            self.epochs[model] = epoch
+        current, advanced = self.epochs.see(model, epoch)
+        if advanced:
             for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
                 self._forget(key, "stale")
-        return True
+        return current
 
     def _forget(self, key: tuple[str, int], why: str) -> None:
         del self.groups[key]

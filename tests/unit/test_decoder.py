@@ -127,7 +127,7 @@ def test_older_dispatcher_epochs_are_stale(make):
     send(dec, push, parity(old, 2, rand(1, 10), ep, [1, 1]))  # the old incarnation's parity output
     assert dec.counts["stale"] == 2 and list(dec.groups) == [("m", new)]
     send(dec, push, copy((1 << 30) << 32, 0, 2, rand(1, 11), ep, qids=[1]))  # an epoch no IdSpace makes
-    assert dec.counts["stale"] == 3 and dec.epochs["m"] == 6
+    assert dec.counts["stale"] == 3 and dec.epochs.newest["m"] == 6
     assert reconstruction(fe, 0.1) is None
 
 

@@ -125,5 +125,5 @@ def test_older_dispatcher_epochs_are_stale(make):
     send(enc, push, member(old, 1, 2))  # a late copy from the old incarnation
     assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 3
     send(enc, push, member((1 << 30) << 32, 0, 2))  # an epoch no IdSpace makes: it would shadow all
-    assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 4 and enc.epochs["m"] == 6
+    assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 4 and enc.epochs.newest["m"] == 6
     assert parity_batch(out, 0.1) is None
