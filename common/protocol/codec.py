@@ -143,7 +143,7 @@ def _finite(value: Any) -> bool:
 
 
 def _budgets(value: Any) -> bool:
-    return isinstance(value, list) and all(_finite(v) for v in value)
+    return isinstance(value, list) and set(map(type, value)) <= {int, float} and all(map(math.isfinite, value))
 
 
 def _str_max(n: int, empty: bool = True):
@@ -179,18 +179,20 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 }
 
 
+# Per class, once: (field, its check or None, whether it may be null).
+_PLANS = {cls: tuple((name, _CHECKS.get(name), name in _NULLABLE[cls]) for name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
+
+
 def _check_types(msg: Any) -> None:
     """Every header field a peer could get wrong, checked once at the edge; a service
     then trusts the message's shape (not its intent)."""
     cls = type(msg)
-    nullable = _NULLABLE[cls]
-    for name in _FIELDS[cls][0]:
+    for name, check, nullable in _PLANS[cls]:
         value = getattr(msg, name)
         if value is None:
-            if name in nullable:
+            if nullable:
                 continue
             raise ProtocolError(f"{name} may not be null")
-        check = _CHECKS.get(name)
         if check is not None and not check[0](value):
             raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
     if cls is Predict and not msg.request_id:

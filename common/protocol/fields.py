@@ -85,12 +85,15 @@ def _is_int(value: Any, lo: int = 0, hi: int = MAX_ID) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
+# List checks run on every batch's ids on the request path: set(map(type, ...)) and
+# min/max run in C, several times faster than a generator over the items.
 def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(type(v) is int and 0 <= v <= MAX_ID for v in value)
+    return isinstance(value, list) and (not value or (set(map(type, value)) == {int} and min(value) >= 0
+                                                      and max(value) <= MAX_ID))
 
 
 def _is_strs(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, list) and set(map(type, value)) <= {str}
 
 
 @dataclass(frozen=True, slots=True)
