@@ -299,7 +299,9 @@ class Frontend(Service):
                                            version=version, error=error, error_code=code))
             if remember and request.dedup is not None:
                 nbytes = len(frames[0]) + (0 if output is None else output.nbytes)
-                self.answered.put(request.dedup, frames, request.digest, time.monotonic(), nbytes)
+                # As a tuple of bytes: an entry the cyclic GC need not track (young tracked
+                # objects are what a collection walks, and this table holds ~200k of them).
+                self.answered.put(request.dedup, tuple(map(bytes, frames)), request.digest, time.monotonic(), nbytes)
             if self.hold.hold(request, source):
                 request.to(State.HELD)
                 self.held[request] = frames
@@ -323,7 +325,7 @@ class Frontend(Service):
     def _send(self, envelope: list, frames: list) -> None:
         """A reply to a client, never blocking: one that does not fit its queue is dropped."""
         try:
-            self.router.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
+            self.router.send_multipart([*envelope, *frames], zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.counts["reply_dropped"] += 1
         except zmq.ZMQError as exc:
