@@ -31,6 +31,9 @@ class FakeDispatcher:
     def __init__(self, zsock):
         self.router = zsock(zmq.ROUTER, bind=ANY)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # as the real dispatcher's: a worker that re-connects under its name (after missing
+        # heartbeats this fake answers only inside recv) takes the identity over
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.endpoint = transport.endpoint_of(self.router)
         self.identity: bytes | None = None
         self.next_id = 1
@@ -45,7 +48,7 @@ class FakeDispatcher:
             self.identity = envelope[0]
             msg = protocol.decode(body)
             if isinstance(msg, Heartbeat):
-                transport.send(self.router, Heartbeat(sender="fake"), envelope=envelope)
+                transport.try_send(self.router, Heartbeat(sender="fake"), envelope=envelope)
             if isinstance(msg, kinds):
                 return msg
         raise AssertionError(f"no {[k.__name__ for k in kinds]} within {timeout_s} s")
