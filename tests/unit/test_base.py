@@ -92,3 +92,27 @@ def test_status_on_a_side_router():
         asker.close(0)
         ctx.term()
         svc.shutdown()
+
+
+def test_the_status_port_survives_garbage_and_still_answers():
+    svc = Probe()
+    svc.serve_status("tcp://127.0.0.1:*")
+    endpoint = transport.endpoint_of(svc.sockets[-1])
+    ctx = zmq.Context()
+    hostile = transport.make_socket(ctx, zmq.DEALER, connect=endpoint)
+    asker = transport.make_socket(ctx, zmq.DEALER, connect=endpoint)
+    try:
+        for frames in ([b""], [b"\xff" * 64], [b'{"v": 1, "kind": "status", "info": 3}'], [b'{"v": 1}', b"x"],
+                       protocol.encode(protocol.Done(worker="w", batch_id=1, batch_size=1, service_ms=1.0))):
+            hostile.send_multipart(frames)
+        transport.send(asker, protocol.Status())
+        deadline = time.monotonic() + 5
+        while not asker.poll(0) and time.monotonic() < deadline:
+            svc.tick(0.01)
+        assert protocol.decode(asker.recv_multipart()).info["role"] == "probe"
+        assert not hostile.poll(100)  # nothing to answer a message that is not a Status request
+    finally:
+        hostile.close(0)
+        asker.close(0)
+        ctx.term()
+        svc.shutdown()
