@@ -85,3 +85,22 @@ def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, w
         if waiting:
             heapq.heappush(running, (t + 1.0 / mu[len(running)], waiting.popleft()))
     return float(latencies[int(n * warmup):].mean())
+
+
+def reference_table(profiles: dict[tuple[int, int], Sequence[float]], rates: Sequence[float]) -> list[dict]:
+    """SERF's configuration reference table (§IV-C, §IV-D): for each arrival rate, the
+    predicted mean latency (Eq. 13) of every configuration and the best one.
+
+    ``profiles`` maps a configuration (c requests at once, t threads each) to its profiled
+    rates ``mu[0..c-1]``; a configuration unstable at a rate is left out of that row.
+    Rows: ``{"rate", "latency_s": {config: W}, "best": config or None}``."""
+    table = []
+    for lam in rates:
+        row = {}
+        for config, mu in profiles.items():
+            if len(mu) != config[0]:
+                raise ValueError(f"configuration {config}: needs {config[0]} profiled rates, got {len(mu)}")
+            if utilisation(mu, lam) < 1:
+                row[config] = latency(mu, lam)
+        table.append({"rate": lam, "latency_s": row, "best": min(row, key=row.get) if row else None})
+    return table

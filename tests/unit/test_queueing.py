@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.queueing import latency, simulate, utilisation
+from common.queueing import latency, reference_table, simulate, utilisation
 
 
 def test_md1_closed_form():
@@ -44,3 +44,25 @@ def test_eq12_as_printed_disagrees_with_simulation():
 def test_unstable_or_bad_inputs_are_refused(mu, lam):
     with pytest.raises(ValueError):
         latency(mu, lam)
+
+
+def test_reference_table_picks_threads_at_light_load_and_concurrency_at_heavy_load():
+    """SERF's Fig. 2 shape: one request with two threads is faster alone (10 ms vs 16 ms),
+    two requests at once with one thread each carry more load (2 x 62.5/s vs 100/s)."""
+    profiles = {(1, 2): [100.0], (2, 1): [62.5, 62.5]}
+    table = reference_table(profiles, [10.0, 90.0, 110.0])
+    assert [row["best"] for row in table] == [(1, 2), (2, 1), (2, 1)]
+    assert (1, 2) not in table[2]["latency_s"]  # unstable at 110/s: left out
+    assert table[0]["latency_s"][(1, 2)] == pytest.approx(latency([100.0], 10.0))
+
+
+def test_reference_table_refuses_a_profile_of_the_wrong_length():
+    with pytest.raises(ValueError, match="profiled rates"):
+        reference_table({(2, 1): [100.0]}, [10.0])
+
+
+def test_every_load_of_a_table_of_many_configurations_has_a_best_one():
+    profiles = {(c, t): [100.0 / t ** 0.5 * (1 - 0.05 * i) for i in range(c)] for c in range(1, 9) for t in range(1, 9)
+                if c * t <= 16}
+    table = reference_table(profiles, [10.0 * i for i in range(1, 9)])
+    assert all(row["best"] is not None for row in table) and len(table) == 8
