@@ -44,8 +44,16 @@ def test_restarted_dispatcher_never_mixes_old_and_new_work(tmp_path, launcher, c
 
     submit(120)  # ~1.2 s of work for two workers: batches in flight and queued at the kill
     results = c.collect(300)
+    # A worker frozen across the restart finishes its old batch once the new incarnation
+    # is up, so old-incarnation traffic meets it (its Done usually arrives and is counted
+    # stale; ZeroMQ may also drop it with the old connection, so that count is asserted
+    # in the unit tests, not here).
+    frozen = spec.role("worker")[0].name
+    run.kill(frozen, signal.SIGSTOP)
     run.kill("dispatcher", signal.SIGKILL)
     run.start(dispatcher)
+    run.wait_status(endpoint)
+    run.kill(frozen, signal.SIGCONT)
     run.wait_workers(endpoint, 3, timeout_s=30)  # two deployed and one parity worker registered again
     after = request_status(endpoint, 5.0)
     assert after["epoch"] > before["epoch"]
@@ -63,5 +71,3 @@ def test_restarted_dispatcher_never_mixes_old_and_new_work(tmp_path, launcher, c
             np.testing.assert_allclose(r.output, inputs[r.request_id][:OUT], atol=1e-5, err_msg=r.request_id)
             checked += 1
     assert checked >= 120  # at least the new incarnation's queries came back from the model path
-    info = request_status(endpoint, 5.0)
-    assert info["stale"] > 0, "no Done of the old incarnation reached the new one"
