@@ -108,3 +108,18 @@ def test_plan_rm2_real_data(prof):
 def test_plan_kairos_plus_with_bound_as_trial_evaluates_one(prof):
     plan = plan_pools(prof, "mtwnd", evaluate=lambda p: p.upper_bound)
     assert plan.kairos_plus["evaluated"] == 1 and plan.kairos_plus["best"] == plan.ranked[0]
+
+
+@needs_data
+def test_keel_kairos_plan_cli_writes_json(tmp_path, capsys):
+    import orjson
+
+    from deploy.keel import main
+
+    out = tmp_path / "plan.json"
+    assert main(["kairos", "plan", "--model", "rm2", "--budget", "2.5", "--top", "3", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "homogeneous" in printed and "pick" in printed and "argmax" in printed
+    js = orjson.loads(out.read_bytes())
+    assert len(js["top"]) == 3 and js["homogeneous"]["counts"]["g4dn.xlarge"] == 4
+    assert js["pick"]["cost"] <= 2.5
