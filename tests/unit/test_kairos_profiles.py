@@ -70,3 +70,55 @@ def test_batch_size_mix_sampler_matches_pmf():
 def test_missing_profile_dir_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         Profiles.load(tmp_path)
+
+
+def _fake_profile(root):
+    """A tiny profile: one type, one model, batch sizes 10 and 20 (inference + loading)."""
+    import io
+    import json
+    import tarfile
+
+    files = {"data/fake.type/m_10_1.json": [1.0, 1.0, 9.0], "data/fake.type/m_20_1.json": [3.0, 3.0, 9.0],
+             "data/logs_load/fake.type/m_10_1.json": [1.0, 1.0, 9.0],
+             "data/logs_load/fake.type/m_20_1.json": [1.0, 1.0, 9.0]}
+    with tarfile.open(root / "data.tar.gz", "w:gz") as tar:
+        for name, samples in files.items():
+            raw = json.dumps(samples).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return root
+
+
+def test_fake_profile_trimmed_sum(tmp_path):
+    prof = Profiles.load(_fake_profile(tmp_path))
+    assert prof.types == ["fake.type"] and prof.models == ["m"]
+    # summed 2, 2, 18: the 18 dropped -> 2 ms; at 20: 4, 4, 18 -> 4 ms
+    assert prof.latency_ms("fake.type", "m", 10) == pytest.approx(2.0)
+    assert prof.latency_ms("fake.type", "m", 15) == pytest.approx(3.0)
+    assert prof.latency_ms("fake.type", "m", 10, inference_only=True) == pytest.approx(1.0)
+
+
+def test_kairos_builtin_sleeps_profiled_time_per_query(tmp_path):
+    import time
+
+    from common.config import ConfigError, WorkerConfig
+    from common.containers import KairosPredictor, build_predictor
+
+    cfg = WorkerConfig(name="w", model="m", builtin="kairos", instance="fake.type", kairos_model="m",
+                       kairos_scale=10.0, kairos_profile=str(_fake_profile(tmp_path)), builtin_input_shape=[4],
+                       builtin_output_size=3)
+    cfg.validate()
+    pred = build_predictor(cfg)
+    assert isinstance(pred, KairosPredictor)
+    batch = np.zeros((3, 4), np.float32)
+    batch[:, 0] = [10, 20, 5]                    # 2 + 4 + 1 ms, times 10
+    assert pred.service_ms(batch) == pytest.approx(70.0)
+    start = time.perf_counter()
+    out = pred.predict_batch(batch)
+    assert time.perf_counter() - start >= 0.069
+    assert out.shape == (3, 3) and not out.any()
+    with pytest.raises(ConfigError):
+        WorkerConfig(name="w", builtin="kairos", kairos_model="m").validate()     # no instance type
+    with pytest.raises(KeyError):
+        KairosPredictor("other.type", "m", 1.0, str(tmp_path), [4], 3)
