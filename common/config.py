@@ -206,6 +206,11 @@ class WorkerConfig:
     #: what the worker declares to schedulers (Kairos): its instance type and hourly price
     instance: str = ""
     price: float = 0.0
+    #: "kairos" model: the profiled model it emulates (rm2, ...), a factor on the profiled
+    #: service time, and the profile directory ("" = ../shared/data/kairos)
+    kairos_model: str = ""
+    kairos_scale: float = 1.0
+    kairos_profile: str = ""
     heartbeat_interval_s: float = 0.25
     heartbeat_liveness: int = 8
     #: ROUTER answering Status requests; None = none
@@ -214,7 +219,12 @@ class WorkerConfig:
 
     def validate(self) -> None:
         _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
-        _check(self.builtin in (None, "noop", "sleep"), "builtin", f"must be noop or sleep, got {self.builtin!r}")
+        _check(self.builtin in (None, "noop", "sleep", "kairos"), "builtin",
+               f"must be noop, sleep or kairos, got {self.builtin!r}")
+        if self.builtin == "kairos":
+            _check(bool(self.kairos_model), "kairos_model", "the kairos model needs the profiled model's name")
+            _check(bool(self.instance), "instance", "the kairos model needs the worker's instance type")
+            _check(self.kairos_scale > 0, "kairos_scale", "must be > 0")
         both = "slots and max_batch must be >= 1"
         _check(self.slots >= 1, "slots", "must be >= 1", msg=both)
         _check(self.max_batch >= 1, "max_batch", "must be >= 1", msg=both)

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     from chaos.cli import add_parser as add_chaos
     from common.roles import ROLES
     from deploy.cli import add_parser as add_deploy
+    from deploy.kairos_cli import add_parser as add_kairos
     from chaos.parm_tail import add_parser as add_experiments
     from training.cli import add_parser as add_training
 
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_training(sub)
     add_chaos(sub)
     add_experiments(sub)
+    add_kairos(sub)
     return parser
 
 
