@@ -13,7 +13,7 @@ paper's accounting; the dispatcher would drop it), so no query is ever lost.
   Poisson arrivals at ``rate`` queries/s, batch sizes from ``sizes(rng, n)``, service time
   ``latency_ms(type, size)`` (x a Gaussian noise factor if ``noise``).
 - ``allowable_throughput(policy_factory, pool, qos_ms, ...)``: the highest Poisson rate with
-  at most 1% of queries over QoS (§4 "allowable throughput"), by bisection.
+  at most 1% of queries over QoS (§4 "allowable throughput"), by bisection (``bisect_rate``).
 - ``oracle_throughput(...)``: ORCL (§6), which knows every query in advance.
 - ``tune_drs(...)``: DeepRecSys's hill-climbing sweep of the batch-size threshold.
 
@@ -164,6 +164,12 @@ def allowable_throughput(policy_factory: Callable[[], object], pool: dict[str, i
         lo = hi / 64
         if not ok(lo):
             return 0.0
+    return bisect_rate(ok, lo, hi, rel_tol)
+
+
+def bisect_rate(ok: Callable[[float], bool], lo: float, hi: float, rel_tol: float = 0.02) -> float:
+    """Bisection: ``ok(lo)`` holds and ``ok(hi)`` does not; the highest rate found to hold,
+    within ``rel_tol`` x ``hi`` of the boundary."""
     while hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
