@@ -12,11 +12,18 @@ instance, or for an instance of its class).
 
 Learning (§5.1 "starts with a linear model ... a lookup table after processing more
 queries"): ``LatencyPredictor`` refines the profile with observed service times per
-(model, type, size). The dispatcher feeds it, in ``_on_done`` after a successful ``Done``::
+(model, type, size). Integration in the dispatcher (later): build the policy with
+``size_of=feature_size`` (emulated models) and the profile reader's ``latency_ms``, and
+in ``_on_done``, after ``worker.profile.observe``, for a successful batch of queries::
 
-    if hasattr(self.policy, "observe"):
-        for q in held.held: ...              # Kairos sends one query per batch (count 1)
-        self.policy.observe(worker, sum(size_of(q) for q in held.held), msg.service_ms)
+    observe = getattr(self.policy, "observe", None)
+    if msg.ok and observe is not None and isinstance(held.held, list):
+        observe(worker, sum(self.policy.size_of(q) for q in held.held), msg.service_ms)
+
+Every plan here is one query per assignment (count 1), so a batch is one Kairos query.
+Caveat: ``Dispatcher._take_batch`` drops a query past its deadline and takes the next,
+which shifts the plan's chunks by one for the rest of that round (the next round
+re-plans); the simulator serves late queries instead (the paper's accounting).
 
 - ``KairosPolicy``   §5.1, Eq. 2-8: min-cost bipartite matching of the queue's head
   against all instances, free or busy, cost = coefficient x (remaining busy time +
@@ -77,6 +84,7 @@ class LatencyPredictor:
         self.seen: dict[tuple[str, str], dict[int, float]] = {}  # (model, type) -> size -> ms
         self.ratio: dict[tuple[str, str], float] = {}  # (model, type) -> observed / prior
         self._cache: dict[tuple[str, str, int], float] = {}
+        self._arrays: dict[tuple[str, str], np.ndarray] = {}  # predict() by size, 0..len-1
         self._coef: dict[tuple[str, str], float] = {}
 
     def observe(self, model: str, instance: str, size: int, service_ms: float) -> None:
@@ -90,6 +98,7 @@ class LatencyPredictor:
             old_r = self.ratio.get(key)
             self.ratio[key] = r if old_r is None else old_r + self.alpha * (r - old_r)
         self._cache = {k: v for k, v in self._cache.items() if k[:2] != key}
+        self._arrays.pop(key, None)
         self._coef.clear()
 
     def predict(self, model: str, instance: str, size: int, worker: WorkerState | None = None) -> float:
@@ -114,6 +123,17 @@ class LatencyPredictor:
         ms = 0.0 if ms is None else float(ms)
         self._cache[(model, instance, size)] = ms
         return ms
+
+    def predict_many(self, model: str, instance: str, sizes: np.ndarray) -> np.ndarray:
+        """``predict`` for an array of sizes, from a table by size grown as needed."""
+        key = (model, instance)
+        table = self._arrays.get(key)
+        top = int(sizes.max(initial=0)) + 1
+        if top > 1 << 14:  # no table that large: one by one
+            return np.array([self.predict(model, instance, int(s)) for s in sizes], float)
+        if table is None or len(table) < top:
+            table = self._arrays[key] = np.array([self.predict(model, instance, s) for s in range(max(top, 64))])
+        return table[sizes]
 
     def coefficient(self, model: str, instance: str, types: Sequence[str]) -> float:
         """Heterogeneity coefficient (§5.1 Definition): L_base(ref) / L_type(ref), the base
@@ -208,14 +228,13 @@ class KairosPolicy(_Policy):
         types = [w.instance for w in workers]
         kinds = sorted(set(types))
         col_kind = np.array([kinds.index(t) for t in types])
-        sizes = [self.size_of(q) for q in queries]
-        pred = self.predictor.predict
-        if self.predictor.prior is None and any(not self.predictor.seen.get((model, t)) for t in kinds):
+        sizes = np.fromiter((self.size_of(q) for q in queries), int, len(queries))
+        pred = self.predictor
+        if pred.prior is None and any(not pred.seen.get((model, t)) for t in kinds):
             # nothing known of a type: each worker's own profile (rows), column by column
-            lat = np.array([[pred(model, w.instance, s, w) for w in workers] for s in sizes])
+            lat = np.array([[pred.predict(model, w.instance, s, w) for w in workers] for s in sizes])
         else:
-            lat = np.array([[pred(model, t, s) for t in kinds] for s in sizes]).reshape(len(sizes), len(kinds))
-            lat = lat[:, col_kind]
+            lat = np.stack([pred.predict_many(model, t, sizes) for t in kinds], axis=1)[:, col_kind]
         busy = np.array([0.0 if w.free_slots > 0 else self.busy_ms(w, now) for w in workers])
         coef = self.coefficients or {}
         c = np.array([coef.get(t) or self.predictor.coefficient(model, t, kinds) for t in kinds])[col_kind]
