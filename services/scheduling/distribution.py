@@ -30,7 +30,7 @@ queue order, each with its matched worker (None where it matched a busy one).
 Example
 -------
 >>> sorted(POLICIES)
-['round_robin', 'single_queue']
+['clockwork', 'fcfs_base', 'kairos', 'round_robin', 'single_queue']
 """
 from __future__ import annotations
 
@@ -83,3 +83,9 @@ class RoundRobin:
 
 
 POLICIES: dict[str, type] = {"single_queue": SingleQueue, "round_robin": RoundRobin}
+
+# Kairos §5.1 and its baselines (§6), built with defaults (size 1 per query, latencies
+# learned from Done); DRS needs its threshold: ``kairos.make_policy("drs", threshold=...)``
+from services.scheduling.kairos import ClockworkPolicy, FcfsBase, KairosPolicy  # noqa: E402
+
+POLICIES.update({"kairos": KairosPolicy, "fcfs_base": FcfsBase, "clockwork": ClockworkPolicy})
