@@ -30,10 +30,10 @@ re-plans); the simulator serves late queries instead (the paper's accounting).
   predicted latency), + a penalty where wait + completion would miss rho x QoS.
 - ``FcfsBase``       Ribbon's distribution (§6): first come first served, base type first.
 - ``DrsPolicy``      DeepRecSys (§6): a batch-size threshold; small queries to auxiliary
-  types, large to the base type (threshold tuned by ``common.kairos_sim.tune_drs``).
+  types, large to the base type (threshold tuned by ``bench.kairos_sim.tune_drs``).
 - ``ClockworkPolicy`` CLKWRK (§6): each query to the instance predicted to finish it first.
 
-The Oracle (§6, ORCL) knows all arrivals and is no policy: ``common.kairos_sim.oracle_throughput``.
+The Oracle (§6, ORCL) knows all arrivals and is no policy: ``bench.kairos_sim.oracle_throughput``.
 
 Example
 -------
@@ -293,7 +293,7 @@ class FcfsBase(_Policy):
 class DrsPolicy(_Policy):
     """DeepRecSys (Kairos §6): queries of size <= ``threshold`` go to auxiliary (non-base)
     instances, larger ones to base instances; each waits for a free instance of its class.
-    The threshold is tuned by hill climbing (``common.kairos_sim.tune_drs``)."""
+    The threshold is tuned by hill climbing (``bench.kairos_sim.tune_drs``)."""
 
     def __init__(self, threshold: int, latency_ms: LatencyFn | None = None,
                  size_of: Callable[[Query], int] = unit_size, base: str | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.kairos_sim import allowable_throughput, bisect_rate, oracle_throughput, simulate, tune_drs
+from bench.kairos_sim import allowable_throughput, bisect_rate, oracle_throughput, simulate, tune_drs
 from services.scheduling.kairos import ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size
 
 POOL = {"gpu": 2, "cpu": 4}
