@@ -14,6 +14,7 @@ from common.config import BatchPolicy, ConfigError, DispatcherConfig
 from common.kairos.profiles import DEFAULT_ROOT
 from common.protocol import Batch, Done, Queries, Register, Role
 from common.spec import SpecError, load_spec
+from deploy.cli import info_tables
 from services.dispatcher import Dispatcher, distribution_policy
 from services.scheduling import SingleQueue
 from services.scheduling.kairos import DrsPolicy, KairosPolicy, feature_size
@@ -187,6 +188,10 @@ def test_stepped_dispatcher_sends_large_queries_to_the_base_type_and_learns_from
     assert pools[BASE] == {"workers": 1, "slots": 1, "inflight": 1, "batches": 0, "cost_per_hour": 0.526, "busy": 1.0}
     assert pools[CPU]["workers"] == 2 and pools[CPU]["cost_per_hour"] == 0.298 and pools[CPU]["busy"] == 1.0
     assert d.status()["cost_per_hour"] == 0.824
+    # keel status renders it as a table, one row per instance type
+    tables = dict(info_tables(d.status()))
+    assert [(r["pools"], r["workers"], r["busy"], r["cost_per_hour"]) for r in tables["pools"]] == [
+        (BASE, 1, 1.0, 0.526), (CPU, 2, 1.0, 0.298)]
 
     # Done feeds the policy's predictor with the batch's summed query sizes (§5.1 learning)
     b = got["base"][0]
