@@ -159,8 +159,19 @@ class DispatcherConfig:
     encoder_endpoint: str | None = None
     models: dict[str, BatchPolicy] = field(default_factory=dict)
     #: distribution policy plug-in (services.scheduling.distribution): "single_queue"
-    #: (Clipper/ParM single queue) or "round_robin"
+    #: (Clipper/ParM single queue) or "round_robin"; Kairos §5.1 "kairos" and its §6
+    #: baselines "fcfs_base", "clockwork", "drs" (services.scheduling.kairos)
     policy: str = "single_queue"
+    #: the Kairos policies' profile: with ``kairos_model`` set they are built with the
+    #: measured latencies of that model (``kairos_profile`` directory, "" =
+    #: ../shared/data/kairos) times ``kairos_scale``, and read each query's batch size from
+    #: its first feature (the emulated ``kairos`` model's rows); "" = latencies learned
+    #: from Done alone, every query of size 1
+    kairos_model: str = ""
+    kairos_profile: str = ""
+    kairos_scale: float = 1.0
+    #: "drs": queries of at most this many items go to auxiliary types (Kairos §6)
+    drs_threshold: int = 0
     heartbeat_interval_s: float = 0.25
     #: heartbeats a worker may miss before it is dropped and its batch re-queued
     #: (2 s by default: a loaded 2-core host can stall a healthy process for a second)
@@ -174,6 +185,10 @@ class DispatcherConfig:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
         _check(self.answered_limit >= 0, "answered_limit", "must be >= 0")
+        _check(self.kairos_scale > 0, "kairos_scale", "must be > 0")
+        _check(self.policy != "drs" or self.drs_threshold >= 1, "drs_threshold",
+               'must be >= 1 with policy "drs" (items; Kairos §6 tunes it per pool)')
+        _check(self.drs_threshold >= 0, "drs_threshold", "must be >= 0")
         for name, policy in self.models.items():
             policy.validate(name)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from common.modelstore import DEFAULT_STORE
 from common.spec.models import read_model
+from common.spec.pools import read_pool_prices
 from common.spec.ports import Ports, assign_metrics_ports
 from common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from common.spec.topology import ClusterSpec, wire
@@ -90,13 +91,15 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         opts[role] = options(role, table)
     opts["worker"] = options("worker", Table(root.take("worker", dict, {}), "worker"))
 
+    pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
     models_table = Table(root.take("models", dict), "models")
     if not models_table.data:
         fail("models", "needs at least one [models.NAME] table")
     models = {}
     for model in list(models_table.data):
         models_table.take(model, dict)
-        models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of)
+        models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
+                                   pool_prices)
     root.finish()
 
     ports = Ports(base_port)

@@ -13,6 +13,7 @@ from typing import Any
 
 from common import config as cfg
 from common.modelstore import ModelStore, ModelStoreError
+from common.spec.pools import read_kairos, read_pools
 from common.spec.tables import NAME, SpecError, Table, fail, options
 
 MODES = ("none", "equal", "parm")
@@ -45,14 +46,17 @@ def _validated(t: Table, model: str, make: Callable[[], Any]) -> None:
 
 
 def read_model(model: str, t: Table, store: str, all_hosts: list[str],
-               hosts_of: Callable[[Table, str, list[str]], list[str]]) -> dict[str, Any]:
-    """The resolved table of one ``[models.NAME]``: every option filled, checked, store-backed."""
+               hosts_of: Callable[[Table, str, list[str]], list[str]],
+               pool_prices: dict[str, float] | None = None) -> dict[str, Any]:
+    """The resolved table of one ``[models.NAME]``: every option filled, checked, store-backed.
+    ``pool_prices``: the root ``[pools.TYPE] price`` overrides (``common.spec.pools``)."""
     if not NAME.match(model):
         fail(t.path, "model names must be letters, digits, '_', '.', '-'")
     out: dict[str, Any] = {}
     builtin = out["builtin"] = t.take("builtin", str, None)
-    if builtin not in (None, "noop", "sleep"):
-        fail(t.key("builtin"), f'must be "noop" or "sleep", got {builtin!r}')
+    if builtin not in (None, "noop", "sleep", "kairos"):
+        fail(t.key("builtin"), f'must be "noop", "sleep" or "kairos", got {builtin!r}')
+    out.update(read_kairos(t, builtin))
     if builtin and t.has("store_name"):
         fail(t.key("store_name"), "a builtin model has no store_name; give one or the other")
     out["store_name"] = t.take("store_name", str, None if builtin else model)
@@ -63,13 +67,16 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
     dtype = t.take("input_dtype", str, None)
     for key in ("fixed_ms", "per_query_ms"):
         out[key] = t.take(key, float, 0.0)
-        if t.has(key) and builtin == "noop":
-            fail(t.key(key), 'the builtin "noop" model has no cost to set')
+        if t.has(key) and builtin in ("noop", "kairos"):
+            fail(t.key(key), f'the builtin "{builtin}" model has no cost to set')
         if out[key] < 0:
             fail(t.key(key), "must be >= 0")
     mstore = ModelStore(store)
     if builtin:
-        out.update(version="1", input_shape=shape or [64], output_size=output_size or 10, input_dtype=dtype or "float32")
+        # kairos: one feature per row, the query's batch size (items)
+        default_shape, default_size = ([1], 1) if builtin == "kairos" else ([64], 10)
+        out.update(version="1", input_shape=shape or default_shape, output_size=output_size or default_size,
+                   input_dtype=dtype or "float32")
     else:
         try:
             manifest = mstore.manifest(out["store_name"], version)
@@ -102,7 +109,9 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
         fail(t.key("batch_budget_ms"), f"must be <= deadline_ms ({out['deadline_ms']:g})")
 
     # placement and ParM
-    out["workers"] = t.take("workers", int, 1)
+    # Kairos: one (instance type, price) per worker of a heterogeneous pool, or None
+    out["pool"] = read_pools(t, out, pool_prices or {})
+    out["workers"] = len(out["pool"]) if out["pool"] else t.take("workers", int, 1)
     if out["workers"] < 1:
         fail(t.key("workers"), "must be >= 1")
     out["hosts"] = hosts_of(t, "hosts", all_hosts)
@@ -117,6 +126,8 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
         fail(t.key("mode"), f'"none" with k = {k}; set mode = "parm" or "equal", or drop k')
     if mode != "none" and not k:
         fail(t.key("k"), f'mode "{mode}" needs k >= 2')
+    if mode != "none" and out["pool"]:
+        fail(t.key("pools"), f'mode "{mode}" with pools: which instance type would the extra workers be? Not supported')
     # ParM §6.1: m/k parity workers; Equal-Resources gets as many extra deployed ones
     out["parity_workers"] = math.ceil(out["workers"] / k) if k else 0
     out["encoder"] = t.take("encoder", str, "add")

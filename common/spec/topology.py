@@ -89,6 +89,20 @@ def _build(role: str, data: dict[str, Any], path: str) -> Any:
         raise SpecError(f"{path}: {exc}") from None
 
 
+def _kairos_profile(models: dict[str, dict], given: dict[str, Any]) -> dict[str, Any]:
+    """The dispatcher's Kairos profile options from the ``kairos``-emulated model, unless
+    ``[dispatcher]`` gives them; one dispatcher policy serves every model, so such models
+    must agree on the profile."""
+    keys = ("kairos_model", "kairos_scale", "kairos_profile")
+    emulated = {m: tuple(t[k] for k in keys) for m, t in models.items() if t["builtin"] == "kairos"}
+    if not emulated or any(k in given for k in keys):
+        return {}
+    if len(set(emulated.values())) > 1:
+        fail(f"models.{list(emulated)[-1]}.kairos_model", "kairos-emulated models must agree on kairos_model, "
+             "kairos_scale and kairos_profile (one dispatcher policy); or set them in [dispatcher]")
+    return dict(zip(keys, next(iter(emulated.values()))))
+
+
 def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict], placement: dict[str, Any],
          options: dict[str, dict[str, Any]]) -> tuple[list[ServiceLaunch], list[str]]:
     """The services of a single-model-per-queue deployment (Clipper/ParM) and the client
@@ -118,7 +132,7 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
                                "dispatcher_endpoint": query_ep, "models": infos}, "frontend")
     add("dispatcher", "dispatcher", disp_host,
-        {**options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
+        {**_kairos_profile(models, options["dispatcher"]), **options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
          "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")
     dispatcher = services[-1].config
     if coded:
@@ -138,6 +152,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         common.update(fixed_ms=t["fixed_ms"], per_query_ms=t["per_query_ms"])
         if t["builtin"]:
             common.update(builtin=t["builtin"], builtin_input_shape=t["input_shape"], builtin_output_size=t["output_size"])
+        if t["builtin"] == "kairos":
+            common.update({k: t[k] for k in ("kairos_model", "kairos_scale", "kairos_profile")})
         deployed = {**common, "model": m, "role": "deployed"}
         if not t["builtin"]:
             deployed.update(store_name=t["store_name"], version=t["version"])
@@ -146,7 +162,9 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         n_deployed = t["workers"] + (t["parity_workers"] if t["mode"] == "equal" else 0)
         first = len(services)
         for i in range(n_deployed):
-            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], deployed, where)
+            # Kairos pools: each worker declares its instance type and price
+            declared = {"instance": t["pool"][i][0], "price": t["pool"][i][1]} if t["pool"] else {}
+            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], {**deployed, **declared}, where)
         if t["mode"] == "parm":
             parity = {**common, "model": t["parity_model"], "role": "parity"}
             if not t["builtin"]:

@@ -1,0 +1,74 @@
+"""Kairos live (issue 15): a heterogeneous pool of emulated instance types (the ``kairos``
+builtin: the authors' measured service times, CPU idle) behind real frontend, dispatcher
+and worker processes, the dispatcher running the Kairos policy (§5.1) with the profile.
+
+One base-type worker (g4dn.xlarge) and two auxiliary ones (r5n.large); queries of mixed
+batch sizes, sent one at a time (one query in flight, so none waits behind another and
+every one can meet its deadline). The deadline is 1.35 x the base type's time for the
+largest query: a query of 900+ items misses it on r5n.large (rho x QoS, Eq. 5) and must go
+to the base type; a small one costs least on r5n.large (coefficient x latency, Eq. 2).
+The model has a default output, so a query served too slowly (a large one on r5n.large,
+as a load balancer would send a third of them) is answered by the default, not the model.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from common.kairos.profiles import DEFAULT_ROOT
+from common.protocol import Source
+from common.spec import load_spec
+from common.transport import request_status
+from deploy.local import free_port_block, wait_until
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
+                                 reason=f"Kairos profile data not found at {DEFAULT_ROOT}")]
+
+BASE, CPU = "g4dn.xlarge", "r5n.large"
+SCALE = 0.5
+BASE_1000_MS = 260.8  # rm2 on g4dn.xlarge at 1000 items (profile, unscaled)
+DEADLINE_MS = 1.35 * BASE_1000_MS * SCALE  # r5n.large at 900 items: 364 ms x SCALE, late
+
+
+def test_kairos_pool_serves_every_query_and_large_ones_on_the_base_type(launcher, client):
+    spec = load_spec({
+        "cluster": {"name": "kairos-live", "base_port": free_port_block()},
+        "frontend": {"cache_size": 0},  # equal batch sizes are equal rows: no cache hits
+        "dispatcher": {"policy": "kairos"},
+        "models": {"rm2": {"builtin": "kairos", "kairos_model": "rm2", "kairos_scale": SCALE,
+                           "pools": {BASE: 1, CPU: 2}, "deadline_ms": DEADLINE_MS,
+                           "default_output": [-1.0]}},
+    })
+    launcher("kairos").start_spec(spec)
+    rng = np.random.default_rng(15)
+    large = rng.integers(900, 1001, 25)
+    small = rng.integers(1, 101, 75)
+    sizes = rng.permutation(np.concatenate([large, small]))
+    c = client(spec.client_endpoints[0], timeout_ms=DEADLINE_MS)  # the frontend answers the default then
+    results = c.predict_batch("rm2", sizes.astype(np.float32).reshape(-1, 1), window=1)
+
+    assert len(results) == len(sizes) and all(r.error is None for r in results)  # none lost
+    is_large = sizes >= 900
+    from_model = np.array([r.source == Source.MODEL for r in results])
+    assert from_model[~is_large].all(), Counter(r.source for r, big in zip(results, is_large) if not big)
+    # mostly: a query can arrive between its predecessor's reply and that one's Done, the
+    # base-type worker still busy in the dispatcher's view; then r5n.large is cheaper
+    assert from_model[is_large].mean() >= 0.8, Counter(r.source for r, big in zip(results, is_large) if big)
+    # a worker replies to the frontend before its Done reaches the dispatcher: wait for the last
+    endpoint, seen = spec.service("dispatcher").config.worker_endpoint, []
+    assert wait_until(lambda: seen.append(request_status(endpoint, 1.0)) or
+                      (seen[-1] is not None and not any(p["inflight"] for p in seen[-1]["pools"].values())), 10.0), \
+        f"the dispatcher's last status: {seen[-1:]}"
+    info = seen[-1]
+    pools = info["pools"]
+    assert pools[BASE]["workers"] == 1 and pools[CPU]["workers"] == 2
+    assert info["cost_per_hour"] == pytest.approx(0.526 + 2 * 0.149)
+    assert info["expired"] == 0 and info["requeued"] == 0
+    # one query per batch (Kairos plans count 1): batches are queries served
+    assert pools[BASE]["batches"] + pools[CPU]["batches"] == len(sizes)
+    # large queries go to the base type, small ones to the cheaper CPUs
+    assert 0.8 * len(large) <= pools[BASE]["batches"] <= len(large) + len(small) // 5, pools
+    assert pools[CPU]["batches"] >= 0.8 * len(small), pools
