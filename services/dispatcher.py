@@ -37,48 +37,15 @@ import numpy as np
 import zmq
 
 from common import transport
-from common.config import ConfigError, DispatcherConfig
+from common.config import DispatcherConfig
 from common.ids import IdSpace
 from common.protocol import (
     MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
 )
 from services.base import Service
-from services.scheduling import POLICIES, CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
-
-
-KAIROS_POLICIES = ("kairos", "fcfs_base", "clockwork", "drs")
-
-
-def distribution_policy(cfg: DispatcherConfig):
-    """The distribution policy ``cfg.policy`` names. The Kairos policies (§5.1, §6
-    baselines), when ``cfg.kairos_model`` is set, are built with that model's measured
-    profile (``common.kairos.profiles``) scaled by ``kairos_scale`` as their prior, the
-    heterogeneity coefficients it gives (§5.1 Definition), and each query's batch size read
-    from its first feature (``feature_size``, the emulated ``kairos`` model's rows)."""
-    if cfg.policy not in POLICIES and cfg.policy != "drs":
-        raise ConfigError(f"unknown distribution policy {cfg.policy!r}; known: {sorted([*POLICIES, 'drs'])}")
-    if cfg.policy not in KAIROS_POLICIES:
-        return POLICIES[cfg.policy]()
-    from services.scheduling.kairos import feature_size, make_policy
-
-    kw: dict = {"threshold": cfg.drs_threshold} if cfg.policy == "drs" else {}
-    if not cfg.kairos_model:
-        return make_policy(cfg.policy, **kw)
-    from common.kairos.profiles import Profiles
-
-    try:
-        prof = Profiles.load(cfg.kairos_profile or None)
-        prof.latency_ms(prof.types[0], cfg.kairos_model, 1)
-    except (FileNotFoundError, KeyError) as exc:
-        raise ConfigError(f"dispatcher: kairos_model/kairos_profile: {exc}") from None
-    model, scale, known = cfg.kairos_model, cfg.kairos_scale, set(prof.types)
-
-    def latency_ms(instance: str, size: int) -> float | None:
-        return prof.latency_ms(instance, model, size) * scale if instance in known else None
-
-    if cfg.policy == "kairos":
-        kw["coefficients"] = {t: prof.coefficient(t, model) for t in prof.types}
-    return make_policy(cfg.policy, latency_ms=latency_ms, size_of=feature_size, **kw)
+from services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
+from services.scheduling.distribution import distribution_policy
+from services.scheduling.view import pool_summary
 
 
 class Dispatcher(Service):
@@ -409,27 +376,6 @@ class Dispatcher(Service):
             self.requeued += len(keep)
         worker.inflight.clear()
 
-    def _pools(self) -> dict:
-        """Per declared instance type (Kairos' heterogeneous pool): workers, busy fraction
-        now (in-flight batches / slots), batches served, and the pool's cost per hour;
-        {} when no worker declares an instance type."""
-        pools: dict[str, dict] = {}
-        for w in self.workers.values():
-            if not w.instance:
-                continue
-            p = pools.setdefault(w.instance, {"workers": 0, "slots": 0, "inflight": 0, "batches": 0, "cost_per_hour": 0.0})
-            p["workers"] += 1
-            p["slots"] += w.slots
-            p["inflight"] += len(w.inflight)
-            p["batches"] += w.batches
-            p["cost_per_hour"] += w.price
-        for p in pools.values():
-            p["busy"] = round(p["inflight"] / p["slots"], 3) if p["slots"] else 0.0
-            p["cost_per_hour"] = round(p["cost_per_hour"], 4)
-        if not pools:
-            return {}
-        return {"pools": pools, "cost_per_hour": round(sum(p["cost_per_hour"] for p in pools.values()), 4)}
-
     def status(self) -> dict:
         return {
             "service": self.name,
@@ -439,7 +385,7 @@ class Dispatcher(Service):
             "queues": {m: len(q.entries) for m, q in self.queues.items()},
             "arrival_rate": {m: round(q.rate, 3) for m, q in self.queues.items()},
             "workers": {w.name: w.status() for w in self.workers.values()},
-            **self._pools(),
+            **pool_summary(self.workers.values()),
             "expired": self.expired,
             "requeued": self.requeued,
             "stale": self.stale,

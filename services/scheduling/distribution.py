@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from common.config import ConfigError, DispatcherConfig
 from services.scheduling.view import ModelQueue, WorkerState
 
 
@@ -89,3 +90,38 @@ POLICIES: dict[str, type] = {"single_queue": SingleQueue, "round_robin": RoundRo
 from services.scheduling.kairos import ClockworkPolicy, FcfsBase, KairosPolicy  # noqa: E402
 
 POLICIES.update({"kairos": KairosPolicy, "fcfs_base": FcfsBase, "clockwork": ClockworkPolicy})
+
+
+KAIROS_POLICIES = ("kairos", "fcfs_base", "clockwork", "drs")
+
+
+def distribution_policy(cfg: DispatcherConfig):
+    """The distribution policy ``cfg.policy`` names. The Kairos policies (§5.1, §6
+    baselines), when ``cfg.kairos_model`` is set, are built with that model's measured
+    profile (``common.kairos.profiles``) scaled by ``kairos_scale`` as their prior, the
+    heterogeneity coefficients it gives (§5.1 Definition), and each query's batch size read
+    from its first feature (``feature_size``, the emulated ``kairos`` model's rows)."""
+    if cfg.policy not in POLICIES and cfg.policy != "drs":
+        raise ConfigError(f"unknown distribution policy {cfg.policy!r}; known: {sorted([*POLICIES, 'drs'])}")
+    if cfg.policy not in KAIROS_POLICIES:
+        return POLICIES[cfg.policy]()
+    from services.scheduling.kairos import feature_size, make_policy
+
+    kw: dict = {"threshold": cfg.drs_threshold} if cfg.policy == "drs" else {}
+    if not cfg.kairos_model:
+        return make_policy(cfg.policy, **kw)
+    from common.kairos.profiles import Profiles
+
+    try:
+        prof = Profiles.load(cfg.kairos_profile or None)
+        prof.latency_ms(prof.types[0], cfg.kairos_model, 1)
+    except (FileNotFoundError, KeyError) as exc:
+        raise ConfigError(f"dispatcher: kairos_model/kairos_profile: {exc}") from None
+    model, scale, known = cfg.kairos_model, cfg.kairos_scale, set(prof.types)
+
+    def latency_ms(instance: str, size: int) -> float | None:
+        return prof.latency_ms(instance, model, size) * scale if instance in known else None
+
+    if cfg.policy == "kairos":
+        kw["coefficients"] = {t: prof.coefficient(t, model) for t in prof.types}
+    return make_policy(cfg.policy, latency_ms=latency_ms, size_of=feature_size, **kw)

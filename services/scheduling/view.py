@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,3 +171,25 @@ class WorkerState:
             "batch_size": self.batch_size, "inflight": len(self.inflight), "batches": self.batches,
             "last_service_ms": round(self.last_service_ms, 3), "profile": self.profile.to_json(),
         }
+
+
+def pool_summary(workers: Iterable[WorkerState]) -> dict:
+    """Per declared instance type (Kairos' heterogeneous pool): workers, busy fraction
+    now (in-flight batches / slots), batches served, and the pool's cost per hour;
+    {} when no worker declares an instance type."""
+    pools: dict[str, dict] = {}
+    for w in workers:
+        if not w.instance:
+            continue
+        p = pools.setdefault(w.instance, {"workers": 0, "slots": 0, "inflight": 0, "batches": 0, "cost_per_hour": 0.0})
+        p["workers"] += 1
+        p["slots"] += w.slots
+        p["inflight"] += len(w.inflight)
+        p["batches"] += w.batches
+        p["cost_per_hour"] += w.price
+    for p in pools.values():
+        p["busy"] = round(p["inflight"] / p["slots"], 3) if p["slots"] else 0.0
+        p["cost_per_hour"] = round(p["cost_per_hour"], 4)
+    if not pools:
+        return {}
+    return {"pools": pools, "cost_per_hour": round(sum(p["cost_per_hour"] for p in pools.values()), 4)}

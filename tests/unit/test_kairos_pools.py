@@ -15,7 +15,8 @@ from common.kairos.profiles import DEFAULT_ROOT
 from common.protocol import Batch, Done, Queries, Register, Role
 from common.spec import SpecError, load_spec
 from deploy.cli import info_tables
-from services.dispatcher import Dispatcher, distribution_policy
+from services.dispatcher import Dispatcher
+from services.scheduling.distribution import distribution_policy
 from services.scheduling import SingleQueue
 from services.scheduling.kairos import DrsPolicy, KairosPolicy, feature_size
 
