@@ -22,11 +22,14 @@ FCFS-base is reported beside them. Also: Kairos+ (Algorithm 1) with the simulato
 evaluator (pools evaluated of the space), the planner's time (``plan_ms``, the slowest of
 the models) and the matching's p99 (``solve_timing``).
 
-Run sizes (a 2-core machine): ``--quick`` simulates 2000 queries per trial, bisection to 2%
-of the rate (~9 trials per policy and pool), Kairos+ trials of 600 queries to 5%; the default
-run 4000 queries to 1%, Kairos+ 1000 queries to 4%. One simulation of Kairos on 14
-instances takes ~0.15 ms per query. The first 10% of arrivals (the empty pool's start)
-are left out of the 1% count.
+Run sizes (a 2-core machine): ``--quick`` (rm2 alone, ~1 minute) simulates 3000 queries
+per trial, bisection to 2% of the rate (~8 trials per policy and pool), Kairos+ trials of
+2000 queries to 4%; the default run (three models, ~5-8 minutes) 4000 queries to 1.5%,
+Kairos+ 2000 queries to 4%. Kairos on 14 instances costs ~0.3 ms of CPU per simulated
+query. The first 10% of arrivals (the empty pool's start) are left out of the 1% count.
+Short trials flatter a policy (a few hundred queries build no queue: a first quick run
+with 600-query Kairos+ trials measured 156 q/s on a pool whose Eq. 15 bound is 144, and
+Kairos+ stopped after one pool), hence no fewer than 2000.
 
 ``kairos_urgent`` (reported beside, not a paper policy): ``UrgentKairos`` below, Kairos
 with one change for the starvation the policy's author noted (see its docstring).
@@ -71,8 +74,8 @@ class Config:
     solve_reps: int = 300
 
 
-QUICK = Config(n=2000, rel_tol=0.02, plus_n=600, plus_tol=0.05)
-DEFAULT = Config()
+QUICK = Config(n=3000, rel_tol=0.02, plus_n=2000, plus_tol=0.04)
+DEFAULT = Config(n=4000, rel_tol=0.015, plus_n=2000, plus_tol=0.04)
 
 
 class UrgentKairos(KairosPolicy):
