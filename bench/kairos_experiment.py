@@ -136,13 +136,14 @@ def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config,
         start = min(cands, key=lambda c: abs(c - start))
         threshold = tune_drs(lambda th: rate(lambda: DrsPolicy(th, lat, feature_size, base=base)), cands, start)
     factories["drs"] = lambda: DrsPolicy(threshold or 1000, lat, feature_size, base=base)
-    rates, detail = {}, {"drs_threshold": threshold, "over_qos": {}, "lost": 0}
+    rates, detail = {}, {"drs_threshold": threshold, "over_qos": {}, "max_ms": {}, "lost": 0}
     for name in POLICIES:
         t0 = time.time()
         rates[name] = rate(factories[name])
         # one more run at the rate found: its fraction over QoS, and nothing lost
         r = simulate(factories[name](), pool, lat, max(rates[name], 1e-3), _sizes, qos_ms, n=cfg.n, seed=cfg.seed)
         detail["over_qos"][name] = r.over_qos
+        detail["max_ms"][name] = float(np.nanmax(r.latencies_ms))
         detail["lost"] += r.lost
         log(f"    {name:14s} {rates[name]:9.1f} q/s  ({r.over_qos * 100:.2f}% over QoS, {time.time() - t0:.1f} s)")
     return rates, detail
@@ -193,6 +194,7 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
         "rates": rates, "homogeneous_rates": h_rates,
         "drs_threshold": detail["drs_threshold"],
         "over_qos_at_rate": detail["over_qos"], "homogeneous_over_qos_at_rate": h_detail["over_qos"],
+        "max_latency_ms_at_rate": detail["max_ms"],
         "lost": detail["lost"] + h_detail["lost"],
         "plan_ms": plan.plan_ms,
         "kairos_plus": {"evaluated": plus["evaluated"], "space": plus["space"], "qps": plus["qps"],
@@ -216,10 +218,11 @@ def table(name: str, m: dict) -> list[str]:
     """The printed table for one model: rates per policy and pool, then the targets."""
     lines = [f"== {name}: pool {m['pool']} ${m['pool_cost']:.3f}/h (budget ${m['budget']:.2f}), "
              f"homogeneous {m['homogeneous_pool']} ${m['homogeneous_cost']:.3f}/h, QoS p99 {m['qos_ms']} ms",
-             f"   {'policy':14s} {'planned q/s':>12s} {'homog. q/s':>11s}"]
+             f"   {'policy':14s} {'planned q/s':>12s} {'homog. q/s':>11s} {'max ms':>8s}  (max: planned pool, at its rate)"]
     for p in POLICIES:
         extra = f"  (threshold {m['drs_threshold']})" if p == "drs" and m["drs_threshold"] else ""
-        lines.append(f"   {p:14s} {m['rates'][p]:12.1f} {m['homogeneous_rates'][p]:11.1f}{extra}")
+        lines.append(f"   {p:14s} {m['rates'][p]:12.1f} {m['homogeneous_rates'][p]:11.1f} "
+                     f"{m['max_latency_ms_at_rate'][p]:8.0f}{extra}")
     lines.append(f"   {'oracle':14s} {m['oracle_rps']:12.1f}")
     labels = {"vs_homogeneous": f"kairos / best homogeneous ({m['best_homogeneous_policy']})",
               "vs_best_baseline": f"kairos / best of DRS, CLKWRK ({m['best_baseline_policy']})",
