@@ -141,3 +141,5 @@ def add_parser(subparsers: Any) -> None:
     e.add_argument("--rate", type=float, default=100.0, help="Poisson arrival rate, queries/s (default: %(default)s)")
     e.add_argument("--link-mbit", type=float, default=50.0, help="tbf limit of each host's link (default: %(default)s)")
     e.set_defaults(func=run)
+    from bench.kairos_experiment import add_parser as add_kairos
+    add_kairos(which)

@@ -1,0 +1,55 @@
+"""``keel experiment kairos`` (bench/kairos_experiment.py) on a tiny configuration."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.kairos_experiment import Config, UrgentKairos, run_experiment
+from common.kairos.profiles import DEFAULT_ROOT
+
+needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
+                                reason=f"Kairos profiles absent ({DEFAULT_ROOT}/data.tar.gz)")
+
+
+@needs_data
+def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
+    cfg = Config(n=250, rel_tol=0.15, plus_n=150, plus_tol=0.3, solve_reps=5)
+    path = tmp_path / "k.json"
+    out = run_experiment(["dien"], cfg, path, log=lambda s: None)
+    saved = json.loads(path.read_text())
+    for key in ("plan_ms", "solve_p99_ms_28x14", "solve_p99_ms_200x200", "lost", "models"):
+        assert key in saved
+    m = saved["models"]["dien"]
+    for key in ("kairos_rps", "best_homogeneous_rps", "best_baseline_rps", "oracle_rps", "pool", "pool_cost"):
+        assert key in m
+    assert saved["lost"] == 0 and out["lost"] == 0
+    assert 0 < m["pool_cost"] <= m["budget"] + 1e-9
+    assert m["kairos_rps"] > 0 and m["best_homogeneous_rps"] > 0 and m["oracle_rps"] > 0
+    assert m["best_baseline_rps"] == max(m["rates"]["drs"], m["rates"]["clockwork"])
+    assert set(m["max_latency_ms_at_rate"]) == set(m["rates"])
+    assert 1 <= m["kairos_plus"]["evaluated"] <= m["kairos_plus"]["space"]
+    png = tmp_path / "k.png"
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_urgent_kairos_matches_a_query_late_everywhere_first():
+    from common.config import BatchPolicy
+    from services.scheduling.batching import FixedBatch
+    from services.scheduling.kairos import KairosPolicy, feature_size
+    from services.scheduling.view import ModelQueue, Query, WorkerState
+
+    lat = lambda t, s: 1.0 * s  # noqa: E731
+    cfg = BatchPolicy(fixed_batch=1)
+    queue = ModelQueue("m", cfg, FixedBatch(cfg))
+    kind = ((1,), np.dtype(np.float32))
+    # query 0 (size 90) has waited 50 ms of its 100: late on the one instance; 1 and 2 are small and on time
+    for qid, size, enq in ((0, 90, 0.0), (1, 5, 0.05), (2, 5, 0.05)):
+        queue.entries.append(Query(qid, enq + 0.1, "", np.array([size], np.float32), enq, kind))
+    worker = WorkerState(identity=b"w", name="w", model="m", role="deployed", slots=1, max_batch=1,
+                         batch_size=1, last_seen=0.0, instance="cpu")
+    plain = KairosPolicy(lat, feature_size).assign(queue, [worker], 0.05)
+    urgent = UrgentKairos(lat, feature_size).assign(queue, [worker], 0.05)
+    assert plain[0].worker is None            # Eq. 8's penalty: the late query waits behind the rest
+    assert urgent[0].worker is worker         # made urgent: served first
