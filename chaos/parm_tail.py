@@ -128,10 +128,8 @@ def run(args: argparse.Namespace, log=print) -> int:
     return 1 if lost else 0
 
 
-def add_parser(subparsers: Any) -> None:
-    """``keel experiment parm-tail``: experiments that take minutes (not part of the test suite)."""
-    p = subparsers.add_parser("experiment", help="longer experiments: print a table and write JSON")
-    which = p.add_subparsers(dest="experiment", required=True)
+def add_parser(which: Any) -> None:
+    """Add ``parm-tail`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("parm-tail", help="ParM §6: tail latency of parm vs equal resources under background shuffles")
     e.add_argument("--json", help="write the figures here")
     e.add_argument("--quick", action="store_true", help="shorter run (under 3 minutes)")
@@ -141,5 +139,3 @@ def add_parser(subparsers: Any) -> None:
     e.add_argument("--rate", type=float, default=100.0, help="Poisson arrival rate, queries/s (default: %(default)s)")
     e.add_argument("--link-mbit", type=float, default=50.0, help="tbf limit of each host's link (default: %(default)s)")
     e.set_defaults(func=run)
-    from bench.kairos_experiment import add_parser as add_kairos
-    add_kairos(which)

@@ -16,6 +16,7 @@ Example
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 SEQ_BITS = 32
 SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -73,3 +74,13 @@ class NewestEpochs:
             del self.newest[next(iter(self.newest))]
         self.newest[sender] = epoch
         return True, True
+
+    def admit(self, sender: str, epoch: int, groups: dict, forget: Callable[[tuple], None]) -> bool:
+        """Whether a message of ``epoch`` from ``sender`` is current; when it is the newest
+        yet, ``forget`` each key of ``groups`` -- (sender, id) -- that an older incarnation
+        left open. The encoder's and decoder's coding groups are kept this way."""
+        current, advanced = self.see(sender, epoch)
+        if advanced:
+            for key in [k for k in groups if k[0] == sender and epoch_of(k[1]) < epoch]:
+                forget(key)
+        return current

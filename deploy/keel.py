@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     from common.roles import ROLES
     from deploy.cli import add_parser as add_deploy
     from deploy.kairos_cli import add_parser as add_kairos
-    from chaos.parm_tail import add_parser as add_experiments
+    from bench.kairos_experiment import add_parser as add_kairos_experiment
+    from chaos.parm_tail import add_parser as add_parm_tail
     from training.cli import add_parser as add_training
 
     parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
@@ -74,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy(sub)
     add_training(sub)
     add_chaos(sub)
-    add_experiments(sub)
+    p = sub.add_parser("experiment", help="experiments that take minutes (not part of the test suite): table, JSON, plots")
+    which = p.add_subparsers(dest="experiment", required=True)
+    add_parm_tail(which)
+    add_kairos_experiment(which)
     add_kairos(sub)
     return parser
 

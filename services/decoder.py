@@ -106,7 +106,7 @@ class Decoder(Service):
         if msg.outputs is not None and msg.outputs.ndim != 2:
             return self._refuse("outputs are not (queries, classes)", msg)
         model = msg.members.model if parity else msg.model
-        if not self._current_epoch(model, ids.epoch_of(tag.group)):
+        if not self._epoch_ok(model, ids.epoch_of(tag.group)):
             self.counts["stale"] += 1
             return
         key = (model, tag.group)
@@ -130,13 +130,9 @@ class Decoder(Service):
         if self.cfg.timeout_ms is None:
             self._try_decode(key, group)
 
-    def _current_epoch(self, model: str, epoch: int) -> bool:
+    def _epoch_ok(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older groups."""
-        current, advanced = self.epochs.see(model, epoch)
-        if advanced:
-            for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
-                self._forget(key, "stale")
-        return current
+        return self.epochs.admit(model, epoch, self.groups, lambda key: self._forget(key, "stale"))
 
     def _forget(self, key: tuple[str, int], why: str) -> None:
         del self.groups[key]

@@ -89,7 +89,7 @@ class Encoder(Service):
             return self._refuse("model has no parity model", batch)
         if not batch.qids:
             return self._refuse("empty batch", batch)
-        if not self._current_epoch(batch.model, ids.epoch_of(tag.group)):
+        if not self._epoch_ok(batch.model, ids.epoch_of(tag.group)):
             self.counts["stale"] += 1
             return
         key = (batch.model, tag.group)
@@ -118,13 +118,9 @@ class Encoder(Service):
             self._close(key)
             self.encode_group(batch.model, tag.group, group)
 
-    def _current_epoch(self, model: str, epoch: int) -> bool:
+    def _epoch_ok(self, model: str, epoch: int) -> bool:
         """False for an older dispatcher incarnation; a newer one drops older open groups."""
-        current, advanced = self.epochs.see(model, epoch)
-        if advanced:
-            for key in [key for key in self.groups if key[0] == model and ids.epoch_of(key[1]) < epoch]:
-                self._forget(key, "stale")
-        return current
+        return self.epochs.admit(model, epoch, self.groups, lambda key: self._forget(key, "stale"))
 
     def _forget(self, key: tuple[str, int], why: str) -> None:
         del self.groups[key]

@@ -30,3 +30,14 @@ def test_newest_epochs_tell_older_incarnations_apart():
     seen.see("a", 1)
     seen.see("b", 1)  # past the limit: the first sender seen is forgotten
     assert set(seen.newest) == {"a", "b"}
+
+
+def test_admit_forgets_what_older_incarnations_left_open():
+    seen, forgotten = NewestEpochs(), []
+    old = IdSpace(epoch=3)
+    groups = {("m", old.next()): 1, ("other", old.next()): 2}
+    assert seen.admit("m", 3, groups, forgotten.append)
+    assert forgotten == []
+    assert seen.admit("m", 4, groups, forgotten.append)
+    assert forgotten == [next(iter(groups))]  # only m's group of epoch 3
+    assert not seen.admit("m", 3, groups, forgotten.append)
