@@ -67,19 +67,29 @@ def send(sock: zmq.Socket, msg: Any, envelope: list | None = None, flags: int = 
     sock.send_multipart(envelope + frames if envelope else frames, flags=flags, copy=False)
 
 
-def try_send(sock: zmq.Socket, msg: Any, envelope: list | None = None) -> bool:
-    """Send without ever blocking: False when the peer's queue is full or, on a ROUTER,
-    the peer is gone. For replies to peers outside Keel's control (clients), whose
-    slowness must cost only themselves."""
+#: why ``try_send_frames`` did not send
+FULL, GONE = "full", "gone"
+
+
+def try_send_frames(sock: zmq.Socket, frames: list) -> str | None:
+    """Send encoded frames without ever blocking: None when sent, ``FULL`` when the peer's
+    queue is full, ``GONE`` when a ROUTER's peer has left. For peers outside Keel's control
+    (clients), whose slowness must cost only themselves."""
     try:
-        send(sock, msg, envelope, zmq.NOBLOCK)
-        return True
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        return None
     except zmq.Again:
-        return False
+        return FULL
     except zmq.ZMQError as exc:
         if exc.errno == zmq.EHOSTUNREACH:
-            return False
+            return GONE
         raise
+
+
+def try_send(sock: zmq.Socket, msg: Any, envelope: list | None = None) -> bool:
+    """``msg`` sent without ever blocking; False if the peer is full or gone."""
+    frames = protocol.encode(msg)
+    return try_send_frames(sock, envelope + frames if envelope else frames) is None
 
 
 def split_rows(dests: list[str]) -> dict[str, list[int]]:

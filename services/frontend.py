@@ -324,14 +324,9 @@ class Frontend(Service):
 
     def _send(self, envelope: list, frames: list) -> None:
         """A reply to a client, never blocking: one that does not fit its queue is dropped."""
-        try:
-            self.router.send_multipart([*envelope, *frames], zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.counts["reply_dropped"] += 1
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            self.counts["client_gone"] += 1
+        failed = transport.try_send_frames(self.router, [*envelope, *frames])
+        if failed is not None:
+            self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += 1
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
         self._answer([request], Source.ERROR, "", "", None, text, code)
