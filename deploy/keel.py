@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parm_tail(which)
     add_kairos_experiment(which)
     add_kairos(sub)
+    from deploy.model_cli import add_parser as add_model
+
+    add_model(sub)
     return parser
 
 
