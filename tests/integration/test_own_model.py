@@ -1,0 +1,83 @@
+"""A model Keel has never seen, served through real processes: a TorchScript file and a
+Python class written here are added with ``keel model add`` (the same store path as the
+demo's own models) and answered by real frontend, dispatcher and worker processes."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from common.client import Client
+from common.modelstore import ModelStore
+from common.spec import load_spec
+from deploy.keel import main as keel
+from deploy.local import free_port_block
+
+pytestmark = pytest.mark.slow
+
+PATIENT_MS = 10_000
+
+
+class Scale(torch.nn.Module):
+    """4 -> 2: (sum of x, 3 * x[0])."""
+
+    def forward(self, x):
+        return torch.stack([x.sum(1), 3 * x[:, 0]], dim=1)
+
+
+CONTAINER = textwrap.dedent('''
+    import os
+    import numpy as np
+
+    class Counter:
+        """Answers each query's maximum and the pid of the process that ran it."""
+
+        def load(self, path):
+            self.bias = float(open(path).read())
+
+        def predict_batch(self, inputs):
+            flat = inputs.reshape(len(inputs), -1)
+            return np.stack([flat.max(axis=1) + self.bias, np.full(len(inputs), os.getpid())], axis=1)
+''')
+
+
+@pytest.fixture
+def store(tmp_path, capsys):
+    script = tmp_path / "scale.pt"
+    torch.jit.save(torch.jit.script(Scale()), script)
+    (tmp_path / "counter.py").write_text(CONTAINER)
+    (tmp_path / "bias.txt").write_text("0.5")
+    root = str(tmp_path / "store")
+    assert keel(["model", "add", "scale", str(script), "--input-shape", "4", "--store", root]) == 0
+    assert keel(["model", "add", "counter", str(tmp_path / "bias.txt"), "--python", f"{tmp_path / 'counter.py'}:Counter",
+                 "--input-shape", "2,3", "--store", root]) == 0
+    out = capsys.readouterr().out
+    assert "added scale version 1" in out and "added counter version 1" in out
+    return root
+
+
+def test_own_models_are_served_by_worker_processes(store, launcher):
+    run = launcher("own")
+    spec = load_spec({"cluster": {"name": "own", "store": store, "base_port": free_port_block(), "run_dir": str(run.log_dir)},
+                      "frontend": {"cache_size": 0},
+                      "models": {"scale": {"workers": 1}, "counter": {"workers": 2}}})
+    assert spec.models["counter"]["input_shape"] == [2, 3] and spec.models["scale"]["output_size"] == 2
+    run.start_spec(spec)
+    xs = np.random.default_rng(0).random((40, 4), dtype=np.float32)
+    with Client(spec.client_endpoints, timeout_ms=PATIENT_MS) as client:
+        results = client.predict_batch("scale", xs)
+        assert [r.source for r in results] == ["model"] * len(xs)
+        np.testing.assert_allclose(np.stack([r.output for r in results]), np.stack([xs.sum(1), 3 * xs[:, 0]], 1), rtol=1e-5)
+        assert {r.version for r in results} == {"1"}
+        qs = np.random.default_rng(1).random((60, 2, 3), dtype=np.float32)
+        results = client.predict_batch("counter", qs)
+        assert [r.source for r in results] == ["model"] * len(qs)
+        outs = np.stack([r.output for r in results])
+        np.testing.assert_allclose(outs[:, 0], qs.reshape(60, -1).max(1) + 0.5, rtol=1e-5)
+        # the container ran in the worker processes, not in this one
+        pids = {int(p) for p in outs[:, 1]}
+        worker_pids = {proc.pid for name, proc in run.procs.items() if "counter" in name}
+        assert pids and pids <= worker_pids
+    assert ModelStore(store).versions("counter") == ["1"]
