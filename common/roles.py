@@ -83,6 +83,10 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("decoder", cfg.DecoderConfig, "services.decoder:Decoder",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint"}), priority=200),
+    Role("gateway", cfg.GatewayConfig, "services.gateway:Gateway",
+         binds=("status_endpoint",), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"status_endpoint", "frontend_endpoints", "models"}),
+         nested={"models": cfg.ModelInfo}, priority=450),
 )}
 
 

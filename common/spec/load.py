@@ -90,6 +90,10 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         placement[role] = host_of(table, placement["dispatcher"])
         opts[role] = options(role, table)
     opts["worker"] = options("worker", Table(root.take("worker", dict, {}), "worker"))
+    if root.has("gateway"):  # the OIP v2 HTTP gateway (services.gateway), beside the first frontend
+        gw_table = Table(root.take("gateway", dict, {}), "gateway")
+        placement["gateway"] = host_of(gw_table, placement["frontend"][0])
+        opts["gateway"] = options("gateway", gw_table)
 
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
     models_table = Table(root.take("models", dict), "models")

@@ -131,6 +131,9 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
                                "dispatcher_endpoint": query_ep, "models": infos}, "frontend")
+    if placement.get("gateway"):
+        add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
+                                                         "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
     add("dispatcher", "dispatcher", disp_host,
         {**_kairos_profile(models, options["dispatcher"]), **options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
          "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")
