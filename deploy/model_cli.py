@@ -22,6 +22,14 @@ Example
     keel model add my-rules --python my_rules.py:Rules --input-shape 4 --input-dtype float32
     keel model list
     keel model show my-net --version 1
+    keel model rollout deploy/examples/local.toml my-net --version 2   # one worker at a time
+    keel model rollback deploy/examples/local.toml my-net              # to the version before
+
+``rollout`` moves a running cluster's workers of one model to another store version one
+at a time: each leaves the dispatcher (which hands what it held to the others), loads and
+checks the new version with one batch, swaps and registers again; the next worker starts
+only once this one is back, and a version a worker refuses stops the rollout there. Replies say which version answered them. The change
+is live only: a worker restarted from the spec serves the spec's version again.
 """
 from __future__ import annotations
 
@@ -172,6 +180,106 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+class RolloutError(RuntimeError):
+    """A rollout stopped: a worker refused the version or did not come back."""
+
+
+def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None) -> dict | None:
+    """Ask the worker whose status endpoint is ``endpoint`` to serve ``version`` (or tell the
+    frontend there that ``model``'s workers serve it); the status it answers with."""
+    import uuid
+
+    import zmq
+
+    from common import protocol, transport
+
+    ctx = zmq.Context.instance()
+    sock = transport.make_socket(ctx, zmq.DEALER, connect=endpoint, identity=f"rollout-{uuid.uuid4().hex[:8]}")
+    try:
+        transport.send(sock, protocol.Configure(version=version, model=model))
+        if not sock.poll(int(timeout_s * 1000)):
+            return None
+        msg = protocol.decode(transport.recv_frames(sock))
+        return msg.info if isinstance(msg, protocol.Status) else None
+    finally:
+        sock.close(0)
+
+
+def model_workers(spec: Any, model: str) -> list[Any]:
+    workers = [s for s in spec.role("worker") if s.config.model == model and s.config.role == "deployed"]
+    if not workers:
+        raise RolloutError(f"no workers serve model {model!r} in this spec (models: {sorted(spec.models)})")
+    return workers
+
+
+def served_versions(spec: Any, model: str) -> dict[str, str | None]:
+    """Worker name -> the version it serves now (None: no answer)."""
+    from common.transport import request_status
+
+    return {w.name: (request_status(w.config.status_endpoint, 2.0) or {}).get("version") for w in model_workers(spec, model)}
+
+
+def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print) -> str:
+    """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
+    time; returns the version. Raises ``RolloutError`` where it stopped."""
+    from common.transport import request_status
+    from common.waiting import wait_until
+
+    workers = model_workers(spec, model)
+    store_name = workers[0].config.store_name or model
+    version = ModelStore(spec.store).resolve(store_name, version)
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+    for w in workers:
+        info = configure_version(w.config.status_endpoint, version, timeout_s)
+        if info is None:
+            raise RolloutError(f"{w.name} did not answer within {timeout_s:g} s; stopped there")
+        if info.get("refused"):
+            raise RolloutError(f"{w.name} refused version {version}: {info['refused']}; stopped there, "
+                               "the others serve what they served")
+
+        def back() -> bool:
+            seen = request_status(dispatcher, 1.0)
+            return bool(seen) and w.name in seen.get("workers", {})
+
+        if not wait_until(back, timeout_s, 0.05):
+            raise RolloutError(f"{w.name} serves version {version} but did not register again within {timeout_s:g} s")
+        log(f"{w.name}: serving {model} version {info.get('version')}")
+    for endpoint in spec.client_endpoints:  # the frontends key their caches by the version served
+        if configure_version(endpoint, version, timeout_s, model=model) is None:
+            raise RolloutError(f"every worker serves version {version}, but the frontend at {endpoint} did not answer")
+    return version
+
+
+def previous_version(spec: Any, model: str) -> str:
+    """The store version just before the one the model's workers serve."""
+    served = {v for v in served_versions(spec, model).values() if v is not None}
+    if len(served) != 1:
+        raise RolloutError(f"workers of {model} serve {sorted(served) or 'nothing that answers'}; "
+                           "give --version to roll back to")
+    store_name = model_workers(spec, model)[0].config.store_name or model
+    versions = ModelStore(spec.store).versions(store_name)
+    current = served.pop()
+    earlier = [v for v in versions if int(v) < int(current)]
+    if not earlier:
+        raise RolloutError(f"{model} serves version {current}, the first in the store: nothing to roll back to")
+    return earlier[-1]
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from common.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+        version = args.version
+        if args.model_command == "rollback" and version is None:
+            version = previous_version(spec, args.model)
+        done = rollout(spec, args.model, version, args.timeout)
+    except (SpecError, ModelStoreError, RolloutError) as exc:
+        return _fail(str(exc))
+    print(f"{args.model}: every worker serves version {done}")
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``model`` (add, list, show) to the ``keel`` parser."""
     p = subparsers.add_parser("model", help="bring your own model: add, list and show model store versions")
@@ -198,3 +306,13 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--version", default=None, help="default: the latest")
     a.add_argument("--store", **store)
     a.set_defaults(func=cmd_show)
+
+    for command, what in (("rollout", "roll a running cluster's workers of MODEL to a version, one at a time"),
+                          ("rollback", "roll MODEL's workers back to the version before the one they serve")):
+        a = which.add_parser(command, help=what)
+        a.add_argument("spec", help="the cluster spec the cluster runs")
+        a.add_argument("model")
+        a.add_argument("--version", default=None,
+                       help="store version (rollout default: latest; rollback default: the one before)")
+        a.add_argument("--timeout", type=float, default=60.0, help="seconds per worker (default 60)")
+        a.set_defaults(func=cmd_rollout)

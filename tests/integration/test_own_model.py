@@ -81,3 +81,66 @@ def test_own_models_are_served_by_worker_processes(store, launcher):
         worker_pids = {proc.pid for name, proc in run.procs.items() if "counter" in name}
         assert pids and pids <= worker_pids
     assert ModelStore(store).versions("counter") == ["1"]
+
+
+class ScalePlus(torch.nn.Module):
+    """Version 2 of "scale": (sum of x + 100, 3 * x[0])."""
+
+    def forward(self, x):
+        return torch.stack([x.sum(1) + 100, 3 * x[:, 0]], dim=1)
+
+
+def expected_output(x: np.ndarray, version: str) -> np.ndarray:
+    return np.array([x.sum() + (100 if version == "2" else 0), 3 * x[0]], np.float32)
+
+
+def test_rollout_and_rollback_under_load_drop_nothing(store, launcher, tmp_path, capsys):
+    import threading
+
+    script = tmp_path / "scale-v2.pt"
+    torch.jit.save(torch.jit.script(ScalePlus()), script)
+    assert keel(["model", "add", "scale", str(script), "--input-shape", "4", "--store", store]) == 0
+    run = launcher("rollout")
+    spec_file = tmp_path / "rollout.toml"
+    spec_file.write_text(f'[cluster]\nname = "rollout"\nstore = "{store}"\nbase_port = {free_port_block()}\n'
+                         f'run_dir = "{run.log_dir}"\n'
+                         '[models.scale]\nversion = 1\nworkers = 2\n')
+    spec = run.start_spec(load_spec(str(spec_file)))
+    xs = np.random.default_rng(2).random((16, 4), dtype=np.float32)  # few distinct inputs: the cache answers many
+    results, sent, stop = [], [], threading.Event()
+
+    def load() -> None:
+        with Client(spec.client_endpoints, timeout_ms=PATIENT_MS) as client:
+            while not stop.is_set() and len(sent) < 5000:
+                i = len(sent) % len(xs)
+                sent.append((client.submit("scale", xs[i]), i))
+                results.extend(client.collect(10.0))
+            while len(results) < len(sent):
+                got = client.collect(1000.0)
+                if not got and client.calls == {}:
+                    break
+                results.extend(got)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        wait_results = lambda n: __import__("common.waiting", fromlist=["wait_until"]).wait_until(lambda: len(results) >= n, 30)
+        assert wait_results(50)
+        assert keel(["model", "rollout", str(spec_file), "scale", "--version", "2"]) == 0
+        n = len(results)
+        assert wait_results(n + 50)
+        assert keel(["model", "rollback", str(spec_file), "scale"]) == 0  # to version 1
+        n = len(results)
+        assert wait_results(n + 50)
+    finally:
+        stop.set()
+        loader.join(60)
+    said = capsys.readouterr().out
+    assert "every worker serves version 2" in said and "every worker serves version 1" in said
+    by_id = {rid: i for rid, i in sent}
+    assert len(results) == len(sent) and {r.request_id for r in results} == set(by_id)  # one answer each
+    assert {r.source for r in results} <= {"model", "cache"}, {r.source for r in results}
+    for r in results:  # each answer is its version's output, cached or not
+        np.testing.assert_allclose(r.output, expected_output(xs[by_id[r.request_id]], r.version), rtol=1e-5)
+    versions = [r.version for r in results]
+    assert "2" in versions and versions[-1] == "1"

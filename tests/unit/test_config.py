@@ -112,6 +112,8 @@ def full_configs() -> dict:
         "worker": cfg.WorkerConfig(name="w", builtin="sleep", fixed_ms=1.5, role="parity", slots=2),
         "encoder": cfg.EncoderConfig(parity_models={"m": "m-parity"}, encoder="concat"),
         "decoder": cfg.DecoderConfig(timeout_ms=20.0),
+        "gateway": cfg.GatewayConfig(http_port=0, frontend_endpoints=["tcp://127.0.0.1:9"], models={
+            "m": cfg.ModelInfo([3], 2, version="4")}),
     }
 
 
@@ -121,7 +123,7 @@ def test_json_round_trip(role):
     original = full_configs()[role]
     again = from_dict(role, orjson.loads(to_json(original)))
     assert again == original
-    if role in ("frontend", "dispatcher"):
+    if role in ("frontend", "dispatcher", "gateway"):
         assert all(dataclasses.is_dataclass(v) for v in again.models.values())
 
 
