@@ -179,7 +179,12 @@ def _check_timeout(value: float, what: str = "timeout_ms") -> float:
 
 class _Base:
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
-                 suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None):
+                 suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
+                 curve_keys: str | None = None, curve_name: str = "client"):
+        #: CURVE (common.curve): this client's keypair ``curve_name`` from the keys folder
+        from common import curve
+
+        self.curve = curve.load(curve_keys, curve_name) if curve_keys else None
         #: raise a KeelError subclass instead of returning a result without a prediction
         self.raise_errors = raise_errors
         #: model -> input dtype: compatible inputs are converted, others refused (BadInput)
@@ -307,7 +312,8 @@ class Client(_Base):
     def _socket(self, i: int) -> zmq.Socket:
         sock = self.sockets[i]
         if sock is None:
-            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i])
+            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i],
+                                                           curve_keys=self.curve)
             self.poller.register(sock, zmq.POLLIN)
         return sock
 
@@ -411,7 +417,7 @@ class AsyncClient(_Base):
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
         self.ctx = zmq.asyncio.Context()
-        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f) for f in self.frontends]
+        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
         self.futures: dict[str, asyncio.Future] = {}
         self.readers: list[asyncio.Task] = []
 

@@ -19,7 +19,7 @@ import sys
 def _serve(args: argparse.Namespace) -> int:
     from services.serve import main
 
-    return main([args.role, "--config", args.config])
+    return main([args.role, "--config", args.config] + (["--curve", args.curve] if args.curve else []))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run one service process (what supervisord and the chaos harness start)")
     p.add_argument("role", choices=list(ROLES))
     p.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
+    p.add_argument("--curve", metavar="DIR", help="CURVE on every socket with the keys in DIR (keel keys generate)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
@@ -84,9 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_parm_tail(which)
     add_kairos_experiment(which)
     add_kairos(sub)
+    from deploy.keys_cli import add_parser as add_keys
     from deploy.model_cli import add_parser as add_model
 
     add_model(sub)
+    add_keys(sub)
     return parser
 
 

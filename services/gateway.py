@@ -40,7 +40,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from common import logs, protocol, transport
+from common import curve, logs, protocol, transport
 from common.client import AsyncClient
 from common.config import GatewayConfig, ModelInfo
 from common.protocol import ErrorCode
@@ -241,6 +241,7 @@ class Gateway:
                     transport.try_send_frames(sock, envelope + frames)
         finally:
             sock.close(0)
+            curve.stop(ctx)
             ctx.term()
 
     def status(self) -> dict:

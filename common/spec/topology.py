@@ -25,9 +25,12 @@ class ServiceLaunch:
     role: str
     host: str
     config: Any
+    #: CURVE keys folder (``[cluster] curve_keys``); None = CURVE off
+    curve_keys: str | None = None
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        return [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+        argv = [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+        return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:
         """The endpoints this service binds (workers bind none)."""
@@ -43,6 +46,8 @@ class ClusterSpec:
     services: list[ServiceLaunch]
     client_endpoints: list[str]
     models: dict[str, dict]
+    #: CURVE keys folder every service uses (``[cluster] curve_keys``); None = CURVE off
+    curve_keys: str | None = None
 
     def by_host(self) -> dict[str, list[ServiceLaunch]]:
         """Services per host name, every host present (possibly with none), spec order."""
