@@ -9,9 +9,15 @@ Through real processes on loopback (gateway, frontend, dispatcher, two no-op wor
 - ``gateway_throughput_rps``: the highest open-loop Poisson rate of one-row ``infer``s
   through the gateway whose p99 stays <= 20 ms with every request answered 200.
 
-``curve_p50_cost`` and ``curve_throughput_cost`` are written as null: CURVE is not built
-yet (see the README's section). The load generator shares the machine with the cluster,
-so on a small host the figures are the generator's as much as the gateway's.
+CURVE's cost, on ``keel bench core``'s no-op cluster (client -> frontend -> dispatcher ->
+worker, ``bench.core``'s latency and SLO-bounded rate ramps), with and without
+``[cluster] curve_keys`` (every socket encrypted and allow-listed):
+
+- ``curve_p50_cost``: p50 with CURVE / p50 without - 1 (target <= 0.10);
+- ``curve_throughput_cost``: 1 - rate with CURVE / rate without (target <= 0.10).
+
+The load generator shares the machine with the cluster, so on a small host the figures
+are the generator's as much as the gateway's.
 """
 from __future__ import annotations
 
@@ -117,12 +123,38 @@ def _max_rate(url: str, start: float, step: float, limit: float, seconds: float,
     return best, rows
 
 
+def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
+    """(p50 us, SLO-bounded rate) of bench.core's no-op cluster, with CURVE when ``keys``."""
+    from bench.core import _latency
+    from bench.core import _max_rate as core_rate
+    from common import curve
+
+    with Launcher(Path("runs/bench-gateway") / ("curve" if keys else "plain")) as launcher:
+        spec = load_spec({
+            "cluster": {"name": "bench-curve", "base_port": free_port_block(), "run_dir": str(launcher.log_dir),
+                        **({"curve_keys": keys} if keys else {})},
+            "frontend": {"log_requests": False, "cache_size": 0},
+            "models": {"m": {"builtin": "noop", "input_shape": [64], "output_size": 10, "workers": 2,
+                             "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
+        })
+        curve.use(keys, "client")  # this process's sockets too (the clients, the readiness checks)
+        try:
+            launcher.start_spec(spec)
+            endpoint = spec.client_endpoints[0]
+            p50 = _latency(endpoint, 1500 if quick else 6000)["p50_us"]
+            rate, _ = core_rate(endpoint, 250, 1.25, 40000, 1.5 if quick else 4.0, log)
+        finally:
+            launcher.stop()
+            curve.use(None)
+    return p50, rate
+
+
 def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     t0 = time.time()
     n = 500 if quick else 3000
     warm = 100
     seconds = 1.5 if quick else 4.0
-    out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS, "curve_p50_cost": None, "curve_throughput_cost": None}
+    out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS}
     port = free_port()
     with Launcher(Path("runs/bench-gateway")) as launcher:
         spec = load_spec({
@@ -147,14 +179,29 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
         out["gateway_added_p50_us"] = out["gateway_p50_us"] - out["client_p50_us"]
         log("gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
         out["gateway_throughput_rps"], out["gateway_ramp"] = _max_rate(url, 100, 1.25, 20000, seconds, log)
+    import tempfile
+
+    from common import curve
+
+    with tempfile.TemporaryDirectory(prefix="keel-bench-keys-") as keys:
+        curve.generate(keys)
+        for label, folder in (("without", None), ("with", keys)):
+            log(f"bench core's no-op cluster {label} CURVE ...")
+            out[f"core_p50_us_{label}_curve"], out[f"core_rps_{label}_curve"] = _core(folder, quick, log)
+    plain_p50, plain_rps = out["core_p50_us_without_curve"], out["core_rps_without_curve"]
+    out["curve_p50_cost"] = out["core_p50_us_with_curve"] / plain_p50 - 1 if plain_p50 else None
+    out["curve_throughput_cost"] = 1 - out["core_rps_with_curve"] / plain_rps if plain_rps else None
     out["elapsed_s"] = time.time() - t0
 
-    targets = {"gateway_added_p50_us": "<= 300"}
-    log("\n%-24s %12s %10s" % ("metric", "value", "target"))
+    targets = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
+    log("\n%-26s %12s %10s" % ("metric", "value", "target"))
     for key in ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
-                "gateway_throughput_rps", "curve_p50_cost", "curve_throughput_cost"):
+                "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
+                "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost"):
         value = out.get(key)
-        log("%-24s %12s %10s" % (key, f"{value:.1f}" if isinstance(value, float) else value, targets.get(key, "")))
+        shown = f"{value:.3f}" if key.endswith("_cost") and value is not None else \
+            f"{value:.1f}" if isinstance(value, float) else value
+        log("%-26s %12s %10s" % (key, shown, targets.get(key, "")))
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=2))
