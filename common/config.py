@@ -218,6 +218,9 @@ class WorkerConfig:
     slots: int = 1
     max_batch: int = 64
     torch_threads: int = 1
+    #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
+    #: without a GPU refuses "cuda" at start with a clear error
+    device: str = "cpu"
     #: what the worker declares to schedulers (Kairos): its instance type and hourly price
     instance: str = ""
     price: float = 0.0
@@ -250,6 +253,8 @@ class WorkerConfig:
         _check(1 <= self.torch_threads <= 256, "torch_threads", "must be in 1..256")
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
+        _check(self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit()),
+               "device", f'must be "cpu", "cuda" or "cuda:N", got {self.device!r}')
 
 
 @dataclass

@@ -85,21 +85,44 @@ class KairosPredictor:
         return np.zeros((len(inputs), self.output_size), np.float32)
 
 
+class DeviceError(RuntimeError):
+    """The spec asks for a device this host does not have."""
+
+
+def check_device(device: str) -> str:
+    """``device`` if torch can use it here; a ``DeviceError`` that says why not otherwise."""
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError(f'device = "{device}" but torch sees no GPU on this host (torch {torch.__version__}, '
+                          f'built with CUDA {torch.version.cuda or "none"}); set device = "cpu" or run the worker on a GPU host')
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise DeviceError(f'device = "{device}" but this host has {torch.cuda.device_count()} GPU(s)')
+    return device
+
+
 class TorchPredictor:
     """A store model. ``fixed_ms``/``per_query_ms`` > 0 set a floor on the service time (the
     batch is held until then, CPU idle), to stand in for a larger model on an accelerator.
     A ``torch.export`` program traced with a fixed batch size runs a batch in chunks of it
-    (the last one zero-padded)."""
+    (the last one zero-padded). ``device`` "cuda" places the model on a GPU; inputs go to
+    it and outputs come back per batch."""
 
     def __init__(self, store: str, name: str, version: str | None, threads: int = 1,
-                 fixed_ms: float = 0.0, per_query_ms: float = 0.0):
+                 fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu"):
         import torch
 
         from common.modelstore import ModelStore
 
         torch.set_num_threads(threads)
         self.torch = torch
+        self.device = check_device(device)
         self.module, self.manifest = ModelStore(store).load(name, version)
+        if self.device != "cpu":
+            self.module = self.module.to(self.device)
         self.version = self.manifest.version
         self.input_shape, self.output_size = list(self.manifest.input_shape), self.manifest.output_size
         self.fixed_ms, self.per_query_ms = fixed_ms, per_query_ms
@@ -107,14 +130,14 @@ class TorchPredictor:
     def _run(self, inputs: np.ndarray) -> np.ndarray:
         chunk = self.manifest.static_batch
         if not chunk or len(inputs) == chunk:
-            out = self.module(self.torch.from_numpy(inputs))
+            out = self.module(self.torch.from_numpy(inputs).to(self.device))
             return out.detach().cpu().numpy()
         parts = []
         for start in range(0, len(inputs), chunk):
             part = inputs[start:start + chunk]
             padded = np.zeros((chunk, *inputs.shape[1:]), inputs.dtype)
             padded[:len(part)] = part
-            parts.append(self.module(self.torch.from_numpy(padded)).detach().cpu().numpy()[:len(part)])
+            parts.append(self.module(self.torch.from_numpy(padded).to(self.device)).detach().cpu().numpy()[:len(part)])
         return np.concatenate(parts)
 
     def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
@@ -197,19 +220,23 @@ def check(predictor: Predictor, input_shape: list[int], input_dtype: str, rows: 
 
 
 def store_predictor(store: str, name: str, version: str | None, threads: int = 1,
-                    fixed_ms: float = 0.0, per_query_ms: float = 0.0) -> Predictor:
-    """The container for a store version, by its manifest's format."""
+                    fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu") -> Predictor:
+    """The container for a store version, by its manifest's format (a Python container
+    places itself: ``device`` is for torch models)."""
     from common.modelstore import ModelStore
 
-    python = ModelStore(store).manifest(name, version).format == "python"
-    cls = PythonPredictor if python else TorchPredictor
-    return cls(store, name, version, threads, fixed_ms, per_query_ms)
+    if ModelStore(store).manifest(name, version).format == "python":
+        check_device(device)
+        return PythonPredictor(store, name, version, threads, fixed_ms, per_query_ms)
+    return TorchPredictor(store, name, version, threads, fixed_ms, per_query_ms, device)
 
 
 def build_predictor(cfg: WorkerConfig) -> Predictor:
     if cfg.builtin is not None:
+        check_device(cfg.device)  # a builtin uses no torch, but the spec asked for a GPU: say so
         if cfg.builtin == "kairos":
             return KairosPredictor(cfg.instance, cfg.kairos_model, cfg.kairos_scale, cfg.kairos_profile,
                                    cfg.builtin_input_shape, cfg.builtin_output_size)
         return BuiltinPredictor(cfg.builtin, cfg.builtin_input_shape, cfg.builtin_output_size, cfg.fixed_ms, cfg.per_query_ms)
-    return store_predictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads, cfg.fixed_ms, cfg.per_query_ms)
+    return store_predictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads, cfg.fixed_ms,
+                           cfg.per_query_ms, cfg.device)

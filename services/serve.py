@@ -44,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         except curve.CurveError as exc:
             print(f"keel serve {args.role}: {exc}", file=sys.stderr)
             return 2
-    build(args.role, cfg).run()
+    from common.containers import DeviceError
+
+    try:
+        service = build(args.role, cfg)
+    except DeviceError as exc:  # a spec asking for hardware this host lacks: say so, once
+        print(f"keel serve {args.role}: {exc}", file=sys.stderr)
+        return 2
+    service.run()
     return 0
 
 

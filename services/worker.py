@@ -161,7 +161,7 @@ class Worker(Service):
         transport.try_send(self.dealer, Leave(worker=self.name))
         try:
             predictor = store_predictor(self.cfg.store, self.cfg.store_name or self.cfg.model, version, self.threads,
-                                        self.cfg.fixed_ms, self.cfg.per_query_ms)
+                                        self.cfg.fixed_ms, self.cfg.per_query_ms, self.cfg.device)
             if list(predictor.input_shape) != list(getattr(self.predictor, "input_shape", predictor.input_shape)) or \
                     predictor.output_size != getattr(self.predictor, "output_size", predictor.output_size):
                 raise ValueError(f"version {version} takes {predictor.input_shape} -> {predictor.output_size}, "
