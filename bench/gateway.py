@@ -32,6 +32,7 @@ import orjson
 
 from common.client import Client
 from common.loadgen import schedule
+from common.progress import bar
 from common.spec import load_spec
 from deploy.local import Launcher, free_port, free_port_block
 
@@ -108,7 +109,9 @@ def _max_rate(url: str, start: float, step: float, limit: float, seconds: float,
     xs = np.random.default_rng(1).random((1024, DIM), dtype=np.float32)
     best, rows, rate, failures = 0.0, [], start, 0
     asyncio.run(_open_loop(url, xs, start, 0.5))  # warm-up
+    shown = bar(None, "gateway ramp", unit="rate")
     while rate <= limit:
+        shown.update(1)
         row = asyncio.run(_open_loop(url, xs, rate, seconds))
         row["ok"] = row["failed"] == 0 and row["p99_ms"] <= SLO_P99_MS
         rows.append(row)
@@ -120,6 +123,7 @@ def _max_rate(url: str, start: float, step: float, limit: float, seconds: float,
         if row["ok"]:
             best = rate
         rate *= step
+    shown.close()
     return best, rows
 
 
