@@ -268,8 +268,11 @@ def previous_version(spec: Any, model: str) -> str:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from common.spec import SpecError, load_spec
 
+    from deploy.cli import use_spec_curve
+
     try:
         spec = load_spec(args.spec)
+        use_spec_curve(spec)
         version = args.version
         if args.model_command == "rollback" and version is None:
             version = previous_version(spec, args.model)

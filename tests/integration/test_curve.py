@@ -156,3 +156,26 @@ def test_the_wire_carries_no_plaintext(keys, cluster):
     assert b"CURVE" in captured  # the ZMTP greeting names the mechanism: this is the stream
     for plain in (b"plaintext-probe", b"echo", b'"kind"', probe.tobytes()):
         assert plain not in captured
+
+
+def test_keel_up_predict_and_down_with_curve(keys, tmp_path, capsys):
+    """supervisord starts every service with --curve; keel predict talks CURVE with the client key."""
+    import sys
+    from pathlib import Path
+
+    if not (Path(sys.executable).parent / "supervisord").exists():
+        pytest.skip("supervisord is not installed")
+    folder, _ = keys
+    spec_file = tmp_path / "curve.toml"
+    spec_file.write_text(f'[cluster]\nname = "curveup"\nbase_port = {free_port_block()}\nrun_dir = "{tmp_path / "run"}"\n'
+                         f'curve_keys = "{folder}"\n'
+                         '[models.noop]\nbuiltin = "noop"\ninput_shape = [2]\noutput_size = 2\n')
+    try:
+        assert keel(["up", str(spec_file), "--wait", "60"]) == 0
+        assert f"--curve {folder}" in (tmp_path / "run" / "supervisord.conf").read_text()
+        capsys.readouterr()
+        assert keel(["predict", "--spec", str(spec_file), "noop", "--input", "[1, 2]"]) == 0
+        assert '"source":"model"' in capsys.readouterr().out
+    finally:
+        assert keel(["down", str(spec_file), "--wait", "30"]) == 0
+        curve.use(None)
