@@ -3,7 +3,8 @@
 Through real processes on loopback (gateway, frontend, dispatcher, two no-op workers):
 
 - ``gateway_p50_us`` / ``gateway_p99_us``: one ``infer`` outstanding (one row, binary
-  tensors, a kept-alive HTTP connection), HTTP client -> gateway -> frontend -> ... ;
+  tensors, a kept-alive HTTP connection from the standard library's client), HTTP client
+  -> gateway -> frontend -> ... ;
 - ``client_p50_us`` / ``client_p99_us``: the same queries through ``common.client.Client``;
 - ``gateway_added_p50_us``: the difference (target <= 300 us);
 - ``gateway_throughput_rps``: the highest open-loop Poisson rate of one-row ``infer``s
@@ -48,20 +49,27 @@ def _body(x: np.ndarray) -> tuple[bytes, dict]:
     return head + raw, {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
 
 
-async def _one_outstanding(url: str, xs: np.ndarray, warm: int) -> np.ndarray:
-    import aiohttp
+def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
+    """Latency (ms) of one-row binary infers, one at a time, on one kept-alive connection
+    (the standard library's blocking client: the lightest caller, so the figure is the
+    gateway's more than the caller's)."""
+    import http.client
 
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     lat = []
-    async with aiohttp.ClientSession() as session:
+    try:
         for i, x in enumerate(xs):
             body, headers = _body(x)
             t = time.perf_counter()
-            async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"gateway answered {resp.status}")
+            conn.request("POST", "/v2/models/m/infer", body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"gateway answered {resp.status}")
             if i >= warm:
                 lat.append((time.perf_counter() - t) * 1000.0)
+    finally:
+        conn.close()
     return np.array(lat)
 
 
@@ -172,7 +180,7 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
         url = f"http://127.0.0.1:{port}/v2/models/m/infer"
         xs = np.random.default_rng(0).random((n + warm, DIM), dtype=np.float32)
         log("gateway latency, one request outstanding ...")
-        gw = asyncio.run(_one_outstanding(url, xs, warm))
+        gw = _one_outstanding(port, xs, warm)
         log("ZeroMQ client latency, one request outstanding ...")
         with Client(spec.client_endpoints) as client:
             for x in xs[:warm]:

@@ -318,9 +318,9 @@ class Gateway:
         # id made unique by this request's number: traceable in the frontends' logs, never
         # taken for a retry of another caller's query
         tag = f"{rid}.{self.counts['requests']}" if rid else None
-        results = await asyncio.gather(*(
-            self.client.predict(name, row, timeout_ms=timeout, request_id=f"{tag}-{i}" if tag else None)
-            for i, row in enumerate(x)))
+        calls = [self.client.predict(name, row, timeout_ms=timeout, request_id=f"{tag}-{i}" if tag else None)
+                 for i, row in enumerate(x)]
+        results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)  # one row: no task
         failed = next((r for r in results if r.output is None), None)
         if failed is not None:
             code = failed.error_code or ErrorCode.INTERNAL
