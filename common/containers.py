@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -163,6 +164,7 @@ def load_entry(entry: str, folder: Path | None = None) -> type:
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot import {path}")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # what dataclasses and pickling look a class's module up in
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(module_name)
