@@ -25,13 +25,15 @@ model, cache, default, reconstruction) and which version answered (``keel_versio
 
 Errors are ``{"error": "..."}`` with the status of what went wrong: 400 bad input, 404
 unknown model or version, 503 overloaded, 504 deadline or no frontend answered, 500 a
-model error. The status endpoint (a zmq ROUTER) answers ``Status`` like every service.
+model error. The status endpoint (a zmq ROUTER) answers ``Status`` like every service;
+``keel_http_requests_total{code}`` and ``keel_http_request_seconds`` go to Prometheus.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,7 @@ from aiohttp import web
 from common import curve, logs, protocol, transport
 from common.client import AsyncClient
 from common.config import GatewayConfig, ModelInfo
+from common.metrics import Metrics
 from common.protocol import ErrorCode
 
 VERSION = "0.1.0"
@@ -174,6 +177,9 @@ class Gateway:
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
         self.stopping: asyncio.Event | None = None
+        self.metrics = Metrics(cfg.name)
+        self.m_requests = self.metrics.counter("http_requests_total", "infer requests answered, by HTTP status", ["code"])
+        self.m_latency = self.metrics.histogram("http_request_seconds", "infer latency at the gateway")
 
     # ------------------------------------------------------------------ app
 
@@ -214,6 +220,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        self.metrics.serve(self.cfg.metrics_port)
         await self.start()
         status = asyncio.ensure_future(self._serve_status()) if self.cfg.status_endpoint else None
         try:
@@ -298,11 +305,15 @@ class Gateway:
 
     async def infer(self, request: web.Request) -> web.Response:
         self.counts["requests"] += 1
+        start = time.perf_counter()
         try:
-            return await self._infer(request)
+            response = await self._infer(request)
         except InferError as exc:
             self.counts["errors"] += 1
-            return error_response(exc.status, str(exc))
+            response = error_response(exc.status, str(exc))
+        self.m_requests.labels(code=str(response.status)).inc()
+        self.m_latency.observe(time.perf_counter() - start)
+        return response
 
     async def _infer(self, request: web.Request) -> web.Response:
         name, info = self._model(request)
