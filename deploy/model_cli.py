@@ -86,7 +86,10 @@ def add_model(store: str, name: str, path: str | None, *, python: str | None = N
               output_size: int | None = None, dataset: str | None = None) -> Manifest:
     """Check the model by running one batch, then write it as the next version of ``name``."""
     from common.containers import check, store_predictor
+    from common.spec.tables import NAME
 
+    if not NAME.match(name):
+        raise ModelAddError(f"model name {name!r}: letters, digits, '_', '.', '-' (a spec names it so)")
     fmt = detect_format(path, python)
     if path is not None and not Path(path).is_file():
         raise ModelAddError(f"{path}: no such file")

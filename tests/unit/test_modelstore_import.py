@@ -147,6 +147,8 @@ def test_add_refuses_bad_python_containers(tmp_path, files):
         add_model(str(tmp_path / "store"), "bad", None, python=f"{bad}:Missing", input_shape=[4])
     with pytest.raises(ModelAddError, match="module:Class"):
         add_model(str(tmp_path / "store"), "bad", None, python="no-colon", input_shape=[4])
+    with pytest.raises(ModelAddError, match="model name '../up'"):
+        add_model(str(tmp_path / "store"), "../up", None, python=f"{bad}:Wrong", input_shape=[4])
     assert ModelStore(tmp_path / "store").models() == []
 
 
