@@ -20,7 +20,7 @@ from common.spec import ServiceLaunch, load_spec
 from common.transport import request_status
 from common.waiting import wait_until
 from deploy.keel import main as keel
-from deploy.local import free_port_block
+from deploy.local import free_port, free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def cluster(keys, module_launcher):
     try:
         spec = load_spec({"cluster": {"name": "curve", "base_port": free_port_block(), "run_dir": str(run.log_dir),
                                       "curve_keys": str(folder)},
-                          "frontend": {"cache_size": 0},
+                          "frontend": {"cache_size": 0}, "gateway": {"http_port": free_port()},
                           "models": {"echo": {"builtin": "sleep", "input_shape": [DIM], "output_size": DIM}}})
         assert all(s.curve_keys == str(folder) for s in spec.services)
         run.start_spec(spec)
@@ -97,6 +97,20 @@ def test_a_worker_with_a_key_not_allowed_cannot_register(keys, cluster, tmp_path
     assert wait_until(lambda: "refused a connection" in log.read_text(), 20), log.read_text()[-2000:]
     info = request_status(dispatcher.config.worker_endpoint, 2.0)
     assert info is not None and set(info["workers"]) == {genuine.name}
+
+
+def test_the_gateway_is_a_curve_client_of_the_frontends(cluster):
+    """Its status ROUTER (an asyncio context) answered the readiness check over CURVE; its
+    AsyncClient reaches the frontends with the service key."""
+    import orjson
+    import urllib.request
+
+    _, spec = cluster
+    port = spec.service("gateway").config.http_port
+    doc = {"inputs": [{"name": "input", "shape": [1, DIM], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/echo/infer", orjson.dumps(doc), timeout=30) as resp:
+        assert orjson.loads(resp.read())["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+    assert request_status(spec.service("gateway").config.status_endpoint, 2.0)["role"] == "gateway"
 
 
 class Relay:
