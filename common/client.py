@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from common import protocol, transport
 from common.protocol import ErrorCode, Predict, Reply, Source
@@ -411,24 +410,43 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """asyncio client: ``await client.predict(...)``; many calls may be in flight."""
+    """asyncio client: ``await client.predict(...)``; many calls may be in flight.
+
+    Its sockets are plain ZeroMQ sockets watched with ``loop.add_reader``: a reply
+    resolves its call's future in the reader callback itself, with no reader task and no
+    ``wait_for`` task per call between them (each of those costs a turn of the loop; with
+    ``zmq.asyncio`` one outstanding call was 6-17% slower than the blocking ``Client``).
+    A ZeroMQ socket's descriptor is edge-triggered, so after every send the socket is
+    drained too."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = zmq.Context()
         self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
         self.futures: dict[str, asyncio.Future] = {}
-        self.readers: list[asyncio.Task] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _start(self) -> None:
-        if not self.readers:
-            self.readers = [asyncio.ensure_future(self._read(i)) for i in range(len(self.sockets))]
+        """Watch the sockets from the running loop (again, if the client moved to another)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            self._unwatch()
+            self.loop = loop
+            for i, sock in enumerate(self.sockets):
+                loop.add_reader(sock.getsockopt(zmq.FD), self._drain, i)
 
-    async def _read(self, i: int) -> None:
-        while True:
-            frames = await self.sockets[i].recv_multipart(copy=False)
-            result = self._finish(frames, i)
+    def _unwatch(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            for sock in self.sockets:
+                self.loop.remove_reader(sock.getsockopt(zmq.FD))
+        self.loop = None
+
+    def _drain(self, i: int) -> None:
+        """Read every reply waiting on frontend ``i``'s socket; each resolves its call."""
+        sock = self.sockets[i]
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
             if result is not None:
                 future = self.futures.pop(result.request_id, None)
                 if future is not None and not future.done():
@@ -441,15 +459,22 @@ class AsyncClient(_Base):
     async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> Result:
         self._start()
         rid, call = self._new_call(model, x, timeout_ms, request_id)
-        future = self.futures[rid] = asyncio.get_running_loop().create_future()
         for attempt in range(self.retries + 1):
             if attempt:
                 call.attempt, call.frontend = attempt, self._pick(time.perf_counter(), avoid=call.frontend)
-            await self.sockets[call.frontend].send_multipart(protocol.encode(self._message(rid, call)), copy=False)
+            # A new future per attempt: the timer resolves it with None; a late answer to an
+            # earlier attempt (same request id) resolves the current one.
+            future = self.futures[rid] = self.loop.create_future()
+            transport.send(self.sockets[call.frontend], self._message(rid, call))
+            self._drain(call.frontend)
+            timer = self.loop.call_later(self._patience(call.timeout_ms), _give_up, future)
             try:
-                return await asyncio.wait_for(asyncio.shield(future), self._patience(call.timeout_ms))
-            except asyncio.TimeoutError:
-                self._timed_out(call.frontend, time.perf_counter())
+                result = await future
+            finally:
+                timer.cancel()
+            if result is not None:
+                return result
+            self._timed_out(call.frontend, time.perf_counter())
         self.calls.pop(rid, None)
         self.futures.pop(rid, None)
         return Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {self.retries + 1} attempt(s)",
@@ -470,8 +495,7 @@ class AsyncClient(_Base):
         return self._outcomes(list(await asyncio.gather(*(one(x) for x in xs))), raise_errors)
 
     async def close(self) -> None:
-        for task in self.readers:
-            task.cancel()
+        self._unwatch()
         for sock in self.sockets:
             sock.close(0)
         self.ctx.term()
@@ -481,3 +505,9 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _give_up(future: asyncio.Future) -> None:
+    """An attempt's patience ran out: wake its caller with no answer."""
+    if not future.done():
+        future.set_result(None)
