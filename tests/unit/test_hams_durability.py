@@ -1,0 +1,151 @@
+"""HAMS Algorithms 1-2 under a hostile network: a hypothesis state machine runs a graph
+frontend -> A (stateful) -> B (stateful) -> frontend, and delivers the state and notify
+messages late, out of order and twice. No backup may apply a state before the states it
+depends on are durable, no reply may leave before its lineage is durable, and once
+everything is delivered every reply leaves with the output an offline run gives."""
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from services.graph.lineage import Backup, DurableSeqs, ReleaseGate, ShippedState, extend, join
+
+STATEFUL = {"A", "B"}
+
+
+class Primary:
+    """A stateful primary whose state is a running sum; it numbers what it emits."""
+
+    def __init__(self, name: str):
+        self.name, self.total, self.next_seq = name, 0, 0
+
+    def run_batch(self, items: list[tuple[int, list, str, int]]) -> tuple[list, ShippedState]:
+        out, lineages = [], []
+        first = self.next_seq
+        for value, lineage, pred, pred_seq in items:
+            self.total += value
+            lin = extend(lineage, pred, pred_seq, self.name, self.next_seq)
+            out.append((self.total, lin, self.next_seq))
+            lineages.append(lin)
+            self.next_seq += 1
+        return out, ShippedState(self.name, 1, first, self.next_seq - 1, lineages, {"total": self.total})
+
+
+class HostileNetwork(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Primary("A"), Primary("B")
+        self.backups = {"A": Backup("A", STATEFUL), "B": Backup("B", STATEFUL)}
+        self.gate = ReleaseGate(STATEFUL)
+        self.net: list[tuple] = []  # ("state", backup, ShippedState) | ("notify", target, op, seq)
+        self.fe_seq = 0
+        self.a_queue: list = []
+        self.b_queue: list = []
+        self.replies: dict[int, tuple[int, list]] = {}  # frontend seq -> (output, lineage)
+        self.released: list[int] = []
+        self.inputs: list[int] = []
+
+    def _truly_durable(self, lineage) -> bool:
+        return all(e.seq <= self.backups[e.operator].max_applied_seq for e in lineage if e.operator in STATEFUL)
+
+    def _applied(self, name: str, states: list[ShippedState]) -> None:
+        for s in states:  # Algorithm 2: the applied state's dependencies are durable now
+            for lin in s.lineages:
+                assert all(e.seq <= self.backups[e.operator].max_applied_seq for e in lin
+                           if e.operator in STATEFUL and e.operator != name), (name, lin)
+            for target in ("A", "B", "frontend"):  # notify next stateful models (and the frontend)
+                if target != name:
+                    self.net.append(("notify", target, name, s.last_seq))
+
+    @rule(values=st.lists(st.integers(0, 9), min_size=1, max_size=3))
+    def client_requests(self, values):
+        for v in values:
+            self.inputs.append(v)
+            self.a_queue.append((v, [], "frontend", self.fe_seq))
+            self.fe_seq += 1
+
+    @precondition(lambda self: self.a_queue)
+    @rule(n=st.integers(1, 4))
+    def a_batch(self, n):
+        batch, self.a_queue = self.a_queue[:n], self.a_queue[n:]
+        out, state = self.a.run_batch(batch)
+        self.net.append(("state", "A", state))
+        self.b_queue += [(total, lin, "A", seq) for total, lin, seq in out]  # early release (NSPB)
+
+    @precondition(lambda self: self.b_queue)
+    @rule(n=st.integers(1, 4))
+    def b_batch(self, n):
+        batch, self.b_queue = self.b_queue[:n], self.b_queue[n:]
+        out, state = self.b.run_batch(batch)
+        self.net.append(("state", "B", state))
+        for total, lin, _ in out:
+            fe = lin[0].predecessor_seq
+            self.replies[fe] = (total, lin)
+            if not self.gate.hold(fe, lin):
+                self._release([fe])
+
+    def _release(self, keys):
+        for k in keys:
+            assert self._truly_durable(self.replies[k][1]), f"reply {k} left before its lineage was durable"
+            assert k not in self.released, "a reply left twice"
+            self.released.append(k)
+
+    @precondition(lambda self: self.net)
+    @rule(data=st.data(), duplicate=st.booleans())
+    def deliver(self, data, duplicate):
+        i = data.draw(st.integers(0, len(self.net) - 1))  # any message: reorders and delays
+        msg = self.net[i] if duplicate else self.net.pop(i)
+        if msg[0] == "state":
+            self._applied(msg[1], self.backups[msg[1]].receive(msg[2]))
+        elif msg[1] == "frontend":
+            self._release(self.gate.on_notify(msg[2], msg[3]))
+        else:
+            self._applied(msg[1], self.backups[msg[1]].on_notify(msg[2], msg[3]))
+
+    @invariant()
+    def applied_in_order(self):
+        for b in self.backups.values():
+            assert b.order == sorted(set(b.order))
+
+    def teardown(self):
+        # Drain: run every batch, deliver everything; all replies leave, equal to offline.
+        while self.a_queue:
+            self.a_batch(4)
+        while self.b_queue:
+            self.b_batch(4)
+        while self.net:
+            msg = self.net.pop(0)
+            if msg[0] == "state":
+                self._applied(msg[1], self.backups[msg[1]].receive(msg[2]))
+            elif msg[1] == "frontend":
+                self._release(self.gate.on_notify(msg[2], msg[3]))
+            else:
+                self._applied(msg[1], self.backups[msg[1]].on_notify(msg[2], msg[3]))
+        assert sorted(self.released) == list(range(self.fe_seq))
+        a_totals = [sum(self.inputs[:i + 1]) for i in range(len(self.inputs))]
+        offline = [sum(a_totals[:i + 1]) for i in range(len(a_totals))]
+        assert [self.replies[k][0] for k in range(self.fe_seq)] == offline
+
+
+TestHostileNetwork = HostileNetwork.TestCase
+TestHostileNetwork.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_durable_seqs_are_monotone():
+    d = DurableSeqs()
+    assert d.notify("A", 3) and not d.notify("A", 2) and d.of("A") == 3
+
+
+def test_join_concatenates_lineage_once():
+    x = extend([], "frontend", 1, "A", 4)
+    y = extend(x, "A", 4, "B", 0)
+    z = extend(x, "A", 4, "C", 9)
+    assert join([y, z]) == [x[0], y[1], z[1]]
+
+
+def test_backup_drops_other_epoch_and_duplicates():
+    b = Backup("A", STATEFUL)
+    s = ShippedState("A", 1, 0, 1, [extend([], "frontend", 0, "A", 0)])
+    assert b.receive(ShippedState("A", 2, 0, 1, [])) == []
+    assert b.receive(s) == [s] and b.receive(s) == [] and b.max_applied_seq == 1
