@@ -414,3 +414,51 @@ def from_dict(role: str, data: dict[str, Any]) -> Any:
 
 def to_json(cfg: Any) -> str:
     return orjson.dumps(dataclasses.asdict(cfg)).decode()
+
+
+@dataclass
+class GraphOperatorConfig:
+    """One operator process of a HAMS service graph (``services.graph.operator``)."""
+
+    name: str = "op"
+    #: the operator of ``graph`` this process runs
+    operator: str = ""
+    #: primary | backup (stateful operators) or stateless; the manager drives it later
+    role: str = "primary"
+    epoch: int = 1
+    #: PULL this process binds: requests, states, acks and durability notices
+    endpoint: str = "tcp://127.0.0.1:7400"
+    status_endpoint: str | None = None
+    #: the [graph] table (common.spec.graph), as GraphSpec.to_dict() writes it
+    graph: dict = field(default_factory=dict)
+    #: node -> PULL endpoint: "frontend", each operator's name, "<operator>.backup"
+    peers: dict[str, str] = field(default_factory=dict)
+    seed: int = 0
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        _check(self.role in ("primary", "backup", "stateless"), "role", "must be primary, backup or stateless")
+        _check(self.epoch >= 1, "epoch", "must be >= 1")
+        _check(bool(self.operator), "operator", "must name an operator of the graph")
+
+
+@dataclass
+class GraphFrontendConfig:
+    """The entry and exit of a HAMS service graph (``services.graph.entry``)."""
+
+    name: str = "graph-frontend"
+    #: ROUTER that clients' DEALERs connect to (Predict / Reply)
+    client_endpoint: str = "tcp://127.0.0.1:7300"
+    #: PULL for the graph's outputs and durability notices
+    endpoint: str = "tcp://127.0.0.1:7301"
+    graph: dict = field(default_factory=dict)
+    peers: dict[str, str] = field(default_factory=dict)
+    #: a request not answered by then is answered with an error (s)
+    request_timeout_s: float = 10.0
+    #: requests in the graph at most; beyond it a request is answered ``overloaded``
+    admission_limit: int = 10_000
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")
+        _check(self.admission_limit > 0, "admission_limit", "must be > 0")

@@ -87,6 +87,15 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          binds=("status_endpoint",), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"status_endpoint", "frontend_endpoints", "models"}),
          nested={"models": cfg.ModelInfo}, priority=450),
+    # HAMS service graphs: a stateful operator's primary and backup (each with its statemgr) and
+    # stateless operators are one role; the graph's frontend assigns seqs and holds replies.
+    Role("graph_operator", cfg.GraphOperatorConfig, "services.graph.operator:GraphOperator",
+         binds=("endpoint", "status_endpoint"), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers"}),
+         priority=350),
+    Role("graph_frontend", cfg.GraphFrontendConfig, "services.graph.entry:GraphFrontend",
+         binds=("client_endpoint", "endpoint"), status="client_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "endpoint", "graph", "peers"}), priority=300),
 )}
 
 

@@ -179,6 +179,17 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 }
 
 
+# HAMS service graphs (GraphRequest, GraphState, GraphAck, GraphDurable).
+_CHECKS.update({
+    "operator": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
+    "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "origin": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "stream": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "epoch": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "first_seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "last_seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+})
+
 # Per class, once: (field, its check or None, whether it may be null).
 _PLANS = {cls: tuple((name, _CHECKS.get(name), name in _NULLABLE[cls]) for name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
 

@@ -52,6 +52,10 @@ class Kind(StrEnum):
     LEAVE = "leave"  # worker -> dispatcher: shutting down, drop me now
     CONFIGURE = "configure"  # dispatcher -> worker: change concurrency (slots) or torch threads
     ANSWERED = "answered"  # frontend -> dispatcher: queries already answered (not by their model)
+    GRAPH_REQUEST = "graph_request"  # frontend / operator -> operator / frontend (HAMS service graphs)
+    GRAPH_STATE = "graph_state"  # stateful primary -> its backup: the whole state after a batch
+    GRAPH_ACK = "graph_ack"  # backup -> primary: a state arrived
+    GRAPH_DURABLE = "graph_durable"  # backup -> next stateful models, frontend, primary: state applied
 
 
 class Source(StrEnum):

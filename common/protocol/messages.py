@@ -22,6 +22,7 @@ class Predict:
     input: np.ndarray
     timeout_ms: float | None = None
     version: str | None = None
+    stream: int | None = None  # HAMS: the stream whose state a stateful graph keeps
 
 
 @dataclass(slots=True)
@@ -179,9 +180,65 @@ class Answered:
     qids: list[int]
 
 
+@dataclass(slots=True)
+class GraphRequest:
+    """One request on an edge of a service graph (HAMS): ``seq`` is the number ``sender``
+    gave it; ``origin`` the frontend's seq (a join matches its inputs by it); ``lineage``
+    the Algorithm 1 entries so far; ``stream`` the request's stream (per-stream state)."""
+
+    KIND: ClassVar[Kind] = Kind.GRAPH_REQUEST
+    TENSORS: ClassVar[tuple[str, ...]] = ("input",)
+    sender: str
+    seq: int
+    origin: int
+    stream: int
+    lineage: list[LineageEntry]
+    input: np.ndarray
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class GraphState:
+    """The whole state of a stateful operator after the batch ``first_seq..last_seq``, to its
+    backup: every request's lineage entries (Algorithm 2 reads them), and ``blob``, an
+    ``np.savez`` of the state tensors and the batch's outputs (loaded without pickle)."""
+
+    KIND: ClassVar[Kind] = Kind.GRAPH_STATE
+    TENSORS: ClassVar[tuple[str, ...]] = ("blob",)
+    operator: str
+    epoch: int
+    first_seq: int
+    last_seq: int
+    lineage: list[LineageEntry]
+    blob: np.ndarray
+
+
+@dataclass(slots=True)
+class GraphAck:
+    """A backup received the state ending at ``seq`` (NSPB's window counts these)."""
+
+    KIND: ClassVar[Kind] = Kind.GRAPH_ACK
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    operator: str
+    epoch: int
+    seq: int
+
+
+@dataclass(slots=True)
+class GraphDurable:
+    """Algorithm 2's notify: ``operator``'s state up to ``seq`` is durable (applied on its backup)."""
+
+    KIND: ClassVar[Kind] = Kind.GRAPH_DURABLE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    operator: str
+    epoch: int
+    seq: int
+
+
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered)
+    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
+                GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 
 # Per class: (header field names, required header field names). Computed once.

@@ -1,0 +1,251 @@
+"""The ``[graph]`` tables of a cluster spec: a HAMS service graph (a DAG of operators,
+the frontend as entry and exit).
+
+Format::
+
+    [graph]
+    mode = "nspb"            # bare | remus | nspb | s1 | s2 (services.graph.modes)
+    window = 1               # NSPB: states in flight to the backup (1 = HAMS §III-B)
+    input_shape = [8]        # one request's input, as the frontend receives it
+    edges = [["frontend", "gru1"], ["gru1", "gru2"], ["gru2", "frontend"]]
+
+    [graph.operators.gru1]
+    kind = "gru"             # builtin (services.graph.operators.BUILTIN) or "module:Class"
+    input_shape = [8]
+    output_shape = [16]
+    max_batch = 8
+    pad_ms = 5.0             # pad each batch's service time (experiments)
+    join = "combine"         # an operator with several inputs: "combine" | "interleave"
+    options = {}             # passed to the operator's constructor
+
+Errors (``GraphError``, a ``SpecError``) name the key at fault: a cycle, an unknown
+operator, a shape mismatch between an edge's ends, an operator the frontend cannot reach
+or whose outputs never reach the frontend.
+
+Example
+-------
+>>> g = read_graph({"input_shape": [4], "edges": [["frontend", "m"], ["m", "frontend"]],
+...                 "operators": {"m": {"kind": "mlp", "input_shape": [4], "output_shape": [2]}}})
+>>> g.order, g.stateful
+(['m'], frozenset())
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.spec.tables import SpecError
+
+FRONTEND = "frontend"
+MODES = ("bare", "remus", "nspb", "s1", "s2")
+JOINS = ("combine", "interleave")
+
+
+class GraphError(SpecError):
+    """A service graph that cannot run: the message starts with the key at fault."""
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    name: str
+    kind: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    stateful: bool
+    max_batch: int = 8
+    pad_ms: float = 0.0
+    join: str = "combine"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    mode: str
+    window: int
+    input_shape: tuple[int, ...]
+    operators: dict[str, OperatorSpec]
+    edges: tuple[tuple[str, str], ...]
+    #: operators in a topological order
+    order: list[str]
+
+    @property
+    def stateful(self) -> frozenset[str]:
+        """Stateful operators whose state is kept durable (none in bare mode)."""
+        if self.mode == "bare":
+            return frozenset()
+        return frozenset(n for n, op in self.operators.items() if op.stateful)
+
+    def successors(self, node: str) -> list[str]:
+        return [b for a, b in self.edges if a == node]
+
+    def predecessors(self, node: str) -> list[str]:
+        return [a for a, b in self.edges if b == node]
+
+    def next_stateful(self, node: str) -> list[str]:
+        """Stateful operators downstream of ``node`` (the ones its backup notifies)."""
+        seen, todo, out = set(), self.successors(node), []
+        while todo:
+            n = todo.pop()
+            if n in seen or n == FRONTEND:
+                continue
+            seen.add(n)
+            if n in self.stateful:
+                out.append(n)
+            todo += self.successors(n)
+        return sorted(out)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "window": self.window, "input_shape": list(self.input_shape),
+                "edges": [list(e) for e in self.edges],
+                "operators": {n: {"kind": o.kind, "input_shape": list(o.input_shape),
+                                  "output_shape": list(o.output_shape), "max_batch": o.max_batch,
+                                  "pad_ms": o.pad_ms, "join": o.join, "options": o.options}
+                              for n, o in self.operators.items()}}
+
+
+def _shape(value, key: str) -> tuple[int, ...]:
+    if not (isinstance(value, list) and value and all(type(d) is int and d > 0 for d in value)):
+        raise GraphError(f"{key}: must be a non-empty list of positive ints, got {value!r}")
+    return tuple(value)
+
+
+def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
+    """Check and build a ``GraphSpec`` from a ``[graph]`` table."""
+    from services.graph.operators import is_stateful  # the operator classes say what they are
+
+    table = dict(table)
+    mode = table.pop("mode", "nspb")
+    if mode not in MODES:
+        raise GraphError(f"{prefix}.mode: {mode!r} is not one of {list(MODES)}")
+    window = table.pop("window", 1)
+    if type(window) is not int or window < 1:
+        raise GraphError(f"{prefix}.window: must be an int >= 1, got {window!r}")
+    input_shape = _shape(table.pop("input_shape", None), f"{prefix}.input_shape")
+    raw_ops = table.pop("operators", None)
+    if not isinstance(raw_ops, dict) or not raw_ops:
+        raise GraphError(f"{prefix}.operators: needs at least one [{prefix}.operators.NAME] table")
+    operators = {}
+    for name, raw in raw_ops.items():
+        key = f"{prefix}.operators.{name}"
+        if name == FRONTEND:
+            raise GraphError(f"{key}: 'frontend' is the graph's entry and exit, not an operator")
+        raw = dict(raw)
+        kind = raw.pop("kind", None)
+        if not isinstance(kind, str):
+            raise GraphError(f"{key}.kind: must name a builtin operator or 'module:Class'")
+        try:
+            stateful = is_stateful(kind)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise GraphError(f"{key}.kind: {exc}") from None
+        op = OperatorSpec(name, kind, _shape(raw.pop("input_shape", None), f"{key}.input_shape"),
+                          _shape(raw.pop("output_shape", None), f"{key}.output_shape"), stateful,
+                          raw.pop("max_batch", 8), float(raw.pop("pad_ms", 0.0)), raw.pop("join", "combine"),
+                          dict(raw.pop("options", {})))
+        if type(op.max_batch) is not int or not 1 <= op.max_batch <= 1024:
+            raise GraphError(f"{key}.max_batch: must be an int in 1..1024")
+        if op.join not in JOINS:
+            raise GraphError(f"{key}.join: {op.join!r} is not one of {list(JOINS)}")
+        if raw:
+            raise GraphError(f"{key}: unknown option(s) {sorted(raw)}")
+        operators[name] = op
+    edges = []
+    for i, edge in enumerate(table.pop("edges", None) or []):
+        if not (isinstance(edge, list) and len(edge) == 2 and all(isinstance(e, str) for e in edge)):
+            raise GraphError(f"{prefix}.edges[{i}]: must be [from, to], got {edge!r}")
+        for end in edge:
+            if end != FRONTEND and end not in operators:
+                raise GraphError(f"{prefix}.edges[{i}]: unknown operator {end!r} (operators: {sorted(operators)})")
+        if edge[0] == edge[1]:
+            raise GraphError(f"{prefix}.edges[{i}]: {edge[0]!r} -> itself is a cycle")
+        edges.append((edge[0], edge[1]))
+    if table:
+        raise GraphError(f"{prefix}: unknown option(s) {sorted(table)}")
+    if not edges:
+        raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
+    order = _topological(operators, edges, prefix)
+    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order)
+    _check_shapes(graph, prefix)
+    return graph
+
+
+def _topological(operators: dict, edges: list, prefix: str) -> list[str]:
+    inner = [(a, b) for a, b in edges if a != FRONTEND and b != FRONTEND]
+    indegree = {n: 0 for n in operators}
+    for _, b in inner:
+        indegree[b] += 1
+    ready = sorted(n for n, d in indegree.items() if d == 0)
+    order = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for a, b in inner:
+            if a == n:
+                indegree[b] -= 1
+                if indegree[b] == 0:
+                    ready.append(b)
+    if len(order) != len(operators):
+        cyclic = sorted(n for n in operators if n not in order)
+        raise GraphError(f"{prefix}.edges: a cycle through {cyclic}; a service graph is a DAG")
+    sources = {b for a, b in edges if a == FRONTEND}
+    sinks = {a for a, b in edges if b == FRONTEND}
+    for n in order:  # every operator fed from the frontend and feeding it, through the graph
+        if not any(a in order[:order.index(n)] or a == FRONTEND for a, b in edges if b == n):
+            raise GraphError(f"{prefix}.edges: operator {n!r} has no input")
+        if not any(b == FRONTEND or b in operators for a, b in edges if a == n):
+            raise GraphError(f"{prefix}.edges: operator {n!r}'s outputs go nowhere")
+    if not sources or not sinks:
+        raise GraphError(f"{prefix}.edges: the frontend must feed an operator and receive from one")
+    if len(sinks) != 1:
+        raise GraphError(f"{prefix}.edges: exactly one operator answers the frontend (a join combines), got {sorted(sinks)}")
+    return order
+
+
+def _check_shapes(graph: GraphSpec, prefix: str) -> None:
+    def out_shape(node: str) -> tuple[int, ...]:
+        return graph.input_shape if node == FRONTEND else graph.operators[node].output_shape
+
+    for name in graph.order:
+        op, preds = graph.operators[name], graph.predecessors(name)
+        shapes = [out_shape(p) for p in preds]
+        if len(preds) > 1 and op.join == "combine":
+            if any(s[:-1] != shapes[0][:-1] for s in shapes) or op.input_shape != (*shapes[0][:-1], sum(s[-1] for s in shapes)):
+                raise GraphError(f"{prefix}.operators.{name}.input_shape: {list(op.input_shape)} does not combine its "
+                                 f"inputs {dict(zip(preds, map(list, shapes)))} (concatenated on the last axis)")
+            continue
+        for pred, shape in zip(preds, shapes):
+            if shape != op.input_shape:
+                raise GraphError(f"{prefix}.edges: {pred} -> {name}: shape mismatch, {pred} emits {list(shape)}, "
+                                 f"{name} takes {list(op.input_shape)}")
+
+
+def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
+                   seed: int = 0) -> tuple[list, str]:
+    """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
+    frontend; per stateless operator one process; per stateful operator a primary and,
+    unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
+    ``Assignment`` seam changes them later)."""
+    from common import config as cfg
+    from common.spec.topology import ServiceLaunch
+
+    port = iter(range(base_port, base_port + 1000))
+
+    def ep() -> str:
+        return f"tcp://{address}:{next(port)}"
+
+    table = graph.to_dict()
+    peers = {FRONTEND: ep()}
+    client = ep()
+    plan = []
+    for name in graph.order:
+        op = graph.operators[name]
+        roles = ["primary", "backup"] if name in graph.stateful else ["primary" if op.stateful else "stateless"]
+        for r in roles:
+            key = f"{name}.backup" if r == "backup" else name
+            peers[key] = ep()
+            plan.append((key, name, r))
+    services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
+        client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers))]
+    for key, name, r in plan:
+        services.append(ServiceLaunch(f"op-{key.replace('.', '-')}", "graph_operator", host, cfg.GraphOperatorConfig(
+            name=f"op-{key.replace('.', '-')}", operator=name, role=r, epoch=1, endpoint=peers[key],
+            status_endpoint=ep(), graph=table, peers=peers, seed=seed)))
+    return services, client

@@ -1,0 +1,127 @@
+"""The frontend of a HAMS service graph: its entry and exit, and its last stateful node
+(§IV-D).
+
+A client's ``Predict`` (ROUTER, ``client_endpoint``) gets the next sequence number (its
+*origin*) and goes to the operators the frontend feeds. The graph's output comes back on
+``endpoint``; its reply is held (``services.requests`` HELD) until every stateful state on
+its lineage is durable (``ReleaseGate``: the backups' ``GraphDurable`` notices), so no
+client sees an output that a failure could contradict. A stateless-only graph (or mode
+bare) holds nothing. Every request gets one answer: its output, or an error that says
+why (bad input, overloaded, timed out in the graph).
+
+Every 50 ms it tells the operators the highest origin up to which every reply has left,
+so their saved outputs can be freed (state GC).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from common import transport
+from common.config import GraphFrontendConfig
+from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
+from common.spec.graph import FRONTEND, read_graph
+from services.base import Service
+from services.graph.lineage import ReleaseGate
+from services.requests import Request, State
+
+
+class GraphFrontend(Service):
+    role = "graph_frontend"
+
+    def __init__(self, config: GraphFrontendConfig):
+        super().__init__(config.name, config.metrics_port)
+        self.config = config
+        self.graph = read_graph(config.graph)
+        self.clients = self.add_socket(transport.make_socket(self.ctx, zmq.ROUTER, bind=config.client_endpoint),
+                                       self._on_client)
+        self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
+        self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
+        self.gate = ReleaseGate(self.graph.stateful)
+        self.next_origin = 0
+        self.requests: dict[int, Request] = {}  # origin -> request in the graph
+        self.outputs: dict[int, np.ndarray] = {}  # origin -> held output
+        self.answered_below = 0  # every origin < this is answered
+        self.answered: set[int] = set()
+        self.counts = {"answered": 0, "held": 0, "errors": 0}
+        self.every(0.05, self._chores)
+
+    def _reply(self, envelope, reply: Reply) -> None:
+        transport.try_send(self.clients, reply, envelope)
+
+    def _on_client(self, sock: zmq.Socket) -> None:
+        for envelope, msg in self.messages(sock, router=True):
+            if not isinstance(msg, Predict):
+                if isinstance(msg, Status):
+                    self._reply_status(envelope)
+                continue
+            shape = tuple(self.graph.input_shape)
+            if tuple(msg.input.shape) != shape:
+                self.counts["errors"] += 1
+                self._reply(envelope, Reply(msg.request_id, "error", error=f"input shape {list(msg.input.shape)} is not "
+                                            f"the graph's {list(shape)}", error_code="bad_request"))
+                continue
+            if len(self.requests) >= self.config.admission_limit:
+                self.counts["errors"] += 1
+                self._reply(envelope, Reply(msg.request_id, "error", error="graph is full", error_code="overloaded"))
+                continue
+            origin, self.next_origin = self.next_origin, self.next_origin + 1
+            req = Request(envelope, msg.request_id, time.monotonic())
+            req.to(State.WAITING)
+            self.requests[origin] = req
+            out = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
+            for op in self.graph.successors(FRONTEND):
+                self.peers.send(self.config.peers[op], out)
+
+    def _reply_status(self, envelope) -> None:
+        transport.try_send(self.clients, Status(service=self.name, info=self.status()), envelope)
+
+    def _on_inbox(self, sock: zmq.Socket) -> None:
+        for _, msg in self.messages(sock):
+            if isinstance(msg, GraphRequest):
+                req = self.requests.get(msg.origin)
+                if req is None or req.state != State.WAITING:
+                    continue  # a duplicate, or a request already answered with an error
+                if self.gate.hold(msg.origin, msg.lineage):
+                    req.to(State.HELD)
+                    self.outputs[msg.origin] = msg.input
+                    self.counts["held"] += 1
+                else:
+                    self._answer(msg.origin, Reply(req.request_id, "model", output=msg.input))
+            elif isinstance(msg, GraphDurable):
+                for origin in self.gate.on_notify(msg.operator, msg.seq):
+                    req = self.requests.get(origin)
+                    if req is not None:
+                        self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
+
+    def _answer(self, origin: int, reply: Reply) -> None:
+        req = self.requests.pop(origin)
+        req.to(State.ANSWERED)
+        self._reply(req.envelope, reply)
+        self.counts["answered" if reply.error is None else "errors"] += 1
+        self.answered.add(origin)
+        while self.answered_below in self.answered:
+            self.answered.discard(self.answered_below)
+            self.answered_below += 1
+
+    def _chores(self, now: float) -> None:
+        horizon = now - self.config.request_timeout_s
+        for origin in [o for o, r in self.requests.items() if r.start < horizon]:
+            self.outputs.pop(origin, None)
+            self.gate.waiting.pop(origin, None)
+            req = self.requests[origin]
+            self._answer(origin, Reply(req.request_id, "error", error=f"no durable answer within "
+                                       f"{self.config.request_timeout_s} s ({req.state})", error_code="timeout"))
+        if self.answered_below:
+            note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
+            for op in self.graph.operators:
+                self.peers.send(self.config.peers[op], note)
+
+    def status(self) -> dict:
+        info = super().status()
+        info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
+                    in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
+                    **self.counts)
+        return info

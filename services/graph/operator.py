@@ -1,0 +1,228 @@
+"""One operator of a HAMS service graph, as a process: a stateless operator, or a stateful
+operator's primary or backup (each with its ``statemgr``).
+
+Frames in (one PULL, ``endpoint``): ``GraphRequest`` from predecessors, ``GraphState``
+(backup, from its primary), ``GraphAck`` and ``GraphDurable`` (primary, from its backup;
+backups, from previous stateful models' backups; everyone, from the frontend: replies up
+to that origin have left the graph, so saved outputs can go).
+
+The primary's batch (``step``), per mode (``services.graph.modes``)::
+
+    compute(batch n)            reads the state only
+    outputs -> successors       at once (nspb, s2, bare); after the backup has state n (s1, remus)
+    wait: copy of n-1 finished and < W states in flight      (nspb, s1)
+    update(batch n)             changes the state
+    copy state n                in the background while n+1 computes (nspb, s1); stopped (s2, remus)
+
+The backup runs Algorithm 2 (``services.graph.lineage.Backup``) and, for each applied
+state, notifies the next stateful models' backups, the frontend and its primary.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+
+import numpy as np
+import zmq
+
+from common import transport
+from common.config import GraphOperatorConfig
+from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
+from common.spec.graph import FRONTEND, read_graph
+from services.base import Service
+from services.graph import lineage as lin
+from services.graph.assignment import Assignment
+from services.graph.modes import MODES
+from services.graph.operators import GraphBatch, operator_class
+from services.graph.statemgr import StateManager, unpack
+
+
+class GraphOperator(Service):
+    role = "graph_operator"
+
+    def __init__(self, config: GraphOperatorConfig):
+        super().__init__(config.name, config.metrics_port)
+        self.config = config
+        self.graph = read_graph(config.graph)
+        self.spec = self.graph.operators[config.operator]
+        self.op = config.operator
+        self.mode = MODES[self.graph.mode]
+        self.assignment = Assignment(config.role, config.epoch)
+        self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
+        self.serve_status(config.status_endpoint)
+        self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
+        self.queue: deque[GraphRequest] = deque()
+        self.joining: dict[int, dict[str, GraphRequest]] = {}  # origin -> predecessor -> its request
+        self.preds = self.graph.predecessors(self.op)
+        self.succs = self.graph.successors(self.op)
+        self.next_seq = 0
+        self.released_origin = -1  # the frontend's notice: replies up to here left the graph
+        self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
+        self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
+        self.batches = self.rows = 0
+        self.lineage_s = 0.0
+        self.stateful = self.spec.stateful and self.op in self.graph.stateful
+        self.backup = None
+        self.model = None
+        self.statemgr = None
+        if self.spec.join == "interleave" and len(self.preds) > 1:
+            raise NotImplementedError("interleaving joins are not implemented yet (HAMS S1 non-determinism)")
+        if self.assignment.role == "backup":
+            self.backup = lin.Backup(self.op, self.graph.stateful, self.assignment.epoch)
+        else:
+            cls = operator_class(self.spec.kind)
+            self.model = cls(self.spec.input_shape, self.spec.output_shape, seed=config.seed, **self.spec.options)
+            if self.model.stateful:
+                self.model.start()
+            if self.stateful:
+                self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background)
+
+    # --- messages -------------------------------------------------------------------
+    def _on_inbox(self, sock: zmq.Socket) -> None:
+        for _, msg in self.messages(sock):
+            if isinstance(msg, GraphRequest):
+                self._on_request(msg)
+            elif isinstance(msg, GraphState) and self.backup is not None:
+                self._on_state(msg)
+            elif isinstance(msg, GraphAck) and self.statemgr is not None and msg.operator == self.op:
+                if msg.epoch == self.assignment.epoch:
+                    self.statemgr.on_ack(msg.seq)
+                    self._release_held(msg.seq)
+            elif isinstance(msg, GraphDurable):
+                self._on_durable(msg)
+
+    def _on_request(self, msg: GraphRequest) -> None:
+        if self.backup is not None:
+            return
+        if len(self.preds) == 1:
+            self.queue.append(msg)
+            return
+        parts = self.joining.setdefault(msg.origin, {})
+        parts[msg.sender] = msg
+        if len(parts) == len(self.preds):  # combine: every input of this origin arrived
+            del self.joining[msg.origin]
+            ins = [parts[p] for p in self.preds]
+            lineage = lin.join([m.lineage for m in ins])
+            lineage += [lin.LineageEntry(m.sender, m.seq, "?", -1) for m in ins[1:]]  # numbered in step()
+            self.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
+                                           np.concatenate([m.input for m in ins], axis=-1)))
+
+    def _on_state(self, msg: GraphState) -> None:
+        if msg.operator != self.op:
+            return
+        self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
+        shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
+        self._notify(self.backup.receive(shipped))
+
+    def _on_durable(self, msg: GraphDurable) -> None:
+        if msg.operator == FRONTEND:
+            self.released_origin = max(self.released_origin, msg.seq)
+            for seq in [s for s, (origin, _) in self.outputs.items() if origin <= self.released_origin]:
+                del self.outputs[seq]  # its reply left the graph: no resend will need it
+        elif self.backup is not None:
+            self._notify(self.backup.on_notify(msg.operator, msg.seq))
+        elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
+            self.statemgr.on_durable(msg.seq)
+
+    def _notify(self, applied: list[lin.ShippedState]) -> None:
+        """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
+        for state in applied:
+            note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
+            for target in [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [FRONTEND, self.op]:
+                self.peers.send(self.config.peers[target], note)
+
+    # --- the batch loop ---------------------------------------------------------------
+    def tick(self, timeout: float | None = None) -> None:
+        super().tick(0 if (self.queue and timeout is None) else timeout)
+        self._ship_finished()
+        if self.queue and self.model is not None:
+            self._guarded("step", self.step, None)
+
+    def _ship_finished(self, wait: bool = False) -> None:
+        if self.statemgr is not None:
+            state = self.statemgr.finished(wait)
+            if state is not None:
+                self._ship(state)
+
+    def _ship(self, state: GraphState) -> None:
+        self.statemgr.shipped(state)
+        self.peers.send(self.config.peers[f"{self.op}.backup"], state)
+
+    def step(self, _=None) -> None:
+        rows = [self.queue.popleft() for _ in range(min(self.spec.max_batch, len(self.queue)))]
+        batch = GraphBatch(np.stack([r.input for r in rows]), [r.stream for r in rows])
+        t0 = time.perf_counter()
+        outputs = self.model.compute(batch)
+        pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
+        if pad > 0:
+            time.sleep(pad)  # the experiments' model service time
+        t1 = time.perf_counter()
+        first = self.next_seq
+        sends, lineages = [], []
+        for r, out in zip(rows, outputs):
+            lineage = [e for e in r.lineage if e.seq >= 0]
+            lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
+                        for e in r.lineage if e.seq < 0]  # a combined join's other inputs
+            lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
+            lineages.extend(lineage)
+            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
+            sends += [(s, msg) for s in self.succs]
+            if self.stateful:
+                self.outputs[self.next_seq] = (r.origin, out)
+            self.next_seq += 1
+        last = self.next_seq - 1
+        self.lineage_s += time.perf_counter() - t1
+        self.batches += 1
+        self.rows += len(rows)
+        if self.stateful and self.mode.hold_outputs:
+            self.held[last] = sends
+        else:
+            for target, msg in sends:
+                self.peers.send(self.config.peers[target], msg)
+        if not self.model.stateful:
+            return
+        if self.stateful:
+            self._wait_for_update()
+        self.model.update(batch, outputs)
+        if self.stateful:
+            state = self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last,
+                                        lineages)
+            if state is not None:
+                self._ship(state)
+
+    def _wait_for_update(self) -> None:
+        """NSPB: the update of this batch waits for the previous copy and the window."""
+        self._ship_finished(wait=True)
+        deadline = time.monotonic() + 30
+        while not self.statemgr.ready_for_update() and self.running is not False and time.monotonic() < deadline:
+            if self.inbox.poll(50):
+                self._on_inbox(self.inbox)
+        # past the deadline the backup is gone: HAMS II's manager promotes or replaces it
+
+    def _release_held(self, seq: int) -> None:
+        for last in [s for s in self.held if s <= seq]:
+            for target, msg in self.held.pop(last):
+                self.peers.send(self.config.peers[target], msg)
+
+    def status(self) -> dict:
+        info = super().status()
+        info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
+                    batches=self.batches, rows=self.rows, queued=len(self.queue), saved_outputs=len(self.outputs),
+                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches))
+        if self.statemgr is not None:
+            info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
+                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms)
+        if self.backup is not None:
+            info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
+                        durable=dict(self.backup.durable.seqs))
+        return info
+
+    def applied_state(self):
+        """The newest applied state and outputs (what HAMS II promotes from)."""
+        if self.backup is None or self.backup.applied is None:
+            return None
+        return unpack(self.backup.applied.state["blob"])
+
+    def drain(self) -> None:
+        if self.statemgr is not None:
+            self.statemgr.close()

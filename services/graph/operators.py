@@ -1,0 +1,202 @@
+"""Operators of a service graph (HAMS §IV-D, §V).
+
+A stateless operator implements ``compute(batch) -> outputs``. A stateful one also
+implements ``initialize() -> state`` (a dict of name -> tensor), and splits a batch in
+two: ``compute(batch)`` reads the state only and returns the outputs (they may go
+downstream at once), ``update(batch, outputs)`` changes the state. NSPB copies state n
+to the backup while batch n+1 computes, so ``compute`` must not write the state.
+
+Writing your own: subclass ``StatefulOperator`` (or ``StatelessOperator``), keep the
+state in ``self.state`` as torch tensors, and name it ``"your.module:YourClass"`` in
+``[graph.operators.NAME] kind``; ``options`` go to its constructor as keywords::
+
+    class Counter(StatefulOperator):
+        def initialize(self):
+            return {"count": torch.zeros(1)}
+        def compute(self, batch):
+            return np.repeat(self.state["count"].numpy()[None], len(batch.inputs), 0)
+        def update(self, batch, outputs):
+            self.state["count"] += len(batch.inputs)
+
+A ``GraphBatch`` is the rows of one batch: ``inputs`` (numpy, stacked on axis 0) and
+``streams`` (the stream id per row; GRU state is per stream).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+torch.set_num_threads(1)
+
+
+@dataclass
+class GraphBatch:
+    inputs: np.ndarray
+    streams: list[int]
+
+
+class StatelessOperator:
+    stateful = False
+
+    def __init__(self, input_shape: tuple[int, ...], output_shape: tuple[int, ...], seed: int = 0, **options):
+        torch.manual_seed(seed)
+        self.input_shape, self.output_shape = input_shape, output_shape
+
+    def compute(self, batch: GraphBatch) -> np.ndarray:
+        raise NotImplementedError
+
+
+class StatefulOperator(StatelessOperator):
+    stateful = True
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, **options):
+        super().__init__(input_shape, output_shape, seed, **options)
+        self.state: dict[str, torch.Tensor] = {}
+
+    def start(self) -> None:
+        self.state = self.initialize()
+
+    def initialize(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def update(self, batch: GraphBatch, outputs: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def copy_state(self) -> dict[str, np.ndarray]:
+        """A copy of the whole state (statemgr ships it; the backup overwrites with it)."""
+        return {k: v.detach().clone().numpy() for k, v in self.state.items()}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        self.state = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+
+
+class MLP(StatelessOperator):
+    """A stateless two-layer MLP on flat inputs."""
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, hidden: int = 32, **options):
+        super().__init__(input_shape, output_shape, seed)
+        n_in, n_out = int(np.prod(input_shape)), int(np.prod(output_shape))
+        self.net = torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, n_out))
+
+    @torch.no_grad()
+    def compute(self, batch):
+        x = torch.from_numpy(np.ascontiguousarray(batch.inputs, dtype=np.float32)).reshape(len(batch.inputs), -1)
+        return self.net(x).reshape(len(batch.inputs), *self.output_shape).numpy()
+
+
+class LeNet(StatelessOperator):
+    """A stateless LeNet-5 (``common.architectures``) on [1, H, H] images."""
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, **options):
+        super().__init__(input_shape, output_shape, seed)
+        from common.architectures import build, config_for
+
+        self.net = build("lenet5", **config_for("lenet5", input_shape, int(np.prod(output_shape)))).eval()
+
+    @torch.no_grad()
+    def compute(self, batch):
+        x = torch.from_numpy(np.ascontiguousarray(batch.inputs, dtype=np.float32)).reshape(len(batch.inputs), *self.input_shape)
+        return self.net(x).reshape(len(batch.inputs), *self.output_shape).numpy()
+
+
+class GRU(StatefulOperator):
+    """Stateful inference: a GRU cell with one hidden state per stream (a request carries
+    its stream id). Rows of one stream in one batch are applied in order."""
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, streams: int = 64, **options):
+        super().__init__(input_shape, output_shape, seed)
+        self.streams = streams
+        self.cell = torch.nn.GRUCell(int(np.prod(input_shape)), int(np.prod(output_shape)))
+        self._pending: tuple[list[int], torch.Tensor] | None = None
+
+    def initialize(self):
+        return {"hidden": torch.zeros(self.streams, self.cell.hidden_size)}
+
+    @torch.no_grad()
+    def compute(self, batch):
+        x = torch.from_numpy(np.ascontiguousarray(batch.inputs, dtype=np.float32)).reshape(len(batch.inputs), -1)
+        streams = [s % self.streams for s in batch.streams]
+        hidden = {}  # stream -> its newest hidden state in this batch (the state is not written)
+        out = torch.empty(len(streams), self.cell.hidden_size)
+        rounds: list[list[int]] = []  # round k: the k-th row of each stream
+        seen: dict[int, int] = {}
+        for i, s in enumerate(streams):
+            k = seen.get(s, 0)
+            seen[s] = k + 1
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append(i)
+        for rows in rounds:
+            h = torch.stack([hidden.get(streams[i], self.state["hidden"][streams[i]]) for i in rows])
+            new = self.cell(x[rows], h)
+            for j, i in enumerate(rows):
+                out[i] = hidden[streams[i]] = new[j]
+        self._pending = (list(hidden), torch.stack(list(hidden.values())))
+        return out.reshape(len(streams), *self.output_shape).numpy()
+
+    def update(self, batch, outputs):
+        streams, h = self._pending
+        self.state["hidden"][streams] = h
+
+
+class OnlineMLP(StatefulOperator):
+    """Stateful learning: an MLP trained online. Each request's input row is its features
+    followed by the feedback (the target) for the previous prediction of its stream;
+    ``compute`` predicts, ``update`` takes one SGD step on the batch's feedback."""
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, hidden: int = 32, lr: float = 0.01, **options):
+        super().__init__(input_shape, output_shape, seed)
+        self.n_out = int(np.prod(output_shape))
+        self.n_in = int(np.prod(input_shape)) - self.n_out
+        if self.n_in < 1:
+            raise ValueError("OnlineMLP input is features followed by output_size feedback values")
+        self.net = torch.nn.Sequential(torch.nn.Linear(self.n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, self.n_out))
+        self.lr = lr
+
+    def initialize(self):
+        return {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.net.load_state_dict(self.state)
+
+    def _xy(self, batch):
+        rows = torch.from_numpy(np.ascontiguousarray(batch.inputs, dtype=np.float32)).reshape(len(batch.inputs), -1)
+        return rows[:, :self.n_in], rows[:, self.n_in:]
+
+    @torch.no_grad()
+    def compute(self, batch):
+        self.net.load_state_dict(self.state, assign=True)  # reads the state, writes nothing
+        return self.net(self._xy(batch)[0]).reshape(len(batch.inputs), *self.output_shape).numpy()
+
+    def update(self, batch, outputs):
+        self.net.load_state_dict(self.state, assign=True)
+        x, y = self._xy(batch)
+        self.net.zero_grad()
+        torch.nn.functional.mse_loss(self.net(x), y).backward()
+        with torch.no_grad():  # a new tensor per parameter: a copy in flight keeps the old one
+            self.state = {k: (v - self.lr * p.grad) if (p := dict(self.net.named_parameters()).get(k)) is not None
+                          else v for k, v in self.state.items()}
+
+
+BUILTIN = {"mlp": MLP, "lenet": LeNet, "gru": GRU, "online_mlp": OnlineMLP}
+
+
+def operator_class(kind: str) -> type:
+    """The class named by ``kind``: a builtin name or ``module:Class``."""
+    if kind in BUILTIN:
+        return BUILTIN[kind]
+    module, sep, name = kind.partition(":")
+    if not sep:
+        raise ValueError(f"{kind!r} is neither a builtin ({sorted(BUILTIN)}) nor 'module:Class'")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, StatelessOperator)):
+        raise ValueError(f"{kind} is not a StatelessOperator or StatefulOperator")
+    return cls
+
+
+def is_stateful(kind: str) -> bool:
+    return operator_class(kind).stateful
