@@ -207,3 +207,91 @@ class Checker:
             except Exception as exc:  # a broken check fails loudly in the report, not the run
                 out.append(InvariantResult(inv.name, False, detail=f"check raised {type(exc).__name__}: {exc}"))
         return out
+
+
+# --- HAMS service graphs ------------------------------------------------------------------
+# Streams from the graph processes' traces (services.graph.trace, ``load_graph_traces``):
+# "graph_release" (a reply left the frontend, with its lineage), "graph_apply" (a backup
+# applied a state, with the lineage it depended on), "graph_output" (an operator's output
+# per seq). Times are one host's monotonic clock.
+
+
+def load_graph_traces(trace_dir: str) -> dict[str, list[dict]]:
+    """The graph streams of every ``*.jsonl`` trace in ``trace_dir``, by stream name."""
+    import glob
+
+    import orjson
+
+    streams: dict[str, list[dict]] = {"graph_release": [], "graph_apply": [], "graph_output": []}
+    for path in sorted(glob.glob(f"{trace_dir}/*.jsonl")):
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    rec = orjson.loads(line)
+                    streams.setdefault(f"graph_{rec['stream']}", []).append(rec)
+    return streams
+
+
+def _durable_at(applies: list[dict], operator: str, seq: int, t: float) -> bool:
+    return any(a["operator"] == operator and a["last_seq"] >= seq and a["t"] <= t for a in applies)
+
+
+class DurableBeforeRelease:
+    """HAMS §IV-D: no reply leaves the frontend before every stateful state on its lineage
+    was applied on that operator's backup."""
+
+    name = "graph_durable_before_release"
+
+    def __init__(self, stateful: Iterable[str]):
+        self.stateful = set(stateful)
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if "graph_release" not in ctx.streams:
+            return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
+        applies = ctx.streams.get("graph_apply", [])
+        res = InvariantResult(self.name, True)
+        for rel in ctx.streams["graph_release"]:
+            res.checked += 1
+            early = [e for e in rel["lineage"] if e[2] in self.stateful and not _durable_at(applies, e[2], e[3], rel["t"])]
+            if early:
+                res.violations += 1
+                if len(res.examples) < MAX_EXAMPLES:
+                    res.examples.append({"origin": rel["origin"], "not_durable": early})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} replies left before their lineage was durable, of {res.checked}"
+        return res
+
+
+class AppliedInAlgorithm2Order:
+    """HAMS Algorithm 2: a backup applies a state only after every previous stateful model
+    on its requests' lineage had applied (was durable at) the seq in that lineage."""
+
+    name = "graph_algorithm2_order"
+
+    def __init__(self, stateful: Iterable[str]):
+        self.stateful = set(stateful)
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if "graph_apply" not in ctx.streams:
+            return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
+        applies = ctx.streams["graph_apply"]
+        res = InvariantResult(self.name, True)
+        for a in applies:
+            res.checked += 1
+            early = [e for e in a["lineage"] if e[2] in self.stateful and e[2] != a["operator"]
+                     and not _durable_at(applies, e[2], e[3], a["t"])]
+            if early:
+                res.violations += 1
+                if len(res.examples) < MAX_EXAMPLES:
+                    res.examples.append({"operator": a["operator"], "last_seq": a["last_seq"], "not_durable": early})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} states applied before their dependencies were durable, of {res.checked}"
+        return res
+
+
+def graph_invariants(stateful: Iterable[str]) -> list[Invariant]:
+    """The HAMS invariants: durable before release; Algorithm 2 order; one output per (operator, seq)."""
+    stateful = list(stateful)
+    return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful),
+            UniquePerKey("graph_one_output_per_operator_seq", stream="graph_output",
+                         key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"])]

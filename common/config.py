@@ -434,6 +434,8 @@ class GraphOperatorConfig:
     #: node -> PULL endpoint: "frontend", each operator's name, "<operator>.backup"
     peers: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
+    trace_path: str | None = None
     metrics_port: int | None = None
 
     def validate(self) -> None:
@@ -457,6 +459,8 @@ class GraphFrontendConfig:
     request_timeout_s: float = 10.0
     #: requests in the graph at most; beyond it a request is answered ``overloaded``
     admission_limit: int = 10_000
+    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
+    trace_path: str | None = None
     metrics_port: int | None = None
 
     def validate(self) -> None:

@@ -218,7 +218,7 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
 
 
 def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
-                   seed: int = 0) -> tuple[list, str]:
+                   seed: int = 0, trace_dir: str | None = None) -> tuple[list, str]:
     """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
     frontend; per stateless operator one process; per stateful operator a primary and,
     unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
@@ -243,9 +243,11 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
             peers[key] = ep()
             plan.append((key, name, r))
     services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
-        client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers))]
+        client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
+        trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None))]
     for key, name, r in plan:
         services.append(ServiceLaunch(f"op-{key.replace('.', '-')}", "graph_operator", host, cfg.GraphOperatorConfig(
             name=f"op-{key.replace('.', '-')}", operator=name, role=r, epoch=1, endpoint=peers[key],
-            status_endpoint=ep(), graph=table, peers=peers, seed=seed)))
+            status_endpoint=ep(), graph=table, peers=peers, seed=seed,
+            trace_path=f"{trace_dir}/op-{key}.jsonl" if trace_dir else None)))
     return services, client

@@ -25,6 +25,7 @@ from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply,
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
 from services.graph.lineage import ReleaseGate
+from services.graph.trace import Trace
 from services.requests import Request, State
 
 
@@ -47,6 +48,8 @@ class GraphFrontend(Service):
         self.answered: set[int] = set()
         self.counts = {"answered": 0, "held": 0, "errors": 0}
         self.every(0.05, self._chores)
+        self.trace = Trace(config.trace_path)
+        self.lineages: dict[int, list] = {}  # origin -> lineage of its held reply (traced at release)
 
     def _reply(self, envelope, reply: Reply) -> None:
         transport.try_send(self.clients, reply, envelope)
@@ -87,8 +90,10 @@ class GraphFrontend(Service):
                 if self.gate.hold(msg.origin, msg.lineage):
                     req.to(State.HELD)
                     self.outputs[msg.origin] = msg.input
+                    self.lineages[msg.origin] = msg.lineage
                     self.counts["held"] += 1
                 else:
+                    self.lineages[msg.origin] = msg.lineage
                     self._answer(msg.origin, Reply(req.request_id, "model", output=msg.input))
             elif isinstance(msg, GraphDurable):
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
@@ -99,6 +104,9 @@ class GraphFrontend(Service):
     def _answer(self, origin: int, reply: Reply) -> None:
         req = self.requests.pop(origin)
         req.to(State.ANSWERED)
+        lineage = self.lineages.pop(origin, None)
+        if self.trace and reply.error is None:
+            self.trace.write("release", origin=origin, lineage=[e.to_json() for e in lineage])
         self._reply(req.envelope, reply)
         self.counts["answered" if reply.error is None else "errors"] += 1
         self.answered.add(origin)
@@ -110,10 +118,12 @@ class GraphFrontend(Service):
         horizon = now - self.config.request_timeout_s
         for origin in [o for o, r in self.requests.items() if r.start < horizon]:
             self.outputs.pop(origin, None)
+            self.lineages.pop(origin, None)
             self.gate.waiting.pop(origin, None)
             req = self.requests[origin]
             self._answer(origin, Reply(req.request_id, "error", error=f"no durable answer within "
                                        f"{self.config.request_timeout_s} s ({req.state})", error_code="timeout"))
+        self.trace.flush()
         if self.answered_below:
             note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
             for op in self.graph.operators:
@@ -125,3 +135,6 @@ class GraphFrontend(Service):
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
                     **self.counts)
         return info
+
+    def drain(self) -> None:
+        self.trace.close()

@@ -35,6 +35,7 @@ from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
 from services.graph.statemgr import StateManager, unpack
+from services.graph.trace import Trace
 
 
 class GraphOperator(Service):
@@ -62,6 +63,9 @@ class GraphOperator(Service):
         self.batches = self.rows = 0
         self.lineage_s = 0.0
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
+        self.trace = Trace(config.trace_path)
+        if self.trace:
+            self.every(0.2, self.trace.flush)
         self.backup = None
         self.model = None
         self.statemgr = None
@@ -127,6 +131,8 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
+            self.trace.write("apply", operator=self.op, last_seq=state.last_seq,
+                             lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [FRONTEND, self.op]:
                 self.peers.send(self.config.peers[target], note)
@@ -166,6 +172,8 @@ class GraphOperator(Service):
             lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
+            if self.trace:
+                self.trace.write("output", operator=self.op, seq=self.next_seq, output=out)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
                 self.outputs[self.next_seq] = (r.origin, out)
@@ -226,3 +234,4 @@ class GraphOperator(Service):
     def drain(self) -> None:
         if self.statemgr is not None:
             self.statemgr.close()
+        self.trace.close()

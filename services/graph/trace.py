@@ -1,0 +1,31 @@
+"""What a graph process did, as JSON lines for the invariant checker (``chaos.invariants``):
+``release`` (frontend: a reply left, with its lineage), ``apply`` (backup: a state applied,
+with the lineage it depended on), ``output`` (an operator's output per seq). Times are
+``time.monotonic()``, one clock for every process of a host. Off unless a path is given."""
+from __future__ import annotations
+
+import time
+
+import orjson
+
+
+class Trace:
+    def __init__(self, path: str | None):
+        self.file = open(path, "ab") if path else None
+
+    def __bool__(self) -> bool:
+        return self.file is not None
+
+    def write(self, stream: str, **record) -> None:
+        if self.file is not None:
+            record.update(stream=stream, t=time.monotonic())
+            self.file.write(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+    def flush(self, _=None) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
