@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_subparsers(dest="experiment", required=True)
     add_parm_tail(which)
     add_kairos_experiment(which)
+    from bench.hams_overhead import add_parser as add_hams_overhead
+
+    add_hams_overhead(which)
     add_kairos(sub)
     from deploy.keys_cli import add_parser as add_keys
     from deploy.model_cli import add_parser as add_model

@@ -79,7 +79,20 @@ class GraphOperator(Service):
             if self.model.stateful:
                 self.model.start()
             if self.stateful:
-                self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background)
+                # the copying thread wakes the loop through an inproc pair, so state n ships the moment it is copied
+                wake_ep = f"inproc://statemgr-{id(self)}"
+                self.add_socket(transport.make_socket(self.ctx, zmq.PAIR, bind=wake_ep), self._on_wake)
+                waker = self.add_socket(transport.make_socket(self.ctx, zmq.PAIR, connect=wake_ep))
+                self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
+                                             wake=lambda: waker.send(b"", zmq.NOBLOCK))
+
+    def _on_wake(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        self._ship_finished()
 
     # --- messages -------------------------------------------------------------------
     def _on_inbox(self, sock: zmq.Socket) -> None:

@@ -40,8 +40,9 @@ def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarra
 class StateManager:
     """The primary's side: copy, pack, ship, count what is in flight, keep until durable."""
 
-    def __init__(self, operator: str, epoch: int, window: int, in_background: bool):
+    def __init__(self, operator: str, epoch: int, window: int, in_background: bool, wake=None):
         self.operator, self.epoch, self.window = operator, epoch, window
+        self.wake = wake  # called from the copying thread when a copy is done (wakes the loop to ship it)
         self.in_background = in_background
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="statemgr") if in_background else None
         self.copying: Future | None = None
@@ -54,7 +55,10 @@ class StateManager:
         t0 = time.perf_counter()
         blob = pack(copy_state(), outputs)
         self.copy_ms = (time.perf_counter() - t0) * 1000
-        return GraphState(self.operator, self.epoch, first, last, lineage, blob)
+        state = GraphState(self.operator, self.epoch, first, last, lineage, blob)
+        if self.wake is not None and self.pool is not None:
+            self.wake()
+        return state
 
     def start(self, copy_state, outputs, first, last, lineage) -> GraphState | None:
         """Copy the state after a batch: returns it at once (stop to copy) or later from ``finished``."""

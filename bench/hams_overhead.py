@@ -1,0 +1,234 @@
+"""``keel experiment hams-overhead``: what fault tolerance costs a service graph (HAMS §VI).
+
+Graphs that mirror the paper's services at small scale -- two adjacent stateful operators
+(GRU -> GRU), online learning (an MLP trained online), fan-out + join, and a stateful
+operator last -- each operator's service time padded to ``pad_ms`` per batch. Per batch
+size, Poisson load at half of bare's capacity (capped at what one Python client can send),
+and the modes bare, nspb, s1, s2, remus run interleaved, with repetitions, on real
+processes. Per graph, mode and batch: p50, p99, throughput, overhead against bare, the
+mean batch that formed, and the lineage bookkeeping time per batch.
+
+JSON keys (overheads as fractions of bare, the worst graph): ``nspb_p50_overhead_b64``,
+``nspb_p99_overhead_b64``, ``nspb_p50_overhead_b1``, ``remus_over_nspb_ol``,
+``throughput_ratio_b64``, ``lineage_ms_per_batch``, ``ordering_ok``, ``rows``.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common import loadgen, protocol, transport
+from common.protocol.messages import Predict
+from common.spec.graph import graph_services, read_graph
+from deploy.local import Launcher, free_port_block
+
+MODES = ("bare", "nspb", "s1", "s2", "remus")
+MAX_RATE = 400.0  # requests/s one Python client sends on time on a small machine
+
+
+def graphs(pad_ms: float, batch: int) -> dict[str, dict]:
+    def op(kind, i, o, **kw):
+        return {"kind": kind, "input_shape": [i], "output_shape": [o], "max_batch": batch, "pad_ms": pad_ms, **kw}
+
+    return {
+        "gru_gru": {"input_shape": [16], "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
+                    "operators": {"g1": op("gru", 16, 32), "g2": op("gru", 32, 8)}},
+        "online_learning": {"input_shape": [20], "edges": [["frontend", "m"], ["m", "ol"], ["ol", "frontend"]],
+                            "operators": {"m": op("mlp", 20, 20), "ol": op("online_mlp", 20, 4, options={"hidden": 256})}},
+        "fanout_join": {"input_shape": [16], "edges": [["frontend", "g"], ["frontend", "m"], ["g", "j"], ["m", "j"],
+                                                       ["j", "frontend"]],
+                        "operators": {"g": op("gru", 16, 16), "m": op("mlp", 16, 16), "j": op("mlp", 32, 8)}},
+        "stateful_last": {"input_shape": [16], "edges": [["frontend", "m"], ["m", "g"], ["g", "frontend"]],
+                          "operators": {"m": op("mlp", 16, 16), "g": op("gru", 16, 8)}},
+    }
+
+
+class StreamClient:
+    """``submit``/``collect`` for ``loadgen.open_loop`` over one DEALER; requests cycle over 16 streams."""
+
+    def __init__(self, endpoint: str):
+        self.ctx = zmq.Context()
+        self.sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint)
+        self.n = 0
+
+    def submit(self, model: str, x: np.ndarray, timeout_ms=None) -> str:
+        rid = f"{self.n}-{uuid.uuid4().hex[:6]}"
+        transport.send(self.sock, Predict(rid, model, x, stream=self.n % 16))
+        self.n += 1
+        return rid
+
+    def collect(self, wait_ms: float) -> list:
+        out = []
+        if self.sock.poll(wait_ms):
+            while True:
+                try:
+                    out.append(protocol.decode(self.sock.recv_multipart(zmq.NOBLOCK)))
+                except zmq.Again:
+                    return out
+        return out
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: float, log_dir: Path, seed: int) -> dict:
+    graph = read_graph(dict(table, mode=mode))
+    services, client_ep = graph_services(graph, free_port_block(64))
+    launcher = Launcher(log_dir / f"{graph_name}-{mode}")
+    client = None
+    try:
+        for svc in services:
+            launcher.start(svc)
+        for svc in services:
+            launcher.wait_status(getattr(svc.config, "status_endpoint", None) or svc.config.client_endpoint, timeout_s=60)
+        client = StreamClient(client_ep)
+        inputs = np.random.default_rng(seed).normal(size=(256, *graph.input_shape)).astype(np.float32)
+        loadgen.open_loop(client, "graph", inputs[:32], min(rate, MAX_RATE), 30, seed, 1.0, drain_s=3.0)  # warm-up
+        records = loadgen.open_loop(client, "graph", inputs, min(rate, MAX_RATE), int(rate * duration_s) + 10, seed + 7,
+                                    duration_s, drain_s=5.0)
+        summary = loadgen.summarize(records)
+        stats = [transport.request_status(s.config.status_endpoint) for s in services if s.role == "graph_operator"]
+        stats = [s for s in stats if s and "batches" in s and s["assignment"] != "backup"]
+        done = [r.received for r in records if r.received is not None]
+        span = (max(done) - records[0].sent) if done else 1.0
+        return {"p50_ms": summary["latency_ms"]["p50"], "p99_ms": summary["latency_ms"]["p99"],
+                "throughput_rps": summary["predictions"] / span, "sent": summary["sent"], "lost": summary["lost"],
+                "errors": summary["errors"],
+                "mean_batch": float(np.mean([s["rows"] / max(1, s["batches"]) for s in stats])) if stats else None,
+                "lineage_ms_per_batch": max((s["lineage_ms_per_batch"] for s in stats), default=0.0)}
+    finally:
+        if client is not None:
+            client.close()
+        launcher.stop()
+
+
+def overhead(row: dict, base: dict, key: str) -> float | None:
+    if row.get(key) is None or not base.get(key):
+        return None
+    return row[key] / base[key] - 1.0
+
+
+def run(quick: bool, json_path: Path, log) -> dict:
+    pad_ms = 5.0
+    batches = (1, 64) if quick else (1, 8, 64)
+    names = ("gru_gru", "online_learning") if quick else ("gru_gru", "online_learning", "fanout_join", "stateful_last")
+    reps = 1 if quick else 2
+    duration = 4.0 if quick else 8.0
+    cells: dict[tuple, list[dict]] = {}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="hams-overhead-") as tmp:
+        for rep, batch, name in itertools.product(range(reps), batches, names):
+            table = graphs(pad_ms, batch)[name]
+            depth = 3 if name == "fanout_join" else 2
+            rate = 0.5 * batch * 1000.0 / (pad_ms * depth)  # half of bare's capacity (one operator busy at a time)
+            for mode in MODES:  # interleaved: every mode sees the same machine state
+                res = run_cell(name, table, mode, rate, duration, Path(tmp), seed=rep)
+                cells.setdefault((name, mode, batch), []).append(res)
+                log(f"  rep {rep} {name:16s} b={batch:<3d} {mode:6s} p50 {res['p50_ms']:.2f} ms p99 {res['p99_ms']:.2f} ms "
+                    f"{res['throughput_rps']:.0f} rps (mean batch {res['mean_batch'] or 0:.1f})")
+    rows = []
+    for (name, mode, batch), runs in cells.items():
+        med = lambda k: float(np.median([r[k] for r in runs if r[k] is not None])) if any(r[k] is not None for r in runs) else None  # noqa: E731
+        rows.append({"graph": name, "mode": mode, "batch": batch, "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+                     "throughput_rps": med("throughput_rps"), "mean_batch": med("mean_batch"),
+                     "lineage_ms_per_batch": med("lineage_ms_per_batch"), "lost": sum(r["lost"] for r in runs)})
+    index = {(r["graph"], r["mode"], r["batch"]): r for r in rows}
+    for r in rows:
+        base = index[(r["graph"], "bare", r["batch"])]
+        r["p50_overhead"], r["p99_overhead"] = overhead(r, base, "p50_ms"), overhead(r, base, "p99_ms")
+        r["throughput_ratio"] = (r["throughput_rps"] / base["throughput_rps"]) if base["throughput_rps"] else None
+
+    def worst(mode, batch, key):
+        vals = [index[(n, mode, batch)][key] for n in names if index[(n, mode, batch)][key] is not None]
+        return max(vals) if vals else None
+
+    ol = {m: index[("online_learning", m, b)]["p50_overhead"] for m in ("nspb", "remus") for b in [max(batches)]}
+    ordering = all(index[(n, "nspb", b)]["p50_ms"] < min(index[(n, "s1", b)]["p50_ms"], index[(n, "s2", b)]["p50_ms"])
+                   and max(index[(n, "s1", b)]["p50_ms"], index[(n, "s2", b)]["p50_ms"]) < index[(n, "remus", b)]["p50_ms"]
+                   for n in names for b in batches)
+    out = {"quick": quick, "pad_ms": pad_ms, "batches": list(batches), "graphs": list(names), "reps": reps,
+           "nspb_p50_overhead_b64": worst("nspb", 64, "p50_overhead"),
+           "nspb_p99_overhead_b64": worst("nspb", 64, "p99_overhead"),
+           "nspb_p50_overhead_b1": worst("nspb", 1, "p50_overhead"),
+           "remus_over_nspb_ol": (ol["remus"] / ol["nspb"]) if ol["nspb"] and ol["nspb"] > 0 else None,
+           "remus_overhead_ol_b64": ol["remus"], "nspb_overhead_ol_b64": ol["nspb"],
+           "throughput_ratio_b64": min(index[(n, "nspb", 64)]["throughput_ratio"] for n in names),
+           "lineage_ms_per_batch": max(r["lineage_ms_per_batch"] or 0.0 for r in rows),
+           "ordering_ok": ordering, "lost": sum(r["lost"] for r in rows), "elapsed_s": time.time() - t0,
+           "note": "taken on a shared, loaded machine; preliminary", "rows": rows}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    out["plot"] = str(json_path.with_suffix(".png"))
+    json_path.write_text(json.dumps(out, indent=1))
+    plot(out, Path(out["plot"]))
+    return out
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(out["batches"]), figsize=(5 * len(out["batches"]), 4), squeeze=False)
+    for ax, batch in zip(axes[0], out["batches"]):
+        for i, mode in enumerate(MODES):
+            vals = [next(r["p50_ms"] for r in out["rows"] if r["graph"] == g and r["mode"] == mode and r["batch"] == batch)
+                    for g in out["graphs"]]
+            ax.bar(np.arange(len(vals)) + i * 0.16, vals, 0.16, label=mode)
+        ax.set_xticks(np.arange(len(out["graphs"])) + 0.32, out["graphs"], rotation=15)
+        ax.set_title(f"p50 latency, batch {batch}")
+        ax.set_ylabel("ms")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(out: dict) -> list[str]:
+    lines = [f"{'graph':16s} {'batch':>5s} {'mode':6s} {'p50 ms':>8s} {'p99 ms':>8s} {'rps':>7s} {'p50 ovh':>8s} "
+             f"{'p99 ovh':>8s} {'mean b':>6s}"]
+    fmt = lambda v: "-" if v is None else f"{v:+.1%}"  # noqa: E731
+    for r in sorted(out["rows"], key=lambda r: (r["graph"], r["batch"], MODES.index(r["mode"]))):
+        lines.append(f"{r['graph']:16s} {r['batch']:5d} {r['mode']:6s} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+                     f"{r['throughput_rps']:7.0f} {fmt(r['p50_overhead']):>8s} {fmt(r['p99_overhead']):>8s} "
+                     f"{r['mean_batch'] or 0:6.1f}")
+    return lines
+
+
+def cmd(args: argparse.Namespace) -> int:
+    json_path = Path(args.json or ("runs/hams-overhead-quick.json" if args.quick else "runs/hams-overhead.json"))
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes (figures under contention are preliminary)")
+    out = run(args.quick, json_path, log)
+    for line in table(out):
+        log(line)
+    keys = ("nspb_p50_overhead_b64", "nspb_p99_overhead_b64", "nspb_p50_overhead_b1", "remus_over_nspb_ol",
+            "throughput_ratio_b64", "lineage_ms_per_batch", "ordering_ok", "lost")
+    log("  ".join(f"{k}={out[k]:.4g}" if isinstance(out[k], float) else f"{k}={out[k]}" for k in keys))
+    log(f"wrote {json_path} and {out['plot']} in {out['elapsed_s']:.0f} s")
+    return 1 if out["lost"] else 0
+
+
+def add_parser(which: Any) -> None:
+    """Add ``hams-overhead`` to ``keel experiment``'s subparsers."""
+    e = which.add_parser("hams-overhead", help="HAMS §VI: latency/throughput cost of bare, nspb, s1, s2, remus on service graphs")
+    e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
+    e.add_argument("--quick", action="store_true", help="two graphs, batches 1 and 64, one repetition (under 5 minutes)")
+    e.set_defaults(func=cmd)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers(dest="experiment", required=True))
+    a = p.parse_args(["hams-overhead", *sys.argv[1:]])
+    sys.exit(cmd(a))
