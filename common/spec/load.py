@@ -101,8 +101,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         opts["gateway"] = options("gateway", gw_table)
 
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
-    models_table = Table(root.take("models", dict), "models")
-    if not models_table.data:
+    graph_table = root.take("graph", dict, None)  # a HAMS service graph (common.spec.graph)
+    models_table = Table(root.take("models", dict, {}) if graph_table is not None else root.take("models", dict), "models")
+    if not models_table.data and graph_table is None:
         fail("models", "needs at least one [models.NAME] table")
     models = {}
     for model in list(models_table.data):
@@ -112,7 +113,14 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     root.finish()
 
     ports = Ports(base_port)
-    services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
+    services, client_endpoints = wire(hosts, ports, store, models, placement, opts) if models else ([], [])
+    if graph_table is not None:
+        from common.spec.graph import graph_services, read_graph
+
+        graph_host = placement["frontend"][0]
+        graph_svcs, graph_client = graph_services(read_graph(graph_table), ports.last() + 1, hosts[graph_host], graph_host)
+        services += graph_svcs
+        client_endpoints.append(graph_client)
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:

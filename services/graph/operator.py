@@ -79,20 +79,9 @@ class GraphOperator(Service):
             if self.model.stateful:
                 self.model.start()
             if self.stateful:
-                # the copying thread wakes the loop through an inproc pair, so state n ships the moment it is copied
-                wake_ep = f"inproc://statemgr-{id(self)}"
-                self.add_socket(transport.make_socket(self.ctx, zmq.PAIR, bind=wake_ep), self._on_wake)
-                waker = self.add_socket(transport.make_socket(self.ctx, zmq.PAIR, connect=wake_ep))
                 self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
-                                             wake=lambda: waker.send(b"", zmq.NOBLOCK))
-
-    def _on_wake(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-        self._ship_finished()
+                                             send=lambda st: self.peers.send(config.peers[f"{self.op}.backup"], st),
+                                             ctx=self.ctx, backup_endpoint=config.peers[f"{self.op}.backup"])
 
     # --- messages -------------------------------------------------------------------
     def _on_inbox(self, sock: zmq.Socket) -> None:
@@ -153,19 +142,8 @@ class GraphOperator(Service):
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
         super().tick(0 if (self.queue and timeout is None) else timeout)
-        self._ship_finished()
         if self.queue and self.model is not None:
             self._guarded("step", self.step, None)
-
-    def _ship_finished(self, wait: bool = False) -> None:
-        if self.statemgr is not None:
-            state = self.statemgr.finished(wait)
-            if state is not None:
-                self._ship(state)
-
-    def _ship(self, state: GraphState) -> None:
-        self.statemgr.shipped(state)
-        self.peers.send(self.config.peers[f"{self.op}.backup"], state)
 
     def step(self, _=None) -> None:
         rows = [self.queue.popleft() for _ in range(min(self.spec.max_batch, len(self.queue)))]
@@ -206,14 +184,11 @@ class GraphOperator(Service):
             self._wait_for_update()
         self.model.update(batch, outputs)
         if self.stateful:
-            state = self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last,
-                                        lineages)
-            if state is not None:
-                self._ship(state)
+            self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
 
     def _wait_for_update(self) -> None:
         """NSPB: the update of this batch waits for the previous copy and the window."""
-        self._ship_finished(wait=True)
+        self.statemgr.wait_copy()
         deadline = time.monotonic() + 30
         while not self.statemgr.ready_for_update() and self.running is not False and time.monotonic() < deadline:
             if self.inbox.poll(50):

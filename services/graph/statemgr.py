@@ -14,11 +14,13 @@ the backup overwrites, never merges; loading never unpickles.
 from __future__ import annotations
 
 import io
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import zmq
 
 from common.protocol.fields import LineageEntry
 from common.protocol.messages import GraphState
@@ -38,60 +40,83 @@ def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarra
 
 
 class StateManager:
-    """The primary's side: copy, pack, ship, count what is in flight, keep until durable."""
+    """The primary's side: copy, pack, ship, count what is in flight, keep until durable.
 
-    def __init__(self, operator: str, epoch: int, window: int, in_background: bool, wake=None):
+    In the background modes the copying thread ships the state itself, on a PUSH socket
+    only that thread uses, the moment the copy is packed; ``send`` ships from the loop in
+    the stop-to-copy modes. What the thread and the loop share is behind ``lock``."""
+
+    def __init__(self, operator: str, epoch: int, window: int, in_background: bool, send, ctx=None,
+                 backup_endpoint: str | None = None):
         self.operator, self.epoch, self.window = operator, epoch, window
-        self.wake = wake  # called from the copying thread when a copy is done (wakes the loop to ship it)
-        self.in_background = in_background
+        self.send = send
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="statemgr") if in_background else None
+        self.ctx, self.backup_endpoint, self._sock = ctx, backup_endpoint, None
+        self.lock = threading.Lock()
         self.copying: Future | None = None
         self.in_flight: OrderedDict[int, float] = OrderedDict()  # last seq -> when shipped (not yet acked)
         self.saved: OrderedDict[int, GraphState] = OrderedDict()  # last seq -> shipped, not yet superseded
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
 
-    def _copy(self, copy_state, outputs, first: int, last: int, lineage: list[LineageEntry]) -> GraphState:
+    def _copy(self, copy_state, outputs, first: int, last: int, lineage: list[LineageEntry]) -> None:
         t0 = time.perf_counter()
-        blob = pack(copy_state(), outputs)
+        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(copy_state(), outputs))
         self.copy_ms = (time.perf_counter() - t0) * 1000
-        state = GraphState(self.operator, self.epoch, first, last, lineage, blob)
-        if self.wake is not None and self.pool is not None:
-            self.wake()
-        return state
-
-    def start(self, copy_state, outputs, first, last, lineage) -> GraphState | None:
-        """Copy the state after a batch: returns it at once (stop to copy) or later from ``finished``."""
+        with self.lock:
+            self.in_flight[last] = time.monotonic()
+            self.saved[last] = state
         if self.pool is None:
-            return self._copy(copy_state, outputs, first, last, lineage)
-        self.copying = self.pool.submit(self._copy, copy_state, outputs, first, last, lineage)
-        return None
+            self.send(state)
+            return
+        if self._sock is None:  # made and used by the copying thread only
+            from common import transport
 
-    def finished(self, wait: bool = False) -> GraphState | None:
-        """The background copy's state once it is done (``wait``: block until it is)."""
-        if self.copying is None or (not wait and not self.copying.done()):
-            return None
-        state, self.copying = self.copying.result(), None
-        return state
+            self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
+        transport_send(self._sock, state)
 
-    def shipped(self, state: GraphState) -> None:
-        self.in_flight[state.last_seq] = time.monotonic()
-        self.saved[state.last_seq] = state
+    def start(self, copy_state, outputs, first, last, lineage) -> None:
+        """Copy and ship the state after a batch: at once (stop to copy) or in the background."""
+        if self.pool is None:
+            self._copy(copy_state, outputs, first, last, lineage)
+        else:
+            self.copying = self.pool.submit(self._copy, copy_state, outputs, first, last, lineage)
+
+    def wait_copy(self) -> None:
+        """NSPB: the update of batch n+1 starts only once the copy of state n has finished."""
+        if self.copying is not None:
+            self.copying.result()
+            self.copying = None
 
     def on_ack(self, seq: int) -> None:
-        for s in [s for s in self.in_flight if s <= seq]:
-            del self.in_flight[s]
+        with self.lock:
+            for s in [s for s in self.in_flight if s <= seq]:
+                del self.in_flight[s]
 
     def on_durable(self, seq: int) -> None:
         """The backup applied the state ending at ``seq``: older states are not needed."""
-        self.durable_seq = max(self.durable_seq, seq)
         self.on_ack(seq)
-        for s in [s for s in self.saved if s < self.durable_seq]:
-            del self.saved[s]
+        with self.lock:
+            self.durable_seq = max(self.durable_seq, seq)
+            for s in [s for s in self.saved if s < self.durable_seq]:
+                del self.saved[s]
 
     def ready_for_update(self) -> bool:
-        return self.copying is None and len(self.in_flight) < self.window
+        with self.lock:
+            return len(self.in_flight) < self.window
 
     def close(self) -> None:
         if self.pool is not None:
+            self.pool.submit(self._close).result()
             self.pool.shutdown(wait=True)
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+
+def transport_send(sock, msg) -> None:
+    from common import transport
+
+    transport.try_send(sock, msg)

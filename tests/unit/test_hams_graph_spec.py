@@ -1,0 +1,60 @@
+"""The [graph] tables: a valid graph loads (alone or beside [models]); a cycle, an unknown
+operator, a shape mismatch, a bad join and a bad mode are errors naming the key."""
+from __future__ import annotations
+
+import pytest
+
+from common.spec import SpecError, load_spec
+from common.spec.graph import GraphError, read_graph
+
+
+def chain(**over):
+    g = {"input_shape": [4], "edges": [["frontend", "a"], ["a", "b"], ["b", "frontend"]],
+         "operators": {"a": {"kind": "gru", "input_shape": [4], "output_shape": [6]},
+                       "b": {"kind": "mlp", "input_shape": [6], "output_shape": [2]}}}
+    g.update(over)
+    return g
+
+
+def test_chain_loads_with_roles_from_the_spec():
+    g = read_graph(chain())
+    assert g.order == ["a", "b"] and g.stateful == {"a"} and g.next_stateful("frontend") == ["a"]
+    assert read_graph(chain(mode="bare")).stateful == frozenset()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(edges=[["frontend", "a"], ["a", "b"], ["b", "a"], ["b", "frontend"]]), "cycle"),
+    (dict(edges=[["frontend", "a"], ["a", "zz"], ["b", "frontend"]]), "unknown operator 'zz'"),
+    (dict(input_shape=[5]), "shape mismatch"),
+    (dict(mode="fast"), "graph.mode"),
+    (dict(window=0), "graph.window"),
+    (dict(edges=[["frontend", "a"], ["a", "frontend"], ["b", "frontend"]]), "has no input"),
+])
+def test_bad_graphs_are_clear_errors(change, message):
+    with pytest.raises(GraphError, match=message):
+        read_graph(chain(**change))
+
+
+def test_join_shapes_and_unknown_kind():
+    g = {"input_shape": [4], "edges": [["frontend", "a"], ["frontend", "b"], ["a", "j"], ["b", "j"], ["j", "frontend"]],
+         "operators": {"a": {"kind": "gru", "input_shape": [4], "output_shape": [3]},
+                       "b": {"kind": "mlp", "input_shape": [4], "output_shape": [2]},
+                       "j": {"kind": "mlp", "input_shape": [5], "output_shape": [1]}}}
+    assert read_graph(g).predecessors("j") == ["a", "b"]
+    g["operators"]["j"]["input_shape"] = [4]
+    with pytest.raises(GraphError, match="does not combine"):
+        read_graph(g)
+    with pytest.raises(GraphError, match="kind"):
+        read_graph(chain(operators={**chain()["operators"], "a": {"kind": "nope", "input_shape": [4], "output_shape": [6]}}))
+
+
+def test_cluster_spec_runs_a_graph():
+    spec = load_spec({"graph": chain()})
+    roles = sorted((s.name, s.role) for s in spec.services)
+    assert ("graph-frontend", "graph_frontend") in roles and ("op-a-backup", "graph_operator") in roles
+    assert len(spec.services) == 4 and spec.client_endpoints
+    both = load_spec({"graph": chain(), "models": {"m": {"builtin": "noop", "workers": 1}}})
+    ports = [ep for s in both.services for ep in s.endpoints()]
+    assert len(ports) == len(set(ports))  # the graph's ports do not collide with the model cluster's
+    with pytest.raises(SpecError, match="graph.edges"):
+        load_spec({"graph": chain(edges=[["frontend", "a"], ["a", "frontend"], ["b", "frontend"]])})
