@@ -45,6 +45,7 @@ class GraphFrontend(Service):
         self.requests: dict[int, Request] = {}  # origin -> request in the graph
         self.outputs: dict[int, np.ndarray] = {}  # origin -> held output
         self.answered_below = 0  # every origin < this is answered
+        self.announced_below = 0
         self.answered: set[int] = set()
         self.counts = {"answered": 0, "held": 0, "errors": 0}
         self.every(0.05, self._chores)
@@ -124,7 +125,8 @@ class GraphFrontend(Service):
             self._answer(origin, Reply(req.request_id, "error", error=f"no durable answer within "
                                        f"{self.config.request_timeout_s} s ({req.state})", error_code="timeout"))
         self.trace.flush()
-        if self.answered_below:
+        if self.answered_below > self.announced_below:  # GC notice, only when it moved
+            self.announced_below = self.answered_below
             note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
             for op in self.graph.operators:
                 self.peers.send(self.config.peers[op], note)

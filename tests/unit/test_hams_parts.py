@@ -1,0 +1,85 @@
+"""The small parts of HAMS graphs: the role/epoch seam, the statemgr's packing and NSPB
+window, and the stateful operators' compute/update split."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common import protocol
+from common.protocol.fields import LineageEntry
+from common.protocol.messages import GraphRequest, GraphState
+from services.graph.assignment import Assignment
+from services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator, operator_class
+from services.graph.statemgr import StateManager, pack, unpack
+
+
+def test_assignment_changes_only_to_a_newer_epoch():
+    a, seen = Assignment("backup", 1), []
+    a.listeners.append(lambda role, epoch: seen.append((role, epoch)))
+    a.change("primary", 1)
+    a.change("primary", 2)
+    assert (a.role, a.epoch, seen) == ("primary", 2, [("primary", 2)])
+
+
+def test_state_round_trips_without_pickle_and_on_the_wire():
+    state, outs = {"hidden": np.arange(6, dtype=np.float32).reshape(2, 3)}, {4: np.ones(2, np.float32)}
+    blob = pack(state, outs)
+    msg = protocol.decode(protocol.encode(GraphState("g", 1, 3, 4, [LineageEntry("frontend", 0, "g", 3)], blob)))
+    got_state, got_outs = unpack(msg.blob)
+    assert np.array_equal(got_state["hidden"], state["hidden"]) and list(got_outs) == [4]
+    assert msg.lineage == [LineageEntry("frontend", 0, "g", 3)]
+
+
+def test_graph_request_fields_are_checked_at_the_edge():
+    good = protocol.encode(GraphRequest("a", 1, 1, 0, [], np.zeros(2, np.float32)))
+    assert protocol.decode(good).seq == 1
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(protocol.encode(GraphRequest("a", -1, 1, 0, [], np.zeros(2, np.float32))))
+
+
+def test_window_counts_states_in_flight():
+    sent = []
+    mgr = StateManager("g", 1, window=2, in_background=False, send=sent.append)
+    for seq in (0, 1):
+        mgr.start(lambda: {"x": np.zeros(1)}, {}, seq, seq, [])
+    assert len(sent) == 2 and not mgr.ready_for_update()
+    mgr.on_ack(0)
+    assert mgr.ready_for_update() and len(mgr.saved) == 2
+    mgr.on_durable(1)
+    assert list(mgr.saved) == [1]  # the newest durable state is kept until the next one (§IV-C)
+
+
+def test_compute_reads_state_update_writes_it():
+    for op in (GRU((4,), (3,)), OnlineMLP((5,), (2,))):
+        op.start()
+        batch = GraphBatch(np.random.default_rng(0).normal(size=(3, op.input_shape[0])).astype(np.float32), [0, 1, 0])
+        before = op.copy_state()
+        out = op.compute(batch)
+        assert all(np.array_equal(before[k], v) for k, v in op.copy_state().items())
+        op.update(batch, out)
+        assert any(not np.array_equal(before[k], v) for k, v in op.copy_state().items())
+
+
+class Counter(StatefulOperator):
+    """The docstring's example of a user's own operator."""
+
+    def initialize(self):
+        import torch
+        return {"count": torch.zeros(1)}
+
+    def compute(self, batch):
+        return np.repeat(self.state["count"].numpy()[None], len(batch.inputs), 0)
+
+    def update(self, batch, outputs):
+        self.state["count"] += len(batch.inputs)
+
+
+def test_user_operator_by_module_path():
+    cls = operator_class("tests.unit.test_hams_parts:Counter")
+    op = cls((1,), (1,))
+    op.start()
+    b = GraphBatch(np.zeros((2, 1), np.float32), [0, 0])
+    op.update(b, op.compute(b))
+    assert op.compute(b)[0, 0] == 2
+    with pytest.raises(ValueError):
+        operator_class("nonsense")
