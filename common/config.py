@@ -422,7 +422,7 @@ class GraphOperatorConfig:
 
     name: str = "op"
     #: the operator of ``graph`` this process runs
-    operator: str = ""
+    operator: str = "op"
     #: primary | backup (stateful operators) or stateless; the manager drives it later
     role: str = "primary"
     epoch: int = 1

@@ -56,6 +56,8 @@ class GraphOperator(Service):
         self.joining: dict[int, dict[str, GraphRequest]] = {}  # origin -> predecessor -> its request
         self.preds = self.graph.predecessors(self.op)
         self.succs = self.graph.successors(self.op)
+        self._shapes = {p: self.graph.input_shape if p == FRONTEND else self.graph.operators[p].output_shape
+                        for p in self.preds}
         self.next_seq = 0
         self.released_origin = -1  # the frontend's notice: replies up to here left the graph
         self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
@@ -100,6 +102,10 @@ class GraphOperator(Service):
     def _on_request(self, msg: GraphRequest) -> None:
         if self.backup is not None:
             return
+        if msg.sender not in self.preds or tuple(msg.input.shape) != self._shapes[msg.sender]:
+            self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
+                           sender=msg.sender[:64], shape=list(msg.input.shape))
+            return  # a stray peer must not poison a batch of others' requests
         if len(self.preds) == 1:
             self.queue.append(msg)
             return

@@ -165,3 +165,16 @@ def test_state_gc_keeps_memory_bounded(launcher, zsock, wait):
     st = wait(lambda: (x := status(by_name["op-g1"]))["saved_outputs"] == 0 and x, what="all outputs freed")
     assert st["rows"] == 900 and st["saved_states"] <= 1
     assert max(p[1] for p in peaks) <= 2 * graph.window + 2
+
+
+def test_garbage_and_stray_requests_do_not_stop_the_graph(launcher, zsock):
+    graph, services, client = start(launcher("fuzz"), gru_chain())
+    g1 = next(s for s in services if s.name == "op-g1")
+    push = zsock(zmq.PUSH, connect=g1.config.endpoint)
+    push.send_multipart([b"not json"])
+    push.send_multipart([b'{"v": 1, "kind": "graph_request", "sender": "g2", "seq": -5}'])
+    from common.protocol.messages import GraphRequest
+    transport.send(push, GraphRequest("frontend", 0, 0, 0, [], np.zeros(99, np.float32)))  # wrong shape
+    transport.send(push, GraphRequest("nobody", 0, 0, 0, [], np.zeros(4, np.float32)))  # not a predecessor
+    replies = ask(zsock, client, np.random.default_rng(9).normal(size=(20, 4)), [1] * 20)
+    assert all(r.error is None for r in replies)

@@ -114,6 +114,9 @@ def full_configs() -> dict:
         "decoder": cfg.DecoderConfig(timeout_ms=20.0),
         "gateway": cfg.GatewayConfig(http_port=0, frontend_endpoints=["tcp://127.0.0.1:9"], models={
             "m": cfg.ModelInfo([3], 2, version="4")}),
+        "graph_operator": cfg.GraphOperatorConfig(operator="g", role="backup", epoch=2, graph={"mode": "nspb"},
+                                                  peers={"g": "tcp://127.0.0.1:9"}, trace_path="t.jsonl"),
+        "graph_frontend": cfg.GraphFrontendConfig(request_timeout_s=2.5, peers={"g": "tcp://127.0.0.1:9"}),
     }
 
 

@@ -83,3 +83,15 @@ def test_user_operator_by_module_path():
     assert op.compute(b)[0, 0] == 2
     with pytest.raises(ValueError):
         operator_class("nonsense")
+
+
+def test_experiment_is_registered_and_overhead_is_relative_to_bare():
+    from bench.hams_overhead import overhead, table
+    from deploy.keel import build_parser
+
+    args = build_parser().parse_args(["experiment", "hams-overhead", "--quick", "--json", "x.json"])
+    assert args.quick and args.json == "x.json"
+    assert overhead({"p50_ms": 11.0}, {"p50_ms": 10.0}, "p50_ms") == pytest.approx(0.1)
+    row = {"graph": "g", "batch": 1, "mode": "nspb", "p50_ms": 11.0, "p99_ms": 20.0, "throughput_rps": 5.0,
+           "p50_overhead": 0.1, "p99_overhead": None, "mean_batch": 1.0}
+    assert "+10.0%" in table({"rows": [row]})[1]

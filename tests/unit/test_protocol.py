@@ -17,6 +17,7 @@ from common.protocol import (
     LineageEntry, MemberBatch, ParityMembers, Predict, Predictions, ProtocolError, Queries, Register, Reply, Role,
     Source, Status, decode, encode, split_envelope,
 )
+from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -97,6 +98,12 @@ def every_kind() -> list:
         Heartbeat(sender="dispatcher", known=False),
         Status(service="frontend", info={"pending": 3, "answered": {"model": 2}, "cache": None}),
         Status(),
+        GraphRequest(sender="g1", seq=4, origin=9, stream=2, lineage=[LineageEntry("frontend", 9, "g1", 4)],
+                     input=tensor("float32", (6,))),
+        GraphState(operator="g1", epoch=1, first_seq=3, last_seq=4, lineage=[LineageEntry("frontend", 9, "g1", 4)],
+                   blob=tensor("uint8", (12,))),
+        GraphAck(operator="g1", epoch=1, seq=4),
+        GraphDurable(operator="g1", epoch=1, seq=4),
     ]
 
 
