@@ -83,6 +83,11 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("decoder", cfg.DecoderConfig, "services.decoder:Decoder",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint"}), priority=200),
+    Role("manager", cfg.ManagerConfig, "services.manager.service:Manager",
+         binds=("endpoint", "publish_endpoint"), status="endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"raft_address", "raft_partners", "endpoint", "publish_endpoint",
+                                            "journal_file"}),
+         priority=50),
 )}
 
 

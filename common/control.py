@@ -1,0 +1,182 @@
+"""How services, clients and tools reach the manager (services.manager).
+
+``ManagerClient.call(op, args)`` finds the leader through any replica: it asks the one it
+believes leads; an answer ``not_leader`` names the leader, and ``no_leader`` (an election)
+or silence sends it to the next replica, until the deadline. A confused socket is closed
+and replaced, never reused (zguide's Lazy Pirate).
+
+``ChangeFeed`` is zguide's Clone client: it subscribes to every replica's PUB (each
+replica publishes what its applied log changed, numbered by ``seq``, so a leader change
+loses nothing), asks for a snapshot once, then applies each change whose ``seq`` follows
+the last; a gap means messages were missed, and it asks for a snapshot again.
+
+Decisions are compare-and-set on epochs: ``promote`` answers ``ok`` with the new epoch,
+or ``stale`` with the current epoch and holder. An answer ``no_leader`` after the leader
+changed mid-decision leaves its outcome unknown; re-read (``snapshot``) and decide again
+with the epoch read: the compare-and-set makes that safe.
+
+Example
+-------
+>>> client = ManagerClient(["tcp://127.0.0.1:7310"])  # doctest: +SKIP
+>>> client.call("promote", {"group": "dispatcher", "name": "d2", "expected_epoch": 3})  # doctest: +SKIP
+{'status': 'ok', 'epoch': 4, 'holder': 'd2'}
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import zmq
+
+from common import protocol, transport
+
+#: answers that mean "ask another replica"
+RETRY = ("not_leader", "no_leader")
+
+
+class ManagerUnavailable(RuntimeError):
+    """No replica gave an answer before the deadline (no quorum, or none reachable)."""
+
+
+class ManagerClient:
+    """Blocking calls to the manager group, for tools, tests and start-up paths."""
+
+    def __init__(self, endpoints: list[str], ctx: zmq.Context | None = None, timeout_s: float = 3.0,
+                 attempt_s: float = 0.25):
+        if not endpoints:
+            raise ValueError("ManagerClient needs at least one replica endpoint")
+        self.endpoints = list(endpoints)
+        self.ctx = ctx or zmq.Context.instance()
+        self.timeout_s, self.attempt_s = timeout_s, attempt_s
+        self.leader: str | None = None
+        self.tries = 0
+
+    def ask(self, endpoint: str, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict | None:
+        """One request to one replica; None on silence."""
+        sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint, identity=f"ctl-{uuid.uuid4().hex[:12]}")
+        try:
+            transport.send(sock, protocol.Control(op=op, args=args))
+            if not sock.poll(int(1000 * (timeout_s or self.attempt_s))):
+                return None
+            msg = protocol.decode(transport.recv_frames(sock))
+            return msg.result if isinstance(msg, protocol.Control) else None
+        except (zmq.ZMQError, protocol.ProtocolError):
+            return None
+        finally:
+            sock.close(0)
+
+    def call(self, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict:
+        """``op``'s answer from the first replica that gives one other than ``not_leader`` /
+        ``no_leader`` (for decisions: the leader). Raises ``ManagerUnavailable`` at the
+        deadline."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        order = self._order()
+        i, last = 0, None
+        while time.monotonic() < deadline:
+            endpoint = order[i % len(order)]
+            i += 1
+            self.tries += 1
+            left = deadline - time.monotonic()
+            result = self.ask(endpoint, op, args, timeout_s=min(self.attempt_s, max(left, 0.001)))
+            last = result
+            if result is None or result.get("status") in RETRY:
+                hint = (result or {}).get("leader")
+                if hint and hint in self.endpoints and hint != endpoint:
+                    order.insert(i, hint)
+                elif result is not None and result.get("status") == "no_leader":
+                    time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+                continue
+            self.leader = endpoint
+            return result
+        raise ManagerUnavailable(f"no manager replica answered {op!r} in time (last answer {last})")
+
+    def _order(self) -> list[str]:
+        rest = [e for e in self.endpoints if e != self.leader]
+        return ([self.leader] if self.leader else []) + rest
+
+
+class ChangeFeed:
+    """A Clone-pattern replica of the manager's published state, kept by ``seq``.
+
+    ``sock`` goes into a service's poller; call ``on_readable`` when it is ready (or
+    ``pump``). ``values`` maps each key (``service/NAME``, ``group/NAME``, ``desired``)
+    to its latest value; ``on_change(key, value)`` is called for each applied change."""
+
+    def __init__(self, client: ManagerClient, publish_endpoints: list[str], on_change=None):
+        self.client, self.on_change = client, on_change
+        self.sock = transport.make_socket(client.ctx, zmq.SUB, connect=publish_endpoints)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.values: dict[str, Any] = {}
+        self.seq = -1
+        self.snapshots = 0
+
+    def resync(self) -> bool:
+        """Take a snapshot from any replica (newer than what is held); False if none answered."""
+        try:
+            snap = self.client.call("snapshot", timeout_s=self.client.attempt_s * 2)
+        except ManagerUnavailable:
+            return False
+        if snap.get("seq", -1) <= self.seq:
+            return True
+        self.snapshots += 1
+        self.seq = snap["seq"]
+        values = {f"service/{n}": dict(v, name=n) for n, v in snap["services"].items()}
+        values.update({f"group/{n}": dict(v, name=n) for n, v in snap["groups"].items()})
+        values["desired"] = snap["desired"]
+        self.values = values
+        if self.on_change is not None:
+            for key, value in values.items():
+                self.on_change(key, value)
+        return True
+
+    def on_readable(self, sock: zmq.Socket | None = None) -> None:
+        for _ in range(1000):
+            try:
+                msg = protocol.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                return
+            except protocol.ProtocolError:
+                continue
+            if not isinstance(msg, protocol.Change) or msg.seq <= self.seq:
+                continue  # old news, or the same change from another replica
+            if msg.seq > self.seq + 1:
+                # A gap: joined late, a dropped message, a replica that fell behind.
+                if not self.resync() or msg.seq != self.seq + 1:
+                    continue
+            self.seq = msg.seq
+            for key, value in msg.values.items():
+                self.values[key] = value
+                if self.on_change is not None:
+                    self.on_change(key, value)
+
+    def pump(self, timeout_s: float) -> None:
+        """Apply what arrives for up to ``timeout_s`` (tools and tests)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if self.sock.poll(int(left * 1000) + 1):
+                self.on_readable()
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def replica_configs(ports: list[int], host: str = "127.0.0.1", journal_dir: str | None = None, names: list[str] | None = None,
+                    **options: Any):
+    """Configs of a manager group on ``host``: replica i uses ports[3i] (raft), ports[3i+1]
+    (control ROUTER), ports[3i+2] (PUB); ``options`` are further ManagerConfig fields."""
+    from common.config import ManagerConfig
+
+    n = len(ports) // 3
+    raft = [f"{host}:{ports[3 * i]}" for i in range(n)]
+    control = [f"tcp://{host}:{ports[3 * i + 1]}" for i in range(n)]
+    names = names or [f"manager-{i + 1}" for i in range(n)]
+    out = []
+    for i in range(n):
+        partners = {raft[j]: control[j] for j in range(n) if j != i}
+        journal = f"{journal_dir}/{names[i]}.journal" if journal_dir else None
+        cfg = ManagerConfig(name=names[i], raft_address=raft[i], raft_partners=partners, endpoint=control[i],
+                            publish_endpoint=f"tcp://{host}:{ports[3 * i + 2]}", journal_file=journal, **options)
+        cfg.validate()
+        out.append(cfg)
+    return out
