@@ -51,20 +51,30 @@ class ManagerClient:
         self.timeout_s, self.attempt_s = timeout_s, attempt_s
         self.leader: str | None = None
         self.tries = 0
+        self._socks: dict[str, zmq.Socket] = {}  # one DEALER per replica, replaced after a silence
 
     def ask(self, endpoint: str, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict | None:
-        """One request to one replica; None on silence."""
-        sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint, identity=f"ctl-{uuid.uuid4().hex[:12]}")
+        """One request to one replica; None on silence (that socket is then replaced)."""
+        sock = self._socks.get(endpoint)
+        if sock is None:
+            sock = self._socks[endpoint] = transport.make_socket(
+                self.ctx, zmq.DEALER, connect=endpoint, identity=f"ctl-{uuid.uuid4().hex[:12]}")
         try:
             transport.send(sock, protocol.Control(op=op, args=args))
-            if not sock.poll(int(1000 * (timeout_s or self.attempt_s))):
-                return None
-            msg = protocol.decode(transport.recv_frames(sock))
-            return msg.result if isinstance(msg, protocol.Control) else None
+            if sock.poll(int(1000 * (timeout_s or self.attempt_s))):
+                msg = protocol.decode(transport.recv_frames(sock))
+                if isinstance(msg, protocol.Control) and msg.op == op:
+                    return msg.result
         except (zmq.ZMQError, protocol.ProtocolError):
-            return None
-        finally:
+            pass
+        # Silence or garbage: a late answer must never be read as the next one's.
+        self._socks.pop(endpoint).close(0)
+        return None
+
+    def close(self) -> None:
+        for sock in self._socks.values():
             sock.close(0)
+        self._socks.clear()
 
     def call(self, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict:
         """``op``'s answer from the first replica that gives one other than ``not_leader`` /
@@ -82,8 +92,8 @@ class ManagerClient:
             last = result
             if result is None or result.get("status") in RETRY:
                 hint = (result or {}).get("leader")
-                if hint and hint in self.endpoints and hint != endpoint:
-                    order.insert(i, hint)
+                if hint and hint != endpoint:
+                    order.insert(i, hint)  # the leader a replica names, even one we were not told of
                 elif result is not None and result.get("status") == "no_leader":
                     time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
                 continue

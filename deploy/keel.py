@@ -33,6 +33,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.core import run
 
         run(args.json, args.quick)
+    elif args.what == "manager":
+        from bench.manager import run as run_manager
+
+        return run_manager(args.json, args.quick)
     else:
         from bench.codec import run
 
@@ -67,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
-    p.add_argument("what", choices=["core", "codec"])
+    p.add_argument("what", choices=["core", "codec", "manager"])
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--quick", action="store_true", help="shorter runs")
     p.set_defaults(func=_bench)
@@ -80,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parm_tail(which)
     add_kairos_experiment(which)
     add_kairos(sub)
+    from deploy.manager_cli import add_parser as add_manager
+
+    add_manager(sub)
     return parser
 
 

@@ -11,16 +11,14 @@ import time
 import pytest
 
 from common.control import replica_configs
-from deploy.local import free_port
+from deploy.local import free_port_block
 from services.manager.service import Manager
 from services.manager.state import ClusterState
 
 
 def _ports(n: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < n:
-        ports.add(free_port())
-    return sorted(ports)
+    base = free_port_block(n)
+    return list(range(base, base + n))
 
 
 class Group:
