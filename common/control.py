@@ -113,9 +113,10 @@ class ChangeFeed:
     ``pump``). ``values`` maps each key (``service/NAME``, ``group/NAME``, ``desired``)
     to its latest value; ``on_change(key, value)`` is called for each applied change."""
 
-    def __init__(self, client: ManagerClient, publish_endpoints: list[str], on_change=None):
+    def __init__(self, client: ManagerClient, publish_endpoints: list[str], on_change=None,
+                 ctx: zmq.Context | None = None):
         self.client, self.on_change = client, on_change
-        self.sock = transport.make_socket(client.ctx, zmq.SUB, connect=publish_endpoints)
+        self.sock = transport.make_socket(ctx or client.ctx, zmq.SUB, connect=publish_endpoints)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.values: dict[str, Any] = {}
         self.seq = -1
@@ -155,9 +156,9 @@ class ChangeFeed:
                 if not self.resync() or msg.seq != self.seq + 1:
                     continue
             self.seq = msg.seq
-            for key, value in msg.values.items():
-                self.values[key] = value
-                if self.on_change is not None:
+            self.values.update(msg.values)  # all of a change first: a callback may read any key
+            if self.on_change is not None:
+                for key, value in msg.values.items():
                     self.on_change(key, value)
 
     def pump(self, timeout_s: float) -> None:
@@ -190,3 +191,96 @@ def replica_configs(ports: list[int], host: str = "127.0.0.1", journal_dir: str 
         cfg.validate()
         out.append(cfg)
     return out
+
+
+class ManagerLink:
+    """A service's link to the manager group, run from the service's own loop.
+
+    * ``feed``: the Clone-pattern view of the manager's state; ``on_change(key, value)``.
+    * With ``me`` (``{"name", "group", "host", "endpoints"}``): the service registers in its
+      group (re-sent each heartbeat until the leader's ``ok``) and heartbeats every replica
+      every ``interval_s``; each answer gives ``on_role(holder, epoch)``: the group's holder
+      and epoch, so a process that was frozen or cut off learns it is stale.
+    * ``watch(sock, name)``: a ZeroMQ socket-monitor disconnect on ``sock`` (immediate when
+      the peer's process dies) is reported to every replica as a suspicion of ``name``.
+
+    Nothing here blocks the loop except a snapshot after a gap in the feed (bounded by
+    ``attempt_s``)."""
+
+    def __init__(self, service, endpoints: list[str], publish_endpoints: list[str], on_change=None,
+                 me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2):
+        self.service, self.me, self.on_role = service, me, on_role
+        self.epoch = 0  # the highest group epoch this service has seen (reported to the manager)
+        self.registered = False
+        self.client = ManagerClient(endpoints, ctx=zmq.Context(), attempt_s=attempt_s)
+        self.feed = ChangeFeed(self.client, publish_endpoints, on_change, ctx=service.ctx)
+        service.add_socket(self.feed.sock, self.feed.on_readable)
+        self.dealers = [service.add_socket(
+            transport.make_socket(service.ctx, zmq.DEALER, connect=e, hwm=16), self._on_answer) for e in endpoints]
+        self.monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
+        self.suspicions = 0
+        if me is not None:
+            service.every(interval_s, self._beat)
+        self.feed.resync()
+
+    def _beat(self, now: float) -> None:
+        me = self.me
+        if not self.registered:
+            self._to_all(protocol.Control(op="register", args={**me, "epoch": self.epoch}))
+        self._to_all(protocol.Control(op="heartbeat", args={"name": me["name"], "epoch": self.epoch}))
+
+    def _to_all(self, msg: protocol.Control) -> None:
+        for dealer in self.dealers:
+            transport.try_send(dealer, msg)  # a dead replica's queue fills; never block
+
+    def _on_answer(self, sock: zmq.Socket) -> None:
+        for _, msg in self.service.messages(sock):
+            if not isinstance(msg, protocol.Control) or msg.result is None:
+                continue
+            result = msg.result
+            if result.get("status") != "ok":
+                continue
+            if msg.op == "register":
+                self.registered = True
+            if msg.op in ("register", "heartbeat") and isinstance(result.get("epoch"), int):
+                self.epoch = max(self.epoch, result["epoch"])
+                if self.on_role is not None:
+                    self.on_role(result.get("holder"), result["epoch"])
+
+    def suspect(self, name: str, why: str) -> None:
+        self.suspicions += 1
+        reporter = self.me["name"] if self.me else self.service.name
+        self._to_all(protocol.Control(op="suspect", args={"name": name, "why": why, "reporter": reporter}))
+
+    def watch(self, sock: zmq.Socket, name: str) -> None:
+        """Report ``name`` suspected when ``sock`` (connected to it) sees a disconnect."""
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitors[monitor] = (sock, name)
+        self.service.add_socket(monitor, self._on_monitor)
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        for monitor, (watched, _) in list(self.monitors.items()):
+            if watched is sock:
+                del self.monitors[monitor]
+                sock.disable_monitor()
+                self.service.remove_socket(monitor)
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED and monitor in self.monitors:
+                self.suspect(self.monitors[monitor][1], "disconnect")
+
+    def holder(self, group: str) -> tuple[str | None, int, dict]:
+        """(holder, epoch, the holder's registered endpoints) of ``group`` in the feed's view."""
+        grp = self.feed.values.get(f"group/{group}") or {}
+        holder = grp.get("holder")
+        svc = self.feed.values.get(f"service/{holder}") or {} if holder else {}
+        return holder, grp.get("epoch", 0), svc.get("endpoints") or {}
+
+    def close(self) -> None:
+        """The client's own sockets and context (the rest are the service's)."""
+        self.client.close()
+        self.client.ctx.term()

@@ -17,8 +17,8 @@ Control ops (``Control.op``; ``args`` and ``result`` are JSON objects)
 ``desired``    a decision: ``{desired}`` (the deployment the spec asks for)
 ``heartbeat``  ``{name, epoch}``: the service is alive; the answer says the group's epoch
                and holder, so a process with an older epoch learns it is stale
-``suspect``    ``{name, epoch, reporter, why}``: a peer saw ``name`` fail (a socket
-               disconnect, a timeout); the service is suspected at once
+``suspect``    ``{name, reporter, why}``: a peer saw ``name`` fail (a socket disconnect,
+               a timeout); replaced unless it heartbeats within one interval
 ``transfer``   ``{to}`` (a raft address, or absent): the leader hands leadership over
 
 A decision sent to a replica that is not the leader is answered
@@ -26,7 +26,8 @@ A decision sent to a replica that is not the leader is answered
 
 Failure detection: each replica tracks when it last heard each service (heartbeats every
 ``heartbeat_interval_s``); a holder silent for ``heartbeat_liveness`` intervals, or
-suspected by a peer, is replaced by a live member of its group through ``promote``
+suspected by a peer and not heard within one interval after, is replaced by a live
+member of its group through ``promote``
 (compare-and-set on the epoch the replica saw, so two replicas acting at once make one
 decision). Only a replica that believes it leads proposes; a stale proposal fails harmlessly.
 """
@@ -83,6 +84,8 @@ class Manager(Service):
         self.heard: dict[str, tuple[float, int]] = {}
         #: group -> epoch a replacement was proposed at (one proposal per epoch and replica)
         self.proposed: dict[str, int] = {}
+        #: service name -> (monotonic time of the first report, why, reporter)
+        self.suspected: dict[str, tuple[float, str, str]] = {}
         self.every(cfg.heartbeat_interval_s, self._detect)
         self.leader_changes = 0
         self.m_leader_changes = self.metrics.counter("manager_leader_changes_total", "times this replica saw a new leader")
@@ -208,42 +211,58 @@ class Manager(Service):
                 "stale": epoch < grp["epoch"] and grp["holder"] != name}
 
     def suspect(self, name: str, why: str, reporter: str = "") -> dict:
-        """``name`` is suspected (a disconnect, a timeout, silence): if it holds its group,
-        propose a live member in its place at the epoch this replica saw."""
-        svc = self.state.services.get(name)
-        if svc is None:
+        """A peer reports ``name`` failed (a socket disconnect, a timeout). Not trusted
+        alone: the service is replaced unless a heartbeat from it arrives within one
+        heartbeat interval after the report (a healthy one is never demoted by a blip)."""
+        if name not in self.state.services:
             return {"status": "unknown"}
         self.m_suspicions.labels(why=why).inc()
-        self.heard.pop(name, None)
+        self.suspected.setdefault(name, (time.monotonic(), why, reporter))
+        return {"status": OK, "action": "suspected"}
+
+    def _detect(self, now: float) -> None:
+        """Suspected services not heard from since, and holders silent for the liveness
+        window (freezes, partitions), are replaced: HAMS §IV-E, decided once in the log."""
+        interval = self.cfg.heartbeat_interval_s
+        for name, (since, why, reporter) in list(self.suspected.items()):
+            heard = self.heard.get(name, (-1e9, 0))[0]
+            if heard > since + interval / 2:
+                del self.suspected[name]  # alive after all
+                self.log.info("suspicion cleared", service=name, why=why, reporter=reporter)
+            elif now >= since + interval:
+                del self.suspected[name]
+                self.replace(name, why)
+        window = interval * self.cfg.heartbeat_liveness
+        for grp in list(self.state.groups.values()):
+            holder = grp["holder"]
+            heard = self.heard.get(holder) if holder else None
+            if heard is not None and now - heard[0] > window:
+                self.replace(holder, "silent")
+
+    def replace(self, name: str, why: str) -> str | None:
+        """If ``name`` holds its group and this replica leads, propose a live member in its
+        place at the epoch this replica saw (compare-and-set: a concurrent decision makes
+        this one stale). Returns the member proposed, or None."""
+        svc = self.state.services.get(name)
+        if svc is None or not self.raft._isLeader():
+            return None
         group = svc["group"]
         grp = self.state.groups[group]
-        if grp["holder"] != name:
-            return {"status": OK, "action": "none", "holder": grp["holder"], "epoch": grp["epoch"]}
-        if not self.raft._isLeader() or self.proposed.get(group) == grp["epoch"]:
-            return {"status": OK, "action": "left_to_leader", "epoch": grp["epoch"]}
+        if grp["holder"] != name or self.proposed.get(group) == grp["epoch"]:
+            return None
         now = time.monotonic()
         window = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
         live = [m for m, s in self.state.services.items()
                 if s["group"] == group and m != name and now - self.heard.get(m, (-1e9, 0))[0] <= window]
         if not live:
-            return {"status": OK, "action": "no_live_member", "epoch": grp["epoch"]}
+            return None
+        self.heard.pop(name, None)
         self.proposed[group] = grp["epoch"]
-        self.log.warning("suspected", service=name, why=why, reporter=reporter, replacement=live[0])
+        self.log.warning("replacing", service=name, why=why, replacement=live[0], epoch=grp["epoch"])
         reported = max([grp["epoch"]] + [self.heard[m][1] for m in live])
         self.decide("promote", {"group": group, "name": live[0], "expected_epoch": grp["epoch"], "epoch": reported,
                                 "reason": f"{name} suspected: {why}"}, lambda result: None)
-        return {"status": OK, "action": "promote", "replacement": live[0], "epoch": grp["epoch"]}
-
-    def _detect(self, now: float) -> None:
-        """Holders silent for the liveness window are suspected (freezes, partitions)."""
-        if not self.raft._isLeader():
-            return
-        window = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
-        for group, grp in list(self.state.groups.items()):
-            holder = grp["holder"]
-            heard = self.heard.get(holder) if holder else None
-            if heard is not None and now - heard[0] > window:
-                self.suspect(holder, "silent")
+        return live[0]
 
     # -- views -----------------------------------------------------------------------------------
 

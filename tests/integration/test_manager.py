@@ -137,23 +137,30 @@ def test_a_silent_holder_is_replaced_and_learns_it_is_stale(group, wait):
     assert g.wait_equal()
 
 
-def test_a_suspicion_report_moves_the_role_at_once_and_only_once(group, wait):
+def test_a_suspicion_replaces_a_dead_holder_before_silence_would_and_never_a_live_one(group, wait):
+    # A long silence window (0.5 s) beside the report's one interval (0.1 s).
     g = group(heartbeat_interval_s=0.1, heartbeat_liveness=5)
     client = g.client()
-    d1, d2 = Heartbeats(g, "d1"), Heartbeats(g, "d2")
+    d1, d2 = Heartbeats(g, "d1", interval_s=0.05), Heartbeats(g, "d2", interval_s=0.05)
     try:
         _register(client, "d1")
         _register(client, "d2")
         wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
-        # Every replica hears the report (as from several upstreams at once): one decision.
+        # d1 is alive and heartbeating: a report (a network blip) must not demote it.
+        for e in g.endpoints:
+            client.ask(e, "suspect", {"name": "d1", "why": "disconnect", "reporter": "w1"}, timeout_s=1.0)
+        time.sleep(0.5)
+        assert client.call("snapshot")["groups"]["dispatcher"]["holder"] == "d1"
+
+        d1.close()  # d1 dies; every replica hears the report (as from several upstreams)
         for e in g.endpoints:
             client.ask(e, "suspect", {"name": "d1", "why": "disconnect", "reporter": "w1"}, timeout_s=1.0)
         snap = wait(lambda: (s := client.call("snapshot"))["groups"]["dispatcher"]["holder"] == "d2" and s,
                     timeout_s=5.0, what="d2 promoted")
+        assert snap["decisions"][-1]["reason"] == "d1 suspected: disconnect"
         time.sleep(0.3)
         snap = client.call("snapshot")
-        assert [d["holder"] for d in snap["decisions"]] == ["d1", "d2"]
-        assert snap["groups"]["dispatcher"]["holder"] == "d2"
+        assert [d["holder"] for d in snap["decisions"]] == ["d1", "d2"]  # one decision, not one per replica
     finally:
         d1.close()
         d2.close()
