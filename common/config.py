@@ -96,6 +96,11 @@ class FrontendConfig:
     #: one canonical structlog line per request
     log_requests: bool = True
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.cache_size >= 0, "cache_size", "must be >= 0")
@@ -180,6 +185,13 @@ class DispatcherConfig:
     #: forgotten first) so a dead worker's batch is not run again for them (ParM)
     answered_limit: int = 100_000
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: this dispatcher's host, as the manager records it (a standby runs on another host)
+    host: str = ""
 
     def validate(self) -> None:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
@@ -231,6 +243,11 @@ class WorkerConfig:
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
