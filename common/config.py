@@ -192,6 +192,10 @@ class DispatcherConfig:
     manager_publish_endpoints: list[str] = field(default_factory=list)
     #: this dispatcher's host, as the manager records it (a standby runs on another host)
     host: str = ""
+    #: a standby: registers with the manager only once another dispatcher holds the active
+    #: role (or after ``standby_wait_s`` with none), so the spec's dispatcher starts active
+    standby: bool = False
+    standby_wait_s: float = 10.0
 
     def validate(self) -> None:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")

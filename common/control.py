@@ -208,8 +208,9 @@ class ManagerLink:
     ``attempt_s``)."""
 
     def __init__(self, service, endpoints: list[str], publish_endpoints: list[str], on_change=None,
-                 me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2):
-        self.service, self.me, self.on_role = service, me, on_role
+                 me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2,
+                 may_register=None):
+        self.service, self.me, self.on_role, self.may_register = service, me, on_role, may_register
         self.epoch = 0  # the highest group epoch this service has seen (reported to the manager)
         self.registered = False
         self.client = ManagerClient(endpoints, ctx=zmq.Context(), attempt_s=attempt_s)
@@ -225,7 +226,7 @@ class ManagerLink:
 
     def _beat(self, now: float) -> None:
         me = self.me
-        if not self.registered:
+        if not self.registered and (self.may_register is None or self.may_register()):
             self._to_all(protocol.Control(op="register", args={**me, "epoch": self.epoch}))
         self._to_all(protocol.Control(op="heartbeat", args={"name": me["name"], "epoch": self.epoch}))
 

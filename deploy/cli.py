@@ -67,7 +67,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from deploy.supervisor import DeployError, format_table, status
 
     try:
-        st = status(load_spec(args.spec, _addresses(args.address)), timeout_s=args.timeout)
+        spec = load_spec(args.spec, _addresses(args.address))
+        st = status(spec, timeout_s=args.timeout)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
     if args.json:
@@ -85,6 +86,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             if title:
                 print(f"-- {title}")
             print(format_table(rows))
+    if st["running"] and spec.role("manager"):
+        from deploy.manager_cli import show
+
+        print("\n== the manager's view (leader, term, roles and epochs, last decisions)")
+        show([s.config.endpoint for s in spec.role("manager")])
     return 0 if st["running"] else 3
 
 

@@ -94,8 +94,15 @@ class Dispatcher(Service):
             self.active = False
             me = {"name": self.name, "group": "dispatcher", "host": cfg.host,
                   "endpoints": {"query": cfg.query_endpoint, "worker": cfg.worker_endpoint}}
+            started = time.monotonic()
+
+            def may_register() -> bool:  # a standby lets the spec's dispatcher take the role first
+                return (not cfg.standby or time.monotonic() - started > cfg.standby_wait_s
+                        or self.manager.holder("dispatcher")[0] is not None)
+
             self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
-                                       on_change=self._on_manager_change, me=me, on_role=self._on_role)
+                                       on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                                       may_register=may_register)
 
     @property
     def wake_at(self) -> float | None:
