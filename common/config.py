@@ -444,6 +444,11 @@ class ManagerConfig:
     heartbeat_liveness: int = 5
     #: recovery decisions kept in the replicated log of decisions (oldest dropped first)
     decisions_kept: int = 256
+    #: raft address of the replica that should lead: a leader elected in its first
+    #: ``preferred_window_s`` hands leadership to it once (predictable placement for
+    #: operations and the chaos experiments); None = whoever wins the election
+    preferred_leader: str | None = None
+    preferred_window_s: float = 30.0
     metrics_port: int | None = None
 
     def validate(self) -> None:

@@ -86,7 +86,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     Role("manager", cfg.ManagerConfig, "services.manager.service:Manager",
          binds=("endpoint", "publish_endpoint"), status="endpoint",
          spec_sets=frozenset(_COMMON_SET | {"raft_address", "raft_partners", "endpoint", "publish_endpoint",
-                                            "journal_file"}),
+                                            "journal_file", "preferred_leader"}),
          priority=50),
 )}
 

@@ -6,6 +6,7 @@
     hosts = ["m1", "m2", "m3"]     # one replica per host (default: the first host, three times)
     standby_dispatcher = "fe2"     # optional: a standby dispatcher on this host
     journal_dir = "runs/x/manager" # default: RUN_DIR/manager
+    preferred_leader = "manager-1" # optional: that replica leads after start-up
     password = "..."               # required when the hosts' addresses are not loopback
     heartbeat_interval_s = 0.03    # ... and any other ManagerConfig option
 
@@ -34,8 +35,12 @@ def read_manager(table: Table, hosts_of, first_host: str) -> dict[str, Any]:
     if standby is not None:
         hosts_of(Table({"standby_dispatcher": [standby]}, table.path), "standby_dispatcher", [])
     journal_dir = table.take("journal_dir", str, None)
+    preferred = table.take("preferred_leader", str, None)
+    names = [f"manager-{i + 1}" for i in range(len(placement))]
+    if preferred is not None and preferred not in names:
+        fail(table.key("preferred_leader"), f"must name a replica: {names}")
     return {"hosts": placement, "standby_dispatcher": standby, "journal_dir": journal_dir,
-            "options": options("manager", table)}
+            "preferred_leader": preferred, "options": options("manager", table)}
 
 
 def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Ports, manager: dict[str, Any],
@@ -55,6 +60,8 @@ def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Po
         data = {**manager["options"], "name": name, "raft_address": raft[i], "endpoint": control[i],
                 "publish_endpoint": publish[i], "journal_file": f"{journal_dir}/{name}.journal",
                 "raft_partners": {raft[j]: control[j] for j in range(len(names)) if j != i}}
+        if manager["preferred_leader"]:
+            data["preferred_leader"] = raft[names.index(manager["preferred_leader"])]
         try:
             replicas.append(ServiceLaunch(name, "manager", host, cfg.from_dict("manager", data)))
         except cfg.ConfigError as exc:

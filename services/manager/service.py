@@ -93,6 +93,8 @@ class Manager(Service):
         self.m_decisions = self.metrics.counter("manager_decisions_total", "decisions by op and result", ["op", "status"])
         self.m_suspicions = self.metrics.counter("manager_suspicions_total", "services suspected", ["why"])
         self._leader = None
+        self.started = time.monotonic()
+        self._prefer = cfg.preferred_leader
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -106,6 +108,25 @@ class Manager(Service):
             self.m_leader_changes.inc()
         self._leader = leader
         self._publish()
+        if self._prefer is not None and self.raft._isLeader():
+            self._hand_to_preferred()
+
+    def _hand_to_preferred(self) -> None:
+        """Once, early in this replica's life: lead only if the preferred replica cannot."""
+        preferred = self._prefer
+        if time.monotonic() > self.started + self.cfg.preferred_window_s or preferred == self.cfg.raft_address:
+            self._prefer = None
+            return
+        node = next((n for n in self.raft.otherNodes if getattr(n, "address", None) == preferred), None)
+        if node is not None and self.raft.isNodeConnected(node):
+            def done(_: Any, error: int) -> None:
+                if error == FAIL_REASON.SUCCESS:
+                    self.log.info("handed leadership to the preferred replica", to=preferred)
+                else:
+                    self._prefer = preferred  # not caught up yet: try again on a later tick
+
+            self._prefer = None
+            self.raft.transferLeadership(node=preferred, callback=done)
 
     def _on_raft_state(self, old: int, new: int) -> None:
         self.log.info("raft state", old=old, new=new, term=self.raft._getTerm())
@@ -120,8 +141,24 @@ class Manager(Service):
 
     def shutdown(self) -> None:
         if not self.ctx.closed:
+            self._write_final()
             self.raft.destroy()
         super().shutdown()
+
+    def _write_final(self) -> None:
+        """The state this replica ends with, beside its journal (``keel chaos`` compares
+        the replicas' files: one history, equal states)."""
+        if not self.cfg.journal_file:
+            return
+        import orjson
+
+        final = {"name": self.name, "seq": self.state.seq, "term": self.raft._getTerm(),
+                 "leader_changes": self.leader_changes, "state": self.state.snapshot()}
+        try:
+            with open(self.cfg.journal_file + ".final.json", "wb") as f:
+                f.write(orjson.dumps(final))
+        except OSError as exc:
+            self.log.warning("final state not written", error=str(exc))
 
     # -- Control -------------------------------------------------------------------------------
 

@@ -169,3 +169,23 @@ def test_state_machine_alone_is_deterministic():
     # d2 reported epoch 7 when it registered: the next epoch is above it.
     assert a.snapshot()["groups"]["dispatcher"] == {"holder": "d2", "epoch": 8}
     assert [s for s, _ in a.changes_since(1)] == [2, 3]
+
+
+def test_a_preferred_replica_gets_the_leadership_and_the_final_state_is_written(group, tmp_path):
+    import dataclasses
+
+    import orjson
+
+    g = group(journal_dir=str(tmp_path))
+    preferred = g.cfgs[2].raft_address
+    for r in g.live():
+        r.cfg = dataclasses.replace(r.cfg, preferred_leader=preferred)
+        r._prefer = preferred
+    g.step(lambda: g.replicas[2].raft._isLeader() and all(r.leader_info()["leader_raft"] == preferred for r in g.live()),
+           what="the preferred replica leads")
+    _register(g, g.replicas[2], "d1")
+    g.step(lambda: all(r.state.seq == 1 for r in g.live()), what="all applied")
+    g.close()
+    finals = [orjson.loads((tmp_path / f"manager-{i}.journal.final.json").read_bytes()) for i in (1, 2, 3)]
+    assert finals[0]["state"] == finals[1]["state"] == finals[2]["state"]
+    assert finals[0]["state"]["groups"]["dispatcher"]["holder"] == "d1"
