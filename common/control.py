@@ -82,20 +82,28 @@ class ManagerClient:
         deadline."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         order = self._order()
-        i, last = 0, None
-        while time.monotonic() < deadline:
-            endpoint = order[i % len(order)]
-            i += 1
+        i, hint, last = 0, None, None
+        silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
+        while (now := time.monotonic()) < deadline:
+            if hint is not None:
+                endpoint, hint = hint, None
+            else:
+                endpoint = order[i % len(order)]
+                i += 1
             self.tries += 1
-            left = deadline - time.monotonic()
-            result = self.ask(endpoint, op, args, timeout_s=min(self.attempt_s, max(left, 0.001)))
+            result = self.ask(endpoint, op, args, timeout_s=min(self.attempt_s, max(deadline - now, 0.001)))
             last = result
-            if result is None or result.get("status") in RETRY:
-                hint = (result or {}).get("leader")
-                if hint and hint != endpoint:
-                    order.insert(i, hint)  # the leader a replica names, even one we were not told of
-                elif result is not None and result.get("status") == "no_leader":
-                    time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            if result is None:
+                silent[endpoint] = time.monotonic()
+                continue
+            if result.get("status") in RETRY:
+                named = result.get("leader")
+                # Follow the leader a replica names (even one we were not told of), unless it
+                # was just silent: followers name a dead leader until they elect a new one.
+                if named and named != endpoint and time.monotonic() - silent.get(named, -1e9) > 0.5:
+                    hint = named
+                else:
+                    time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
                 continue
             self.leader = endpoint
             return result

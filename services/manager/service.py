@@ -315,6 +315,8 @@ class Manager(Service):
         return {**super().status(), **self.leader_info(), "leader_changes": self.leader_changes,
                 "services": snap["services"], "groups": snap["groups"], "decisions": snap["decisions"][-10:],
                 "max_epoch": snap["max_epoch"], "partners": self.cfg.raft_partners,
+                "raft_status": {k: (str(v) if not isinstance(v, (int, float, bool, type(None))) else v)
+                                for k, v in self.raft.getStatus().items()},
                 "connected": {a: self.raft.isNodeConnected(n) for a, n in
                               ((getattr(n, "address", str(n)), n) for n in self.raft.otherNodes)}}
 
