@@ -102,3 +102,50 @@ def test_killing_the_active_dispatcher_loses_nothing_and_defaults_nothing(tmp_pa
     finally:
         probe.close()
         managers.close()
+
+
+def test_a_frozen_dispatcher_is_replaced_and_steps_down_when_it_thaws(tmp_path, launcher, client):
+    """SIGSTOP (a freeze or a partition: no disconnect, only silence) of the active
+    dispatcher: the manager promotes the standby after the heartbeat window; thawed, the old
+    one hears the newer epoch, steps down and reaches no worker."""
+    managers, spec, active, standby, others = _cluster(tmp_path, launcher)
+    run = launcher("cluster")
+    probe = ManagerClient(managers.endpoints)
+    try:
+        run.start(active)
+        wait_until(lambda: probe.call("snapshot")["groups"].get("dispatcher", {}).get("holder") == "dispatcher",
+                   timeout_s=30.0)
+        run.start(standby)
+        for svc in others:
+            run.start(svc)
+        run.wait_workers(active.config.worker_endpoint, 2, timeout_s=60)
+        run.wait_status(spec.client_endpoints[0], timeout_s=30)
+
+        c = client(spec.client_endpoints[0], timeout_ms=TIMEOUT_MS, retries=0)
+        rng = np.random.default_rng(4)
+        inputs: dict[str, np.ndarray] = {}
+        results = []
+        for i, x in enumerate(rng.random((150, DIM), dtype=np.float32)):
+            inputs[c.submit("sleep", x)] = x
+            results.extend(c.collect(0))
+            time.sleep(0.004)
+            if i == 50:
+                run.kill("dispatcher", signal.SIGSTOP)
+        assert wait_until(lambda: probe.call("snapshot")["groups"]["dispatcher"]["holder"] == "dispatcher-b",
+                          timeout_s=10.0)
+        run.kill("dispatcher", signal.SIGCONT)
+        old = wait_until(lambda: (s := request_status(active.config.worker_endpoint, 1.0)) and not s["active"] and s,
+                         timeout_s=10.0)
+        assert old["fence_epoch"] == 2 and old["workers"] == {}
+        deadline = time.monotonic() + 60
+        while len(results) < len(inputs):
+            assert time.monotonic() < deadline, "requests left unanswered"
+            results.extend(c.collect(100))
+        assert len({r.request_id for r in results}) == len(results) == len(inputs)
+        assert {r.source for r in results} == {Source.MODEL}
+        snap = probe.call("snapshot")
+        assert snap["decisions"][-1]["reason"] == "dispatcher suspected: silent"
+        assert len(request_status(standby.config.worker_endpoint, 5.0)["workers"]) == 2
+    finally:
+        probe.close()
+        managers.close()
