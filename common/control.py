@@ -8,7 +8,8 @@ and replaced, never reused (zguide's Lazy Pirate).
 ``ChangeFeed`` is zguide's Clone client: it subscribes to every replica's PUB (each
 replica publishes what its applied log changed, numbered by ``seq``, so a leader change
 loses nothing), asks for a snapshot once, then applies each change whose ``seq`` follows
-the last; a gap means messages were missed, and it asks for a snapshot again.
+the last; a gap means messages were missed, and it asks for a snapshot again. Replicas
+also publish their seq with no values every second, so even a lost last change is noticed.
 
 Decisions are compare-and-set on epochs: ``promote`` answers ``ok`` with the new epoch,
 or ``stale`` with the current epoch and holder. An answer ``no_leader`` after the leader
@@ -159,6 +160,9 @@ class ChangeFeed:
                 continue
             if not isinstance(msg, protocol.Change) or msg.seq <= self.seq:
                 continue  # old news, or the same change from another replica
+            if not msg.values:  # a replica's periodic "I am at seq": we missed changes
+                self.resync()
+                continue
             if msg.seq > self.seq + 1:
                 # A gap: joined late, a dropped message, a replica that fell behind.
                 if not self.resync() or msg.seq != self.seq + 1:

@@ -87,6 +87,9 @@ class Manager(Service):
         #: service name -> (monotonic time of the first report, why, reporter)
         self.suspected: dict[str, tuple[float, str, str]] = {}
         self.every(cfg.heartbeat_interval_s, self._detect)
+        # Clone's HUGZ: the current seq with no values, so a subscriber that lost the last
+        # change (and would otherwise never see a gap) catches up within a second.
+        self.every(1.0, lambda now: transport.try_send(self.pub, Change(seq=self.state.seq, values={})))
         self.leader_changes = 0
         self.m_leader_changes = self.metrics.counter("manager_leader_changes_total", "times this replica saw a new leader")
         self.m_commit = self.metrics.histogram("manager_commit_seconds", "submit to applied result of a decision", ["op"])

@@ -11,7 +11,9 @@ import threading
 import time
 
 import pytest
+import zmq
 
+from common import transport
 from common.control import ChangeFeed, ManagerClient
 from deploy.manager_cli import LocalGroup, show
 
@@ -178,3 +180,23 @@ def test_show_prints_every_replica_and_the_services(group, capsys):
     out = capsys.readouterr().out
     assert sum(1 for info in view["replicas"].values() if info and info["is_leader"]) == 1
     assert "d1" in out and "active" in out
+
+
+def test_a_feed_that_lost_the_last_change_notices_it_from_the_periodic_seq(group, wait):
+    g = group()
+    client = g.client()
+    feed = ChangeFeed(client, g.publish_endpoints)
+    try:
+        _register(client, "d1")
+        feed.pump(0.3)
+        seq = feed.seq
+        feed.sock.close(0)  # deaf while a change happens: as if its messages were dropped
+        _register(client, "d2")
+        feed.sock = transport.make_socket(client.ctx, zmq.SUB, connect=g.publish_endpoints)
+        feed.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        wait(lambda: (feed.pump(0.1), "service/d2" in feed.values)[1], timeout_s=5.0,
+             what="the lost change recovered by snapshot")
+        assert feed.seq > seq and feed.snapshots >= 2
+    finally:
+        feed.close()
+        client.close()
