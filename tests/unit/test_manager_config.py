@@ -42,3 +42,13 @@ def test_control_messages_are_checked_at_the_edge():
     for bad in (protocol.Control(op=""), protocol.Control(op="x", args=[1]), protocol.Change(seq=-1, values={})):
         with pytest.raises(protocol.ProtocolError):
             protocol.decode(protocol.encode(bad))
+
+
+def test_keel_manager_and_bench_manager_are_commands():
+    from deploy.keel import build_parser
+
+    args = build_parser().parse_args(["manager", "transfer", "--endpoints", "tcp://127.0.0.1:1", "--to", "127.0.0.1:2"])
+    assert (args.manager_command, args.to) == ("transfer", "127.0.0.1:2")
+    assert build_parser().parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["manager", "show"])  # needs --endpoints or --spec
