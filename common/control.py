@@ -211,7 +211,9 @@ class ManagerLink:
     * ``feed``: the Clone-pattern view of the manager's state; ``on_change(key, value)``.
     * With ``me`` (``{"name", "group", "host", "endpoints"}``): the service registers in its
       group (re-sent each heartbeat until the leader's ``ok``) and heartbeats every replica
-      every ``interval_s``; each answer gives ``on_role(holder, epoch)``: the group's holder
+      every ``interval_s``, or as often as the manager's answers ask (its
+      ``heartbeat_interval_s``, so its silence window always holds several heartbeats);
+      each answer gives ``on_role(holder, epoch)``: the group's holder
       and epoch, so a process that was frozen or cut off learns it is stale.
     * ``watch(sock, name)``: a ZeroMQ socket-monitor disconnect on ``sock`` (immediate when
       the peer's process dies) is reported to every replica as a suspicion of ``name``.
@@ -232,8 +234,10 @@ class ManagerLink:
             transport.make_socket(service.ctx, zmq.DEALER, connect=e, hwm=16), self._on_answer) for e in endpoints]
         self.monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
         self.suspicions = 0
+        self.beat = None
         if me is not None:
             service.every(interval_s, self._beat)
+            self.beat = service.chores[-1]
         self.feed.resync()
 
     def _beat(self, now: float) -> None:
@@ -251,6 +255,11 @@ class ManagerLink:
             if not isinstance(msg, protocol.Control) or msg.result is None:
                 continue
             result = msg.result
+            interval = result.get("interval_s")
+            if self.beat is not None and isinstance(interval, (int, float)) and 0 < interval < self.beat.interval:
+                # the manager's silence window is counted in its own intervals: beat at least as often
+                self.beat.interval = interval
+                self.beat.due = min(self.beat.due, time.monotonic() + interval)
             if result.get("status") != "ok":
                 continue
             if msg.op == "register":

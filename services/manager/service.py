@@ -245,10 +245,10 @@ class Manager(Service):
         self.heard[name] = (time.monotonic(), epoch)
         svc = self.state.services.get(name)
         if svc is None:
-            return {"status": "unknown"}
+            return {"status": "unknown", "interval_s": self.cfg.heartbeat_interval_s}
         grp = self.state.groups[svc["group"]]
         return {"status": OK, "role": svc["role"], "epoch": grp["epoch"], "holder": grp["holder"],
-                "stale": epoch < grp["epoch"] and grp["holder"] != name}
+                "stale": epoch < grp["epoch"] and grp["holder"] != name, "interval_s": self.cfg.heartbeat_interval_s}
 
     def suspect(self, name: str, why: str, reporter: str = "") -> dict:
         """A peer reports ``name`` failed (a socket disconnect, a timeout). Not trusted

@@ -192,6 +192,8 @@ def test_a_feed_that_lost_the_last_change_notices_it_from_the_periodic_seq(group
         seq = feed.seq
         feed.sock.close(0)  # deaf while a change happens: as if its messages were dropped
         _register(client, "d2")
+        assert g.wait_equal()  # every replica has applied and published it: only the periodic seq is left
+        time.sleep(0.05)
         feed.sock = transport.make_socket(client.ctx, zmq.SUB, connect=g.publish_endpoints)
         feed.sock.setsockopt(zmq.SUBSCRIBE, b"")
         wait(lambda: (feed.pump(0.1), "service/d2" in feed.values)[1], timeout_s=5.0,
@@ -200,3 +202,29 @@ def test_a_feed_that_lost_the_last_change_notices_it_from_the_periodic_seq(group
     finally:
         feed.close()
         client.close()
+
+
+def test_services_heartbeat_as_often_as_the_manager_asks_so_a_short_window_never_flaps(group):
+    from common.control import ManagerLink
+    from services.base import Service
+
+    # a 100 ms silence window; links start at 120 ms (they would flap) and learn 20 ms from the answers
+    g = group(heartbeat_interval_s=0.02, heartbeat_liveness=5)
+    services, links = [], []
+    try:
+        for name in ("d1", "d2"):
+            svc = Service(name)
+            services.append(svc)
+            links.append(ManagerLink(svc, g.endpoints, g.publish_endpoints, interval_s=0.12,
+                                     me={"name": name, "group": "dispatcher", "host": "local", "endpoints": {}}))
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            for svc in services:
+                svc.tick(0.002)
+        assert [link.beat.interval for link in links] == [0.02, 0.02]
+        decisions = g.probe.ask(g.endpoints[g.leader()], "snapshot", timeout_s=1.0)["decisions"]
+        assert [d["holder"] for d in decisions] == ["d1"]  # registered first, never replaced
+    finally:
+        for link, svc in zip(links, services):
+            link.close()
+            svc.shutdown()
