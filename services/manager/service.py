@@ -96,6 +96,7 @@ class Manager(Service):
         self.m_decisions = self.metrics.counter("manager_decisions_total", "decisions by op and result", ["op", "status"])
         self.m_suspicions = self.metrics.counter("manager_suspicions_total", "services suspected", ["why"])
         self._leader = None
+        self._leading, self.leading_since = False, 0.0
         self.started = time.monotonic()
         self._prefer = cfg.preferred_leader
 
@@ -109,9 +110,17 @@ class Manager(Service):
         if leader is not None and leader != self._leader:
             self.leader_changes += 1
             self.m_leader_changes.inc()
+            if getattr(leader, "address", None) == self._prefer:
+                self._prefer = None  # it has led: never hand over again (not after a heal either)
         self._leader = leader
+        leading = self.raft._isLeader()
+        if leading and not self._leading:
+            # What this replica heard while it followed (or was cut off) may be stale: every
+            # service gets one full window from now before silence counts against it.
+            self.leading_since = time.monotonic()
+        self._leading = leading
         self._publish()
-        if self._prefer is not None and self.raft._isLeader():
+        if self._prefer is not None and leading:
             self._hand_to_preferred()
 
     def _hand_to_preferred(self) -> None:
@@ -265,7 +274,7 @@ class Manager(Service):
         window (freezes, partitions), are replaced: HAMS §IV-E, decided once in the log."""
         interval = self.cfg.heartbeat_interval_s
         for name, (since, why, reporter) in list(self.suspected.items()):
-            heard = self.heard.get(name, (-1e9, 0))[0]
+            heard = self.heard.get(name, (-1e9, 0))[0]  # only a real heartbeat clears a suspicion
             if heard > since + interval / 2:
                 del self.suspected[name]  # alive after all
                 self.log.info("suspicion cleared", service=name, why=why, reporter=reporter)
@@ -275,9 +284,12 @@ class Manager(Service):
         window = interval * self.cfg.heartbeat_liveness
         for grp in list(self.state.groups.values()):
             holder = grp["holder"]
-            heard = self.heard.get(holder) if holder else None
-            if heard is not None and now - heard[0] > window:
+            if holder in self.heard and now - self._heard(holder) > window:
                 self.replace(holder, "silent")
+
+    def _heard(self, name: str) -> float:
+        """When ``name`` was last heard, counting a new leader's start as hearing everyone."""
+        return max(self.heard.get(name, (-1e9, 0))[0], self.leading_since)
 
     def replace(self, name: str, why: str) -> str | None:
         """If ``name`` holds its group and this replica leads, propose a live member in its
@@ -293,7 +305,7 @@ class Manager(Service):
         now = time.monotonic()
         window = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
         live = [m for m, s in self.state.services.items()
-                if s["group"] == group and m != name and now - self.heard.get(m, (-1e9, 0))[0] <= window]
+                if s["group"] == group and m != name and m in self.heard and now - self.heard[m][0] <= window]
         if not live:
             return None
         self.heard.pop(name, None)

@@ -189,3 +189,25 @@ def test_a_preferred_replica_gets_the_leadership_and_the_final_state_is_written(
     finals = [orjson.loads((tmp_path / f"manager-{i}.journal.final.json").read_bytes()) for i in (1, 2, 3)]
     assert finals[0]["state"] == finals[1]["state"] == finals[2]["state"]
     assert finals[0]["state"]["groups"]["dispatcher"]["holder"] == "d1"
+
+
+def test_a_new_leader_gives_every_service_a_window_before_silence_counts(group):
+    """A replica that was cut off holds stale "last heard" times: when it becomes leader it
+    must not replace a holder for silence it did not witness (the partition chaos run did)."""
+    g = group()
+    leader = g.leader()
+    _register(g, leader, "d1")
+    _register(g, leader, "d2")
+    follower = next(r for r in g.live() if r is not leader)
+    g.step(lambda: follower.state.seq == leader.state.seq, what="follower applied")
+    now = time.monotonic()
+    follower.heard = {"d1": (now - 10.0, 1), "d2": (now, 1)}  # d1 last heard long ago, d2 just now
+    leader.raft.transferLeadership(node=follower.cfg.raft_address)
+    g.step(lambda: follower.raft._isLeader(), what="the follower leads")
+    became = time.monotonic()
+    window = follower.cfg.heartbeat_interval_s * follower.cfg.heartbeat_liveness
+    g.step(lambda: time.monotonic() > became + window / 2, what="half a window")
+    assert follower.state.groups["dispatcher"] == {"holder": "d1", "epoch": 1}
+    # d1 stays silent for a whole window under the new leader: now it is replaced
+    follower.heard["d2"] = (time.monotonic() + 5.0, 1)  # keep d2 live
+    g.step(lambda: follower.state.groups["dispatcher"]["holder"] == "d2", what="d1 replaced after the window")
