@@ -2,7 +2,7 @@
 report does not say.
 
 ``prepare`` gives the run fresh journals under its output directory (a journal from an
-earlier run would replay that run's history). ``augment`` reads, after the run, what the
+earlier run would replay that run's history) and removes an earlier run's logs there. ``augment`` reads, after the run, what the
 processes left: every replica's final state (``*.journal.final.json``, written at
 shutdown) and the dispatchers' logs, and adds to the report
 
@@ -30,9 +30,13 @@ def uses_manager(exp) -> bool:
 
 
 def prepare(exp, out_dir: Path) -> None:
-    """Point the replicas' journals at a fresh directory of this run."""
-    journal = Path(out_dir).absolute() / "manager-journal"
+    """Point the replicas' journals at a fresh directory of this run, and remove the logs an
+    earlier run left in the same place (the harness appends to them; ``augment`` reads them)."""
+    out_dir = Path(out_dir).absolute()
+    journal = out_dir / "manager-journal"
     shutil.rmtree(journal, ignore_errors=True)
+    for mode in exp.modes:
+        shutil.rmtree(out_dir / mode / "logs", ignore_errors=True)
     exp.cluster["manager"]["journal_dir"] = str(journal)
 
 
