@@ -17,6 +17,15 @@ Example
 >>> result.source, result.output.argmax()                    # doctest: +SKIP
 ('model', 3)
 >>> results = client.predict_batch("digits-mlp", xs)         # doctest: +SKIP
+
+Errors as exceptions: ``Client(..., raise_errors=True)`` (or ``raise_errors=True`` on one
+call, or ``result.raise_for_error()``) raises a ``KeelError`` subclass for a reply without
+a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded``,
+``ModelError``, ``InternalError``; ``exc.result`` is the reply (source, error code, request
+id). Without it, results are values, as before. ``dtypes={"model": "float32"}`` makes the
+client convert compatible inputs (float64, ints) to the model's dtype, and refuse the
+others with ``BadInput`` naming the dtype expected. Both clients are context managers
+(``with Client(...)``, ``async with AsyncClient(...)``).
 """
 from __future__ import annotations
 
@@ -31,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from common import protocol, transport
 from common.protocol import ErrorCode, Predict, Reply, Source
@@ -52,6 +60,98 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.source not in (Source.ERROR,) and self.output is not None
+
+
+    def raise_for_error(self) -> Result:
+        """This result if it carries a prediction; else the ``KeelError`` subclass of its error."""
+        if not self.ok:
+            raise error_for(self)
+        return self
+
+
+class KeelError(Exception):
+    """A request that ended without a prediction. ``result`` is its reply: ``source``,
+    ``error_code``, ``request_id``, ``model`` stay readable."""
+
+    code: str | None = None
+
+    def __init__(self, result: Result, message: str | None = None):
+        super().__init__(message or f"{result.error_code or result.source}: {result.error or 'no output'}"
+                         f" (model {result.model}, request {result.request_id})")
+        self.result = result
+
+    @property
+    def source(self) -> str:
+        return self.result.source
+
+    @property
+    def error_code(self) -> str | None:
+        return self.result.error_code
+
+    @property
+    def request_id(self) -> str:
+        return self.result.request_id
+
+
+class BadInput(KeelError, ValueError):
+    """The input was refused: wrong shape or dtype, NaN, too large, a reused request id."""
+
+    code = ErrorCode.BAD_REQUEST
+
+
+class UnknownModel(KeelError, LookupError):
+    """No such model (or version) is served."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+class Overloaded(KeelError):
+    """The frontend's admission limit was reached: back off and retry."""
+
+    code = ErrorCode.OVERLOADED
+
+
+class DeadlineExceeded(KeelError, TimeoutError):
+    """The deadline passed with no prediction and no default output, or no frontend answered."""
+
+    code = ErrorCode.DEADLINE
+
+
+class ModelError(KeelError):
+    """The model raised on this query's batch."""
+
+    code = ErrorCode.MODEL_ERROR
+
+
+class InternalError(KeelError):
+    """Anything else that went wrong inside Keel."""
+
+    code = ErrorCode.INTERNAL
+
+
+_ERRORS: dict[str, type[KeelError]] = {
+    ErrorCode.BAD_REQUEST: BadInput, ErrorCode.UNKNOWN_MODEL: UnknownModel, ErrorCode.OVERLOADED: Overloaded,
+    ErrorCode.DEADLINE: DeadlineExceeded, ErrorCode.TIMEOUT: DeadlineExceeded, ErrorCode.MODEL_ERROR: ModelError,
+}
+
+
+def error_for(result: Result) -> KeelError:
+    """The typed exception of a result without a prediction."""
+    return _ERRORS.get(result.error_code or "", InternalError)(result)
+
+
+def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
+    """``x`` as an array of the model's ``dtype`` when that is safe (float64 -> float32,
+    ints -> floats); ``BadInput`` naming the dtype expected otherwise. Unknown dtype: as is."""
+    arr = np.asarray(x)
+    if dtype is None or arr.dtype == dtype:
+        return arr
+    want = np.dtype(dtype)
+    if np.can_cast(arr.dtype, want, "same_kind") and not (arr.dtype.kind == "f" and want.kind in "iub"):
+        return arr.astype(want)
+    result = Result("", Source.ERROR, error=f"model {model} takes {want.name} input; {arr.dtype.name} cannot be "
+                    f"converted to it safely", error_code=ErrorCode.BAD_REQUEST, model=model)
+    raise BadInput(result, result.error)
 
 
 @dataclass(slots=True)
@@ -78,7 +178,16 @@ def _check_timeout(value: float, what: str = "timeout_ms") -> float:
 
 class _Base:
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
-                 suspect_s: float = 5.0):
+                 suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
+                 curve_keys: str | None = None, curve_name: str = "client"):
+        #: CURVE (common.curve): this client's keypair ``curve_name`` from the keys folder
+        from common import curve
+
+        self.curve = curve.load(curve_keys, curve_name) if curve_keys else None
+        #: raise a KeelError subclass instead of returning a result without a prediction
+        self.raise_errors = raise_errors
+        #: model -> input dtype: compatible inputs are converted, others refused (BadInput)
+        self.dtypes = dict(dtypes or {})
         self.frontends = [frontends] if isinstance(frontends, str) else list(frontends)
         if not self.frontends:
             raise ValueError("a client needs at least one frontend endpoint")
@@ -99,6 +208,7 @@ class _Base:
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
+        x = coerce_input(model, x, self.dtypes.get(model))
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
         call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, self._pick(now))
@@ -181,6 +291,21 @@ class _Base:
                 moved.append((rid, call))
         return moved
 
+    def _outcome(self, result: Result, raise_errors: bool | None) -> Result:
+        if (self.raise_errors if raise_errors is None else raise_errors) and not result.ok:
+            raise error_for(result)
+        return result
+
+    def _outcomes(self, results: list[Result], raise_errors: bool | None) -> list[Result]:
+        """Results in order; with errors raised, the first failure's exception (``.results``: all)."""
+        if self.raise_errors if raise_errors is None else raise_errors:
+            failed = next((r for r in results if not r.ok), None)
+            if failed is not None:
+                exc = error_for(failed)
+                exc.results = results
+                raise exc
+        return results
+
     def _next_expiry(self) -> float | None:
         while self.expiry and self.expiry[0][1] not in self.calls:
             heapq.heappop(self.expiry)
@@ -191,8 +316,8 @@ class Client(_Base):
     """Blocking client; also open-loop via ``submit`` + ``collect``."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
-                 suspect_s: float = 5.0):
-        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s)
+                 suspect_s: float = 5.0, **options):
+        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
         self.ctx = zmq.Context()
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
         self.poller = zmq.Poller()
@@ -203,7 +328,8 @@ class Client(_Base):
     def _socket(self, i: int) -> zmq.Socket:
         sock = self.sockets[i]
         if sock is None:
-            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i])
+            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i],
+                                                           curve_keys=self.curve)
             self.poller.register(sock, zmq.POLLIN)
             if len(self.frontends) > 1 and self.retries:
                 monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -277,13 +403,15 @@ class Client(_Base):
                 else:
                     self.results[result.request_id] = result  # someone else's submit
 
-    def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> Result:
+    def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
+                raise_errors: bool | None = None) -> Result:
         rid = self.submit(model, x, timeout_ms, request_id)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
-        return got[rid]
+        return self._outcome(got[rid], raise_errors)
 
-    def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW) -> list[Result]:
+    def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
+                      raise_errors: bool | None = None) -> list[Result]:
         """One query per row of ``xs``; results in input order.
 
         At most ``window`` calls are in flight at once: a frontend drops replies that do
@@ -301,7 +429,7 @@ class Client(_Base):
             rids.append(rid)
             wanted.add(rid)
         self._gather(wanted, got)
-        return [got[r] for r in rids]
+        return self._outcomes([got[r] for r in rids], raise_errors)
 
     def close(self) -> None:
         for monitor in self.monitors:
@@ -319,47 +447,78 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """asyncio client: ``await client.predict(...)``; many calls may be in flight."""
+    """asyncio client: ``await client.predict(...)``; many calls may be in flight.
+
+    Its sockets are plain ZeroMQ sockets watched with ``loop.add_reader``: a reply
+    resolves its call's future in the reader callback itself, with no reader task and no
+    ``wait_for`` task per call between them (each of those costs a turn of the loop; with
+    ``zmq.asyncio`` one outstanding call was 6-17% slower than the blocking ``Client``).
+    A ZeroMQ socket's descriptor is edge-triggered, so after every send the socket is
+    drained too."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
-                 suspect_s: float = 5.0):
-        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s)
-        self.ctx = zmq.asyncio.Context()
-        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f) for f in self.frontends]
+                 suspect_s: float = 5.0, **options):
+        super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
+        self.ctx = zmq.Context()
+        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
         self.futures: dict[str, asyncio.Future] = {}
-        self.readers: list[asyncio.Task] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _start(self) -> None:
-        if not self.readers:
-            self.readers = [asyncio.ensure_future(self._read(i)) for i in range(len(self.sockets))]
+        """Watch the sockets from the running loop (again, if the client moved to another)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            self._unwatch()
+            self.loop = loop
+            for i, sock in enumerate(self.sockets):
+                loop.add_reader(sock.getsockopt(zmq.FD), self._drain, i)
 
-    async def _read(self, i: int) -> None:
-        while True:
-            frames = await self.sockets[i].recv_multipart(copy=False)
-            result = self._finish(frames, i)
+    def _unwatch(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            for sock in self.sockets:
+                self.loop.remove_reader(sock.getsockopt(zmq.FD))
+        self.loop = None
+
+    def _drain(self, i: int) -> None:
+        """Read every reply waiting on frontend ``i``'s socket; each resolves its call."""
+        sock = self.sockets[i]
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
             if result is not None:
                 future = self.futures.pop(result.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)
 
-    async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> Result:
+    async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
+                      raise_errors: bool | None = None) -> Result:
+        return self._outcome(await self._predict(model, x, timeout_ms, request_id), raise_errors)
+
+    async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> Result:
         self._start()
         rid, call = self._new_call(model, x, timeout_ms, request_id)
-        future = self.futures[rid] = asyncio.get_running_loop().create_future()
         for attempt in range(self.retries + 1):
             if attempt:
                 call.attempt, call.frontend = attempt, self._pick(time.perf_counter(), avoid=call.frontend)
-            await self.sockets[call.frontend].send_multipart(protocol.encode(self._message(rid, call)), copy=False)
+            # A new future per attempt: the timer resolves it with None; a late answer to an
+            # earlier attempt (same request id) resolves the current one.
+            future = self.futures[rid] = self.loop.create_future()
+            transport.send(self.sockets[call.frontend], self._message(rid, call))
+            self._drain(call.frontend)
+            timer = self.loop.call_later(self._patience(call.timeout_ms), _give_up, future)
             try:
-                return await asyncio.wait_for(asyncio.shield(future), self._patience(call.timeout_ms))
-            except asyncio.TimeoutError:
-                self._timed_out(call.frontend, time.perf_counter())
+                result = await future
+            finally:
+                timer.cancel()
+            if result is not None:
+                return result
+            self._timed_out(call.frontend, time.perf_counter())
         self.calls.pop(rid, None)
         self.futures.pop(rid, None)
         return Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {self.retries + 1} attempt(s)",
                       ErrorCode.TIMEOUT, model, None, (time.perf_counter() - call.sent) * 1000.0)
 
-    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW) -> list[Result]:
+    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
+                            raise_errors: bool | None = None) -> list[Result]:
         """One query per row of ``xs``, at most ``window`` in flight at once (see
         ``Client.predict_batch``); results in input order."""
         if timeout_ms is not None:
@@ -368,13 +527,24 @@ class AsyncClient(_Base):
 
         async def one(x: np.ndarray) -> Result:
             async with gate:
-                return await self.predict(model, x, timeout_ms)
+                return await self._predict(model, x, timeout_ms, None)
 
-        return list(await asyncio.gather(*(one(x) for x in xs)))
+        return self._outcomes(list(await asyncio.gather(*(one(x) for x in xs))), raise_errors)
 
     async def close(self) -> None:
-        for task in self.readers:
-            task.cancel()
+        self._unwatch()
         for sock in self.sockets:
             sock.close(0)
         self.ctx.term()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _give_up(future: asyncio.Future) -> None:
+    """An attempt's patience ran out: wake its caller with no answer."""
+    if not future.done():
+        future.set_result(None)

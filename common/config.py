@@ -234,6 +234,9 @@ class WorkerConfig:
     slots: int = 1
     max_batch: int = 64
     torch_threads: int = 1
+    #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
+    #: without a GPU refuses "cuda" at start with a clear error
+    device: str = "cpu"
     #: what the worker declares to schedulers (Kairos): its instance type and hourly price
     instance: str = ""
     price: float = 0.0
@@ -271,6 +274,8 @@ class WorkerConfig:
         _check(1 <= self.torch_threads <= 256, "torch_threads", "must be in 1..256")
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
+        _check(self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit()),
+               "device", f'must be "cpu", "cuda" or "cuda:N", got {self.device!r}')
 
 
 @dataclass
@@ -323,6 +328,36 @@ class DecoderConfig:
                f"must be shorter than group_ttl_s ({self.group_ttl_s:g} s)")
         _check(self.max_open_groups >= 1, "max_open_groups", "must be >= 1")
 
+
+
+@dataclass
+class GatewayConfig:
+    """The Open Inference Protocol v2 HTTP gateway (``services.gateway``)."""
+
+    name: str = "gateway"
+    #: where the HTTP server listens; port 0 = any free port
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    #: the frontends' client endpoints (the gateway is one AsyncClient of them)
+    frontend_endpoints: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:7000"])
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    #: the client's default deadline for a request that names none and a model unknown to it (ms)
+    timeout_ms: float = 1000.0
+    retries: int = 1
+    #: largest HTTP request body
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: ROUTER answering Status requests; None = none
+    status_endpoint: str | None = None
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        _check(0 <= self.http_port <= 65535, "http_port", "must be a port in 0..65535")
+        _check(bool(self.frontend_endpoints), "frontend_endpoints", "must name at least one frontend")
+        _check(self.timeout_ms > 0, "timeout_ms", "must be > 0")
+        _check(self.retries >= 0, "retries", "must be >= 0")
+        _check(self.max_body_bytes > 0, "max_body_bytes", "must be > 0")
+        for name, info in self.models.items():
+            info.validate(name)
 
 def heartbeats_agree(dispatcher: DispatcherConfig, worker: WorkerConfig) -> str | None:
     """Why a worker and its dispatcher would drop each other while both are healthy, or None.

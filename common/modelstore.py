@@ -4,11 +4,23 @@ Layout::
 
     ROOT/NAME/VERSION/manifest.json   architecture, input shape and dtype, output size,
                                       role, dataset, metrics, sha256 of the weights
-    ROOT/NAME/VERSION/weights.pt      torch state_dict
+    ROOT/NAME/VERSION/weights.pt      torch state_dict (format "state_dict")
+    ROOT/NAME/VERSION/model.pt        a TorchScript file (format "torchscript")
+    ROOT/NAME/VERSION/model.pt2       a ``torch.export`` program (format "export")
+    ROOT/NAME/VERSION/container.py    a Python container's module, when added from a file
+    ROOT/NAME/VERSION/artifact        what a Python container's ``load(path)`` reads (optional)
 
 Versions are integers as strings ("1", "2", ...); "latest" is the highest. The sha256 in
-the manifest is checked at every load, so a truncated or swapped weights file is refused
-instead of served. Architectures are built by name through ``common.architectures.build``.
+the manifest is checked at every load, so a truncated or swapped file is refused instead
+of served. Architectures of Keel's own training code are built by name through
+``common.architectures.build``; a user's own model comes in as a file (``add``), so the
+store never needs to know how it was built. Every version, trained or added, is written by
+one function (``_commit``): a folder, its artifact, its sha256, then the manifest.
+
+A Python container is a class named ``module:Class`` (or ``path/to/file.py:Class``, whose
+file is copied into the version) with ``predict_batch(inputs) -> outputs`` and an optional
+``load(path)``: Clipper's container contract (§3). It is run by ``common.containers`` in
+the worker process, never by the store.
 
 Example
 -------
@@ -23,6 +35,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +66,14 @@ class Manifest:
     sha256: str = ""
     weights: str = "weights.pt"
     created: str = ""
+    #: how the artifact is loaded: "state_dict" (arch + weights), "torchscript", "export" (.pt2), "python"
+    format: str = "state_dict"
+    #: format "python": "module:Class", or "container.py:Class" for a file copied into the version
+    entry: str | None = None
+    #: a ``torch.export`` program traced with a fixed batch size: batches are run in chunks of it
+    static_batch: int | None = None
+    #: format "python" from a file: the sha256 of the version's copy, container.py
+    container_sha256: str = ""
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self), option=orjson.OPT_INDENT_2)
@@ -70,6 +91,14 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+#: formats ``ModelStore.add`` takes, and the artifact name each is stored under
+FORMATS = {"torchscript": "model.pt", "export": "model.pt2", "python": "artifact"}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class ModelStore:
@@ -111,25 +140,98 @@ class ModelStore:
         """Write ``module``'s state_dict as the next version of ``name``; returns its manifest."""
         import torch
 
+        def write(folder: Path) -> Path:
+            buf = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, buf)
+            weights = folder / "weights.pt"
+            weights.write_bytes(buf.getvalue())
+            return weights
+
+        return self._commit(name, write, fields)
+
+    def add(self, name: str, path: str | os.PathLike | None, format: str, *, entry: str | None = None,
+            **fields: Any) -> Manifest:
+        """Copy a user's model file into the next version of ``name``; returns its manifest.
+
+        Parameters
+        ----------
+        path : path or None
+            The TorchScript file, the ``.pt2`` program, or what a Python container's
+            ``load(path)`` reads (None: a container that loads nothing).
+        format : str
+            ``"torchscript"``, ``"export"`` or ``"python"``.
+        entry : str
+            Format python: ``module:Class``, or ``FILE.py:Class`` (the file is copied in).
+        **fields
+            Manifest fields: ``input_shape``, ``output_size``, ``input_dtype``, ...
+        """
+        if format not in FORMATS:
+            raise ModelStoreError(f"unknown model format {format!r}; formats: {sorted(FORMATS)}")
+        if format == "python":
+            module, _, cls = (entry or "").rpartition(":")
+            if not module or not cls:
+                raise ModelStoreError(f"a Python container is named module:Class, got {entry!r}")
+        elif path is None:
+            raise ModelStoreError(f"format {format} needs the model file")
+        if path is not None and not Path(path).is_file():
+            raise ModelStoreError(f"{path}: no such file")
+
+        def write(folder: Path) -> Path | None:
+            nonlocal entry, container_sha256
+            if format == "python" and module.endswith(".py"):
+                if not Path(module).is_file():
+                    raise ModelStoreError(f"{module}: no such file")
+                shutil.copyfile(module, folder / "container.py")
+                entry, container_sha256 = f"container.py:{cls}", sha256_file(folder / "container.py")
+            if path is None:
+                return None
+            target = folder / FORMATS[format]
+            shutil.copyfile(path, target)
+            return target
+
+        container_sha256 = ""
+        fields.setdefault("arch", format)
+        return self._commit(name, write, {**fields, "format": format},
+                            lambda: {"entry": entry, "container_sha256": container_sha256})
+
+    def _commit(self, name: str, write: Any, fields: dict[str, Any], late: Any = None) -> Manifest:
+        """The one way a version is made: a new folder, ``write(folder) -> artifact or None``,
+        then the manifest with the artifact's sha256 (a version exists once its manifest does)."""
         versions = self.versions(name)
         version = str(int(versions[-1]) + 1 if versions else 1)
         folder = self.root / name / version
         folder.mkdir(parents=True, exist_ok=False)
-        buf = io.BytesIO()
-        torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, buf)
-        weights = folder / "weights.pt"
-        weights.write_bytes(buf.getvalue())
-        manifest = Manifest(
-            name=name,
-            version=version,
-            sha256=sha256_file(weights),
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **fields,
-        )
-        tmp = folder / "manifest.json.tmp"
-        tmp.write_bytes(manifest.to_json())
-        tmp.replace(folder / "manifest.json")  # a version exists only once its manifest does
+        try:
+            artifact = write(folder)
+            extra = late() if late else {}
+            manifest = Manifest(name=name, version=version, created=_now(),
+                                sha256=sha256_file(artifact) if artifact else "",
+                                weights=artifact.name if artifact else "", **fields, **extra)
+            tmp = folder / "manifest.json.tmp"
+            tmp.write_bytes(manifest.to_json())
+            tmp.replace(folder / "manifest.json")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         return manifest
+
+    def folder(self, manifest: Manifest) -> Path:
+        return self.root / manifest.name / manifest.version
+
+    def artifact(self, manifest: Manifest) -> Path | None:
+        """The version's checked artifact file (None: a Python container without one)."""
+        if not manifest.weights:
+            return None
+        path = self.folder(manifest) / manifest.weights
+        if not path.is_file():
+            raise ModelStoreError(f"{manifest.name}/{manifest.version}: file {path} is missing")
+        digest = sha256_file(path)
+        if digest != manifest.sha256:
+            raise ModelStoreError(
+                f"{manifest.name}/{manifest.version}: sha256 of {path.name} is {digest[:12]}..., "
+                f"manifest says {manifest.sha256[:12]}...; refusing to load"
+            )
+        return path
 
     def update_metrics(self, name: str, version: str, metrics: dict[str, Any]) -> Manifest:
         manifest = self.manifest(name, version)
@@ -139,22 +241,26 @@ class ModelStore:
         return manifest
 
     def load(self, name: str, version: str | None = None) -> tuple[Any, Manifest]:
-        """(torch module in eval mode, manifest); refuses weights whose sha256 differs."""
+        """(torch module in eval mode, manifest); refuses files whose sha256 differs.
+        A Python container is no torch module: ``common.containers`` loads it."""
         import torch
 
-        from common.architectures import build
-
         manifest = self.manifest(name, version)
-        weights = self.root / name / manifest.version / manifest.weights
-        if not weights.is_file():
-            raise ModelStoreError(f"{name}/{manifest.version}: weights file {weights} is missing")
-        digest = sha256_file(weights)
-        if digest != manifest.sha256:
-            raise ModelStoreError(
-                f"{name}/{manifest.version}: sha256 of {weights.name} is {digest[:12]}..., "
-                f"manifest says {manifest.sha256[:12]}...; refusing to load"
-            )
-        module = build(manifest.arch, **manifest.arch_config)
-        module.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-        module.eval()
+        if manifest.format == "python":
+            raise ModelStoreError(f"{name}/{manifest.version} is a Python container ({manifest.entry}); "
+                                  "common.containers.PythonPredictor runs it")
+        path = self.artifact(manifest)
+        if manifest.format == "torchscript":
+            module = torch.jit.load(str(path), map_location="cpu")
+        elif manifest.format == "export":
+            module = torch.export.load(str(path)).module()
+        elif manifest.format == "state_dict":
+            from common.architectures import build
+
+            module = build(manifest.arch, **manifest.arch_config)
+            module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        else:
+            raise ModelStoreError(f"{name}/{manifest.version}: unknown format {manifest.format!r}")
+        if manifest.format != "export":  # an exported program is already traced for inference
+            module.eval()
         return module, manifest

@@ -88,6 +88,10 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          spec_sets=frozenset(_COMMON_SET | {"raft_address", "raft_partners", "endpoint", "publish_endpoint",
                                             "journal_file", "preferred_leader"}),
          priority=50),
+    Role("gateway", cfg.GatewayConfig, "services.gateway:Gateway",
+         binds=("status_endpoint",), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"status_endpoint", "frontend_endpoints", "models"}),
+         nested={"models": cfg.ModelInfo}, priority=450),
 )}
 
 

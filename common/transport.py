@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from common import protocol
+from common import curve, protocol
 
 #: messages queued per peer before a socket drops (PUB) or blocks (PUSH, DEALER)
 HWM = 100_000
@@ -36,7 +36,10 @@ def make_socket(
     identity: str | None = None,
     max_frame_bytes: int = MAX_FRAME_BYTES,
     hwm: int = HWM,
+    curve_keys: Any = None,
 ) -> zmq.Socket:
+    """A Keel socket; a CURVE one (``common.curve``) when ``curve_keys`` are given or this
+    process uses CURVE."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -50,6 +53,9 @@ def make_socket(
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity.encode())
+    keys = curve_keys if curve_keys is not None else curve.active()
+    if keys is not None:
+        curve.apply(ctx, sock, server=bind is not None, keys=keys)
     if bind is not None:
         sock.bind(bind)
     for endpoint in [connect] if isinstance(connect, str) else connect or []:

@@ -38,6 +38,14 @@ def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
     return out
 
 
+def use_spec_curve(spec: Any) -> None:
+    """This process talks to a CURVE cluster with its keys folder's client keypair."""
+    if getattr(spec, "curve_keys", None):
+        from common import curve
+
+        curve.use(spec.curve_keys, "client")
+
+
 def _fail(msg: str) -> int:
     print(f"keel: {msg}", file=sys.stderr)
     return 1
@@ -47,6 +55,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from deploy.supervisor import DeployError, up
 
     try:
+        use_spec_curve(load_spec(args.spec, _addresses(args.address)))
         up(args.spec, wait_s=args.wait, addresses=_addresses(args.address))
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
@@ -68,6 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))
+        use_spec_curve(spec)
         st = status(spec, timeout_s=args.timeout)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
@@ -130,6 +140,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))
+        use_spec_curve(spec)
         if args.model not in spec.models:
             raise SpecError(f"model {args.model!r} is not in the spec (models: {sorted(spec.models)})")
         table = spec.models[args.model]

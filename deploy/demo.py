@@ -29,12 +29,35 @@ from common.spec import load_spec
 from common.transport import request_status
 
 
+DEFAULT_BASE_PORT = 7400
+
+
+def base_port(preferred: int = DEFAULT_BASE_PORT, n: int = 64) -> int:
+    """``preferred`` when its block of ``n`` ports is free on loopback, else a free block."""
+    import socket
+
+    from deploy.local import free_port_block
+
+    socks = []
+    try:
+        for port in range(preferred, preferred + n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", port))
+        return preferred
+    except OSError:
+        return free_port_block(n)
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _spec(args: argparse.Namespace, parity_store_name: str | None) -> dict:
     model = {"store_name": "digits-mlp", "deadline_ms": 1000, "max_batch": 32, "workers": args.workers}
     if parity_store_name:
         model.update(k=2, mode="parm", parity_store_name=parity_store_name, encoder="add")
     return {
-        "cluster": {"name": "demo", "store": args.store, "run_dir": args.run_dir, "base_port": 7400},
+        "cluster": {"name": "demo", "store": args.store, "run_dir": args.run_dir, "base_port": base_port()},
         "frontend": {"host": "local", "cache_size": 0, "log_requests": True},
         "dispatcher": {"host": "local"},
         "models": {"digits-mlp": model},

@@ -19,7 +19,7 @@ import sys
 def _serve(args: argparse.Namespace) -> int:
     from services.serve import main
 
-    return main([args.role, "--config", args.config])
+    return main([args.role, "--config", args.config] + (["--curve", args.curve] if args.curve else []))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -31,6 +31,10 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     if args.what == "core":
         from bench.core import run
+
+        run(args.json, args.quick)
+    elif args.what == "gateway":
+        from bench.gateway import run
 
         run(args.json, args.quick)
     elif args.what == "manager":
@@ -68,10 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run one service process (what supervisord and the chaos harness start)")
     p.add_argument("role", choices=list(ROLES))
     p.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
+    p.add_argument("--curve", metavar="DIR", help="CURVE on every socket with the keys in DIR (keel keys generate)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
-    p.add_argument("what", choices=["core", "codec", "manager"])
+    p.add_argument("what", choices=["core", "codec", "gateway", "manager"])
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--quick", action="store_true", help="shorter runs")
     p.set_defaults(func=_bench)
@@ -84,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_parm_tail(which)
     add_kairos_experiment(which)
     add_kairos(sub)
+    from deploy.keys_cli import add_parser as add_keys
+    from deploy.model_cli import add_parser as add_model
+
+    add_model(sub)
+    add_keys(sub)
     from deploy.manager_cli import add_parser as add_manager
 
     add_manager(sub)

@@ -61,6 +61,7 @@ def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, 
         conf.write_text(cfg.to_json(svc.config) + "\n")
         env = out / "keel" / f"{svc.name}.env"
         env.write_text(f"# Keel service {svc.name} (role {svc.role}) of cluster {spec.name} on host {host}\n"
-                       f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n")
+                       f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n"
+                       + (f"KEEL_CURVE_KEYS={svc.curve_keys}\n" if svc.curve_keys else ""))
         written += [env, conf]
     return written

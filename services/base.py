@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from common import logs, protocol, transport
+from common import curve, logs, protocol, transport
 from common.metrics import Metrics
 
 
@@ -197,5 +197,6 @@ class Service:
         finally:
             for sock in self.sockets:
                 sock.close(0)
+            curve.stop(self.ctx)  # its ZAP thread's sockets would hold term() up
             self.ctx.term()
             self.log.info("stopped")

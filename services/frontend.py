@@ -35,7 +35,7 @@ import zmq
 from common import protocol, transport
 from common.config import FrontendConfig
 from common.ids import SEQ_BITS, IdSpace
-from common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source, Status
+from common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source, Status
 from services.base import Service
 from services.cache import ClockCache
 from services.requests import Answered as AnsweredTable
@@ -80,6 +80,9 @@ class Frontend(Service):
         self.reply_to = transport.endpoint_of(self.pull)
         self.ids = IdSpace()
         self.cache = ClockCache(cfg.cache_size) if cfg.cache_size else None
+        #: model -> the version its workers answered with last (a rollout moves it): what
+        #: cache keys and replies say before a query's own prediction names its version
+        self.serving: dict[str, str] = {}
         self.pending: dict[int, Pending] = {}  # qid -> its computation
         self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
@@ -123,6 +126,10 @@ class Frontend(Service):
                 self._on_predict(msg, envelope, start)
             elif isinstance(msg, Status):
                 self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
+            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
+                # a finished rollout (keel model rollout): cache keys and replies name this version now
+                self.serving[msg.model] = msg.version
+                self._send(envelope, protocol.encode(Status(service=self.name, info={"serving": dict(self.serving)})))
             else:
                 self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
         self._flush()
@@ -162,11 +169,12 @@ class Frontend(Service):
             waiting[0].requests.append(request)
             return
         key = None
+        version = self.serving.get(msg.model, info.version)
         if self.cache is not None:
-            key = b"%s\0%s\0%s" % (msg.model.encode(), info.version.encode(), x.tobytes())
+            key = b"%s\0%s\0%s" % (msg.model.encode(), version.encode(), x.tobytes())
             output = self.cache.get(key)
             if output is not None:
-                return self._answer([request], Source.CACHE, msg.model, info.version, output)
+                return self._answer([request], Source.CACHE, msg.model, version, output)
             shared = self.by_key.get(key)
             if shared is not None:  # the same query is in flight: share its computation
                 request.to(State.WAITING)
@@ -179,7 +187,7 @@ class Frontend(Service):
         deadline = time.monotonic() + timeout_ms / 1000.0
         models = self.selection.select(msg.model)
         qids = tuple(self.ids.next() for _ in models)
-        pending = Pending(qids, models, msg.model, info.version, deadline, key, [request])
+        pending = Pending(qids, models, msg.model, version, deadline, key, [request])
         if self.manager is not None:
             pending.input = x
         request.to(State.WAITING)
@@ -259,6 +267,8 @@ class Frontend(Service):
                 outputs = outputs.reshape(len(msg.qids), info.output_size)
         elif error is None:
             error = "no outputs"
+        if msg.version is not None and source == Source.MODEL and info is not None:
+            self.serving[msg.model] = msg.version
         epoch = self.ids.epoch
         for i, qid in enumerate(msg.qids):
             if qid >> SEQ_BITS != epoch:  # a query of an earlier incarnation of this frontend
@@ -301,9 +311,11 @@ class Frontend(Service):
                     if output is None:  # the selection refused its only output: as at the deadline
                         self._default(pending)
                         continue
-            if source == Source.MODEL and self.cache is not None and pending.key is not None:
+            version = pending.version if msg.version is None or len(pending.qids) > 1 else msg.version
+            # the key names the version expected at admission: another version's output is not cached under it
+            if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
-            self._answer(pending.requests, source, pending.model, pending.version, output)
+            self._answer(pending.requests, source, pending.model, version, output)
 
     def _open(self, pending: Pending) -> bool:
         """Whether any of a fanned-out computation's queries is still in flight."""

@@ -6,6 +6,7 @@ supervisord, systemd and the chaos harness all start services this way.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import orjson
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="keel serve", description=__doc__.splitlines()[0])
     parser.add_argument("role")
     parser.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
+    parser.add_argument("--curve", default=os.environ.get("KEEL_CURVE_KEYS") or None, metavar="DIR",
+                        help="CURVE on every socket with the keys in DIR (keel keys generate; env KEEL_CURVE_KEYS)")
     args = parser.parse_args(argv)
     raw = args.config
     if raw.startswith("@"):
@@ -33,7 +36,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, orjson.JSONDecodeError) as exc:
         print(f"keel serve {args.role}: bad config: {exc}", file=sys.stderr)
         return 2
-    build(args.role, cfg).run()
+    if args.curve:
+        from common import curve
+
+        try:
+            curve.use(args.curve)
+        except curve.CurveError as exc:
+            print(f"keel serve {args.role}: {exc}", file=sys.stderr)
+            return 2
+    from common.containers import DeviceError
+
+    try:
+        service = build(args.role, cfg)
+    except DeviceError as exc:  # a spec asking for hardware this host lacks: say so, once
+        print(f"keel serve {args.role}: {exc}", file=sys.stderr)
+        return 2
+    service.run()
     return 0
 
 

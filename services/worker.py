@@ -24,6 +24,12 @@ models; builtin models just record it) and the slots, and the worker registers a
 the dispatcher's view agrees. On SIGTERM the worker sends ``Leave`` so the dispatcher
 drops it at once instead of after its heartbeats stop.
 
+Rollout: ``Configure(version=V)`` on the worker's status endpoint (``keel model rollout``)
+leaves the dispatcher (which re-queues what it held to the other workers), loads version
+V of its store model and checks it with one batch, swaps the model and registers again;
+a version that fails to load or check is refused and the old one keeps serving.
+Every ``Predictions`` says the version that computed it.
+
 Liveness (zguide ppworker): the worker heartbeats every ``heartbeat_interval_s``; when the
 dispatcher has been silent for ``heartbeat_liveness`` intervals, the worker closes its
 socket and registers again on a fresh one, backing off exponentially.
@@ -167,8 +173,45 @@ class Worker(Service):
             self.threads = msg.threads
         if msg.slots is not None:
             self.slots = msg.slots
+        if msg.version is not None and msg.version != self.version:
+            self.rollout(msg.version)
         self.counts["configured"] += 1
         self.log.info("configured", slots=self.slots, threads=self.threads)
+
+    def rollout(self, version: str) -> str | None:
+        """Serve ``version`` of the store model from now on; why not, or None when done."""
+        from common.containers import check, store_predictor
+
+        if self.cfg.builtin is not None:
+            return f"builtin model {self.cfg.builtin} has no versions"
+        # Out of the dispatcher's rotation while loading: what it held goes to other workers.
+        transport.try_send(self.dealer, Leave(worker=self.name))
+        try:
+            predictor = store_predictor(self.cfg.store, self.cfg.store_name or self.cfg.model, version, self.threads,
+                                        self.cfg.fixed_ms, self.cfg.per_query_ms, self.cfg.device)
+            if list(predictor.input_shape) != list(getattr(self.predictor, "input_shape", predictor.input_shape)) or \
+                    predictor.output_size != getattr(self.predictor, "output_size", predictor.output_size):
+                raise ValueError(f"version {version} takes {predictor.input_shape} -> {predictor.output_size}, "
+                                 f"the served one {self.predictor.input_shape} -> {self.predictor.output_size}")
+            check(predictor, list(predictor.input_shape), getattr(predictor, "manifest").input_dtype)
+        except Exception as exc:  # a bad version must not take the serving one down
+            why = f"{type(exc).__name__}: {exc}"
+            self.log.error("rollout refused", version=version, error=why)
+            self._register()
+            return why
+        old, self.predictor, self.version = self.version, predictor, predictor.version
+        self.counts["rollouts"] = self.counts.get("rollouts", 0) + 1
+        self.log.info("rolled out", version=self.version, previous=old)
+        self._register()
+        return None
+
+    def _on_status(self, sock: zmq.Socket) -> None:
+        for envelope, msg in self.messages(sock, router=True):
+            if isinstance(msg, protocol.Status):
+                transport.try_send(sock, protocol.Status(service=self.name, info=self.status()), envelope)
+            elif isinstance(msg, Configure) and msg.version is not None:
+                why = self.rollout(msg.version) if msg.version != self.version else None
+                transport.try_send(sock, protocol.Status(service=self.name, info={**self.status(), "refused": why}), envelope)
 
     # ------------------------------------------------------------------ work
 
@@ -235,7 +278,7 @@ class Worker(Service):
             budgets = [batch.budgets_ms[r] - spent for r in live]
         common = dict(
             batch_id=batch.batch_id, model=batch.model, worker=self.name, role=batch.role,
-            source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error,
+            source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error, version=self.version,
         )
         if batch.role == protocol.Role.PARITY:
             # A parity output answers no client: it goes to the decoder only (rows by qid:
@@ -258,5 +301,5 @@ class Worker(Service):
         return refused
 
     def status(self) -> dict:
-        return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "slots": self.slots,
+        return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets)}

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.modelstore import DEFAULT_STORE, Manifest, ModelStore
+from common.progress import bar
 from training import datasets
 from common.architectures import build, config_for, query_shape
 
@@ -92,6 +93,7 @@ def fit(
     ckpt_path.parent.mkdir(parents=True, exist_ok=True)
     model.train()
     running, t0, last = 0.0, time.perf_counter(), float("nan")
+    shown = bar(total_steps, "train", enabled=progress, initial=step, unit="step")  # a terminal's bar; else lines
     for step in range(step, total_steps):
         x, y = batch(step)
         loss = loss_fn(model(x), y)
@@ -100,16 +102,19 @@ def fit(
         opt.step()
         running += loss.item()
         done = step + 1
+        shown.update(1)
         if done % log_every == 0 or done == total_steps:
             n = (done - 1) % log_every + 1
             last, dt = running / n, (time.perf_counter() - t0) / n
-            if progress:
+            if shown.disable and progress:
                 print(f"step {done}/{total_steps} loss {last:.4f} ({dt * 1e3:.1f} ms/step)", flush=True)
+            shown.set_postfix(loss=f"{last:.4f}", refresh=False)
             running, t0 = 0.0, time.perf_counter()
         if done % ckpt_every == 0 or done == total_steps:
             tmp = ckpt_path.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "config": config}, tmp)
             tmp.replace(ckpt_path)
+    shown.close()
     model.eval()
     return last
 

@@ -91,6 +91,7 @@ class Predictions:
     budgets_ms: list[float] | None = None  # copies to the decoder: as in the Batch
     members: ParityMembers | None = None  # parity outputs: copied from the parity Batch
     lineage: list[LineageEntry] | None = None
+    version: str | None = None  # the model version that computed these outputs (rollouts)
 
 
 @dataclass(slots=True)
@@ -161,6 +162,10 @@ class Configure:
     TENSORS: ClassVar[tuple[str, ...]] = ()
     slots: int | None = None
     threads: int | None = None
+    #: roll the worker to this model version (an operator, on the worker's status endpoint);
+    #: to a frontend, with ``model``: that model's workers now serve this version
+    version: str | None = None
+    model: str | None = None
 
 
 @dataclass(slots=True)

@@ -41,6 +41,11 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     run_dir_ = run_dir(cluster.take("run_dir", str, None), name)
     base_port = cluster.take("base_port", int, 7000)
     metrics_base = cluster.take("metrics_base_port", int, None)
+    curve_keys = cluster.take("curve_keys", str, None)  # CURVE on every socket (common.curve)
+    if curve_keys is not None:
+        curve_keys = str(Path(curve_keys).absolute())
+        if not (Path(curve_keys) / "service.key_secret").is_file():
+            fail("cluster.curve_keys", f"{curve_keys} holds no service keys: run `keel keys generate {curve_keys}`")
     for key, port in (("base_port", base_port), ("metrics_base_port", metrics_base)):
         if port is not None and not 1 <= port <= 65535:
             fail(f"cluster.{key}", f"must be a port in 1..65535, got {port}")
@@ -91,6 +96,10 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         placement[role] = host_of(table, placement["dispatcher"])
         opts[role] = options(role, table)
     opts["worker"] = options("worker", Table(root.take("worker", dict, {}), "worker"))
+    if root.has("gateway"):  # the OIP v2 HTTP gateway (services.gateway), beside the first frontend
+        gw_table = Table(root.take("gateway", dict, {}), "gateway")
+        placement["gateway"] = host_of(gw_table, placement["frontend"][0])
+        opts["gateway"] = options("gateway", gw_table)
 
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
     models_table = Table(root.take("models", dict), "models")
@@ -111,5 +120,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         wire_manager(services, hosts, ports, manager, run_dir_)
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)
+    for svc in services:
+        svc.curve_keys = curve_keys
     return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
-                       client_endpoints=client_endpoints, models=models)
+                       client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)

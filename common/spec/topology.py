@@ -25,9 +25,12 @@ class ServiceLaunch:
     role: str
     host: str
     config: Any
+    #: CURVE keys folder (``[cluster] curve_keys``); None = CURVE off
+    curve_keys: str | None = None
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        return [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+        argv = [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+        return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:
         """The endpoints this service binds (workers bind none)."""
@@ -43,6 +46,8 @@ class ClusterSpec:
     services: list[ServiceLaunch]
     client_endpoints: list[str]
     models: dict[str, dict]
+    #: CURVE keys folder every service uses (``[cluster] curve_keys``); None = CURVE off
+    curve_keys: str | None = None
 
     def by_host(self) -> dict[str, list[ServiceLaunch]]:
         """Services per host name, every host present (possibly with none), spec order."""
@@ -132,6 +137,9 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
                                "dispatcher_endpoint": query_ep, "models": infos}, "frontend")
+    if placement.get("gateway"):
+        add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
+                                                         "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
     add("dispatcher", "dispatcher", disp_host,
         {**_kairos_profile(models, options["dispatcher"]), **options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
          "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")

@@ -114,6 +114,8 @@ def full_configs() -> dict:
         "decoder": cfg.DecoderConfig(timeout_ms=20.0),
         "manager": cfg.ManagerConfig(raft_partners={"127.0.0.1:9301": "tcp://127.0.0.1:9311",
                                                     "127.0.0.1:9302": "tcp://127.0.0.1:9312"}, journal_file="j/m1"),
+        "gateway": cfg.GatewayConfig(http_port=0, frontend_endpoints=["tcp://127.0.0.1:9"], models={
+            "m": cfg.ModelInfo([3], 2, version="4")}),
     }
 
 
@@ -123,7 +125,7 @@ def test_json_round_trip(role):
     original = full_configs()[role]
     again = from_dict(role, orjson.loads(to_json(original)))
     assert again == original
-    if role in ("frontend", "dispatcher"):
+    if role in ("frontend", "dispatcher", "gateway"):
         assert all(dataclasses.is_dataclass(v) for v in again.models.values())
 
 
