@@ -106,8 +106,10 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     if args.endpoints:
         return [e.strip() for e in args.endpoints.split(",") if e.strip()]
     from common.spec import load_spec
+    from deploy.cli import use_spec_curve
 
     spec = load_spec(args.spec)
+    use_spec_curve(spec)  # a spec under CURVE: the replicas' sockets want the client key
     found = [s.config.endpoint for s in spec.services if s.role == "manager"]
     if not found:
         raise SystemExit(f"{args.spec} runs no manager replicas (add a [manager] table)")
