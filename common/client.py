@@ -276,6 +276,21 @@ class _Base:
                                      ErrorCode.TIMEOUT, call.model, None, (now - call.sent) * 1000.0))
         return retry, failed
 
+    def _disconnected(self, frontend: int, now: float) -> list[tuple[str, _Call]]:
+        """A frontend's connection dropped (its process died, its host went away): its calls
+        with attempts left go to another frontend at once, under the same request id,
+        instead of waiting for their timeout (issue 10)."""
+        self._timed_out(frontend, now)
+        moved = []
+        for rid, call in self.calls.items():
+            if call.frontend == frontend and call.attempt < self.retries:
+                call.attempt += 1
+                call.frontend = self._pick(now, avoid=frontend)
+                call.expires = now + self._patience(call.timeout_ms)
+                heapq.heappush(self.expiry, (call.expires, rid))
+                moved.append((rid, call))
+        return moved
+
     def _outcome(self, result: Result, raise_errors: bool | None) -> Result:
         if (self.raise_errors if raise_errors is None else raise_errors) and not result.ok:
             raise error_for(result)
@@ -307,6 +322,8 @@ class Client(_Base):
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
         self.poller = zmq.Poller()
         self.results: dict[str, Result] = {}
+        self.monitors: dict[zmq.Socket, int] = {}  # socket monitor -> its frontend
+        self.moved = 0  # calls sent to another frontend because theirs disconnected
 
     def _socket(self, i: int) -> zmq.Socket:
         sock = self.sockets[i]
@@ -314,7 +331,22 @@ class Client(_Base):
             sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i],
                                                            curve_keys=self.curve)
             self.poller.register(sock, zmq.POLLIN)
+            if len(self.frontends) > 1 and self.retries:
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self.monitors[monitor] = i
+                self.poller.register(monitor, zmq.POLLIN)
         return sock
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        disconnected = False
+        while monitor.poll(0):
+            disconnected |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        if disconnected:
+            for rid, call in self._disconnected(self.monitors[monitor], time.perf_counter()):
+                self.moved += 1
+                transport.send(self._socket(call.frontend), self._message(rid, call))
 
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> str:
         rid, call = self._new_call(model, x, timeout_ms, request_id)
@@ -342,6 +374,9 @@ class Client(_Base):
             if next_expiry is not None:
                 wait = min(wait, max(0.0, next_expiry - now))
             for sock, _ in self.poller.poll(wait * 1000):
+                if sock in self.monitors:
+                    self._on_monitor(sock)
+                    continue
                 i = self.sockets.index(sock)
                 while True:
                     try:
@@ -397,6 +432,8 @@ class Client(_Base):
         return self._outcomes([got[r] for r in rids], raise_errors)
 
     def close(self) -> None:
+        for monitor in self.monitors:
+            monitor.close(0)
         for sock in self.sockets:
             if sock is not None:
                 sock.close(0)

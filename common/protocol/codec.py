@@ -176,6 +176,11 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "ok": (lambda v: isinstance(v, bool), "true or false"),
     "known": (lambda v: isinstance(v, bool), "true or false"),
     "info": (lambda v: isinstance(v, dict), "an object"),
+    "op": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
+    "args": (lambda v: isinstance(v, dict), "an object"),
+    "result": (lambda v: isinstance(v, dict), "an object"),
+    "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "values": (lambda v: isinstance(v, dict), "an object"),
 }
 
 

@@ -52,6 +52,8 @@ class Kind(StrEnum):
     LEAVE = "leave"  # worker -> dispatcher: shutting down, drop me now
     CONFIGURE = "configure"  # dispatcher -> worker: change concurrency (slots) or torch threads
     ANSWERED = "answered"  # frontend -> dispatcher: queries already answered (not by their model)
+    CONTROL = "control"  # anyone -> manager replica (request) and replica -> asker (answer)
+    CHANGE = "change"  # manager replica PUB -> subscribers: a key changed by an applied decision
 
 
 class Source(StrEnum):

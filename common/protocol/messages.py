@@ -179,9 +179,34 @@ class Answered:
     qids: list[int]
 
 
+@dataclass(slots=True)
+class Control:
+    """A request to a manager replica (``result`` None) or its answer (``result`` a
+    JSON-able dict): ``op`` names what is asked (services.manager.service lists them)."""
+
+    KIND: ClassVar[Kind] = Kind.CONTROL
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    op: str
+    args: dict | None = None
+    result: dict | None = None
+
+
+@dataclass(slots=True)
+class Change:
+    """A manager replica publishes what the change numbered ``seq`` changed: ``values`` maps
+    each key (``service/NAME``, ``group/NAME``, ``desired``) to its value after it (zguide's
+    Clone pattern: a gap in ``seq`` means ask for a snapshot)."""
+
+    KIND: ClassVar[Kind] = Kind.CHANGE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    seq: int
+    values: dict
+
+
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered)
+    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
+                Control, Change)
 }
 
 # Per class: (header field names, required header field names). Computed once.

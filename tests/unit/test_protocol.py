@@ -97,6 +97,9 @@ def every_kind() -> list:
         Heartbeat(sender="dispatcher", known=False),
         Status(service="frontend", info={"pending": 3, "answered": {"model": 2}, "cache": None}),
         Status(),
+        protocol.Control(op="promote", args={"group": "dispatcher", "name": "d2", "expected_epoch": 3}),
+        protocol.Control(op="promote", result={"status": "stale", "epoch": 4, "holder": "d1"}),
+        protocol.Change(seq=7, values={"group/dispatcher": {"holder": "d2", "epoch": 4}, "service/d9": None}),
     ]
 
 
