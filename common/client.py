@@ -338,12 +338,7 @@ class Client(_Base):
         return sock
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        disconnected = False
-        while monitor.poll(0):
-            disconnected |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        if disconnected:
+        if _disconnect_seen(monitor):
             for rid, call in self._disconnected(self.monitors[monitor], time.perf_counter()):
                 self.moved += 1
                 transport.send(self._socket(call.frontend), self._message(rid, call))
@@ -454,13 +449,21 @@ class AsyncClient(_Base):
     ``wait_for`` task per call between them (each of those costs a turn of the loop; with
     ``zmq.asyncio`` one outstanding call was 6-17% slower than the blocking ``Client``).
     A ZeroMQ socket's descriptor is edge-triggered, so after every send the socket is
-    drained too."""
+    drained too, and each socket is read once when the loop starts watching it (a descriptor
+    signals only after a read found its socket empty).
+
+    As in ``Client``, with several frontends and retries, a frontend's socket disconnect
+    (its process died, its host went away) ends the current attempt of every call it held
+    at once: each goes to another frontend under the same request id."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
         self.ctx = zmq.Context()
         self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
+        watch = len(self.frontends) > 1 and self.retries
+        self.monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in self.sockets] if watch else []
+        self.moved = 0  # calls sent to another frontend because theirs disconnected
         self.futures: dict[str, asyncio.Future] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -470,14 +473,32 @@ class AsyncClient(_Base):
         if loop is not self.loop:
             self._unwatch()
             self.loop = loop
+            # a socket's descriptor signals only after a read found it empty: each read here
+            # (of nothing, at first) arms it
             for i, sock in enumerate(self.sockets):
                 loop.add_reader(sock.getsockopt(zmq.FD), self._drain, i)
+                self._drain(i)
+            for i, monitor in enumerate(self.monitors):
+                loop.add_reader(monitor.getsockopt(zmq.FD), self._on_monitor, i)
+                self._on_monitor(i)
 
     def _unwatch(self) -> None:
         if self.loop is not None and not self.loop.is_closed():
-            for sock in self.sockets:
+            for sock in self.sockets + self.monitors:
                 self.loop.remove_reader(sock.getsockopt(zmq.FD))
         self.loop = None
+
+    def _on_monitor(self, i: int) -> None:
+        """Frontend ``i`` disconnected: wake every call it holds (with no answer), so each
+        takes its next attempt, on another frontend, now."""
+        if not _disconnect_seen(self.monitors[i]):
+            return
+        self._timed_out(i, time.perf_counter())
+        for rid, call in self.calls.items():
+            future = self.futures.get(rid)
+            if call.frontend == i and future is not None and not future.done():
+                self.moved += call.attempt < self.retries
+                future.set_result(None)
 
     def _drain(self, i: int) -> None:
         """Read every reply waiting on frontend ``i``'s socket; each resolves its call."""
@@ -533,7 +554,7 @@ class AsyncClient(_Base):
 
     async def close(self) -> None:
         self._unwatch()
-        for sock in self.sockets:
+        for sock in self.monitors + self.sockets:
             sock.close(0)
         self.ctx.term()
 
@@ -542,6 +563,16 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _disconnect_seen(monitor: zmq.Socket) -> bool:
+    """Read every event waiting on a socket monitor; True if one was a disconnect."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    seen = False
+    while monitor.poll(0):
+        seen |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    return seen
 
 
 def _give_up(future: asyncio.Future) -> None:
