@@ -88,6 +88,7 @@ class Dispatcher(Service):
         #: with a manager: active only while the manager's log names this dispatcher the
         #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
         self.active, self.fence_epoch, self.manager = True, 0, None
+        self.paused, self.pauses = False, 0  # paused: a newer epoch was seen (``_fenced``)
         if cfg.manager_endpoints:
             from common.control import ManagerLink
 
@@ -114,6 +115,7 @@ class Dispatcher(Service):
         for _, msg in self.messages(sock):
             kind = type(msg)
             if kind is Queries:
+                self._fenced(msg.fence)
                 self._enqueue(msg, time.monotonic())
             elif kind is Batch and msg.role == Role.PARITY:
                 queue = self.queues.get(msg.model)
@@ -324,6 +326,7 @@ class Dispatcher(Service):
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
             inputs=np.stack([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
             budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
+            fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
         )
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue
@@ -408,12 +411,24 @@ class Dispatcher(Service):
         if epoch < self.fence_epoch:
             return  # an answer from a replica that lags behind what we already saw
         self.fence_epoch = epoch
+        paused, self.paused = self.paused, False
         if holder == self.name and not self.active:
             self.active = True
-            self.log.warning("promoted: active dispatcher", epoch=epoch)
+            self.log.warning("resumed: active dispatcher" if paused else "promoted: active dispatcher", epoch=epoch)
             self.dispatch()
-        elif holder != self.name and self.active:
+        elif holder != self.name and (self.active or paused):
             self.step_down(holder, epoch)
+
+    def _fenced(self, fence: int | None) -> None:
+        """A frontend stamped its queries with a newer epoch than any this dispatcher has
+        seen: the manager decided something that has not reached it yet (it was frozen or
+        cut off). Stop dispatching, keeping the queue, until that decision arrives: then it
+        resumes if it is still the holder, else steps down (``_on_role``). A dispatcher no
+        manager ever named (epoch 0: no manager) ignores fences."""
+        if fence is not None and fence > self.fence_epoch > 0 and self.active:
+            self.active, self.paused = False, True
+            self.pauses += 1
+            self.log.warning("newer epoch seen: paused until the manager's decision", epoch=fence, own=self.fence_epoch)
 
     def step_down(self, holder: str | None, epoch: int) -> None:
         """Another dispatcher holds the role at a newer epoch: stop dispatching, forget the
@@ -437,6 +452,7 @@ class Dispatcher(Service):
             "role": self.role,
             "active": self.active,
             "fence_epoch": self.fence_epoch,
+            "pauses": self.pauses,
             "epoch": self.ids.epoch,
             "policy": self.cfg.policy,
             "queues": {m: len(q.entries) for m, q in self.queues.items()},

@@ -99,6 +99,7 @@ class Frontend(Service):
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.dispatcher_name, self.manager = None, None
+        self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if cfg.manager_endpoints:
             from common.control import ManagerLink
 
@@ -209,7 +210,7 @@ class Frontend(Service):
                 transport.send(
                     self.push,
                     Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items])),
+                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence),
                 )
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -229,6 +230,8 @@ class Frontend(Service):
             return
         holder, epoch, endpoints = self.manager.holder("dispatcher")
         endpoint = endpoints.get("query")
+        if holder:
+            self.fence = max(self.fence or 0, epoch)
         if not holder or not endpoint or holder == self.dispatcher_name:
             return
         first = self.dispatcher_name is None

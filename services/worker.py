@@ -71,7 +71,7 @@ class Worker(Service):
         self.liveness = cfg.heartbeat_liveness
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
-        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0}
+        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0}
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
         self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
@@ -155,7 +155,8 @@ class Worker(Service):
             self.liveness = self.cfg.heartbeat_liveness
             self.backoff = self.cfg.heartbeat_interval_s
             if isinstance(msg, Batch):
-                self.run_batch(msg)
+                if not self._refuse_stale(msg):
+                    self.run_batch(msg)
             elif isinstance(msg, Configure):
                 self.configure(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
@@ -214,6 +215,21 @@ class Worker(Service):
                 transport.try_send(sock, protocol.Status(service=self.name, info={**self.status(), "refused": why}), envelope)
 
     # ------------------------------------------------------------------ work
+
+    def _refuse_stale(self, batch: Batch) -> bool:
+        """A batch stamped with an older dispatcher epoch than the manager's newest decision
+        this worker knows comes from a stale dispatcher: answer Done with the reason and run
+        nothing (the frontends re-sent those queries to the new one). True if refused."""
+        if batch.fence is None or self.manager is None:
+            return False
+        holder, epoch, _ = self.manager.holder("dispatcher")
+        if batch.fence >= epoch:
+            return False
+        self.counts["fenced"] += 1
+        self.log.warning("batch from a stale dispatcher refused", batch_id=batch.batch_id, fence=batch.fence, epoch=epoch)
+        transport.send(self.dealer, Done(worker=self.name, batch_id=batch.batch_id, batch_size=0, service_ms=0.0, ok=False,
+                                         error=f"stale dispatcher: batch at epoch {batch.fence}, {holder} holds epoch {epoch}"))
+        return True
 
     def run_batch(self, batch: Batch) -> None:
         """Run the live queries of ``batch``, deliver their predictions, always answer Done."""

@@ -180,6 +180,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "args": (lambda v: isinstance(v, dict), "an object"),
     "result": (lambda v: isinstance(v, dict), "an object"),
     "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "fence": (_is_int, f"an integer in 0..{MAX_ID}"),
     "values": (lambda v: isinstance(v, dict), "an object"),
 }
 

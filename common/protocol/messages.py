@@ -50,6 +50,9 @@ class Queries:
     budgets_ms: list[float]  # per query: time left to its deadline when sent
     reply_to: str  # the frontend's prediction endpoint
     inputs: np.ndarray
+    #: with a manager: the epoch of group "dispatcher" the frontend follows. A dispatcher
+    #: that has seen an older one stops dispatching until the manager's decision reaches it
+    fence: int | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +72,9 @@ class Batch:
     budgets_ms: list[float] | None = None
     members: ParityMembers | None = None  # parity batches only
     lineage: list[LineageEntry] | None = None
+    #: with a manager: the sending dispatcher's epoch; a worker that knows a newer one
+    #: refuses the batch (the sender was frozen or cut off and is stale)
+    fence: int | None = None
 
 
 @dataclass(slots=True)
