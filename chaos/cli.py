@@ -85,8 +85,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             exp.netns = False
         if args.max_s:
             exp.max_duration_s = args.max_s
+        out_dir = Path(args.out) if args.out else Path(args.json).with_suffix("")
+        manager = None
+        if "manager" in exp.cluster:  # chaos/experiments/manager_*.toml
+            from chaos import manager
+
+            manager.prepare(exp, out_dir)
         with _guard(exp.max_duration_s + 60):
-            report = run_experiment(exp, json_path=Path(args.json), out_dir=Path(args.out) if args.out else None)
+            report = run_experiment(exp, json_path=Path(args.json), out_dir=out_dir)
+        if manager is not None:
+            manager.print_summary(manager.augment(exp, report, Path(args.json), out_dir))
     except (RunTimeout, ChaosError) as exc:
         print(f"experiment {args.experiment}: {exc}; everything it made was removed", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ def spec_for_mode(spec: dict, mode: str, overrides: dict | None = None) -> dict:
     model that has ``k`` gets ``mode = MODE`` (ParM vs Equal-Resources, §6.1)."""
     out = copy.deepcopy(spec)
     if overrides:
-        _merge(out, overrides)
+        deep_merge(out, overrides)
         return out
     if mode not in MODES:
         raise ChaosError(f"mode {mode!r} is not one of {MODES}; give [mode_overrides.{mode}] to define it")
@@ -42,10 +42,10 @@ def spec_for_mode(spec: dict, mode: str, overrides: dict | None = None) -> dict:
     return out
 
 
-def _merge(dst: dict, src: dict) -> None:
+def deep_merge(dst: dict, src: dict) -> None:
     for key, value in src.items():
         if isinstance(value, dict) and isinstance(dst.get(key), dict):
-            _merge(dst[key], value)
+            deep_merge(dst[key], value)
         else:
             dst[key] = copy.deepcopy(value)
 
@@ -100,7 +100,8 @@ class Deployment:
 
     def predictors(self, models: list[str]) -> dict[str, Any]:
         """Offline predictors of ``models``, built as their deployed workers build them
-        (builtin costs set to zero: they change the time a prediction takes, not its value)."""
+        (builtin costs set to zero: they change the time a prediction takes, not its value);
+        a store model also has one per store version, keyed ``model@version``."""
         from common.containers import build_predictor
 
         out = {}
@@ -110,6 +111,11 @@ class Deployment:
                 if cfg.builtin:
                     cfg = dataclasses.replace(cfg, fixed_ms=0.0, per_query_ms=0.0)
                 out[cfg.model] = build_predictor(cfg)
+                if not cfg.builtin:  # a store model: every version, as "model@version", for rollouts
+                    from common.modelstore import ModelStore
+
+                    for version in ModelStore(cfg.store).versions(cfg.store_name or cfg.model):
+                        out[f"{cfg.model}@{version}"] = build_predictor(dataclasses.replace(cfg, version=version))
         return out
 
     def input_shape(self, model: str) -> list[int]:

@@ -11,6 +11,8 @@ TOML (full reference in docs/chaos.md)::
     schedule = "back_to_back"   # or "interleaved": all modes at once, one cluster each
     [cluster]                   # a Keel cluster spec (common/spec.py), embedded
     [mode_overrides.NAME]       # optional: deep-merged into [cluster] for mode NAME
+    prepare = "module:function" # optional: function(out_dir) -> dict deep-merged into [cluster]
+                                #   (e.g. chaos.rollout:prepare builds a model store)
     [workload]                  # chaos.workload.WorkloadConfig keys
     [[faults]]                  # and/or [faults_random]: chaos.faults
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import report as rep
-from chaos.deployment import Deployment, spec_for_mode
+from chaos.deployment import Deployment, deep_merge, spec_for_mode
 from chaos.faults import FaultPlan, FaultRunner
 from chaos.hosts import Cluster
 from chaos.invariants import Checker, CheckContext
@@ -38,7 +40,7 @@ from chaos.resources import ChaosError, Registry, clean_stale
 from chaos.workload import Workload, WorkloadConfig, load_inputs
 
 _KEYS = {"name", "seed", "netns", "link_mbit", "max_duration_s", "modes", "schedule", "cluster", "mode_overrides",
-         "workload", "faults", "faults_random", "settle_s", "start_timeout_s", "description"}
+         "workload", "faults", "faults_random", "settle_s", "start_timeout_s", "description", "prepare"}
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Experiment:
     settle_s: float = 1.0
     start_timeout_s: float = 60.0
     description: str = ""
+    prepare: str = ""
     raw: dict = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
@@ -113,7 +116,8 @@ def _segment(exp: Experiment, modes: list[str], plan: FaultPlan, registry: Regis
         t0 = time.time() + exp.settle_s + 1.0  # every process starts on the same schedule
         for mode in modes:
             workloads[mode].start(clusters[mode], start_at=t0)
-        runner = FaultRunner(plan, clusters).start(t0)
+        runner = FaultRunner(plan, clusters, specs={m: d.spec for m, d in deployments.items()},
+                             probe_host=exp.workload.get("client_host", "client")).start(t0)
         result["t0"] = t0
         for mode in modes:
             left = deadline - time.monotonic()
@@ -145,6 +149,8 @@ def run_experiment(exp: Experiment, json_path: Path, out_dir: Path | None = None
     out_dir = Path(out_dir or json_path.with_suffix("")).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = clean_stale()
+    if exp.prepare:
+        deep_merge(exp.cluster, _hook(exp.prepare)(out_dir))
     plan = FaultPlan.from_config(exp.raw or dataclasses.asdict(exp), exp.hosts(), exp.seed)
     registry = Registry.create()
     groups = [exp.modes] if exp.schedule == "interleaved" else [[m] for m in exp.modes]
@@ -181,6 +187,17 @@ def run_experiment(exp: Experiment, json_path: Path, out_dir: Path | None = None
                        "timeline": str(_timeline(records, events, t0s, Path(f"{stem}-timeline.png"), exp.name))}
     rep.write_json(json_path, report)
     return report
+
+
+def _hook(name: str):
+    """The function ``module:function`` names."""
+    import importlib
+
+    module, _, func = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise ChaosError(f"prepare = {name!r}: {exc}") from None
 
 
 def _netns_used(exp: Experiment) -> bool:

@@ -11,6 +11,10 @@ shuffle           ``hosts`` (default: all), ``concurrent`` (4), ``size_mb``
                   ([128, 256]), ``duration_s`` (required), ``link_mbit``
 delay / undelay   host, ``delay_ms``, ``jitter_ms``; needs a proxy on the link
 limit             host, ``mbit`` (a new tbf rate; 0 removes the limit)
+rollout           ``model``, ``version`` (default the store's latest;
+                  ``"previous"`` rolls back): ``keel model rollout`` of the
+                  deployment, its workers one at a time, asked from the client
+                  host
 ================  ============================================================
 
 Timeline form::
@@ -43,8 +47,8 @@ from chaos.hosts import Cluster, Unsupported
 from chaos.resources import ChaosError
 from chaos.shuffle import ShuffleLoad
 
-KINDS = ("kill", "freeze", "thaw", "restart", "partition", "heal", "shuffle", "delay", "undelay", "limit")
-_HOST_KINDS = set(KINDS) - {"shuffle"}
+KINDS = ("kill", "freeze", "thaw", "restart", "partition", "heal", "shuffle", "delay", "undelay", "limit", "rollout")
+_HOST_KINDS = set(KINDS) - {"shuffle", "rollout"}
 # a fault with duration_s is undone by this kind at at_s + duration_s
 _UNDO = {"freeze": "thaw", "partition": "heal", "delay": "undelay"}
 MAX_PLAN_S = 3600.0
@@ -109,6 +113,8 @@ def parse_fault(data: dict, hosts: list[str], where: str = "fault") -> Fault:
         raise PlanError(f"{where}.delay_ms: required")
     if kind == "limit" and "mbit" not in data:
         raise PlanError(f"{where}.mbit: required")
+    if kind == "rollout" and not isinstance(data.get("model"), str):
+        raise PlanError(f"{where}.model: a rollout names the model whose workers move")
     if float(data.get("duration_s", 0)) < 0:
         raise PlanError(f"{where}.duration_s: must be >= 0")
     return Fault(at_s, kind, host, data)
@@ -152,11 +158,15 @@ class FaultRunner:
     """Applies a plan to one or more clusters (one per mode) on a background thread.
 
     ``proxies[label][host]`` are the delay proxies placed on links (delay faults need one).
-    ``events`` lists every applied fault: wall time, time since start, mode, outcome.
+    ``specs[label]`` is the deployed spec and ``probe_host`` the host operator commands run
+    from (rollout faults need both). ``events`` lists every applied fault: wall time, time
+    since start, mode, outcome.
     """
 
-    def __init__(self, plan: FaultPlan, clusters: dict[str, Cluster], proxies: dict[str, dict] | None = None):
+    def __init__(self, plan: FaultPlan, clusters: dict[str, Cluster], proxies: dict[str, dict] | None = None,
+                 specs: dict[str, Any] | None = None, probe_host: str = "client"):
         self.plan, self.clusters, self.proxies = plan, clusters, proxies or {}
+        self.specs, self.probe_host = specs or {}, probe_host
         self.events: list[dict] = []
         self.loads: list[ShuffleLoad] = []
         self.stopping = threading.Event()
@@ -229,7 +239,36 @@ class FaultRunner:
             with self.lock:
                 self.loads.append(load)
             return f"{p['concurrent']} concurrent shuffles among {p['hosts']} for {p['duration_s']} s"
+        if f.kind == "rollout":
+            return self._rollout(p, label, c)
         raise PlanError(f"unknown fault kind {f.kind!r}")
+
+    def _rollout(self, p: dict, label: str, c: Cluster) -> str:
+        """``keel model rollout`` (or rollback) of one deployment, from the probe host."""
+        import zmq
+
+        from chaos.netns import in_netns
+        from deploy.model_cli import RolloutError, previous_version, rollout
+
+        spec = self.specs.get(label)
+        if spec is None:
+            raise Unsupported("no deployed spec given to the fault runner")
+
+        def move() -> str:
+            ctx = zmq.Context()  # made here: its I/O thread lives in the probe host's namespace
+            try:
+                version = p.get("version")
+                if version == "previous":
+                    version = previous_version(spec, p["model"], ctx)
+                return rollout(spec, p["model"], None if version is None else str(version), float(p.get("timeout_s", 30.0)),
+                               log=lambda _msg: None, ctx=ctx)
+            finally:
+                ctx.destroy(linger=0)
+
+        try:
+            return f"{p['model']}: every worker serves version {in_netns(c.host(self.probe_host).ns, move)}"
+        except RolloutError as exc:
+            raise ChaosError(f"rollout stopped: {exc}") from None
 
     def wait(self, timeout: float) -> bool:
         """Wait for the timeline to finish (shuffle loads may still run); True if it did."""

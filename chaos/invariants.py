@@ -10,8 +10,9 @@ Built in:
 
 - ``AnsweredExactlyOnce``   every accepted request got exactly one answer (a rejection,
   e.g. ``overloaded``, means not accepted; a client timeout means lost)
-- ``ModelRepliesMatchOffline``  a reply from source ``model`` equals what the model
-  computes offline for that input (``np.allclose``, atol 1e-4)
+- ``ModelRepliesMatchOffline``  a reply from source ``model`` or ``cache`` equals what
+  the model computes offline for that input (``np.allclose``, atol 1e-4); with the
+  version the reply names, when a rollout left several (predictors ``model@version``)
 - ``NoConflictingAnswers``  no request id got two different answers
 - ``UniquePerKey``          generic "no two different values for one key anywhere":
   stateful graphs use it for (operator, sequence number) -> output, e.g.
@@ -112,18 +113,23 @@ class ModelRepliesMatchOffline:
         predictor = ctx.predictors.get(ctx.model) if ctx.model else None
         if predictor is None or ctx.inputs is None:
             return InvariantResult(self.name, None, detail="not checked: no offline predictor or inputs for the model")
-        todo = [(rec, r) for rec in records for r in rec.get("replies", []) if r.get("source") == "model"]
+        todo = [(rec, r) for rec in records for r in rec.get("replies", []) if r.get("source") in ("model", "cache")]
         missing = sum(1 for _, r in todo if r.get("output") is None)
         todo = [(rec, r) for rec, r in todo if r.get("output") is not None]
-        rows = sorted({rec["input_index"] for rec, _ in todo})
-        expected = {}
-        for start in range(0, len(rows), 256):
-            chunk = rows[start:start + 256]
-            out = np.asarray(predictor.predict_batch(ctx.inputs[chunk]))
-            expected.update({row: out[j].ravel() for j, row in enumerate(chunk)})
+        # a reply is checked against the version it names where the context has that
+        # version's predictor ("model@version": a rollout moved the workers), else the model's
+        key = {id(r): f"{ctx.model}@{r.get('version')}" if f"{ctx.model}@{r.get('version')}" in ctx.predictors else ctx.model
+               for _, r in todo}
+        expected: dict[tuple[str, int], np.ndarray] = {}
+        for name in sorted(set(key.values())):
+            rows = sorted({rec["input_index"] for rec, r in todo if key[id(r)] == name})
+            for start in range(0, len(rows), 256):
+                chunk = rows[start:start + 256]
+                out = np.asarray(ctx.predictors[name].predict_batch(ctx.inputs[chunk]))
+                expected.update({(name, row): out[j].ravel() for j, row in enumerate(chunk)})
         for rec, r in todo:
             res.checked += 1
-            want = expected[rec["input_index"]]
+            want = expected[key[id(r)], rec["input_index"]]
             got = np.asarray(r["output"], np.float32)
             if got.shape != want.shape or not np.allclose(got, want, atol=ctx.atol):
                 res.violations += 1

@@ -276,6 +276,21 @@ class _Base:
                                      ErrorCode.TIMEOUT, call.model, None, (now - call.sent) * 1000.0))
         return retry, failed
 
+    def _disconnected(self, frontend: int, now: float) -> list[tuple[str, _Call]]:
+        """A frontend's connection dropped (its process died, its host went away): its calls
+        with attempts left go to another frontend at once, under the same request id,
+        instead of waiting for their timeout (issue 10)."""
+        self._timed_out(frontend, now)
+        moved = []
+        for rid, call in self.calls.items():
+            if call.frontend == frontend and call.attempt < self.retries:
+                call.attempt += 1
+                call.frontend = self._pick(now, avoid=frontend)
+                call.expires = now + self._patience(call.timeout_ms)
+                heapq.heappush(self.expiry, (call.expires, rid))
+                moved.append((rid, call))
+        return moved
+
     def _outcome(self, result: Result, raise_errors: bool | None) -> Result:
         if (self.raise_errors if raise_errors is None else raise_errors) and not result.ok:
             raise error_for(result)
@@ -307,6 +322,8 @@ class Client(_Base):
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
         self.poller = zmq.Poller()
         self.results: dict[str, Result] = {}
+        self.monitors: dict[zmq.Socket, int] = {}  # socket monitor -> its frontend
+        self.moved = 0  # calls sent to another frontend because theirs disconnected
 
     def _socket(self, i: int) -> zmq.Socket:
         sock = self.sockets[i]
@@ -314,7 +331,17 @@ class Client(_Base):
             sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i],
                                                            curve_keys=self.curve)
             self.poller.register(sock, zmq.POLLIN)
+            if len(self.frontends) > 1 and self.retries:
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self.monitors[monitor] = i
+                self.poller.register(monitor, zmq.POLLIN)
         return sock
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        if _disconnect_seen(monitor):
+            for rid, call in self._disconnected(self.monitors[monitor], time.perf_counter()):
+                self.moved += 1
+                transport.send(self._socket(call.frontend), self._message(rid, call))
 
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> str:
         rid, call = self._new_call(model, x, timeout_ms, request_id)
@@ -342,6 +369,9 @@ class Client(_Base):
             if next_expiry is not None:
                 wait = min(wait, max(0.0, next_expiry - now))
             for sock, _ in self.poller.poll(wait * 1000):
+                if sock in self.monitors:
+                    self._on_monitor(sock)
+                    continue
                 i = self.sockets.index(sock)
                 while True:
                     try:
@@ -397,6 +427,8 @@ class Client(_Base):
         return self._outcomes([got[r] for r in rids], raise_errors)
 
     def close(self) -> None:
+        for monitor in self.monitors:
+            monitor.close(0)
         for sock in self.sockets:
             if sock is not None:
                 sock.close(0)
@@ -417,13 +449,21 @@ class AsyncClient(_Base):
     ``wait_for`` task per call between them (each of those costs a turn of the loop; with
     ``zmq.asyncio`` one outstanding call was 6-17% slower than the blocking ``Client``).
     A ZeroMQ socket's descriptor is edge-triggered, so after every send the socket is
-    drained too."""
+    drained too, and each socket is read once when the loop starts watching it (a descriptor
+    signals only after a read found its socket empty).
+
+    As in ``Client``, with several frontends and retries, a frontend's socket disconnect
+    (its process died, its host went away) ends the current attempt of every call it held
+    at once: each goes to another frontend under the same request id."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
         self.ctx = zmq.Context()
         self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
+        watch = len(self.frontends) > 1 and self.retries
+        self.monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in self.sockets] if watch else []
+        self.moved = 0  # calls sent to another frontend because theirs disconnected
         self.futures: dict[str, asyncio.Future] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -433,14 +473,32 @@ class AsyncClient(_Base):
         if loop is not self.loop:
             self._unwatch()
             self.loop = loop
+            # a socket's descriptor signals only after a read found it empty: each read here
+            # (of nothing, at first) arms it
             for i, sock in enumerate(self.sockets):
                 loop.add_reader(sock.getsockopt(zmq.FD), self._drain, i)
+                self._drain(i)
+            for i, monitor in enumerate(self.monitors):
+                loop.add_reader(monitor.getsockopt(zmq.FD), self._on_monitor, i)
+                self._on_monitor(i)
 
     def _unwatch(self) -> None:
         if self.loop is not None and not self.loop.is_closed():
-            for sock in self.sockets:
+            for sock in self.sockets + self.monitors:
                 self.loop.remove_reader(sock.getsockopt(zmq.FD))
         self.loop = None
+
+    def _on_monitor(self, i: int) -> None:
+        """Frontend ``i`` disconnected: wake every call it holds (with no answer), so each
+        takes its next attempt, on another frontend, now."""
+        if not _disconnect_seen(self.monitors[i]):
+            return
+        self._timed_out(i, time.perf_counter())
+        for rid, call in self.calls.items():
+            future = self.futures.get(rid)
+            if call.frontend == i and future is not None and not future.done():
+                self.moved += call.attempt < self.retries
+                future.set_result(None)
 
     def _drain(self, i: int) -> None:
         """Read every reply waiting on frontend ``i``'s socket; each resolves its call."""
@@ -496,7 +554,7 @@ class AsyncClient(_Base):
 
     async def close(self) -> None:
         self._unwatch()
-        for sock in self.sockets:
+        for sock in self.monitors + self.sockets:
             sock.close(0)
         self.ctx.term()
 
@@ -505,6 +563,16 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _disconnect_seen(monitor: zmq.Socket) -> bool:
+    """Read every event waiting on a socket monitor; True if one was a disconnect."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    seen = False
+    while monitor.poll(0):
+        seen |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    return seen
 
 
 def _give_up(future: asyncio.Future) -> None:

@@ -96,6 +96,11 @@ class FrontendConfig:
     #: one canonical structlog line per request
     log_requests: bool = True
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.cache_size >= 0, "cache_size", "must be >= 0")
@@ -180,6 +185,17 @@ class DispatcherConfig:
     #: forgotten first) so a dead worker's batch is not run again for them (ParM)
     answered_limit: int = 100_000
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: this dispatcher's host, as the manager records it (a standby runs on another host)
+    host: str = ""
+    #: a standby: registers with the manager only once another dispatcher holds the active
+    #: role (or after ``standby_wait_s`` with none), so the spec's dispatcher starts active
+    standby: bool = False
+    standby_wait_s: float = 10.0
 
     def validate(self) -> None:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
@@ -234,6 +250,11 @@ class WorkerConfig:
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
+    #: the manager group's control endpoints (services.manager, common.control); empty = no
+    #: manager: the dispatcher endpoint stays the one configured
+    manager_endpoints: list[str] = field(default_factory=list)
+    #: the manager replicas' PUB endpoints (their change feed)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
@@ -416,6 +437,82 @@ def to_json(cfg: Any) -> str:
     return orjson.dumps(dataclasses.asdict(cfg)).decode()
 
 
+def _raft_host(address: str) -> str:
+    return address.rpartition(":")[0].strip("[]")
+
+
+@dataclass
+class ManagerConfig:
+    """One replica of the Raft-replicated manager (services.manager, HAMS §III-A).
+
+    The pysyncobj defaults here are the settings measured in ../shared/papers/NOTES.md
+    (three processes on loopback: commit p50 about 1 ms, leader SIGKILL to the first commit
+    on a new leader 0.3-0.5 s). pysyncobj unpickles whatever a peer sends: ``raft_address``
+    must be a loopback address unless ``password`` is set (then its traffic is encrypted
+    and authenticated; needs the ``cryptography`` package)."""
+
+    name: str = "manager-1"
+    #: this replica's pysyncobj address, host:port (it binds it)
+    raft_address: str = "127.0.0.1:7300"
+    #: the other replicas: raft address -> their control endpoint (leader hints name it)
+    raft_partners: dict[str, str] = field(default_factory=dict)
+    #: ROUTER answering Control and Status requests
+    endpoint: str = "tcp://127.0.0.1:7310"
+    #: PUB of changes (Clone pattern: a subscriber that sees a gap asks for a snapshot)
+    publish_endpoint: str = "tcp://127.0.0.1:7311"
+    #: pysyncobj's shared secret; None = none (then raft_address must be loopback)
+    password: str | None = None
+    #: pysyncobj's journal: committed decisions survive a restart of all replicas; None =
+    #: memory only (tests); the full dump for log compaction is this path + ".dump"
+    journal_file: str | None = None
+    raft_min_timeout_s: float = 0.15
+    raft_max_timeout_s: float = 0.3
+    append_entries_period_s: float = 0.04
+    connection_timeout_s: float = 0.5
+    connection_retry_s: float = 0.2
+    leader_fallback_timeout_s: float = 0.5
+    #: longest wait in one pysyncobj tick; Control requests wait at most this long (s)
+    raft_poll_s: float = 0.001
+    #: failure detection: services heartbeat the manager this often (s) ...
+    heartbeat_interval_s: float = 0.03
+    #: ... and one silent for this many intervals is suspected (the leader then decides)
+    heartbeat_liveness: int = 5
+    #: recovery decisions kept in the replicated log of decisions (oldest dropped first)
+    decisions_kept: int = 256
+    #: raft address of the replica that should lead: a leader elected in its first
+    #: ``preferred_window_s`` hands leadership to it once (predictable placement for
+    #: operations and the chaos experiments); None = whoever wins the election
+    preferred_leader: str | None = None
+    preferred_window_s: float = 30.0
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        _check(":" in self.raft_address, "raft_address", "must be host:port")
+        loopback = all(_raft_host(a) in ("127.0.0.1", "localhost", "::1") for a in [self.raft_address, *self.raft_partners])
+        _check(loopback or bool(self.password), "password",
+               "must be set when a raft address is not loopback (pysyncobj unpickles what peers send)")
+        _check(len(self.raft_partners) % 2 == 0, "raft_partners",
+               f"must make an odd group with this replica (3 or 5), got {len(self.raft_partners) + 1}")
+        _check(self.raft_address not in self.raft_partners, "raft_partners", "must not name this replica")
+        # Relations pysyncobj's own validate() asserts; said here with the option at fault.
+        _check(self.raft_min_timeout_s > 3 * self.append_entries_period_s, "raft_min_timeout_s",
+               f"must exceed 3 x append_entries_period_s ({3 * self.append_entries_period_s:g} s)")
+        _check(self.raft_max_timeout_s > self.raft_min_timeout_s, "raft_max_timeout_s", "must exceed raft_min_timeout_s")
+        _check(self.connection_timeout_s >= self.raft_max_timeout_s, "connection_timeout_s",
+               "must be >= raft_max_timeout_s")
+        _check(self.leader_fallback_timeout_s > self.append_entries_period_s, "leader_fallback_timeout_s",
+               "must exceed append_entries_period_s")
+        _check(0 < self.raft_poll_s <= 0.05, "raft_poll_s", "must be in (0, 0.05]")
+        _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
+        _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
+        # A service suspected faster than an election could only be decided on by a leader
+        # that may be about to lose office; slower than two elections, and a dead active
+        # dispatcher waits on the detector rather than on Raft.
+        window = self.heartbeat_interval_s * self.heartbeat_liveness
+        _check(window <= 2 * self.raft_max_timeout_s, "heartbeat_liveness",
+               f"x heartbeat_interval_s ({window:g} s) must be at most 2 x raft_max_timeout_s "
+               f"({2 * self.raft_max_timeout_s:g} s): detection must not be slower than two elections")
+        _check(self.decisions_kept >= 1, "decisions_kept", "must be >= 1")
 @dataclass
 class GraphOperatorConfig:
     """One operator process of a HAMS service graph (``services.graph.operator``)."""

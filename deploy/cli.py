@@ -96,6 +96,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             if title:
                 print(f"-- {title}")
             print(format_table(rows))
+    if st["running"] and spec.role("manager"):
+        from deploy.manager_cli import show
+
+        print("\n== the manager's view (leader, term, roles and epochs, last decisions)")
+        show([s.config.endpoint for s in spec.role("manager")])
     return 0 if st["running"] else 3
 
 

@@ -37,6 +37,10 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.gateway import run
 
         run(args.json, args.quick)
+    elif args.what == "manager":
+        from bench.manager import run as run_manager
+
+        return run_manager(args.json, args.quick)
     else:
         from bench.codec import run
 
@@ -72,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
-    p.add_argument("what", choices=["core", "codec", "gateway"])
+    p.add_argument("what", choices=["core", "codec", "gateway", "manager"])
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--quick", action="store_true", help="shorter runs")
     p.set_defaults(func=_bench)
@@ -93,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model(sub)
     add_keys(sub)
+    from deploy.manager_cli import add_parser as add_manager
+
+    add_manager(sub)
     return parser
 
 

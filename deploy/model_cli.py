@@ -187,16 +187,19 @@ class RolloutError(RuntimeError):
     """A rollout stopped: a worker refused the version or did not come back."""
 
 
-def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None) -> dict | None:
+def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None,
+                      ctx: Any = None) -> dict | None:
     """Ask the worker whose status endpoint is ``endpoint`` to serve ``version`` (or tell the
-    frontend there that ``model``'s workers serve it); the status it answers with."""
+    frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
+    the ZeroMQ context to use (default the process's; the chaos harness passes one made
+    inside a network namespace)."""
     import uuid
 
     import zmq
 
     from common import protocol, transport
 
-    ctx = zmq.Context.instance()
+    ctx = ctx or zmq.Context.instance()
     sock = transport.make_socket(ctx, zmq.DEALER, connect=endpoint, identity=f"rollout-{uuid.uuid4().hex[:8]}")
     try:
         transport.send(sock, protocol.Configure(version=version, model=model))
@@ -215,16 +218,19 @@ def model_workers(spec: Any, model: str) -> list[Any]:
     return workers
 
 
-def served_versions(spec: Any, model: str) -> dict[str, str | None]:
+def served_versions(spec: Any, model: str, ctx: Any = None) -> dict[str, str | None]:
     """Worker name -> the version it serves now (None: no answer)."""
     from common.transport import request_status
 
-    return {w.name: (request_status(w.config.status_endpoint, 2.0) or {}).get("version") for w in model_workers(spec, model)}
+    return {w.name: (request_status(w.config.status_endpoint, 2.0, ctx=ctx) or {}).get("version")
+            for w in model_workers(spec, model)}
 
 
-def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print) -> str:
+def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print,
+            ctx: Any = None) -> str:
     """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
-    time; returns the version. Raises ``RolloutError`` where it stopped."""
+    time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
+    ``configure_version``."""
     from common.transport import request_status
     from common.waiting import wait_until
 
@@ -233,7 +239,7 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
     version = ModelStore(spec.store).resolve(store_name, version)
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     for w in workers:
-        info = configure_version(w.config.status_endpoint, version, timeout_s)
+        info = configure_version(w.config.status_endpoint, version, timeout_s, ctx=ctx)
         if info is None:
             raise RolloutError(f"{w.name} did not answer within {timeout_s:g} s; stopped there")
         if info.get("refused"):
@@ -241,21 +247,21 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
                                "the others serve what they served")
 
         def back() -> bool:
-            seen = request_status(dispatcher, 1.0)
+            seen = request_status(dispatcher, 1.0, ctx=ctx)
             return bool(seen) and w.name in seen.get("workers", {})
 
         if not wait_until(back, timeout_s, 0.05):
             raise RolloutError(f"{w.name} serves version {version} but did not register again within {timeout_s:g} s")
         log(f"{w.name}: serving {model} version {info.get('version')}")
     for endpoint in spec.client_endpoints:  # the frontends key their caches by the version served
-        if configure_version(endpoint, version, timeout_s, model=model) is None:
+        if configure_version(endpoint, version, timeout_s, model=model, ctx=ctx) is None:
             raise RolloutError(f"every worker serves version {version}, but the frontend at {endpoint} did not answer")
     return version
 
 
-def previous_version(spec: Any, model: str) -> str:
+def previous_version(spec: Any, model: str, ctx: Any = None) -> str:
     """The store version just before the one the model's workers serve."""
-    served = {v for v in served_versions(spec, model).values() if v is not None}
+    served = {v for v in served_versions(spec, model, ctx).values() if v is not None}
     if len(served) != 1:
         raise RolloutError(f"workers of {model} serve {sorted(served) or 'nothing that answers'}; "
                            "give --version to roll back to")

@@ -85,6 +85,25 @@ class Dispatcher(Service):
         self.m_expired = {m: m_expired.labels(model=m) for m in self.queues}
         self.m_queue_time = self.metrics.histogram("queue_seconds", "time a query waited in the dispatcher queue")
         self.m_batch = self.metrics.histogram("dispatched_batch_size", "batch sizes", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        #: with a manager: active only while the manager's log names this dispatcher the
+        #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
+        self.active, self.fence_epoch, self.manager = True, 0, None
+        self.paused, self.pauses = False, 0  # paused: a newer epoch was seen (``_fenced``)
+        if cfg.manager_endpoints:
+            from common.control import ManagerLink
+
+            self.active = False
+            me = {"name": self.name, "group": "dispatcher", "host": cfg.host,
+                  "endpoints": {"query": cfg.query_endpoint, "worker": cfg.worker_endpoint}}
+            started = time.monotonic()
+
+            def may_register() -> bool:  # a standby lets the spec's dispatcher take the role first
+                return (not cfg.standby or time.monotonic() - started > cfg.standby_wait_s
+                        or self.manager.holder("dispatcher")[0] is not None)
+
+            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
+                                       on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                                       may_register=may_register)
 
     @property
     def wake_at(self) -> float | None:
@@ -96,6 +115,7 @@ class Dispatcher(Service):
         for _, msg in self.messages(sock):
             kind = type(msg)
             if kind is Queries:
+                self._fenced(msg.fence)
                 self._enqueue(msg, time.monotonic())
             elif kind is Batch and msg.role == Role.PARITY:
                 queue = self.queues.get(msg.model)
@@ -236,6 +256,8 @@ class Dispatcher(Service):
 
     def dispatch(self) -> None:
         self.wake.clear()
+        if not self.active:  # a standby (or a stale dispatcher) keeps its queue, sends nothing
+            return
         now = time.monotonic()
         for queue in self.queues.values():
             if queue.entries and self.by_model[queue.model]:
@@ -304,6 +326,7 @@ class Dispatcher(Service):
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
             inputs=np.stack([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
             budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
+            fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
         )
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue
@@ -376,10 +399,60 @@ class Dispatcher(Service):
             self.requeued += len(keep)
         worker.inflight.clear()
 
+    # ------------------------------------------------------------------ the manager's decisions
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        if key == "group/dispatcher" and value is not None:
+            self._on_role(value.get("holder"), value.get("epoch", 0))
+
+    def _on_role(self, holder: str | None, epoch: int) -> None:
+        """The manager's applied decision, from a heartbeat answer or the change feed: hold
+        the active role only at the newest epoch seen; an older epoch is stale."""
+        if epoch < self.fence_epoch:
+            return  # an answer from a replica that lags behind what we already saw
+        self.fence_epoch = epoch
+        paused, self.paused = self.paused, False
+        if holder == self.name and not self.active:
+            self.active = True
+            self.log.warning("resumed: active dispatcher" if paused else "promoted: active dispatcher", epoch=epoch)
+            self.dispatch()
+        elif holder != self.name and (self.active or paused):
+            self.step_down(holder, epoch)
+
+    def _fenced(self, fence: int | None) -> None:
+        """A frontend stamped its queries with a newer epoch than any this dispatcher has
+        seen: the manager decided something that has not reached it yet (it was frozen or
+        cut off). Stop dispatching, keeping the queue, until that decision arrives: then it
+        resumes if it is still the holder, else steps down (``_on_role``). A dispatcher no
+        manager ever named (epoch 0: no manager) ignores fences."""
+        if fence is not None and fence > self.fence_epoch > 0 and self.active:
+            self.active, self.paused = False, True
+            self.pauses += 1
+            self.log.warning("newer epoch seen: paused until the manager's decision", epoch=fence, own=self.fence_epoch)
+
+    def step_down(self, holder: str | None, epoch: int) -> None:
+        """Another dispatcher holds the role at a newer epoch: stop dispatching, forget the
+        queues (the frontends re-send every unanswered query to the new one) and workers."""
+        self.active = False
+        dropped = sum(len(q.entries) for q in self.queues.values())
+        for queue in self.queues.values():
+            queue.entries.clear()
+        for worker in list(self.workers.values()):
+            worker.inflight.clear()
+            self._drop(worker, "stepping down: worker forgotten")
+        self.log.warning("stale: stepped down", holder=holder, epoch=epoch, dropped_queries=dropped)
+
+    def drain(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+
     def status(self) -> dict:
         return {
             "service": self.name,
             "role": self.role,
+            "active": self.active,
+            "fence_epoch": self.fence_epoch,
+            "pauses": self.pauses,
             "epoch": self.ids.epoch,
             "policy": self.cfg.policy,
             "queues": {m: len(q.entries) for m, q in self.queues.items()},

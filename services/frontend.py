@@ -59,6 +59,8 @@ class Pending:
     requests: list[Request]
     outputs: dict[str, np.ndarray] | None = None  # arrived so far, by model (fan-out only)
     source: str = Source.MODEL
+    #: the query's input, kept (with a manager) to re-send it to a newly active dispatcher
+    input: np.ndarray | None = None
 
 
 class Frontend(Service):
@@ -96,6 +98,14 @@ class Frontend(Service):
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
+        self.dispatcher_name, self.manager = None, None
+        self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
+        if cfg.manager_endpoints:
+            from common.control import ManagerLink
+
+            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
+                                       on_change=self._on_manager_change)
+            self._on_manager_change("group/dispatcher", None)
 
     # ------------------------------------------------------------------ clients
 
@@ -179,6 +189,8 @@ class Frontend(Service):
         models = self.selection.select(msg.model)
         qids = tuple(self.ids.next() for _ in models)
         pending = Pending(qids, models, msg.model, version, deadline, key, [request])
+        if self.manager is not None:
+            pending.input = x
         request.to(State.WAITING)
         for qid, model in zip(qids, models):
             self.pending[qid] = pending
@@ -198,7 +210,7 @@ class Frontend(Service):
                 transport.send(
                     self.push,
                     Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items])),
+                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence),
                 )
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -206,6 +218,37 @@ class Frontend(Service):
                 transport.send(self.push, Answered(model=model, qids=list(qids)))
                 qids.clear()
         self.m_pending.set(len(self.pending))
+
+    # ------------------------------------------------------------------ dispatcher failover
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        """The manager named another active dispatcher: send it every query admitted and not
+        yet answered (the old one's queue died with it), so none waits for its deadline.
+        Query ids stay the same: whichever prediction comes first answers, later ones are
+        counted late (de-duplication by qid; ids carry this frontend's incarnation)."""
+        if key != "group/dispatcher" or self.manager is None:
+            return
+        holder, epoch, endpoints = self.manager.holder("dispatcher")
+        endpoint = endpoints.get("query")
+        if holder:
+            self.fence = max(self.fence or 0, epoch)
+        if not holder or not endpoint or holder == self.dispatcher_name:
+            return
+        first = self.dispatcher_name is None
+        self.dispatcher_name = holder
+        self.remove_socket(self.push)
+        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=endpoint))
+        resent = 0
+        for pending in {id(p): p for p in self.pending.values()}.values():
+            if pending.input is None:
+                continue
+            for qid, model in zip(pending.qids, pending.models):
+                if qid in self.pending:
+                    self.outbox[model].append((qid, pending.deadline, pending.input))
+                    resent += 1
+        self.counts["resent"] += resent
+        self.log.warning("dispatcher changed", dispatcher=holder, epoch=epoch, resent=resent, first=first)
+        self._flush()
 
     # ------------------------------------------------------------------ predictions
 
@@ -380,6 +423,8 @@ class Frontend(Service):
 
     def drain(self) -> None:
         """On shutdown, every pending request still gets an answer that says why."""
+        if self.manager is not None:
+            self.manager.close()
         for pending in {id(p): p for p in self.pending.values()}.values():
             self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
                          "frontend shutting down", ErrorCode.INTERNAL)

@@ -71,7 +71,17 @@ class Worker(Service):
         self.liveness = cfg.heartbeat_liveness
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
-        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0}
+        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0}
+        #: the dispatcher this worker serves: the configured one, or the active one the
+        #: manager names (re-registering when that changes)
+        self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
+        if cfg.manager_endpoints:
+            from common.control import ManagerLink
+
+            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
+                                       on_change=self._on_manager_change)
+            self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
+            self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)
         self._connect()
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
         self.serve_status(cfg.status_endpoint)
@@ -85,13 +95,17 @@ class Worker(Service):
         if self.dealer is not None:
             self._close_dealer(0)
         self.dealer = self.add_socket(
-            transport.make_socket(self.ctx, zmq.DEALER, connect=self.cfg.dispatcher_endpoint, identity=self.name),
+            transport.make_socket(self.ctx, zmq.DEALER, connect=self.dispatcher_endpoint, identity=self.name),
             self._on_dispatcher,
         )
+        if self.manager is not None and self.dispatcher_name:
+            self.manager.watch(self.dealer, self.dispatcher_name)  # its death: a suspicion at once
         self._register()
         self.liveness = self.cfg.heartbeat_liveness
 
     def _close_dealer(self, linger_ms: int) -> None:
+        if self.manager is not None:
+            self.manager.unwatch(self.dealer)
         self.remove_socket(self.dealer, linger_ms)
         self.dealer = None
 
@@ -114,8 +128,21 @@ class Worker(Service):
             return
         transport.send(self.dealer, Heartbeat(sender=self.name))
 
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        """The manager named another active dispatcher: register with it (HAMS recovery)."""
+        if key != "group/dispatcher" or self.manager is None:
+            return
+        holder, epoch, endpoints = self.manager.holder("dispatcher")
+        endpoint = endpoints.get("worker")
+        if holder and endpoint and (holder, endpoint) != (self.dispatcher_name, self.dispatcher_endpoint):
+            self.log.warning("dispatcher changed; registering with it", dispatcher=holder, epoch=epoch)
+            self.dispatcher_name, self.dispatcher_endpoint = holder, endpoint
+            self._connect()
+
     def drain(self) -> None:
         """Leaving (SIGTERM): tell the dispatcher now, and give the message time to go."""
+        if self.manager is not None:
+            self.manager.close()
         if self.dealer is None:
             return
         transport.try_send(self.dealer, Leave(worker=self.name))
@@ -128,7 +155,8 @@ class Worker(Service):
             self.liveness = self.cfg.heartbeat_liveness
             self.backoff = self.cfg.heartbeat_interval_s
             if isinstance(msg, Batch):
-                self.run_batch(msg)
+                if not self._refuse_stale(msg):
+                    self.run_batch(msg)
             elif isinstance(msg, Configure):
                 self.configure(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
@@ -187,6 +215,21 @@ class Worker(Service):
                 transport.try_send(sock, protocol.Status(service=self.name, info={**self.status(), "refused": why}), envelope)
 
     # ------------------------------------------------------------------ work
+
+    def _refuse_stale(self, batch: Batch) -> bool:
+        """A batch stamped with an older dispatcher epoch than the manager's newest decision
+        this worker knows comes from a stale dispatcher: answer Done with the reason and run
+        nothing (the frontends re-sent those queries to the new one). True if refused."""
+        if batch.fence is None or self.manager is None:
+            return False
+        holder, epoch, _ = self.manager.holder("dispatcher")
+        if batch.fence >= epoch:
+            return False
+        self.counts["fenced"] += 1
+        self.log.warning("batch from a stale dispatcher refused", batch_id=batch.batch_id, fence=batch.fence, epoch=epoch)
+        transport.send(self.dealer, Done(worker=self.name, batch_id=batch.batch_id, batch_size=0, service_ms=0.0, ok=False,
+                                         error=f"stale dispatcher: batch at epoch {batch.fence}, {holder} holds epoch {epoch}"))
+        return True
 
     def run_batch(self, batch: Batch) -> None:
         """Run the live queries of ``batch``, deliver their predictions, always answer Done."""

@@ -55,3 +55,8 @@ __all__ = [
     "MemberBatch", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register", "Reply", "Role",
     "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "split_envelope",
 ]
+
+# The manager's control plane (services.manager): appended, not merged above, to keep edits additive.
+from common.protocol.messages import Change, Control  # noqa: E402
+
+__all__ += ["Change", "Control"]

@@ -176,13 +176,18 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "ok": (lambda v: isinstance(v, bool), "true or false"),
     "known": (lambda v: isinstance(v, bool), "true or false"),
     "info": (lambda v: isinstance(v, dict), "an object"),
+    "op": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
+    "args": (lambda v: isinstance(v, dict), "an object"),
+    "result": (lambda v: isinstance(v, dict), "an object"),
+    "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "fence": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "values": (lambda v: isinstance(v, dict), "an object"),
 }
 
 
 # HAMS service graphs (GraphRequest, GraphState, GraphAck, GraphDurable).
 _CHECKS.update({
     "operator": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
-    "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
     "origin": (_is_int, f"an integer in 0..{MAX_ID}"),
     "stream": (_is_int, f"an integer in 0..{MAX_ID}"),
     "epoch": (_is_int, f"an integer in 0..{MAX_ID}"),

@@ -52,6 +52,8 @@ class Kind(StrEnum):
     LEAVE = "leave"  # worker -> dispatcher: shutting down, drop me now
     CONFIGURE = "configure"  # dispatcher -> worker: change concurrency (slots) or torch threads
     ANSWERED = "answered"  # frontend -> dispatcher: queries already answered (not by their model)
+    CONTROL = "control"  # anyone -> manager replica (request) and replica -> asker (answer)
+    CHANGE = "change"  # manager replica PUB -> subscribers: a key changed by an applied decision
     GRAPH_REQUEST = "graph_request"  # frontend / operator -> operator / frontend (HAMS service graphs)
     GRAPH_STATE = "graph_state"  # stateful primary -> its backup: the whole state after a batch
     GRAPH_ACK = "graph_ack"  # backup -> primary: a state arrived

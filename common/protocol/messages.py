@@ -51,6 +51,9 @@ class Queries:
     budgets_ms: list[float]  # per query: time left to its deadline when sent
     reply_to: str  # the frontend's prediction endpoint
     inputs: np.ndarray
+    #: with a manager: the epoch of group "dispatcher" the frontend follows. A dispatcher
+    #: that has seen an older one stops dispatching until the manager's decision reaches it
+    fence: int | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +73,9 @@ class Batch:
     budgets_ms: list[float] | None = None
     members: ParityMembers | None = None  # parity batches only
     lineage: list[LineageEntry] | None = None
+    #: with a manager: the sending dispatcher's epoch; a worker that knows a newer one
+    #: refuses the batch (the sender was frozen or cut off and is stale)
+    fence: int | None = None
 
 
 @dataclass(slots=True)
@@ -181,6 +187,30 @@ class Answered:
 
 
 @dataclass(slots=True)
+class Control:
+    """A request to a manager replica (``result`` None) or its answer (``result`` a
+    JSON-able dict): ``op`` names what is asked (services.manager.service lists them)."""
+
+    KIND: ClassVar[Kind] = Kind.CONTROL
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    op: str
+    args: dict | None = None
+    result: dict | None = None
+
+
+@dataclass(slots=True)
+class Change:
+    """A manager replica publishes what the change numbered ``seq`` changed: ``values`` maps
+    each key (``service/NAME``, ``group/NAME``, ``desired``) to its value after it (zguide's
+    Clone pattern: a gap in ``seq`` means ask for a snapshot)."""
+
+    KIND: ClassVar[Kind] = Kind.CHANGE
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    seq: int
+    values: dict
+
+
+@dataclass(slots=True)
 class GraphRequest:
     """One request on an edge of a service graph (HAMS): ``seq`` is the number ``sender``
     gave it; ``origin`` the frontend's seq (a join matches its inputs by it); ``lineage``
@@ -238,7 +268,7 @@ class GraphDurable:
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
     for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
-                GraphRequest, GraphState, GraphAck, GraphDurable)
+                Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 
 # Per class: (header field names, required header field names). Computed once.

@@ -12,6 +12,7 @@ from common.spec.pools import read_pool_prices
 from common.spec.ports import Ports, assign_metrics_ports
 from common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from common.spec.topology import ClusterSpec, wire
+from common.spec.manager import read_manager, wire_manager
 
 
 def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
@@ -110,10 +111,14 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         models_table.take(model, dict)
         models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
                                    pool_prices)
+    manager = (read_manager(Table(root.take("manager", dict), "manager"), hosts_of, first_host)
+               if root.has("manager") else None)
     root.finish()
 
     ports = Ports(base_port)
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts) if models else ([], [])
+    if manager is not None:
+        wire_manager(services, hosts, ports, manager, run_dir_)
     if graph_table is not None:
         from common.spec.graph import graph_services, read_graph
 

@@ -82,7 +82,8 @@ class ClusterSpec:
         out = []
         for name, endpoint in self.status_endpoints().items():
             info = ask(endpoint)
-            if info is None or ("workers" in info and len(info["workers"]) < workers):
+            # a standby dispatcher (manager failover) has no workers until it is promoted
+            if info is None or ("workers" in info and info.get("active", True) and len(info["workers"]) < workers):
                 out.append(name)
         return out
 

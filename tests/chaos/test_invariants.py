@@ -56,6 +56,25 @@ def test_a_wrong_model_output_is_caught_with_its_difference():
     assert small.ok
 
 
+class HeadPlus100:
+    """Version 2 of the offline model."""
+
+    def predict_batch(self, x):
+        return x[:, :2] + 100
+
+
+def test_replies_are_checked_against_the_version_they_name():
+    ctx = CheckContext(inputs=INPUTS, predictors={"m": Head(), "m@1": Head(), "m@2": HeadPlus100()}, model="m")
+    v1, v2 = (INPUTS[0, :2]).tolist(), (INPUTS[0, :2] + 100).tolist()
+    ok = [rec(0, {**reply(output=v1), "version": "1"}), rec(1, {**reply(output=v2), "version": "2"}, row=0),
+          rec(2, {**reply("cache", output=v2), "version": "2"}, row=0)]
+    assert ModelRepliesMatchOffline().check(ok, ctx).ok
+    # another version's output under a version's name, from a model or from the cache, is caught
+    wrong = [rec(0, {**reply(output=v2), "version": "1"}), rec(1, {**reply("cache", output=v1), "version": "2"}, row=0)]
+    res = ModelRepliesMatchOffline().check(wrong, ctx)
+    assert not res.ok and res.violations == 2 and res.checked == 2
+
+
 def test_offline_check_is_reported_unchecked_without_a_predictor():
     res = ModelRepliesMatchOffline().check([good(0)], CheckContext())
     assert res.ok is None and "not checked" in res.detail

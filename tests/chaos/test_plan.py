@@ -32,6 +32,7 @@ def test_timeline_expands_undo_faults_in_time_order():
     ({"at_s": 1, "kind": "shuffle"}, "must be bounded"),
     ({"at_s": 1, "kind": "shuffle", "hosts": ["w1"], "duration_s": 1}, "two or more"),
     ({"at_s": 1, "kind": "delay", "host": "w1"}, "delay_ms"),
+    ({"at_s": 1, "kind": "rollout", "version": 2}, "model"),
 ])
 def test_bad_faults_name_the_key(fault, message):
     with pytest.raises(PlanError, match=message):

@@ -27,7 +27,7 @@ pytestmark = [
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped between open and read
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 

@@ -112,6 +112,8 @@ def full_configs() -> dict:
         "worker": cfg.WorkerConfig(name="w", builtin="sleep", fixed_ms=1.5, role="parity", slots=2),
         "encoder": cfg.EncoderConfig(parity_models={"m": "m-parity"}, encoder="concat"),
         "decoder": cfg.DecoderConfig(timeout_ms=20.0),
+        "manager": cfg.ManagerConfig(raft_partners={"127.0.0.1:9301": "tcp://127.0.0.1:9311",
+                                                    "127.0.0.1:9302": "tcp://127.0.0.1:9312"}, journal_file="j/m1"),
         "gateway": cfg.GatewayConfig(http_port=0, frontend_endpoints=["tcp://127.0.0.1:9"], models={
             "m": cfg.ModelInfo([3], 2, version="4")}),
         "graph_operator": cfg.GraphOperatorConfig(operator="g", role="backup", epoch=2, graph={"mode": "nspb"},

@@ -744,3 +744,46 @@ def test_status_shows_declarations_profile_queues_and_counts(harness):
     assert info["queues"] == {"m": 0} and info["epoch"] == h.d.ids.epoch
     for count in ("expired", "requeued", "stale", "late_done", "answered_skipped", "shape_splits", "refused_registers"):
         assert info[count] == 0
+
+
+# --------------------------------------------------------------------------- epoch fencing
+
+
+def _fenced_queries(h: Harness, n: int, fence: int) -> list[int]:
+    qids = list(range(h.next_qid, h.next_qid + n))
+    h.next_qid += n
+    transport.send(h.frontend, Queries(model="m", qids=qids, budgets_ms=[60_000.0] * n, reply_to=REPLY_TO,
+                                       inputs=np.ones((n, 4), np.float32), fence=fence))
+    return qids
+
+
+def test_queries_stamped_with_a_newer_epoch_pause_the_dispatcher_until_the_manager_confirms_it(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0", slots=4)
+    h.d._on_role("dispatcher", 3)  # the manager's decision: this dispatcher holds epoch 3
+    _fenced_queries(h, 2, fence=4)  # a frontend already follows epoch 4: a decision not heard here yet
+    h.pump(lambda: h.d.paused, what="paused")
+    h.settle()
+    assert h.batches(w) == [] and h.d.status()["queues"]["m"] == 2 and h.d.status()["pauses"] == 1
+    h.d._on_role("dispatcher", 4)  # epoch 4 is this dispatcher's again: it resumes with its queue
+    got: list[Batch] = []
+    h.pump(lambda: got.extend(h.batches(w)) or len(got) == 2, what="both queries dispatched")
+    assert [b.fence for b in got] == [4, 4] and not h.d.paused
+
+
+def test_a_paused_dispatcher_that_lost_the_role_steps_down_and_forgets_its_queue(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    h.worker("w0", slots=1)
+    h.d._on_role("dispatcher", 3)
+    _fenced_queries(h, 3, fence=5)
+    h.pump(lambda: h.d.paused, what="paused")
+    h.d._on_role("dispatcher-b", 5)
+    assert not h.d.active and not h.d.paused
+    assert h.d.status()["queues"]["m"] == 0 and h.d.workers == {}
+
+
+def test_a_dispatcher_no_manager_named_ignores_fences(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=1)})
+    w = h.worker("w0", slots=1)
+    sent = _fenced_queries(h, 1, fence=9)
+    assert h.next_batch(w).qids == sent and h.d.active

@@ -1,0 +1,308 @@
+"""How services, clients and tools reach the manager (services.manager).
+
+``ManagerClient.call(op, args)`` finds the leader through any replica: it asks the one it
+believes leads; an answer ``not_leader`` names the leader, and ``no_leader`` (an election)
+or silence sends it to the next replica, until the deadline. A confused socket is closed
+and replaced, never reused (zguide's Lazy Pirate).
+
+``ChangeFeed`` is zguide's Clone client: it subscribes to every replica's PUB (each
+replica publishes what its applied log changed, numbered by ``seq``, so a leader change
+loses nothing), asks for a snapshot once, then applies each change whose ``seq`` follows
+the last; a gap means messages were missed, and it asks for a snapshot again. Replicas
+also publish their seq with no values every second, so even a lost last change is noticed.
+
+Decisions are compare-and-set on epochs: ``promote`` answers ``ok`` with the new epoch,
+or ``stale`` with the current epoch and holder. An answer ``no_leader`` after the leader
+changed mid-decision leaves its outcome unknown; re-read (``snapshot``) and decide again
+with the epoch read: the compare-and-set makes that safe.
+
+Example
+-------
+>>> client = ManagerClient(["tcp://127.0.0.1:7310"])  # doctest: +SKIP
+>>> client.call("promote", {"group": "dispatcher", "name": "d2", "expected_epoch": 3})  # doctest: +SKIP
+{'status': 'ok', 'epoch': 4, 'holder': 'd2'}
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import zmq
+
+from common import protocol, transport
+
+#: answers that mean "ask another replica"
+RETRY = ("not_leader", "no_leader")
+
+
+class ManagerUnavailable(RuntimeError):
+    """No replica gave an answer before the deadline (no quorum, or none reachable)."""
+
+
+class ManagerClient:
+    """Blocking calls to the manager group, for tools, tests and start-up paths."""
+
+    def __init__(self, endpoints: list[str], ctx: zmq.Context | None = None, timeout_s: float = 3.0,
+                 attempt_s: float = 0.25):
+        if not endpoints:
+            raise ValueError("ManagerClient needs at least one replica endpoint")
+        self.endpoints = list(endpoints)
+        self.ctx = ctx or zmq.Context.instance()
+        self.timeout_s, self.attempt_s = timeout_s, attempt_s
+        self.leader: str | None = None
+        self.tries = 0
+        self._socks: dict[str, zmq.Socket] = {}  # one DEALER per replica, replaced after a silence
+
+    def ask(self, endpoint: str, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict | None:
+        """One request to one replica; None on silence (that socket is then replaced)."""
+        sock = self._socks.get(endpoint)
+        if sock is None:
+            sock = self._socks[endpoint] = transport.make_socket(
+                self.ctx, zmq.DEALER, connect=endpoint, identity=f"ctl-{uuid.uuid4().hex[:12]}")
+        try:
+            transport.send(sock, protocol.Control(op=op, args=args))
+            if sock.poll(int(1000 * (timeout_s or self.attempt_s))):
+                msg = protocol.decode(transport.recv_frames(sock))
+                if isinstance(msg, protocol.Control) and msg.op == op:
+                    return msg.result
+        except (zmq.ZMQError, protocol.ProtocolError):
+            pass
+        # Silence or garbage: a late answer must never be read as the next one's.
+        self._socks.pop(endpoint).close(0)
+        return None
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close(0)
+        self._socks.clear()
+
+    def call(self, op: str, args: dict | None = None, timeout_s: float | None = None) -> dict:
+        """``op``'s answer from the first replica that gives one other than ``not_leader`` /
+        ``no_leader`` (for decisions: the leader). Raises ``ManagerUnavailable`` at the
+        deadline."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        order = self._order()
+        i, hint, last = 0, None, None
+        silent: dict[str, float] = {}  # endpoint -> when it last failed to answer
+        while (now := time.monotonic()) < deadline:
+            if hint is not None:
+                endpoint, hint = hint, None
+            else:
+                endpoint = order[i % len(order)]
+                i += 1
+            self.tries += 1
+            result = self.ask(endpoint, op, args, timeout_s=min(self.attempt_s, max(deadline - now, 0.001)))
+            last = result
+            if result is None:
+                silent[endpoint] = time.monotonic()
+                continue
+            if result.get("status") in RETRY:
+                named = result.get("leader")
+                # Follow the leader a replica names (even one we were not told of), unless it
+                # was just silent: followers name a dead leader until they elect a new one.
+                if named and named != endpoint and time.monotonic() - silent.get(named, -1e9) > 0.5:
+                    hint = named
+                else:
+                    time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+                continue
+            self.leader = endpoint
+            return result
+        raise ManagerUnavailable(f"no manager replica answered {op!r} in time (last answer {last})")
+
+    def _order(self) -> list[str]:
+        rest = [e for e in self.endpoints if e != self.leader]
+        return ([self.leader] if self.leader else []) + rest
+
+
+class ChangeFeed:
+    """A Clone-pattern replica of the manager's published state, kept by ``seq``.
+
+    ``sock`` goes into a service's poller; call ``on_readable`` when it is ready (or
+    ``pump``). ``values`` maps each key (``service/NAME``, ``group/NAME``, ``desired``)
+    to its latest value; ``on_change(key, value)`` is called for each applied change."""
+
+    def __init__(self, client: ManagerClient, publish_endpoints: list[str], on_change=None,
+                 ctx: zmq.Context | None = None):
+        self.client, self.on_change = client, on_change
+        self.sock = transport.make_socket(ctx or client.ctx, zmq.SUB, connect=publish_endpoints)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.values: dict[str, Any] = {}
+        self.seq = -1
+        self.snapshots = 0
+
+    def resync(self) -> bool:
+        """Take a snapshot from any replica (newer than what is held); False if none answered."""
+        try:
+            snap = self.client.call("snapshot", timeout_s=self.client.attempt_s * 2)
+        except ManagerUnavailable:
+            return False
+        if snap.get("seq", -1) <= self.seq:
+            return True
+        self.snapshots += 1
+        self.seq = snap["seq"]
+        values = {f"service/{n}": dict(v, name=n) for n, v in snap["services"].items()}
+        values.update({f"group/{n}": dict(v, name=n) for n, v in snap["groups"].items()})
+        values["desired"] = snap["desired"]
+        self.values = values
+        if self.on_change is not None:
+            for key, value in values.items():
+                self.on_change(key, value)
+        return True
+
+    def on_readable(self, sock: zmq.Socket | None = None) -> None:
+        for _ in range(1000):
+            try:
+                msg = protocol.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                return
+            except protocol.ProtocolError:
+                continue
+            if not isinstance(msg, protocol.Change) or msg.seq <= self.seq:
+                continue  # old news, or the same change from another replica
+            if not msg.values:  # a replica's periodic "I am at seq": we missed changes
+                self.resync()
+                continue
+            if msg.seq > self.seq + 1:
+                # A gap: joined late, a dropped message, a replica that fell behind.
+                if not self.resync() or msg.seq != self.seq + 1:
+                    continue
+            self.seq = msg.seq
+            self.values.update(msg.values)  # all of a change first: a callback may read any key
+            if self.on_change is not None:
+                for key, value in msg.values.items():
+                    self.on_change(key, value)
+
+    def pump(self, timeout_s: float) -> None:
+        """Apply what arrives for up to ``timeout_s`` (tools and tests)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if self.sock.poll(int(left * 1000) + 1):
+                self.on_readable()
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def replica_configs(ports: list[int], host: str = "127.0.0.1", journal_dir: str | None = None, names: list[str] | None = None,
+                    **options: Any):
+    """Configs of a manager group on ``host``: replica i uses ports[3i] (raft), ports[3i+1]
+    (control ROUTER), ports[3i+2] (PUB); ``options`` are further ManagerConfig fields."""
+    from common.config import ManagerConfig
+
+    n = len(ports) // 3
+    raft = [f"{host}:{ports[3 * i]}" for i in range(n)]
+    control = [f"tcp://{host}:{ports[3 * i + 1]}" for i in range(n)]
+    names = names or [f"manager-{i + 1}" for i in range(n)]
+    out = []
+    for i in range(n):
+        partners = {raft[j]: control[j] for j in range(n) if j != i}
+        journal = f"{journal_dir}/{names[i]}.journal" if journal_dir else None
+        cfg = ManagerConfig(name=names[i], raft_address=raft[i], raft_partners=partners, endpoint=control[i],
+                            publish_endpoint=f"tcp://{host}:{ports[3 * i + 2]}", journal_file=journal, **options)
+        cfg.validate()
+        out.append(cfg)
+    return out
+
+
+class ManagerLink:
+    """A service's link to the manager group, run from the service's own loop.
+
+    * ``feed``: the Clone-pattern view of the manager's state; ``on_change(key, value)``.
+    * With ``me`` (``{"name", "group", "host", "endpoints"}``): the service registers in its
+      group (re-sent each heartbeat until the leader's ``ok``) and heartbeats every replica
+      every ``interval_s``, or as often as the manager's answers ask (its
+      ``heartbeat_interval_s``, so its silence window always holds several heartbeats);
+      each answer gives ``on_role(holder, epoch)``: the group's holder
+      and epoch, so a process that was frozen or cut off learns it is stale.
+    * ``watch(sock, name)``: a ZeroMQ socket-monitor disconnect on ``sock`` (immediate when
+      the peer's process dies) is reported to every replica as a suspicion of ``name``.
+
+    Nothing here blocks the loop except a snapshot after a gap in the feed (bounded by
+    ``attempt_s``)."""
+
+    def __init__(self, service, endpoints: list[str], publish_endpoints: list[str], on_change=None,
+                 me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2,
+                 may_register=None):
+        self.service, self.me, self.on_role, self.may_register = service, me, on_role, may_register
+        self.epoch = 0  # the highest group epoch this service has seen (reported to the manager)
+        self.registered = False
+        self.client = ManagerClient(endpoints, ctx=zmq.Context(), attempt_s=attempt_s)
+        self.feed = ChangeFeed(self.client, publish_endpoints, on_change, ctx=service.ctx)
+        service.add_socket(self.feed.sock, self.feed.on_readable)
+        self.dealers = [service.add_socket(
+            transport.make_socket(service.ctx, zmq.DEALER, connect=e, hwm=16), self._on_answer) for e in endpoints]
+        self.monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
+        self.suspicions = 0
+        self.beat = None
+        if me is not None:
+            service.every(interval_s, self._beat)
+            self.beat = service.chores[-1]
+        self.feed.resync()
+
+    def _beat(self, now: float) -> None:
+        me = self.me
+        if not self.registered and (self.may_register is None or self.may_register()):
+            self._to_all(protocol.Control(op="register", args={**me, "epoch": self.epoch}))
+        self._to_all(protocol.Control(op="heartbeat", args={"name": me["name"], "epoch": self.epoch}))
+
+    def _to_all(self, msg: protocol.Control) -> None:
+        for dealer in self.dealers:
+            transport.try_send(dealer, msg)  # a dead replica's queue fills; never block
+
+    def _on_answer(self, sock: zmq.Socket) -> None:
+        for _, msg in self.service.messages(sock):
+            if not isinstance(msg, protocol.Control) or msg.result is None:
+                continue
+            result = msg.result
+            interval = result.get("interval_s")
+            if self.beat is not None and isinstance(interval, (int, float)) and 0 < interval < self.beat.interval:
+                # the manager's silence window is counted in its own intervals: beat at least as often
+                self.beat.interval = interval
+                self.beat.due = min(self.beat.due, time.monotonic() + interval)
+            if result.get("status") != "ok":
+                continue
+            if msg.op == "register":
+                self.registered = True
+            if msg.op in ("register", "heartbeat") and isinstance(result.get("epoch"), int):
+                self.epoch = max(self.epoch, result["epoch"])
+                if self.on_role is not None:
+                    self.on_role(result.get("holder"), result["epoch"])
+
+    def suspect(self, name: str, why: str) -> None:
+        self.suspicions += 1
+        reporter = self.me["name"] if self.me else self.service.name
+        self._to_all(protocol.Control(op="suspect", args={"name": name, "why": why, "reporter": reporter}))
+
+    def watch(self, sock: zmq.Socket, name: str) -> None:
+        """Report ``name`` suspected when ``sock`` (connected to it) sees a disconnect."""
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitors[monitor] = (sock, name)
+        self.service.add_socket(monitor, self._on_monitor)
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        for monitor, (watched, _) in list(self.monitors.items()):
+            if watched is sock:
+                del self.monitors[monitor]
+                sock.disable_monitor()
+                self.service.remove_socket(monitor)
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED and monitor in self.monitors:
+                self.suspect(self.monitors[monitor][1], "disconnect")
+
+    def holder(self, group: str) -> tuple[str | None, int, dict]:
+        """(holder, epoch, the holder's registered endpoints) of ``group`` in the feed's view."""
+        grp = self.feed.values.get(f"group/{group}") or {}
+        holder = grp.get("holder")
+        svc = self.feed.values.get(f"service/{holder}") or {} if holder else {}
+        return holder, grp.get("epoch", 0), svc.get("endpoints") or {}
+
+    def close(self) -> None:
+        """The client's own sockets and context (the rest are the service's)."""
+        self.client.close()
+        self.client.ctx.term()

@@ -1,0 +1,54 @@
+"""ManagerConfig.validate: the password/loopback rule and how the timeouts relate."""
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError, ManagerConfig, from_dict
+
+PARTNERS = {"127.0.0.1:9301": "tcp://127.0.0.1:9311", "127.0.0.1:9302": "tcp://127.0.0.1:9312"}
+
+
+def test_a_raft_port_off_loopback_needs_a_password():
+    partners = {"10.0.0.2:7300": "tcp://10.0.0.2:7310", "10.0.0.3:7300": "tcp://10.0.0.3:7310"}
+    with pytest.raises(ConfigError, match="pysyncobj unpickles") as info:
+        ManagerConfig(raft_address="10.0.0.1:7300", raft_partners=partners).validate()
+    assert info.value.key == "password"
+    ManagerConfig(raft_address="10.0.0.1:7300", raft_partners=partners, password="s3cret").validate()
+
+
+def test_the_group_is_odd_and_does_not_name_itself():
+    with pytest.raises(ConfigError, match="odd group"):
+        ManagerConfig(raft_partners={"127.0.0.1:9301": "tcp://127.0.0.1:9311"}).validate()
+    with pytest.raises(ConfigError, match="must not name this replica"):
+        ManagerConfig(raft_address="127.0.0.1:9301", raft_partners=PARTNERS).validate()
+
+
+@pytest.mark.parametrize("options, key", [
+    ({"raft_min_timeout_s": 0.1, "append_entries_period_s": 0.04}, "raft_min_timeout_s"),
+    ({"raft_max_timeout_s": 0.15}, "raft_max_timeout_s"),
+    ({"connection_timeout_s": 0.2}, "connection_timeout_s"),
+    ({"heartbeat_interval_s": 0.2, "heartbeat_liveness": 5}, "heartbeat_liveness"),
+    ({"heartbeat_liveness": 1}, "heartbeat_liveness"),
+])
+def test_timeouts_relate(options, key):
+    with pytest.raises(ConfigError) as info:
+        from_dict("manager", {"raft_partners": PARTNERS, **options})
+    assert info.value.key == key
+
+
+def test_control_messages_are_checked_at_the_edge():
+    from common import protocol
+
+    for bad in (protocol.Control(op=""), protocol.Control(op="x", args=[1]), protocol.Change(seq=-1, values={})):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.decode(protocol.encode(bad))
+
+
+def test_keel_manager_and_bench_manager_are_commands():
+    from deploy.keel import build_parser
+
+    args = build_parser().parse_args(["manager", "transfer", "--endpoints", "tcp://127.0.0.1:1", "--to", "127.0.0.1:2"])
+    assert (args.manager_command, args.to) == ("transfer", "127.0.0.1:2")
+    assert build_parser().parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["manager", "show"])  # needs --endpoints or --spec
