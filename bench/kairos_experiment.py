@@ -300,9 +300,7 @@ def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root
 
 def cmd(args: argparse.Namespace) -> int:
     if args.live:
-        print("keel experiment kairos: --live is not built yet (it needs the dispatcher integration of "
-              "KairosPolicy and real instances); run with --sim", file=sys.stderr)
-        return 2
+        return cmd_live(args)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else \
         (["rm2"] if args.quick else ["rm2", "mtwnd", "dien"])
     cfg = QUICK if args.quick else DEFAULT
@@ -320,12 +318,32 @@ def cmd(args: argparse.Namespace) -> int:
     return 1 if out["lost"] else 0
 
 
+def cmd_live(args: argparse.Namespace) -> int:
+    """``--live``: Kairos on a live cluster of the planned pool vs the simulation
+    (``bench.kairos_live``); rm2 alone unless ``--models``."""
+    from bench.kairos_live import run_live
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else ["rm2"]
+    json_path = Path(args.json or ("runs/kairos-live-quick.json" if args.quick else "runs/kairos-live.json"))
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    log(f"Kairos experiment (live, emulated instances, scale {args.scale}): {', '.join(models)}")
+    out = run_live(models, args.quick, json_path, args.profile, args.budget, args.scale, log)
+    log(f"{'model':8s} {'pool':40s} {'sim q/s':>8s} {'live q/s':>9s} {'live/sim':>8s}  target  lost")
+    for name, m in out["models"].items():
+        log(f"{name:8s} {str(m['pool']):40s} {m['sim_rps']:8.1f} {m['kairos_live_rps']:9.1f} "
+            f"{m['live_vs_sim']:8.2f}  {'met' if m['within_10pct_of_sim'] else 'MISSED'}  {m['lost']}")
+    log(f"lost {out['lost']}; {out['elapsed_s']:.0f} s; wrote {json_path} and {out['plot']}")
+    return 1 if out["lost"] else 0
+
+
 def add_parser(which: Any) -> None:
     """Add ``kairos`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("kairos", help="Kairos §8 in simulation: allowable throughput of Kairos vs baselines")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
-    e.add_argument("--sim", action="store_true", help="simulation on the measured profiles (the only mode now)")
-    e.add_argument("--live", action="store_true", help="on a live cluster (not built yet: refused)")
+    e.add_argument("--sim", action="store_true", help="simulation on the measured profiles (the default)")
+    e.add_argument("--live", action="store_true",
+                   help="Kairos on a live cluster of emulated instances (the planned pool) vs the simulation")
+    e.add_argument("--scale", type=float, default=1.0, help="--live: service-time factor of the emulated instances")
     e.add_argument("--quick", action="store_true", help="rm2 alone, shorter trials (under 3 minutes)")
     e.add_argument("--models", help="comma-separated (default: rm2,mtwnd,dien; rm2 with --quick)")
     e.add_argument("--profile", help="profile directory (default: ../shared/data/kairos)")
