@@ -195,3 +195,13 @@ def test_kairos_on_time_pairs_cost_less_than_late_ones():
     q.entries[1].deadline = 0.005
     cost = p.cost_matrix(list(q.entries), [worker("c", "cpu"), worker("g", "gpu")], 0.0)
     assert cost[0, 1] < cost[1, 1] and cost[0, 1] < cost[0, 0]
+
+
+def test_predictor_learns_a_fixed_overhead_as_an_offset_not_a_ratio():
+    # a live instance: the profile + 3 ms on every query (transport, the sleep's wake-up)
+    pred = LatencyPredictor(latency)
+    for size in (10, 400, 10, 400):
+        pred.observe("m", "cpu", size, latency("cpu", size) + 3.0)
+    assert pred.predict("m", "cpu", 800) == pytest.approx(403.0)  # not 800 x 0.5 x the small ones' 1.6
+    assert pred.predict_many("m", "cpu", np.array([800, 10, 100])).tolist() == pytest.approx([403.0, 8.0, 53.0])
+    assert pred.predict("m", "gpu", 800) == latency("gpu", 800)  # another type: the profile as is
