@@ -6,7 +6,7 @@ service time x ``scale``; the CPU idles), behind the real frontend and dispatche
 dispatcher running ``policy = "kairos"`` with the model's profile: the same
 ``KairosPolicy`` class the simulator drives. Queries carry their batch size (the paper's
 mix, ``sample_batch_sizes``) in their one feature; the model's deadline is the QoS target
-x ``scale`` (what Eq. 5 reads as QoS_i).
+x ``scale``, sent as each query's timeout (what Eq. 5 reads as QoS_i).
 
 Allowable throughput (§4) live: Poisson arrivals (``common.loadgen.open_loop``) at a
 rate, ``n`` queries a trial; a trial meets the target when at most 1% of the queries after
@@ -107,7 +107,9 @@ def live_throughput(model: str, pool: dict[str, int], qos_ms: float, sim_rps: fl
                 nonlocal lost
                 rate = rate_profile / scale
                 t = time.time()
-                records = open_loop(client, model, sizes, rate, n, seed=seed,
+                # each query's deadline is the QoS target: what Eq. 5 reads (the client's
+                # default timeout would be the policy's QoS otherwise, and no pair late)
+                records = open_loop(client, model, sizes, rate, n, seed=seed, timeout_ms=live_qos,
                                     duration_s=n / rate * 2 + 10, drain_s=5 * live_qos / 1000.0 + 5.0)
                 s = summarize(records)
                 frac, lat, over = over_qos(records, live_qos)

@@ -53,3 +53,28 @@ def test_urgent_kairos_matches_a_query_late_everywhere_first():
     urgent = UrgentKairos(lat, feature_size).assign(queue, [worker], 0.05)
     assert plain[0].worker is None            # Eq. 8's penalty: the late query waits behind the rest
     assert urgent[0].worker is worker         # made urgent: served first
+
+
+def test_live_over_qos_counts_errors_and_unanswered_as_over_and_skips_the_warmup():
+    from bench.kairos_live import over_qos
+    from common.loadgen import Record
+
+    recs = [Record(str(i), i, 0.0, 0.050) for i in range(10)]  # 50 ms each
+    recs[0].received = 9.0  # in the warm-up (the first 10%): not counted
+    recs[3].received = 0.2  # 200 ms: over
+    recs[5].error_code = "deadline_exceeded"
+    recs[7].received = None  # never answered
+    frac, lat, over = over_qos(recs, 100.0)
+    assert frac == pytest.approx(3 / 9) and sorted(over) == [3, 5, 7]
+    assert sorted(lat.round(1).tolist()) == [50.0] * 6 + [200.0]
+
+
+@needs_data
+def test_live_spec_runs_the_kairos_policy_on_the_pool_with_the_qos_as_deadline():
+    from bench.kairos_live import cluster_spec
+
+    spec = cluster_spec("rm2", {"g4dn.xlarge": 1, "r5n.large": 2}, 350.0, 0.5)
+    d = spec.service("dispatcher").config
+    assert (d.policy, d.kairos_model, d.kairos_scale) == ("kairos", "rm2", 0.5)
+    assert sorted(w.config.instance for w in spec.role("worker")) == ["g4dn.xlarge", "r5n.large", "r5n.large"]
+    assert spec.models["rm2"]["deadline_ms"] == 175.0
