@@ -28,6 +28,8 @@ def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
     assert 0 < m["pool_cost"] <= m["budget"] + 1e-9
     assert m["kairos_rps"] > 0 and m["best_homogeneous_rps"] > 0 and m["oracle_rps"] > 0
     assert m["best_baseline_rps"] == max(m["rates"]["drs"], m["rates"]["clockwork"])
+    cdf = m["latency_quantiles_ms_at_rate"]["kairos"]  # the CDF plotted against the QoS line
+    assert len(cdf) == 201 and cdf == sorted(cdf) and cdf[0] > 0
     assert set(m["max_latency_ms_at_rate"]) == set(m["rates"])
     assert 1 <= m["kairos_plus"]["evaluated"] <= m["kairos_plus"]["space"]
     png = tmp_path / "k.png"
