@@ -80,3 +80,15 @@ def test_live_spec_runs_the_kairos_policy_on_the_pool_with_the_qos_as_deadline()
     assert (d.policy, d.kairos_model, d.kairos_scale) == ("kairos", "rm2", 0.5)
     assert sorted(w.config.instance for w in spec.role("worker")) == ["g4dn.xlarge", "r5n.large", "r5n.large"]
     assert spec.models["rm2"]["deadline_ms"] == 175.0
+
+
+@needs_data
+def test_live_and_simulation_serve_the_same_queries():
+    from bench.kairos_live import live_inputs, same_sequence
+    from common.loadgen import schedule
+
+    inputs = live_inputs(0)
+    offsets, rows = schedule(80.0, 50, 0, len(inputs))  # what open_loop sends
+    assert same_sequence(inputs, 50, 0)(None, 50).tolist() == inputs[rows, 0].astype(int).tolist()
+    # the simulator's arrivals with the same seed: its generator's first draws
+    assert np.allclose(np.cumsum(np.random.default_rng(0).exponential(1 / 80.0, 50)), offsets)
