@@ -29,7 +29,6 @@ with every other process here, so under load the figures are preliminary.
 """
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -115,7 +114,7 @@ def live_throughput(model: str, pool: dict[str, int], qos_ms: float, sim_rps: fl
     live_qos = qos_ms * scale
     trials: list[dict] = []
     lost = 0
-    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="kairos-live-"))
+    run_dir = Path(run_dir or f"runs/kairos-live/{model}")  # the processes' logs
     with Launcher(run_dir) as launcher:
         t0 = time.time()
         launcher.start_spec(spec, timeout_s=120.0)
