@@ -147,7 +147,7 @@ def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config,
         start = min(cands, key=lambda c: abs(c - start))
         threshold = tune_drs(lambda th: rate(lambda: DrsPolicy(th, lat, feature_size, base=base)), cands, start)
     factories["drs"] = lambda: DrsPolicy(threshold or 1000, lat, feature_size, base=base)
-    rates, detail = {}, {"drs_threshold": threshold, "over_qos": {}, "max_ms": {}, "lost": 0}
+    rates, detail = {}, {"drs_threshold": threshold, "over_qos": {}, "max_ms": {}, "cdf": {}, "lost": 0}
     for name in POLICIES:
         t0 = time.time()
         rates[name] = rate(factories[name])
@@ -155,6 +155,9 @@ def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config,
         r = simulate(factories[name](), pool, lat, max(rates[name], 1e-3), _sizes, qos_ms, n=cfg.n, seed=cfg.seed)
         detail["over_qos"][name] = r.over_qos
         detail["max_ms"][name] = float(np.nanmax(r.latencies_ms))
+        # the latency CDF at that rate, as 201 quantiles (0, 0.5, ..., 100%) of the queries after the warm-up
+        tail = r.latencies_ms[int(0.1 * len(r.latencies_ms)):]
+        detail["cdf"][name] = np.nanpercentile(tail, np.linspace(0, 100, 201)).round(2).tolist()
         detail["lost"] += r.lost
         log(f"    {name:14s} {rates[name]:9.1f} q/s  ({r.over_qos * 100:.2f}% over QoS, {time.time() - t0:.1f} s)")
     return rates, detail
@@ -206,6 +209,7 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
         "drs_threshold": detail["drs_threshold"],
         "over_qos_at_rate": detail["over_qos"], "homogeneous_over_qos_at_rate": h_detail["over_qos"],
         "max_latency_ms_at_rate": detail["max_ms"],
+        "latency_quantiles_ms_at_rate": detail["cdf"],
         "lost": detail["lost"] + h_detail["lost"],
         "plan_ms": plan.plan_ms,
         "kairos_plus": {"evaluated": plus["evaluated"], "space": plus["space"], "qps": plus["qps"],
@@ -249,15 +253,17 @@ def table(name: str, m: dict) -> list[str]:
 
 
 def plot(out: dict, path: Path) -> None:
-    """Allowable throughput per policy, planned vs homogeneous pool, one panel per model."""
+    """Per model: allowable throughput per policy, planned vs homogeneous pool (top), and
+    each policy's latency CDF at its allowable rate on the planned pool against the QoS
+    line (bottom)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = list(out["models"])
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(2, len(models), figsize=(5 * len(models), 8), squeeze=False)
     x = np.arange(len(POLICIES))
-    for ax, name in zip(axes[0], models):
+    for ax, cdf_ax, name in zip(axes[0], axes[1], models):
         m = out["models"][name]
         ax.bar(x - 0.2, [m["rates"][p] for p in POLICIES], 0.4, label="planned pool")
         ax.bar(x + 0.2, [m["homogeneous_rates"][p] for p in POLICIES], 0.4, label="homogeneous pool")
@@ -265,6 +271,16 @@ def plot(out: dict, path: Path) -> None:
         ax.set_xticks(x, POLICIES, rotation=30, ha="right")
         ax.set_title(f"{name} (QoS {m['qos_ms']} ms, ${m['pool_cost']:.2f}/h)")
         ax.set_ylabel("allowable throughput (q/s)")
+        # latency CDF of each policy at its own allowable rate on the planned pool
+        quantiles = m.get("latency_quantiles_ms_at_rate", {})
+        for p in POLICIES:
+            if p in quantiles:
+                cdf_ax.plot(quantiles[p], np.linspace(0, 1, len(quantiles[p])), label=f"{p} ({m['rates'][p]:.0f} q/s)")
+        cdf_ax.axvline(m["qos_ms"], color="r", ls="--", lw=1, label="QoS")
+        cdf_ax.axhline(0.99, color="grey", ls=":", lw=1)
+        cdf_ax.set_xlabel("latency (ms), planned pool, at each policy's allowable rate")
+        cdf_ax.set_ylabel("fraction of queries")
+        cdf_ax.legend(fontsize=7)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,9 +316,7 @@ def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root
 
 def cmd(args: argparse.Namespace) -> int:
     if args.live:
-        print("keel experiment kairos: --live is not built yet (it needs the dispatcher integration of "
-              "KairosPolicy and real instances); run with --sim", file=sys.stderr)
-        return 2
+        return cmd_live(args)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else \
         (["rm2"] if args.quick else ["rm2", "mtwnd", "dien"])
     cfg = QUICK if args.quick else DEFAULT
@@ -320,12 +334,32 @@ def cmd(args: argparse.Namespace) -> int:
     return 1 if out["lost"] else 0
 
 
+def cmd_live(args: argparse.Namespace) -> int:
+    """``--live``: Kairos on a live cluster of the planned pool vs the simulation
+    (``bench.kairos_live``); rm2 alone unless ``--models``."""
+    from bench.kairos_live import run_live
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else ["rm2"]
+    json_path = Path(args.json or ("runs/kairos-live-quick.json" if args.quick else "runs/kairos-live.json"))
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    log(f"Kairos experiment (live, emulated instances, scale {args.scale}): {', '.join(models)}")
+    out = run_live(models, args.quick, json_path, args.profile, args.budget, args.scale, log)
+    log(f"{'model':8s} {'pool':40s} {'sim q/s':>8s} {'live q/s':>9s} {'live/sim':>8s}  target  lost")
+    for name, m in out["models"].items():
+        log(f"{name:8s} {str(m['pool']):40s} {m['sim_rps']:8.1f} {m['kairos_live_rps']:9.1f} "
+            f"{m['live_vs_sim']:8.2f}  {'met' if m['within_10pct_of_sim'] else 'MISSED'}  {m['lost']}")
+    log(f"lost {out['lost']}; {out['elapsed_s']:.0f} s; wrote {json_path} and {out['plot']}")
+    return 1 if out["lost"] else 0
+
+
 def add_parser(which: Any) -> None:
     """Add ``kairos`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("kairos", help="Kairos §8 in simulation: allowable throughput of Kairos vs baselines")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
-    e.add_argument("--sim", action="store_true", help="simulation on the measured profiles (the only mode now)")
-    e.add_argument("--live", action="store_true", help="on a live cluster (not built yet: refused)")
+    e.add_argument("--sim", action="store_true", help="simulation on the measured profiles (the default)")
+    e.add_argument("--live", action="store_true",
+                   help="Kairos on a live cluster of emulated instances (the planned pool) vs the simulation")
+    e.add_argument("--scale", type=float, default=1.0, help="--live: service-time factor of the emulated instances")
     e.add_argument("--quick", action="store_true", help="rm2 alone, shorter trials (under 3 minutes)")
     e.add_argument("--models", help="comma-separated (default: rm2,mtwnd,dien; rm2 with --quick)")
     e.add_argument("--profile", help="profile directory (default: ../shared/data/kairos)")

@@ -71,10 +71,18 @@ class LatencyPredictor:
     """Predicted service time (ms) of a query of ``size`` on an instance type (§5.1).
 
     Order of trust: the EWMA of observed service times at exactly (model, type, size);
-    else the profile ``latency_ms`` scaled by the mean observed/profile ratio of that
-    type (the profile's shape, the measured level); else a least-squares line through the
-    type's observed sizes (the paper's starting linear model); else the worker's own
-    ``ServiceProfile`` (the dispatcher's, per rows: right when ``size_of`` is 1); else 0.
+    else the profile ``latency_ms`` mapped by a least-squares line ``k x profile + d``
+    through the type's observed (profile, observed) points (the profile's shape, the
+    measured level and fixed overhead; one point: the ratio ``k`` alone); else a
+    least-squares line through the type's observed sizes (the paper's starting linear
+    model); else the worker's own ``ServiceProfile`` (the dispatcher's, per rows: right
+    when ``size_of`` is 1); else 0.
+
+    Why a line and not a ratio: a live instance adds a fixed ~1-3 ms (transport, the
+    sleep's wake-up) to every query; as a ratio learnt mostly from small queries (the
+    mix's median is 176 items) that overhead was multiplied into the large ones (+4% at
+    830 items on r5n.large for rm2: 14 ms, twice the rho margin of 7 ms), pushing queries
+    an auxiliary type serves within QoS onto the base type.
     """
 
     def __init__(self, latency_ms: LatencyFn | None = None, alpha: float = 0.2, ref_size: int = 1000):
@@ -82,9 +90,10 @@ class LatencyPredictor:
         self.alpha = alpha
         self.ref_size = ref_size  # the largest query: measures the coefficient (§5.1)
         self.seen: dict[tuple[str, str], dict[int, float]] = {}  # (model, type) -> size -> ms
-        self.ratio: dict[tuple[str, str], float] = {}  # (model, type) -> observed / prior
+        self._fit: dict[tuple[str, str], tuple[float, float]] = {}  # (model, type) -> (k, d)
         self._cache: dict[tuple[str, str, int], float] = {}
         self._arrays: dict[tuple[str, str], np.ndarray] = {}  # predict() by size, 0..len-1
+        self._priors: dict[tuple[str, int], np.ndarray] = {}  # (type, length) -> the profile by size
         self._coef: dict[tuple[str, str], float] = {}
 
     def observe(self, model: str, instance: str, size: int, service_ms: float) -> None:
@@ -92,14 +101,29 @@ class LatencyPredictor:
         table = self.seen.setdefault(key, {})
         old = table.get(size)
         table[size] = service_ms if old is None else old + self.alpha * (service_ms - old)
-        prior = self.prior(instance, size) if self.prior else None
-        if prior:
-            r = service_ms / prior
-            old_r = self.ratio.get(key)
-            self.ratio[key] = r if old_r is None else old_r + self.alpha * (r - old_r)
+        self._fit.pop(key, None)
         self._cache = {k: v for k, v in self._cache.items() if k[:2] != key}
         self._arrays.pop(key, None)
         self._coef.clear()
+
+    def level(self, model: str, instance: str) -> tuple[float, float] | None:
+        """(k, d) of observed ~ k x profile + d for the type; None with nothing observed."""
+        key = (model, instance)
+        hit = self._fit.get(key)
+        if hit is not None or self.prior is None:
+            return hit
+        pts = [(p, ms) for size, ms in self.seen.get(key, {}).items()
+               if (p := self.prior(instance, size)) is not None and p > 0]
+        if not pts:
+            return None
+        xs, ys = np.array(pts).T
+        k, d = float(np.mean(ys / xs)), 0.0
+        if len(xs) >= 2 and np.ptp(xs) > 0.05 * xs.max():
+            slope, icept = np.polyfit(xs, ys, 1)
+            if slope > 0:
+                k, d = float(slope), float(icept)
+        self._fit[key] = (k, d)
+        return k, d
 
     def predict(self, model: str, instance: str, size: int, worker: WorkerState | None = None) -> float:
         hit = self._cache.get((model, instance, size))
@@ -111,7 +135,8 @@ class LatencyPredictor:
         if ms is None and self.prior is not None:
             p = self.prior(instance, size)
             if p is not None:
-                ms = p * self.ratio.get(key, 1.0)
+                k, d = self.level(model, instance) or (1.0, 0.0)
+                ms = max(0.0, k * p + d)
         if ms is None and len(table) >= 2:
             xs, ys = np.fromiter(table, float), np.fromiter(table.values(), float)
             slope, icept = np.polyfit(xs, ys, 1)
@@ -125,15 +150,38 @@ class LatencyPredictor:
         return ms
 
     def predict_many(self, model: str, instance: str, sizes: np.ndarray) -> np.ndarray:
-        """``predict`` for an array of sizes, from a table by size grown as needed."""
+        """``predict`` for an array of sizes, from a table by size grown as needed (built
+        with arrays where the profile knows the type: one pass per ``Done`` of it)."""
         key = (model, instance)
         table = self._arrays.get(key)
         top = int(sizes.max(initial=0)) + 1
         if top > 1 << 14:  # no table that large: one by one
             return np.array([self.predict(model, instance, int(s)) for s in sizes], float)
         if table is None or len(table) < top:
-            table = self._arrays[key] = np.array([self.predict(model, instance, s) for s in range(max(top, 64))])
+            n = max(top, 64, self.ref_size + 1)
+            prior = self._prior_array(instance, n)
+            if prior is None:
+                table = np.array([self.predict(model, instance, s) for s in range(n)])
+            else:
+                k, d = self.level(model, instance) or (1.0, 0.0)
+                table = np.maximum(0.0, k * prior + d)
+                seen = self.seen.get(key, {})
+                idx = np.fromiter((s for s in seen if 0 <= s < n), int)
+                table[idx] = [seen[s] for s in idx.tolist()]
+            self._arrays[key] = table
         return table[sizes]
+
+    def _prior_array(self, instance: str, n: int) -> np.ndarray | None:
+        """The profile at sizes 0..n-1 (None if it lacks any of them), computed once."""
+        if self.prior is None:
+            return None
+        arr = self._priors.get((instance, n))
+        if arr is None:
+            vals = [self.prior(instance, s) for s in range(n)]
+            if any(v is None for v in vals):
+                return None
+            arr = self._priors[(instance, n)] = np.array(vals, float)
+        return arr
 
     def coefficient(self, model: str, instance: str, types: Sequence[str]) -> float:
         """Heterogeneity coefficient (§5.1 Definition): L_base(ref) / L_type(ref), the base
@@ -197,8 +245,9 @@ class KairosPolicy(_Policy):
     """Kairos §5.1: the first queued queries (at most 2 x instances) matched against all
     instances by min-cost bipartite matching (Jonker-Volgenant, ``linear_sum_assignment``).
 
-    cost[i, j] = c(type_j) x (busy_j + L(i, j))  (Eq. 2), + ``penalty_factor`` x QoS_i where
-    wait_i + busy_j + L(i, j) > rho x QoS_i  (Eq. 5 folded into the objective, Eq. 8; QoS_i
+    cost[i, j] = c(type_j) x (busy_j + L(i, j))  (Eq. 2); where wait_i + busy_j + L(i, j) >
+    rho x QoS_i it is ``penalty_factor`` x QoS_i + busy_j + L(i, j) instead, the real time
+    unweighted, so a query late everywhere finishes soonest (Eq. 5 folded into the objective, Eq. 8; QoS_i
     is the query's budget ``deadline - enqueued``, rho 0.98 as in §5.1). Only pairs whose
     instance has a free slot start (count 1); a query matched to a busy instance, or left
     unmatched, waits (``Assignment(None, 1)``), so queue order is kept.
@@ -221,29 +270,90 @@ class KairosPolicy(_Policy):
         self.resolution_ms = resolution_ms
         self.rho = rho
         self.penalty_factor = penalty_factor
+        self._sizes: dict[int, tuple[Query, int]] = {}  # id(query) -> (query, size), the last window
+        self._cols: tuple | None = None  # (worker ids, type index per worker, types)
+        self._workers: Sequence[WorkerState] = ()
+        self._ends: dict[int, tuple] = {}  # id(Inflight) -> (Inflight, predicted end, ms)
 
     def cost_matrix(self, queries: Sequence[Query], workers: Sequence[WorkerState], now: float) -> np.ndarray:
-        """Eq. 8: the matrix of Eq. 2's usage times, penalised where Eq. 5 fails."""
+        """Eq. 8: the matrix of Eq. 2's usage times, penalised where Eq. 5 fails.
+
+        A late pair costs the penalty plus its *real* completion time (busy + latency,
+        not weighted by the coefficient): a query late on every instance then goes where
+        it finishes soonest (the base type, or waits for it) rather than where the
+        weighted usage is least, a slow CPU it would hold long past its QoS target.
+        Any on-time pair still costs less than any late one (coefficients are <= 1).
+        Built with arrays: one pass over the queries (size, times) and one over the
+        workers (type column, busy time); the rest is numpy."""
         model = workers[0].model
-        types = [w.instance for w in workers]
-        kinds = sorted(set(types))
-        col_kind = np.array([kinds.index(t) for t in types])
-        sizes = np.fromiter((self.size_of(q) for q in queries), int, len(queries))
+        cols, kinds = self._columns(workers)
+        self._workers = workers
+        sizes, times = self._rows(queries)
         pred = self.predictor
         if pred.prior is None and any(not pred.seen.get((model, t)) for t in kinds):
             # nothing known of a type: each worker's own profile (rows), column by column
-            lat = np.array([[pred.predict(model, w.instance, s, w) for w in workers] for s in sizes])
+            lat = np.array([[pred.predict(model, w.instance, int(s), w) for w in workers] for s in sizes])
         else:
-            lat = np.stack([pred.predict_many(model, t, sizes) for t in kinds], axis=1)[:, col_kind]
-        busy = np.array([0.0 if w.free_slots > 0 else self.busy_ms(w, now) for w in workers])
+            lat = np.stack([pred.predict_many(model, t, sizes) for t in kinds], axis=1)[:, cols]
+        busy = np.fromiter((0.0 if w.slots > len(w.inflight) else self._busy_ms(w, now) for w in workers),
+                           float, len(workers))
         coef = self.coefficients or {}
-        c = np.array([coef.get(t) or self.predictor.coefficient(model, t, kinds) for t in kinds])[col_kind]
-        finish = busy[None, :] + lat
-        times = np.array([(q.enqueued, q.deadline) for q in queries]).reshape(len(queries), 2) * 1000.0
-        qos = (times[:, 1] - times[:, 0])[:, None]
-        wait = now * 1000.0 - times[:, :1]
-        late = (wait + finish) > self.rho * qos
-        return c[None, :] * finish + late * (self.penalty_factor * qos)
+        c = np.array([coef.get(t) or pred.coefficient(model, t, kinds) for t in kinds])[cols]
+        qos = times[:, 1:] - times[:, :1]
+        slack = self.rho * qos - (now * 1000.0 - times[:, :1])  # what a pair may take (Eq. 5)
+        finish = lat
+        finish += busy  # in place: one pass per step over the matrix
+        late = finish > slack
+        cost = finish * c
+        finish += self.penalty_factor * qos
+        np.copyto(cost, finish, where=late)
+        return cost
+
+    def observe(self, worker: WorkerState, size: int, service_ms: float) -> None:
+        super().observe(worker, size, service_ms)
+        self._ends.clear()  # predicted ends of held batches: re-predicted
+
+    def _busy_ms(self, worker: WorkerState, now: float) -> float:
+        """``busy_ms`` with each in-flight batch's predicted end remembered while it is held."""
+        ends, known = [], self._ends
+        for f in worker.inflight.values():
+            hit = known.get(id(f))
+            if hit is None or hit[0] is not f:
+                held = f.held if isinstance(f.held, list) else []
+                size = sum(self.size_of(q) for q in held) or f.size
+                hit = known[id(f)] = (f, f.sent_at * 1000.0 + self.predictor.predict(worker.model, worker.instance,
+                                                                                   size, worker))
+            ends.append(hit[1])
+        if len(known) > 4 * len(self._cols[1]) + 64:  # forget batches no longer held
+            held = {id(f) for w in self._workers for f in w.inflight.values()}
+            self._ends = {k: v for k, v in known.items() if k in held}
+        return max(0.0, min(ends) - now * 1000.0) if ends else 0.0
+
+    def _rows(self, queries: Sequence[Query]) -> tuple[np.ndarray, np.ndarray]:
+        """Per query: its size, and (enqueued, deadline) in ms; sizes remembered per query
+        object while it stays in the window (``size_of`` reads a feature: the slow part)."""
+        known, sizes = self._sizes, np.empty(len(queries), int)
+        seen: dict[int, tuple[Query, int]] = {}
+        for i, q in enumerate(queries):
+            hit = known.get(id(q))
+            if hit is None or hit[0] is not q:
+                hit = (q, self.size_of(q))
+            seen[id(q)] = hit
+            sizes[i] = hit[1]
+        self._sizes = seen
+        times = np.fromiter((t for q in queries for t in (q.enqueued, q.deadline)), float, 2 * len(queries))
+        return sizes, times.reshape(len(queries), 2) * 1000.0
+
+    def _columns(self, workers: Sequence[WorkerState]) -> tuple[np.ndarray, list[str]]:
+        """Each worker's index into the sorted instance types, and those types; kept while
+        the same workers come in the same order."""
+        key = tuple((id(w), w.instance) for w in workers)
+        if self._cols is None or self._cols[0] != key:
+            types = [w.instance for w in workers]
+            kinds = sorted(set(types))
+            index = {t: i for i, t in enumerate(kinds)}
+            self._cols = (key, np.array([index[t] for t in types]), kinds)
+        return self._cols[1], self._cols[2]
 
     def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]:
         if queue.parity or not workers:  # parity batches: first free worker (no Kairos query)

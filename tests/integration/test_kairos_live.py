@@ -72,3 +72,26 @@ def test_kairos_pool_serves_every_query_and_large_ones_on_the_base_type(launcher
     # large queries go to the base type, small ones to the cheaper CPUs
     assert 0.8 * len(large) <= pools[BASE]["batches"] <= len(large) + len(small) // 5, pools
     assert pools[CPU]["batches"] >= 0.8 * len(small), pools
+
+
+def test_live_allowable_throughput_bisects_in_bounded_trials_and_loses_nothing(tmp_path):
+    """``keel experiment kairos --live``'s measurement (bench/kairos_live.py) on a small
+    pool, service times x 0.25, 150 queries a trial: every query answered, a bounded
+    number of trials, the rate reported one that met the 1% target."""
+    from bench.kairos_experiment import _sizes, latency_table
+    from bench.kairos_live import TARGET, live_throughput
+    from bench.kairos_sim import allowable_throughput
+    from common.kairos.profiles import Profiles
+    from services.scheduling.kairos import KairosPolicy, feature_size
+
+    pool = {BASE: 1, CPU: 2}
+    lat = latency_table(Profiles.load(), "rm2", [BASE, CPU])
+    sim = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, 350.0, lat, _sizes, rel_tol=0.1, n=500)
+    out = live_throughput("rm2", pool, 350.0, sim, scale=0.25, n=150, rel_tol=0.25, log=lambda s: None,
+                          run_dir=tmp_path)
+    trials = out["trials"]
+    assert out["lost"] == 0 and all(t["lost"] == 0 and t["sent"] == 150 for t in trials)
+    assert 2 <= len(trials) <= 8  # the bracket's checks and a bisection to 25%
+    met = [t["rate"] for t in trials if t["over_qos"] <= TARGET]
+    assert out["kairos_live_rps"] in met if met else out["kairos_live_rps"] == 0.0
+    assert out["cost_per_hour"] == pytest.approx(0.526 + 2 * 0.149)

@@ -28,6 +28,8 @@ def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
     assert 0 < m["pool_cost"] <= m["budget"] + 1e-9
     assert m["kairos_rps"] > 0 and m["best_homogeneous_rps"] > 0 and m["oracle_rps"] > 0
     assert m["best_baseline_rps"] == max(m["rates"]["drs"], m["rates"]["clockwork"])
+    cdf = m["latency_quantiles_ms_at_rate"]["kairos"]  # the CDF plotted against the QoS line
+    assert len(cdf) == 201 and cdf == sorted(cdf) and cdf[0] > 0
     assert set(m["max_latency_ms_at_rate"]) == set(m["rates"])
     assert 1 <= m["kairos_plus"]["evaluated"] <= m["kairos_plus"]["space"]
     png = tmp_path / "k.png"
@@ -53,3 +55,40 @@ def test_urgent_kairos_matches_a_query_late_everywhere_first():
     urgent = UrgentKairos(lat, feature_size).assign(queue, [worker], 0.05)
     assert plain[0].worker is None            # Eq. 8's penalty: the late query waits behind the rest
     assert urgent[0].worker is worker         # made urgent: served first
+
+
+def test_live_over_qos_counts_errors_and_unanswered_as_over_and_skips_the_warmup():
+    from bench.kairos_live import over_qos
+    from common.loadgen import Record
+
+    recs = [Record(str(i), i, 0.0, 0.050) for i in range(10)]  # 50 ms each
+    recs[0].received = 9.0  # in the warm-up (the first 10%): not counted
+    recs[3].received = 0.2  # 200 ms: over
+    recs[5].error_code = "deadline_exceeded"
+    recs[7].received = None  # never answered
+    frac, lat, over = over_qos(recs, 100.0)
+    assert frac == pytest.approx(3 / 9) and sorted(over) == [3, 5, 7]
+    assert sorted(lat.round(1).tolist()) == [50.0] * 6 + [200.0]
+
+
+@needs_data
+def test_live_spec_runs_the_kairos_policy_on_the_pool_with_the_qos_as_deadline():
+    from bench.kairos_live import cluster_spec
+
+    spec = cluster_spec("rm2", {"g4dn.xlarge": 1, "r5n.large": 2}, 350.0, 0.5)
+    d = spec.service("dispatcher").config
+    assert (d.policy, d.kairos_model, d.kairos_scale) == ("kairos", "rm2", 0.5)
+    assert sorted(w.config.instance for w in spec.role("worker")) == ["g4dn.xlarge", "r5n.large", "r5n.large"]
+    assert spec.models["rm2"]["deadline_ms"] == 175.0
+
+
+@needs_data
+def test_live_and_simulation_serve_the_same_queries():
+    from bench.kairos_live import live_inputs, same_sequence
+    from common.loadgen import schedule
+
+    inputs = live_inputs(0)
+    offsets, rows = schedule(80.0, 50, 0, len(inputs))  # what open_loop sends
+    assert same_sequence(inputs, 50, 0)(None, 50).tolist() == inputs[rows, 0].astype(int).tolist()
+    # the simulator's arrivals with the same seed: its generator's first draws
+    assert np.allclose(np.cumsum(np.random.default_rng(0).exponential(1 / 80.0, 50)), offsets)

@@ -172,3 +172,36 @@ def test_solve_timing_reports_p99s(capsys):
     with capsys.disabled():
         print("\nKairos matrix build + solve:", {k: f"p99 {v['p99_ms']:.3f} ms" for k, v in timing.items()})
     assert set(timing) == {"28x14", "200x200"} and all(v["p99_ms"] >= v["p50_ms"] > 0 for v in timing.values())
+
+
+def test_kairos_sends_a_query_late_everywhere_where_it_finishes_soonest():
+    # 100 items: GPU 13 ms, CPU 50 ms; the query has already waited past its 10 ms QoS, so
+    # both pairs are late. Weighted usage would pick the CPU (0.116 x 50 < 13), holding it
+    # 50 ms for a query that misses QoS anyway; penalty + real time picks the GPU
+    p = KairosPolicy(latency, feature_size)
+    q = make_queue([100], qos_ms=10.0)
+    cost = p.cost_matrix(list(q.entries), [worker("c", "cpu"), worker("g", "gpu")], 0.02)
+    assert (cost > 10 * 10.0).all() and cost[0, 1] < cost[0, 0]
+    assert chunks(p.assign(q, [worker("c", "cpu"), worker("g", "gpu")], 0.02), q) == {0: "g"}
+    # the GPU busy for 20 ms more (finish 33 ms) still beats the free CPU (50 ms): it waits
+    gpu = busy(worker("g", "gpu"), 400, sent_at=0.0)  # 28 ms, sent at 0: 8 ms left at 20 ms
+    assert not [a for a in p.assign(q, [worker("c", "cpu"), gpu], 0.02) if a.worker is not None]
+
+
+def test_kairos_on_time_pairs_cost_less_than_late_ones():
+    p = KairosPolicy(latency, feature_size)
+    q = make_queue([100, 100], qos_ms=40.0)  # the GPU on time (13 ms), the CPU late (50 ms)
+    q.entries[1].enqueued = q.entries[1].deadline = 0.0  # a zero budget: late everywhere
+    q.entries[1].deadline = 0.005
+    cost = p.cost_matrix(list(q.entries), [worker("c", "cpu"), worker("g", "gpu")], 0.0)
+    assert cost[0, 1] < cost[1, 1] and cost[0, 1] < cost[0, 0]
+
+
+def test_predictor_learns_a_fixed_overhead_as_an_offset_not_a_ratio():
+    # a live instance: the profile + 3 ms on every query (transport, the sleep's wake-up)
+    pred = LatencyPredictor(latency)
+    for size in (10, 400, 10, 400):
+        pred.observe("m", "cpu", size, latency("cpu", size) + 3.0)
+    assert pred.predict("m", "cpu", 800) == pytest.approx(403.0)  # not 800 x 0.5 x the small ones' 1.6
+    assert pred.predict_many("m", "cpu", np.array([800, 10, 100])).tolist() == pytest.approx([403.0, 8.0, 53.0])
+    assert pred.predict("m", "gpu", 800) == latency("gpu", 800)  # another type: the profile as is
