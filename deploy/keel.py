@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     from deploy.manager_cli import add_parser as add_manager
 
     add_manager(sub)
+    from deploy.selection_cli import add_parser as add_selection
+
+    add_selection(sub)
     return parser
 
 
