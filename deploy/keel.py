@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_subparsers(dest="experiment", required=True)
     add_parm_tail(which)
     add_kairos_experiment(which)
+    from bench.selection_experiment import add_parser as add_selection_experiment
+
+    add_selection_experiment(which)
     add_kairos(sub)
     from deploy.keys_cli import add_parser as add_keys
     from deploy.model_cli import add_parser as add_model
