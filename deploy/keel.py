@@ -49,12 +49,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bench.hams_overhead import add_parser as add_hams_overhead
+    from bench.kairos_experiment import add_parser as add_kairos_experiment
+    from bench.selection_experiment import add_parser as add_selection_experiment
     from chaos.cli import add_parser as add_chaos
+    from chaos.parm_tail import add_parser as add_parm_tail
     from common.roles import ROLES
     from deploy.cli import add_parser as add_deploy
     from deploy.kairos_cli import add_parser as add_kairos
-    from bench.kairos_experiment import add_parser as add_kairos_experiment
-    from chaos.parm_tail import add_parser as add_parm_tail
+    from deploy.keys_cli import add_parser as add_keys
+    from deploy.manager_cli import add_parser as add_manager
+    from deploy.model_cli import add_parser as add_model
+    from deploy.selection_cli import add_parser as add_selection
     from training.cli import add_parser as add_training
 
     parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
@@ -88,18 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_subparsers(dest="experiment", required=True)
     add_parm_tail(which)
     add_kairos_experiment(which)
-    from bench.hams_overhead import add_parser as add_hams_overhead
-
     add_hams_overhead(which)
+    add_selection_experiment(which)
     add_kairos(sub)
-    from deploy.keys_cli import add_parser as add_keys
-    from deploy.model_cli import add_parser as add_model
-
     add_model(sub)
     add_keys(sub)
-    from deploy.manager_cli import add_parser as add_manager
-
     add_manager(sub)
+    add_selection(sub)
     return parser
 
 
