@@ -208,14 +208,16 @@ def test_reconstruction_is_reported_answered_to_the_dispatcher(harness):
     c = h.client()
     h.predict(c, "a", x_of(6))
     h.predict(c, "b", x_of(7))
-    q = h.queries()
-    assert len(q.qids) == 2
-    h.answer("m", [q.qids[1]], [[5, 6]], source=Source.RECONSTRUCTION)
+    qids = h.queries().qids
+    if len(qids) == 1:  # the frontend flushed between the two requests: two Queries
+        qids = qids + h.queries().qids
+    assert len(qids) == 2
+    h.answer("m", [qids[1]], [[5, 6]], source=Source.RECONSTRUCTION)
     reply = h.reply(c)
     assert (reply.request_id, reply.source) == ("b", Source.RECONSTRUCTION)
     answered = h.queries()
-    assert isinstance(answered, Answered) and (answered.model, answered.qids) == ("m", [q.qids[1]])
-    h.answer("m", [q.qids[0]], [[1, 1]])
+    assert isinstance(answered, Answered) and (answered.model, answered.qids) == ("m", [qids[1]])
+    h.answer("m", [qids[0]], [[1, 1]])
     assert h.reply(c).request_id == "a"
     h.no_reply(c)
     assert not h.dispatcher.poll(0)  # a model's own answer is not reported
