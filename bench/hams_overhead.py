@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -166,7 +167,8 @@ def run(quick: bool, json_path: Path, log) -> dict:
            "throughput_ratio_b64": min(index[(n, "nspb", 64)]["throughput_ratio"] for n in names),
            "lineage_ms_per_batch": max(r["lineage_ms_per_batch"] or 0.0 for r in rows),
            "ordering_ok": ordering, "lost": sum(r["lost"] for r in rows), "elapsed_s": time.time() - t0,
-           "note": "taken on a shared, loaded machine; preliminary", "rows": rows}
+           # the machine's load while it ran: figures taken beside other work are not comparable
+           "loadavg_1m_at_end": os.getloadavg()[0], "rows": rows}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     out["plot"] = str(json_path.with_suffix(".png"))
     json_path.write_text(json.dumps(out, indent=1))
