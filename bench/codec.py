@@ -16,17 +16,16 @@ $ python -m bench.codec --json runs/bench_codec.json
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from common.codec import add_encode, subtract_decode
+from common.loadgen import write_json
 
 KS = (2, 3, 4)
 QUERY_SHAPE = (3, 224, 224)
@@ -93,8 +92,7 @@ def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats:
     print(f"targets at k=4: encode <= {TARGETS_US['encode_k4']:.0f} us, decode <= {TARGETS_US['decode_k4']:.0f} us: "
           f"{'met' if result['meets_targets'] else 'NOT met'}")
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(json_path, result)
     return result
 
 

@@ -16,14 +16,13 @@ Per-request log lines are off during the benchmark (they go to a file otherwise)
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 from common.client import Client
-from common.loadgen import open_loop, summarize
+from common.loadgen import figures_table, open_loop, summarize, write_json
 from common.spec import ClusterSpec, load_spec
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block
@@ -110,16 +109,13 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out["batching_speedup"] = aimd_rps / fixed_rps if fixed_rps else None
     out["elapsed_s"] = time.time() - t0
 
-    targets = {"noop_p50_us": ("<=", 600), "noop_throughput_rps": (">=", 10000), "batching_speedup": (">=", 10)}
-    log("\n%-22s %14s %10s" % ("metric", "value", "target"))
-    for key in ("noop_p50_us", "noop_p99_us", "noop_throughput_rps", "batching_speedup", "aimd_batch_size"):
-        value = out.get(key)
-        target = " ".join(map(str, targets[key])) if key in targets else ""
-        log("%-22s %14s %10s" % (key, f"{value:.1f}" if isinstance(value, float) else value, target))
+    targets = {"noop_p50_us": "<= 600", "noop_throughput_rps": ">= 10000", "batching_speedup": ">= 10"}
+    log("")
+    for line in figures_table(out, ("noop_p50_us", "noop_p99_us", "noop_throughput_rps", "batching_speedup",
+                                    "aimd_batch_size"), targets):
+        log(line)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
-        log(f"wrote {json_path}")
+        log(f"wrote {write_json(json_path, out)}")
     return out
 
 

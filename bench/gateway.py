@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import numpy as np
 import orjson
 
 from common.client import Client
-from common.loadgen import schedule
+from common.loadgen import figures_table, schedule, write_json
 from common.progress import bar
 from common.spec import load_spec
 from deploy.local import Launcher, free_port, free_port_block
@@ -206,18 +205,14 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out["elapsed_s"] = time.time() - t0
 
     targets = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
-    log("\n%-26s %12s %10s" % ("metric", "value", "target"))
-    for key in ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
-                "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
-                "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost"):
-        value = out.get(key)
-        shown = f"{value:.3f}" if key.endswith("_cost") and value is not None else \
-            f"{value:.1f}" if isinstance(value, float) else value
-        log("%-26s %12s %10s" % (key, shown, targets.get(key, "")))
+    log("")
+    for line in figures_table(out, ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us",
+                                    "gateway_added_p50_us", "gateway_throughput_rps", "core_p50_us_without_curve",
+                                    "core_p50_us_with_curve", "core_rps_without_curve", "core_rps_with_curve",
+                                    "curve_p50_cost", "curve_throughput_cost"), targets):
+        log(line)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=2))
-        log(f"wrote {json_path}")
+        log(f"wrote {write_json(json_path, out)}")
     return out
 
 

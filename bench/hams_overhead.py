@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import tempfile
@@ -169,9 +168,8 @@ def run(quick: bool, json_path: Path, log) -> dict:
            "ordering_ok": ordering, "lost": sum(r["lost"] for r in rows), "elapsed_s": time.time() - t0,
            # the machine's load while it ran: figures taken beside other work are not comparable
            "loadavg_1m_at_end": os.getloadavg()[0], "rows": rows}
-    json_path.parent.mkdir(parents=True, exist_ok=True)
     out["plot"] = str(json_path.with_suffix(".png"))
-    json_path.write_text(json.dumps(out, indent=1))
+    loadgen.write_json(json_path, out)
     plot(out, Path(out["plot"]))
     return out
 
@@ -210,7 +208,7 @@ def table(out: dict) -> list[str]:
 def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-overhead-quick.json" if args.quick else "runs/hams-overhead.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
-    log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes (figures under contention are preliminary)")
+    log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes")
     out = run(args.quick, json_path, log)
     for line in table(out):
         log(line)

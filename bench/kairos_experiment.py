@@ -46,7 +46,6 @@ Example
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -56,6 +55,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench.kairos_sim import allowable_throughput, oracle_throughput, simulate, tune_drs
+from common.loadgen import write_json
 from services.scheduling.kairos import (ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size,
                                         solve_timing)
 
@@ -309,8 +309,7 @@ def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root
     png = json_path.with_suffix(".png")
     plot(out, png)
     out["plot"] = str(png)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(out, indent=2))
+    write_json(json_path, out)
     return out
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.kairos_sim import allowable_throughput, bisect_rate, simulate
 from common.client import Client
-from common.loadgen import open_loop, summarize
+from common.loadgen import open_loop, summarize, write_json
 from common.spec import load_spec
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block, wait_until
@@ -164,7 +164,6 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
              budget: float | None = None, scale: float = 1.0, log: Callable[[str], None] = print) -> dict:
     """Per model: the planned pool, Kairos's simulated allowable throughput on it (the
     same trial size and seed) and the live one; JSON and the latency CDF plot."""
-    import json
 
     from bench.kairos_experiment import _pool_dict, _sizes, latency_table  # noqa: F401
     from common.kairos.planner import plan_pools
@@ -202,8 +201,7 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
     png = json_path.with_suffix(".png")
     plot_cdfs(out, png)
     out["plot"] = str(png)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(out))
+    write_json(json_path, out)
     return out
 
 

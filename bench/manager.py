@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from common.control import ManagerClient
+from common.loadgen import figures_table, write_json
 from deploy.local import Launcher
 from deploy.manager_cli import LocalGroup
 
@@ -111,14 +111,10 @@ def run(json_path: str | None, quick: bool = False) -> int:
             "replicas_equal": bool(equal), "final_seq": [s["seq"] if s else None for s in snaps],
             "first_leader": group.endpoints[leader], "targets": TARGETS, "quick": quick,
         }
-    print(f"\n{'figure':<20} {'value':>10} {'target':>10}")
-    for key, unit, scale in (("commit_p50_ms", "ms", 1), ("commit_p99_ms", "ms", 1),
-                             ("failover_median_s", "s", 1), ("failover_max_s", "s", 1)):
-        target = TARGETS.get(key)
-        print(f"{key:<20} {result[key] * scale:>8.3f}{unit:>2} {('<= ' + str(target)) if target else '':>10}")
-    print(f"{'trials':<20} {trials:>10}\n{'replicas_equal':<20} {str(equal):>10}")
+    print()
+    for line in figures_table(result, ("commit_p50_ms", "commit_p99_ms", "failover_median_s", "failover_max_s", "trials",
+                                       "replicas_equal"), {k: f"<= {v}" for k, v in TARGETS.items()}):
+        print(line)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-        print(f"wrote {json_path}")
+        print(f"wrote {write_json(json_path, result)}")
     return 0 if equal else 1

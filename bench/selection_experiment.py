@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
+from common.loadgen import write_json
 from services.selection.policies import Exp3, Exp4, State
 
 TRANSFORMS = {
@@ -228,7 +228,7 @@ def cmd(args: argparse.Namespace) -> int:
         shown = "-" if v is None else f"{v:.4f}"
         log(f"{key:<26}{shown:>10}  {target}  {'met' if met(out) else 'NOT met'}")
     log(f"static errors: " + ", ".join(f"{k} {v:.4f}" for k, v in out["static_errors"].items()))
-    json_path.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    write_json(json_path, out)
     log(f"{out['elapsed_s']:.0f} s; wrote {json_path} and {plot_path}")
     return 0
 

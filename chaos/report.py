@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import orjson
 
-from common.loadgen import PERCENTILES, latency_ms, pkey, summarize  # noqa: F401  (summarize: re-exported)
+from common.loadgen import PERCENTILES, latency_ms, pkey, summarize, write_json  # noqa: F401  (re-exported)
 
 _FAULT_COLORS = {"kill": "red", "restart": "green", "freeze": "purple", "thaw": "violet", "partition": "orange",
                  "heal": "gold", "shuffle": "blue", "delay": "brown", "undelay": "tan", "limit": "gray"}
@@ -33,13 +32,6 @@ def ratios(summaries: dict[str, dict]) -> dict[str, dict]:
         out[f"{m}/{modes[0]}"] = {k: (mine[k] / base[k] if mine.get(k) and base.get(k) else None)
                                   for k in [pkey(p) for p in PERCENTILES] + ["mean"]}
     return out
-
-
-def write_json(path: Path, report: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
-    return path
 
 
 def _plt():

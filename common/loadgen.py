@@ -27,9 +27,11 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 #: error codes that refuse a query at admission: it was never accepted, so not lost
 REJECTED = frozenset({"overloaded", "bad_request", "unknown_model"})
@@ -202,3 +204,26 @@ def grade(records: Iterable[Record | dict], labels: np.ndarray) -> dict:
             rebuilt.append(ok)
     return {"accuracy": float(np.mean(right)) if right else None, "graded": len(right),
             "reconstructed": len(rebuilt), "degraded_accuracy": float(np.mean(rebuilt)) if rebuilt else None}
+
+
+def write_json(path: str | Path, report: dict) -> Path:
+    """Write a benchmark's or experiment's figures (numpy values and non-string keys
+    allowed), making the folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+    return path
+
+
+def figures_table(figures: dict, keys: Iterable[str], targets: dict[str, str] | None = None) -> list[str]:
+    """The lines of a printed table: each of ``keys`` with its value in ``figures`` and its
+    target (text such as "<= 2.0") when ``targets`` has one."""
+    targets = targets or {}
+    keys = list(keys)
+    width = max(len(k) for k in keys) + 2
+    lines = [f"{'figure':<{width}}{'value':>12}  target"]
+    for key in keys:
+        value = figures.get(key)
+        shown = (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}") if isinstance(value, float) else str(value)
+        lines.append(f"{key:<{width}}{shown:>12}  {targets.get(key, '')}".rstrip())
+    return lines
