@@ -19,15 +19,22 @@ DIM, OUT = 8, 4
 TIMEOUT_MS = 30_000.0  # far longer than the test may take: only the disconnect can explain an answer in time
 
 
-def test_a_dead_frontends_calls_move_at_once(tmp_path, launcher, client):
+def _two_frontends(tmp_path, launcher, name: str):
+    """Two frontends before one 50 ms-a-query worker (a frontend still holds calls when it
+    dies); returns (spec, the running launcher)."""
     spec = load_spec({
-        "cluster": {"name": "fe-kill", "base_port": free_port_block(), "run_dir": str(tmp_path / "run")},
+        "cluster": {"name": name, "base_port": free_port_block(), "run_dir": str(tmp_path / "run")},
         "frontend": {"hosts": ["local", "local"], "cache_size": 0},
         "models": {"sleep": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT, "fixed_ms": 50.0,
                              "workers": 1, "deadline_ms": TIMEOUT_MS}},
     })
-    run = launcher("fe-kill")
+    run = launcher(name)
     run.start_spec(spec)
+    return spec, run
+
+
+def test_a_dead_frontends_calls_move_at_once(tmp_path, launcher, client):
+    spec, run = _two_frontends(tmp_path, launcher, "fe-kill")
     c = client(spec.client_endpoints, timeout_ms=TIMEOUT_MS, retries=1)
     rng = np.random.default_rng(5)
     inputs = {c.submit("sleep", x): x for x in rng.random((40, DIM), dtype=np.float32)}
@@ -52,14 +59,7 @@ def test_a_dead_frontends_calls_move_at_once_with_the_async_client(tmp_path, lau
 
     from common.client import AsyncClient
 
-    spec = load_spec({
-        "cluster": {"name": "fe-kill-async", "base_port": free_port_block(), "run_dir": str(tmp_path / "run")},
-        "frontend": {"hosts": ["local", "local"], "cache_size": 0},
-        "models": {"sleep": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT, "fixed_ms": 50.0,
-                             "workers": 1, "deadline_ms": TIMEOUT_MS}},
-    })
-    run = launcher("fe-kill-async")
-    run.start_spec(spec)
+    spec, run = _two_frontends(tmp_path, launcher, "fe-kill-async")
     xs = np.random.default_rng(6).random((40, DIM), dtype=np.float32)
 
     async def drive():

@@ -54,19 +54,25 @@ def _cluster(tmp_path, launcher):
     return managers, spec, active, standby, others
 
 
+def _start(run, probe, spec, active, standby, others) -> None:
+    """The active dispatcher first (the manager makes it the holder), then the standby, the
+    workers and the frontend; returns once the workers and the frontend are ready."""
+    run.start(active)
+    wait_until(lambda: probe.call("snapshot")["groups"].get("dispatcher", {}).get("holder") == "dispatcher",
+               timeout_s=30.0)
+    run.start(standby)
+    for svc in others:
+        run.start(svc)
+    run.wait_workers(active.config.worker_endpoint, 2, timeout_s=60)
+    run.wait_status(spec.client_endpoints[0], timeout_s=30)
+
+
 def test_killing_the_active_dispatcher_loses_nothing_and_defaults_nothing(tmp_path, launcher, client):
     managers, spec, active, standby, others = _cluster(tmp_path, launcher)
     run = launcher("cluster")
     probe = ManagerClient(managers.endpoints)
     try:
-        run.start(active)
-        wait_until(lambda: probe.call("snapshot")["groups"].get("dispatcher", {}).get("holder") == "dispatcher",
-                   timeout_s=30.0)
-        run.start(standby)
-        for svc in others:
-            run.start(svc)
-        run.wait_workers(active.config.worker_endpoint, 2, timeout_s=60)
-        run.wait_status(spec.client_endpoints[0], timeout_s=30)
+        _start(run, probe, spec, active, standby, others)
         assert request_status(standby.config.worker_endpoint, 5.0)["active"] is False
 
         c = client(spec.client_endpoints[0], timeout_ms=TIMEOUT_MS, retries=0)
@@ -112,14 +118,7 @@ def test_a_frozen_dispatcher_is_replaced_and_steps_down_when_it_thaws(tmp_path, 
     run = launcher("cluster")
     probe = ManagerClient(managers.endpoints)
     try:
-        run.start(active)
-        wait_until(lambda: probe.call("snapshot")["groups"].get("dispatcher", {}).get("holder") == "dispatcher",
-                   timeout_s=30.0)
-        run.start(standby)
-        for svc in others:
-            run.start(svc)
-        run.wait_workers(active.config.worker_endpoint, 2, timeout_s=60)
-        run.wait_status(spec.client_endpoints[0], timeout_s=30)
+        _start(run, probe, spec, active, standby, others)
 
         c = client(spec.client_endpoints[0], timeout_ms=TIMEOUT_MS, retries=0)
         rng = np.random.default_rng(4)
