@@ -118,8 +118,11 @@ class ModelRepliesMatchOffline:
         todo = [(rec, r) for rec, r in todo if r.get("output") is not None]
         # a reply is checked against the version it names where the context has that
         # version's predictor ("model@version": a rollout moved the workers), else the model's
-        key = {id(r): f"{ctx.model}@{r.get('version')}" if f"{ctx.model}@{r.get('version')}" in ctx.predictors else ctx.model
-               for _, r in todo}
+        def predictor_of(r: dict) -> str:
+            versioned = f"{ctx.model}@{r.get('version')}"
+            return versioned if versioned in ctx.predictors else ctx.model
+
+        key = {id(r): predictor_of(r) for _, r in todo}
         expected: dict[tuple[str, int], np.ndarray] = {}
         for name in sorted(set(key.values())):
             rows = sorted({rec["input_index"] for rec, r in todo if key[id(r)] == name})

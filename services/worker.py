@@ -71,7 +71,7 @@ class Worker(Service):
         self.liveness = cfg.heartbeat_liveness
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
-        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0}
+        self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0, "rollouts": 0}
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
         self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
@@ -194,14 +194,14 @@ class Worker(Service):
                     predictor.output_size != getattr(self.predictor, "output_size", predictor.output_size):
                 raise ValueError(f"version {version} takes {predictor.input_shape} -> {predictor.output_size}, "
                                  f"the served one {self.predictor.input_shape} -> {self.predictor.output_size}")
-            check(predictor, list(predictor.input_shape), getattr(predictor, "manifest").input_dtype)
+            check(predictor, list(predictor.input_shape), predictor.manifest.input_dtype)
         except Exception as exc:  # a bad version must not take the serving one down
             why = f"{type(exc).__name__}: {exc}"
             self.log.error("rollout refused", version=version, error=why)
             self._register()
             return why
         old, self.predictor, self.version = self.version, predictor, predictor.version
-        self.counts["rollouts"] = self.counts.get("rollouts", 0) + 1
+        self.counts["rollouts"] += 1
         self.log.info("rolled out", version=self.version, previous=old)
         self._register()
         return None
