@@ -338,7 +338,7 @@ class Client(_Base):
         return sock
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
-        if _disconnect_seen(monitor):
+        if transport.disconnect_seen(monitor):
             for rid, call in self._disconnected(self.monitors[monitor], time.perf_counter()):
                 self.moved += 1
                 transport.send(self._socket(call.frontend), self._message(rid, call))
@@ -491,7 +491,7 @@ class AsyncClient(_Base):
     def _on_monitor(self, i: int) -> None:
         """Frontend ``i`` disconnected: wake every call it holds (with no answer), so each
         takes its next attempt, on another frontend, now."""
-        if not _disconnect_seen(self.monitors[i]):
+        if not transport.disconnect_seen(self.monitors[i]):
             return
         self._timed_out(i, time.perf_counter())
         for rid, call in self.calls.items():
@@ -563,16 +563,6 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-def _disconnect_seen(monitor: zmq.Socket) -> bool:
-    """Read every event waiting on a socket monitor; True if one was a disconnect."""
-    from zmq.utils.monitor import recv_monitor_message
-
-    seen = False
-    while monitor.poll(0):
-        seen |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-    return seen
 
 
 def _give_up(future: asyncio.Future) -> None:

@@ -288,12 +288,8 @@ class ManagerLink:
                 self.service.remove_socket(monitor)
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        while monitor.poll(0):
-            event = recv_monitor_message(monitor)
-            if event["event"] == zmq.EVENT_DISCONNECTED and monitor in self.monitors:
-                self.suspect(self.monitors[monitor][1], "disconnect")
+        if transport.disconnect_seen(monitor) and monitor in self.monitors:
+            self.suspect(self.monitors[monitor][1], "disconnect")
 
     def holder(self, group: str) -> tuple[str | None, int, dict]:
         """(holder, epoch, the holder's registered endpoints) of ``group`` in the feed's view."""

@@ -155,10 +155,17 @@ def recv_frames(sock: zmq.Socket) -> list:
 
 def request_status(endpoint: str, timeout_s: float = 2.0, ctx: zmq.Context | None = None) -> dict | None:
     """Ask the service whose ROUTER is at ``endpoint`` for its status; None on timeout."""
+    return ask(endpoint, protocol.Status(service="?"), timeout_s, ctx)
+
+
+def ask(endpoint: str, msg: Any, timeout_s: float = 2.0, ctx: zmq.Context | None = None) -> dict | None:
+    """Send ``msg`` to the ROUTER at ``endpoint`` and return the ``info`` of the Status it
+    answers with; None on timeout or a malformed answer. ``ctx``: the ZeroMQ context (default
+    the process's; one made inside a network namespace connects from there)."""
     ctx = ctx or zmq.Context.instance()
-    sock = make_socket(ctx, zmq.DEALER, connect=endpoint, identity=f"status-{uuid.uuid4().hex[:8]}")
+    sock = make_socket(ctx, zmq.DEALER, connect=endpoint, identity=f"ask-{uuid.uuid4().hex[:8]}")
     try:
-        send(sock, protocol.Status(service="?"))
+        send(sock, msg)
         if not sock.poll(int(timeout_s * 1000)):
             return None
         msg = protocol.decode(recv_frames(sock))
@@ -167,3 +174,14 @@ def request_status(endpoint: str, timeout_s: float = 2.0, ctx: zmq.Context | Non
         return None
     finally:
         sock.close(0)
+
+
+def disconnect_seen(monitor: zmq.Socket) -> bool:
+    """Read every event waiting on a socket monitor (``get_monitor_socket``); True if one
+    was a disconnect."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    seen = False
+    while monitor.poll(0):
+        seen |= recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    return seen

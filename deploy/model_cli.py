@@ -193,22 +193,9 @@ def configure_version(endpoint: str, version: str, timeout_s: float, model: str 
     frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
     the ZeroMQ context to use (default the process's; the chaos harness passes one made
     inside a network namespace)."""
-    import uuid
-
-    import zmq
-
     from common import protocol, transport
 
-    ctx = ctx or zmq.Context.instance()
-    sock = transport.make_socket(ctx, zmq.DEALER, connect=endpoint, identity=f"rollout-{uuid.uuid4().hex[:8]}")
-    try:
-        transport.send(sock, protocol.Configure(version=version, model=model))
-        if not sock.poll(int(timeout_s * 1000)):
-            return None
-        msg = protocol.decode(transport.recv_frames(sock))
-        return msg.info if isinstance(msg, protocol.Status) else None
-    finally:
-        sock.close(0)
+    return transport.ask(endpoint, protocol.Configure(version=version, model=model), timeout_s, ctx)
 
 
 def model_workers(spec: Any, model: str) -> list[Any]:
