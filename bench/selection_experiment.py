@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from common.loadgen import write_json
-from services.selection.policies import Exp3, Exp4, State
+from services.selection.policies import Exp3, Exp4
 
 TRANSFORMS = {
     "identity": lambda x: x,
@@ -227,7 +227,7 @@ def cmd(args: argparse.Namespace) -> int:
         v = out[key]
         shown = "-" if v is None else f"{v:.4f}"
         log(f"{key:<26}{shown:>10}  {target}  {'met' if met(out) else 'NOT met'}")
-    log(f"static errors: " + ", ".join(f"{k} {v:.4f}" for k, v in out["static_errors"].items()))
+    log("static errors: " + ", ".join(f"{k} {v:.4f}" for k, v in out["static_errors"].items()))
     write_json(json_path, out)
     log(f"{out['elapsed_s']:.0f} s; wrote {json_path} and {plot_path}")
     return 0
