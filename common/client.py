@@ -26,6 +26,17 @@ id). Without it, results are values, as before. ``dtypes={"model": "float32"}`` 
 client convert compatible inputs (float64, ints) to the model's dtype, and refuse the
 others with ``BadInput`` naming the dtype expected. Both clients are context managers
 (``with Client(...)``, ``async with AsyncClient(...)``).
+
+Model selection (Clipper §5; docs/guide/client.md): an application is called by its name,
+with a ``context`` (a user, a session) whose learned state picks and weighs its models;
+the result says which models answered (``models``) and the ``confidence``. The true class,
+once known, goes back with ``feedback(request_id, y)`` to the frontend that answered:
+
+>>> result = client.predict("digits-ensemble", x, context="alice")  # doctest: +SKIP
+>>> result.source, result.models, result.confidence                # doctest: +SKIP
+('ensemble', ['mlp-a', 'mlp-b', 'lenet'], 1.0)
+>>> client.feedback(result.request_id, 3).ok                       # doctest: +SKIP
+True
 """
 from __future__ import annotations
 
@@ -36,13 +47,14 @@ import math
 import os
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from common import protocol, transport
-from common.protocol import ErrorCode, Predict, Reply, Source
+from common.protocol import ErrorCode, Feedback, Predict, Reply, Source
 
 
 @dataclass(slots=True)
@@ -56,6 +68,9 @@ class Result:
     version: str | None = None
     latency_ms: float = 0.0
     frontend: str = ""
+    #: an application's call: the models whose outputs the answer used, and its confidence
+    models: list[str] | None = None
+    confidence: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,6 +82,22 @@ class Result:
         if not self.ok:
             raise error_for(self)
         return self
+
+
+@dataclass(slots=True)
+class FeedbackResult:
+    """The frontend's answer to ``feedback``: ``ok`` if it learned from it; otherwise why not
+    (``error_code`` ``unknown_request``: unknown, repeated or expired request id;
+    ``bad_request``: not a class; ``timeout``: no answer)."""
+
+    request_id: str
+    ok: bool
+    error: str | None = None
+    error_code: str | None = None
+
+
+#: request id -> the frontend that answered it, kept for feedback, at most
+ANSWERED_BY = 100_000
 
 
 class KeelError(Exception):
@@ -163,6 +194,7 @@ class _Call:
     expires: float  # perf_counter after which this attempt counts as lost
     attempt: int
     frontend: int
+    context: str | None = None
 
 
 #: calls ``predict_batch`` keeps in flight at once
@@ -205,13 +237,17 @@ class _Base:
         self.counter = itertools.count(1)
         self.calls: dict[str, _Call] = {}
         self.expiry: list[tuple[float, str]] = []  # heap of (expires, request id); stale entries skipped
+        self.answered_by: OrderedDict[str, int] = OrderedDict()  # request id -> frontend, for feedback
+        self.acks: dict[str, FeedbackResult] = {}  # feedback answers awaited (request id -> answer)
 
-    def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> tuple[str, _Call]:
+    def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
+                  context: str | None = None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
         x = coerce_input(model, x, self.dtypes.get(model))
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, self._pick(now))
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, self._pick(now),
+                     context)
         self.calls[rid] = call
         heapq.heappush(self.expiry, (call.expires, rid))
         return rid, call
@@ -238,12 +274,16 @@ class _Base:
         return (timeout_ms + grace) / 1000.0
 
     def _message(self, rid: str, call: _Call) -> Predict:
-        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=call.timeout_ms)
+        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=call.timeout_ms, context=call.context)
 
     def _finish(self, frames: list, frontend: int) -> Result | None:
         try:
             reply = protocol.decode(frames)
         except protocol.ProtocolError:
+            return None
+        if isinstance(reply, Feedback):
+            if reply.request_id in self.acks and reply.ok is not None:
+                self.acks[reply.request_id] = FeedbackResult(reply.request_id, reply.ok, reply.error, reply.error_code)
             return None
         if not isinstance(reply, Reply):
             return None
@@ -251,9 +291,23 @@ class _Base:
         call = self.calls.pop(reply.request_id, None)
         if call is None:
             return None  # a duplicate answer to a retried call: the first one counted
+        if reply.models is not None:  # an application's call: its feedback goes to this frontend
+            self.answered_by[reply.request_id] = frontend
+            if len(self.answered_by) > ANSWERED_BY:
+                self.answered_by.popitem(last=False)
         output = None if reply.output is None else np.array(reply.output)
         return Result(reply.request_id, reply.source, output, reply.error, reply.error_code, reply.model, reply.version,
-                      (time.perf_counter() - call.sent) * 1000.0, self.frontends[frontend])
+                      (time.perf_counter() - call.sent) * 1000.0, self.frontends[frontend], reply.models,
+                      reply.confidence)
+
+    def _feedback_message(self, request_id: str, y: int) -> tuple[int, Feedback]:
+        """(frontend, message) of a feedback: it goes to the frontend that answered the call."""
+        if isinstance(y, bool) or not isinstance(y, (int, np.integer)) or y < 0:
+            raise ValueError(f"feedback is a class index >= 0, got {y!r}")
+        return self.answered_by.get(request_id, 0), Feedback(request_id=request_id, label=int(y))
+
+    def _no_ack(self, request_id: str, timeout_ms: float) -> FeedbackResult:
+        return FeedbackResult(request_id, False, f"no answer to the feedback within {timeout_ms:.0f} ms", ErrorCode.TIMEOUT)
 
     def _overdue(self, now: float) -> tuple[list[tuple[str, _Call]], list[Result]]:
         """Calls whose attempt timed out: (to retry, given up)."""
@@ -343,8 +397,9 @@ class Client(_Base):
                 self.moved += 1
                 transport.send(self._socket(call.frontend), self._message(rid, call))
 
-    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None) -> str:
-        rid, call = self._new_call(model, x, timeout_ms, request_id)
+    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
+               context: str | None = None) -> str:
+        rid, call = self._new_call(model, x, timeout_ms, request_id, context)
         transport.send(self._socket(call.frontend), self._message(rid, call))
         return rid
 
@@ -381,7 +436,7 @@ class Client(_Base):
                     result = self._finish(frames, i)
                     if result is not None:
                         out.append(result)
-            if out or time.perf_counter() >= end:
+            if out or any(self.acks.values()) or time.perf_counter() >= end:
                 return out
 
     def _gather(self, wanted: set[str], got: dict[str, Result], limit: int = 0) -> None:
@@ -399,11 +454,28 @@ class Client(_Base):
                     self.results[result.request_id] = result  # someone else's submit
 
     def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                raise_errors: bool | None = None) -> Result:
-        rid = self.submit(model, x, timeout_ms, request_id)
+                raise_errors: bool | None = None, context: str | None = None) -> Result:
+        """One query of a model, or of an application (by its name) in ``context``."""
+        rid = self.submit(model, x, timeout_ms, request_id, context)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
         return self._outcome(got[rid], raise_errors)
+
+    def feedback(self, request_id: str, y: int, timeout_ms: float | None = None) -> FeedbackResult:
+        """The true class ``y`` of an answered application call, to the frontend that
+        answered it; the answer says whether it learned from it (once per call)."""
+        timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
+        frontend, msg = self._feedback_message(request_id, y)
+        self.acks[request_id] = None
+        try:
+            transport.send(self._socket(frontend), msg)
+            end = time.perf_counter() + timeout / 1000.0
+            while self.acks[request_id] is None and time.perf_counter() < end:
+                for result in self._poll(min(50.0, max(0.0, (end - time.perf_counter()) * 1000.0))):
+                    self.results[result.request_id] = result  # a submitted call's: for its collect
+            return self.acks[request_id] or self._no_ack(request_id, timeout)
+        finally:
+            del self.acks[request_id]
 
     def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
                       raise_errors: bool | None = None) -> list[Result]:
@@ -465,6 +537,7 @@ class AsyncClient(_Base):
         self.monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in self.sockets] if watch else []
         self.moved = 0  # calls sent to another frontend because theirs disconnected
         self.futures: dict[str, asyncio.Future] = {}
+        self.ack_futures: dict[str, asyncio.Future] = {}  # feedback answers awaited
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def _start(self) -> None:
@@ -505,18 +578,41 @@ class AsyncClient(_Base):
         sock = self.sockets[i]
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
+            for rid, future in self.ack_futures.items():
+                if self.acks.get(rid) is not None and not future.done():
+                    future.set_result(None)
             if result is not None:
                 future = self.futures.pop(result.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)
 
     async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                      raise_errors: bool | None = None) -> Result:
-        return self._outcome(await self._predict(model, x, timeout_ms, request_id), raise_errors)
+                      raise_errors: bool | None = None, context: str | None = None) -> Result:
+        """One query of a model, or of an application (by its name) in ``context``."""
+        return self._outcome(await self._predict(model, x, timeout_ms, request_id, context), raise_errors)
 
-    async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None) -> Result:
+    async def feedback(self, request_id: str, y: int, timeout_ms: float | None = None) -> FeedbackResult:
+        """As ``Client.feedback``."""
         self._start()
-        rid, call = self._new_call(model, x, timeout_ms, request_id)
+        timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
+        frontend, msg = self._feedback_message(request_id, y)
+        future = self.ack_futures[request_id] = self.loop.create_future()
+        self.acks[request_id] = None
+        timer = self.loop.call_later(timeout / 1000.0, _give_up, future)
+        try:
+            transport.send(self.sockets[frontend], msg)
+            self._drain(frontend)
+            await future
+            return self.acks[request_id] or self._no_ack(request_id, timeout)
+        finally:
+            timer.cancel()
+            del self.acks[request_id]
+            self.ack_futures.pop(request_id, None)
+
+    async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
+                       context: str | None = None) -> Result:
+        self._start()
+        rid, call = self._new_call(model, x, timeout_ms, request_id, context)
         for attempt in range(self.retries + 1):
             if attempt:
                 call.attempt, call.frontend = attempt, self._pick(time.perf_counter(), avoid=call.frontend)

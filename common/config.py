@@ -101,8 +101,25 @@ class FrontendConfig:
     manager_endpoints: list[str] = field(default_factory=list)
     #: the manager replicas' PUB endpoints (their change feed)
     manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: model selection (Clipper §5): application name -> its table, as
+    #: ``common.spec.applications`` reads ``[applications.NAME]`` (the spec fills this in)
+    applications: dict[str, dict] = field(default_factory=dict)
+    #: the SQLite file of per-context selection states (services/selection/contexts.py);
+    #: "" = in memory, forgotten on restart. A cluster spec puts it in the run dir
+    selection_store: str = ""
+    #: a context state unused this long is forgotten (s); past ``context_cap`` states the
+    #: least recently used go first
+    context_ttl_s: float = 7 * 24 * 3600.0
+    context_cap: int = 100_000
+    #: how long (s) and how many answered application calls are remembered for feedback
+    feedback_ttl_s: float = 600.0
+    feedback_cap: int = 100_000
 
     def validate(self) -> None:
+        _check(self.context_ttl_s > 0, "context_ttl_s", "must be > 0")
+        _check(self.context_cap >= 1, "context_cap", "must be >= 1")
+        _check(self.feedback_ttl_s > 0, "feedback_ttl_s", "must be > 0")
+        _check(self.feedback_cap >= 1, "feedback_cap", "must be >= 1")
         _check(self.cache_size >= 0, "cache_size", "must be >= 0")
         _check(self.admission_limit > 0, "admission_limit", "must be > 0")
         _check(self.dedup_ttl_s > 0, "dedup_ttl_s", "must be > 0")

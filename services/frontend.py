@@ -10,6 +10,13 @@ pending (else ``overloaded``); hand its model queries to the dispatcher. The fir
 model's default output answers, marked ``default``. Every reply names its source. Late
 predictions are counted, and checked against earlier reconstructions.
 
+Model selection (Clipper §5, ``services.selection.runtime``): a request may name an
+application instead of a model (with a ``context``); its policy picks the models to query
+(in the context's state), their outputs are combined when all arrived, or at the deadline
+with those that did (stragglers count as disagreeing, the reply says ``partial``), and the
+reply names the models used and the confidence. A ``Feedback`` message with the true class
+updates the context's state from the outputs kept in the feedback log.
+
 A request's states and the seams for model selection and durable replies are in
 ``services.requests``. Query ids come from this incarnation's ``IdSpace``: a prediction
 for a query of an earlier incarnation (the frontend restarted on the same endpoint) is
@@ -35,11 +42,14 @@ import zmq
 from common import protocol, transport
 from common.config import FrontendConfig
 from common.ids import SEQ_BITS, IdSpace
-from common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source, Status
+from common.protocol import (
+    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Reply, Source, Status,
+)
 from services.base import Service
 from services.cache import ClockCache
 from services.requests import Answered as AnsweredTable
 from services.requests import Hold, Request, Selection, State
+from services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
@@ -52,8 +62,8 @@ class Pending:
 
     qids: tuple[int, ...]  # one per selected model
     models: tuple[str, ...]
-    model: str  # the model the requests asked for
-    version: str
+    model: str  # the model (or application) the requests asked for
+    version: str | None
     deadline: float  # monotonic
     key: bytes | None  # cache key
     requests: list[Request]
@@ -61,6 +71,7 @@ class Pending:
     source: str = Source.MODEL
     #: the query's input, kept (with a manager) to re-send it to a newly active dispatcher
     input: np.ndarray | None = None
+    call: Call | None = None  # an application's call (model selection)
 
 
 class Frontend(Service):
@@ -72,6 +83,7 @@ class Frontend(Service):
         self.selection = selection or Selection()
         self.hold = hold or Hold()
         self.identity = type(self.selection) is Selection  # one model, its output as is: skip combine
+        self.apps = Applications(cfg, self.metrics) if cfg.applications else None
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
             max_frame_bytes=cfg.max_payload_bytes + protocol.MAX_HEADER_BYTES), self._on_clients)
@@ -125,6 +137,8 @@ class Frontend(Service):
                 continue
             if isinstance(msg, Predict):
                 self._on_predict(msg, envelope, start)
+            elif isinstance(msg, Feedback) and msg.ok is None:
+                self._on_feedback(msg, envelope)
             elif isinstance(msg, Status):
                 self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
             elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
@@ -138,11 +152,14 @@ class Frontend(Service):
     def _on_predict(self, msg: Predict, envelope: list, start: float) -> None:
         rid = msg.request_id
         info = self.cfg.models.get(msg.model)
+        app = msg.model if info is None and self.apps is not None and msg.model in self.apps else None
+        if app is not None:
+            info = self.apps.infos[app]
         x = msg.input
         dkey = (envelope[0], rid)
         request = Request(envelope, rid, start, dkey)
         if info is None:
-            known = ", ".join(sorted(self.cfg.models)) or "none"
+            known = ", ".join(sorted([*self.cfg.models, *(self.apps.apps if self.apps else ())])) or "none"
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
         if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
             return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype}")
@@ -150,10 +167,12 @@ class Frontend(Service):
             return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             return self._refuse(request, ErrorCode.BAD_REQUEST, "input contains NaN or infinity")
-        if msg.version not in (None, info.version):
+        if app is not None and msg.version is not None:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{app} is an application: it has no versions")
+        if msg.version not in (None, info.version) and app is None:
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
-        request.digest = digest = zlib.crc32(x, zlib.crc32(msg.model.encode()))
+        request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{msg.context or ''}".encode()))
         done = self.answered.get(dkey)
         if done is not None:  # a retry of an answered request: the same answer again
             if done[1] != digest:
@@ -170,8 +189,8 @@ class Frontend(Service):
             waiting[0].requests.append(request)
             return
         key = None
-        version = self.serving.get(msg.model, info.version)
-        if self.cache is not None:
+        version = self.serving.get(msg.model, info.version) if app is None else None
+        if self.cache is not None and app is None:  # an application's answer depends on its learned state
             key = b"%s\0%s\0%s" % (msg.model.encode(), version.encode(), x.tobytes())
             output = self.cache.get(key)
             if output is not None:
@@ -185,10 +204,17 @@ class Frontend(Service):
         if len(self.pending) >= self.cfg.admission_limit:
             return self._refuse(request, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
         timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.deadline_ms
+        call = None
+        if app is not None:
+            budget = self.apps.apps[app].deadline_ms  # stragglers (§5.2.2): answer with what arrived by then
+            if budget is not None:
+                timeout_ms = min(timeout_ms, budget) if msg.timeout_ms else budget
+            models, call = self.apps.select(app, msg.context or "", x)
+        else:
+            models = self.selection.select(msg.model)
         deadline = time.monotonic() + timeout_ms / 1000.0
-        models = self.selection.select(msg.model)
         qids = tuple(self.ids.next() for _ in models)
-        pending = Pending(qids, models, msg.model, version, deadline, key, [request])
+        pending = Pending(qids, models, msg.model, version, deadline, key, [request], call=call)
         if self.manager is not None:
             pending.input = x
         request.to(State.WAITING)
@@ -286,6 +312,9 @@ class Frontend(Service):
                 self.counts["mismatched"] += 1
                 continue
             del self.pending[qid]
+            if pending.call is not None:
+                self._on_app_output(pending, model, None if outputs is None else outputs[i], source)
+                continue
             if outputs is None:
                 if len(pending.qids) == 1 or not self._open(pending):
                     self._settle(pending)
@@ -320,6 +349,49 @@ class Frontend(Service):
                 self.cache.put(pending.key, output)
             self._answer(pending.requests, source, pending.model, version, output)
 
+    def _on_app_output(self, pending: Pending, model: str, output: np.ndarray | None, source: str) -> None:
+        """One selected model's output (None: its batch failed) for an application's call:
+        the call is answered once every selected model has answered or failed."""
+        if output is not None:
+            pending.call.outputs[model] = output
+            if source == Source.RECONSTRUCTION:
+                self.reconstructed_by[model].append(pending.qids[pending.models.index(model)])
+        if not self._open(pending):
+            self._settle(pending)
+            self._answer_app(pending)
+
+    def _answer_app(self, pending: Pending) -> None:
+        """Combine what arrived (at the deadline: stragglers count as disagreeing); with
+        nothing, the default output or an error."""
+        call = pending.call
+        answer = self.apps.combine(call, call.outputs)
+        if answer is None:
+            default = self.apps.default_output(call.app)
+            if default is not None:
+                self._answer(pending.requests, Source.DEFAULT, call.app, None, default)
+            elif time.monotonic() >= pending.deadline:
+                self._answer(pending.requests, Source.DEFAULT, call.app, None, None,
+                             "deadline passed before any of the application's models answered; no default output",
+                             ErrorCode.DEADLINE)
+            else:
+                self._answer(pending.requests, Source.ERROR, call.app, None, None,
+                             f"every model application {call.app} queried failed: {', '.join(call.models)}",
+                             ErrorCode.MODEL_ERROR)
+            return
+        self._answer(pending.requests, answer.source, call.app, None, answer.output,
+                     models=answer.models, confidence=answer.confidence)
+        for rid in {r.request_id for r in pending.requests}:
+            self.apps.remember(rid, call)
+
+    def _on_feedback(self, msg: Feedback, envelope: list) -> None:
+        if self.apps is None:
+            error, code = "this frontend serves no applications: feedback has nothing to teach", ErrorCode.UNKNOWN_REQUEST
+        else:
+            error, code = self.apps.feedback(msg.request_id, msg.label)
+        self.counts["feedback" if error is None else "feedback_refused"] += 1
+        self._send(envelope, protocol.encode(Feedback(request_id=msg.request_id, label=msg.label, ok=error is None,
+                                                      error=error, error_code=code)))
+
     def _open(self, pending: Pending) -> bool:
         """Whether any of a fanned-out computation's queries is still in flight."""
         return any(q in self.pending for q in pending.qids)
@@ -339,19 +411,21 @@ class Frontend(Service):
             self.by_request.pop(request.dedup, None)
         if pending.key is not None:
             self.by_key.pop(pending.key, None)
-        if len(pending.qids) > 1:
+        if len(pending.qids) > 1 or pending.call is not None:
             for qid in pending.qids:
                 self.pending.pop(qid, None)
 
     # ------------------------------------------------------------------ answers
 
-    def _answer(self, requests: list[Request], source: str, model: str, version: str, output: np.ndarray | None,
-                error: str | None = None, code: str | None = None) -> None:
+    def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
+                error: str | None = None, code: str | None = None, models: list[str] | None = None,
+                confidence: float | None = None) -> None:
         now = time.perf_counter()
         remember = code is None
         for request in requests:
             frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
-                                           version=version, error=error, error_code=code))
+                                           version=version, error=error, error_code=code, models=models,
+                                           confidence=confidence))
             if remember and request.dedup is not None:
                 nbytes = len(frames[0]) + (0 if output is None else output.nbytes)
                 # As a tuple of bytes: an entry the cyclic GC need not track (young tracked
@@ -396,6 +470,9 @@ class Frontend(Service):
             if pending is None:
                 continue
             self._settle(pending)
+            if pending.call is not None:
+                self._answer_app(pending)
+                continue
             output = None
             if pending.outputs:  # fan-out: what arrived may be enough
                 output = self.selection.combine(pending.model, pending.outputs, True)
@@ -431,6 +508,8 @@ class Frontend(Service):
         self.pending.clear()
         for request, frames in list(self.held.items()):
             self.release(request)
+        if self.apps is not None:
+            self.apps.close()
 
     def status(self) -> dict:
         cache = None
@@ -438,7 +517,9 @@ class Frontend(Service):
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
         return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
-                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes}}
+                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes},
+                "applications": sorted(self.apps.apps) if self.apps else [],
+                "feedback_log": len(self.apps.log) if self.apps else 0}
 
 
 def _request_id_of(body: list) -> str:

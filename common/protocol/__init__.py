@@ -60,3 +60,8 @@ __all__ = [
 from common.protocol.messages import Change, Control  # noqa: E402
 
 __all__ += ["Change", "Control"]
+
+# Model selection (Clipper §5): an application call's feedback.
+from common.protocol.messages import Feedback  # noqa: E402
+
+__all__ += ["Feedback"]

@@ -10,11 +10,13 @@ import numpy as np
 import orjson
 
 from common.protocol.fields import (
-    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_NAME, MAX_PAYLOAD_BYTES,
+    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     Role, _is_ids, _is_int, _is_strs,
 )
-from common.protocol.messages import _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Predict, Predictions, Queries
+from common.protocol.messages import (
+    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, Predict, Predictions, Queries,
+)
 
 def encode(msg: Any) -> list:
     """Frames for ``msg``: the orjson header, then one buffer per tensor (zero-copy)."""
@@ -182,6 +184,12 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
     "fence": (_is_int, f"an integer in 0..{MAX_ID}"),
     "values": (lambda v: isinstance(v, dict), "an object"),
+    # model selection (Clipper §5)
+    "context": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "label": (lambda v: _is_int(v, 0, MAX_BATCH), f"a class index in 0..{MAX_BATCH}"),
+    "confidence": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "models": (lambda v: _is_strs(v) and len(v) <= MAX_K and all(len(m) <= MAX_NAME for m in v),
+               f"a list of at most {MAX_K} model names"),
 }
 
 
@@ -211,7 +219,7 @@ def _check_types(msg: Any) -> None:
             raise ProtocolError(f"{name} may not be null")
         if check is not None and not check[0](value):
             raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
-    if cls is Predict and not msg.request_id:
+    if cls in (Predict, Feedback) and not msg.request_id:
         raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
     reply_to = getattr(msg, "reply_to", None)
     if cls is Queries and not isinstance(reply_to, str):

@@ -57,6 +57,7 @@ class Kind(StrEnum):
     GRAPH_REQUEST = "graph_request"  # frontend / operator -> operator / frontend (HAMS service graphs)
     GRAPH_STATE = "graph_state"  # stateful primary -> its backup: the whole state after a batch
     GRAPH_ACK = "graph_ack"  # backup -> primary: a state arrived
+    FEEDBACK = "feedback"  # client -> frontend (an application call's true class) and its answer
     GRAPH_DURABLE = "graph_durable"  # backup -> next stateful models, frontend, primary: state applied
 
 
@@ -67,6 +68,9 @@ class Source(StrEnum):
     CACHE = "cache"
     DEFAULT = "default"  # Clipper's SLO default: the deadline passed first
     RECONSTRUCTION = "reconstruction"  # ParM: rebuilt from the parity output
+    ENSEMBLE = "ensemble"  # Clipper §5.2: an application's models combined, all of them answered
+    PARTIAL = "partial"  # Clipper §5.2.2: combined at the deadline from the models that answered by then
+    LOW_CONFIDENCE = "low_confidence"  # Clipper §5.2.1: the application's default output, its models disagreed
     ERROR = "error"
 
 
@@ -85,6 +89,7 @@ class ErrorCode(StrEnum):
     DEADLINE = "deadline"  # the deadline passed and the model has no default output
     TIMEOUT = "timeout"  # client side: no frontend answered in time
     INTERNAL = "internal"
+    UNKNOWN_REQUEST = "unknown_request"  # feedback for a request the frontend does not remember (late, unknown, repeated)
 
 
 def _is_int(value: Any, lo: int = 0, hi: int = MAX_ID) -> bool:

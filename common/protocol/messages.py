@@ -23,6 +23,9 @@ class Predict:
     timeout_ms: float | None = None
     version: str | None = None
     stream: int | None = None  # HAMS: the stream whose state a stateful graph keeps
+    #: model selection (Clipper §5.3): whose selection state an application's call uses
+    #: (a user, a session); ``model`` then names the application
+    context: str | None = None
 
 
 @dataclass(slots=True)
@@ -36,6 +39,25 @@ class Reply:
     output: np.ndarray | None = None
     model: str | None = None
     version: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    #: an application's call (Clipper §5): the models whose predictions the answer used,
+    #: and its confidence (the share of the application's models that agree with it)
+    models: list[str] | None = None
+    confidence: float | None = None
+
+
+@dataclass(slots=True)
+class Feedback:
+    """The true class of an answered application call (Clipper §5), client -> frontend; the
+    frontend answers with the same kind, ``ok`` set, and ``error``/``error_code`` if it
+    could not learn from it (unknown, expired or repeated request id)."""
+
+    KIND: ClassVar[Kind] = Kind.FEEDBACK
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    request_id: str
+    label: int
+    ok: bool | None = None
     error: str | None = None
     error_code: str | None = None
 
@@ -267,7 +289,7 @@ class GraphDurable:
 
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (Predict, Reply, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
+    for cls in (Predict, Reply, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
                 Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 

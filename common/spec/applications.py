@@ -13,8 +13,10 @@ identifies a context. ``policy_of`` builds the policy object the frontend uses.
     # split = [0.9, 0.1]          # ab: each model's share
     # deadline_ms = 20            # stragglers: answer with what arrived by then
 
-Not read by ``load_spec`` yet (issue 13: the frontend wiring is not done); ``read_applications``
-takes the ``applications`` table of a spec's data and the names of its models.
+``load_spec`` reads the table (``read_applications``) and hands every frontend its
+applications (``attach``): a client calls an application by its name where a model's would
+go (``client.predict("digits-ensemble", x, context="alice")``), so an application may not be
+named like a model, and its models must take the same input and give outputs of one size.
 """
 from __future__ import annotations
 
@@ -34,6 +36,16 @@ class Application:
     params: dict[str, Any] = field(default_factory=dict)  # eta, gamma, split, threshold, default_output
     context: str = "context"
     deadline_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        """As ``FrontendConfig.applications`` carries it (JSON)."""
+        return {"models": list(self.models), "policy": self.policy, "params": dict(self.params),
+                "context": self.context, "deadline_ms": self.deadline_ms}
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict) -> Application:
+        return cls(name, tuple(data["models"]), data["policy"], dict(data.get("params", {})),
+                   data.get("context", "context"), data.get("deadline_ms"))
 
 
 def read_applications(data: Any, known_models: list[str] | None = None) -> dict[str, Application]:
@@ -77,6 +89,34 @@ def read_applications(data: Any, known_models: list[str] | None = None) -> dict[
         t.finish()
         apps[name] = Application(name, tuple(models), policy, params, context, deadline)
     return apps
+
+
+def attach(apps: dict[str, Application], services: list, run_dir: str) -> None:
+    """Give every frontend of ``services`` the applications, after checking them against the
+    models it serves; a frontend without a ``selection_store`` keeps its context states in
+    ``run_dir/<frontend>-selection.sqlite``."""
+    import os
+
+    for svc in services:
+        if svc.role != "frontend":
+            continue
+        infos = svc.config.models
+        for app in apps.values():
+            path = f"applications.{app.name}"
+            if app.name in infos:
+                fail(path, "is also a model's name; a client calls either by name, so they must differ")
+            shapes = {(tuple(infos[m].input_shape), infos[m].input_dtype, infos[m].output_size) for m in app.models}
+            if len(shapes) > 1:
+                fail(f"{path}.models", "must take the same input (shape, dtype) and give outputs of one size: "
+                     + ", ".join(f"{m}: {infos[m].input_dtype}{infos[m].input_shape} -> {infos[m].output_size}"
+                                 for m in app.models))
+            default = app.params.get("default_output")
+            if default is not None and len(default) != infos[app.models[0]].output_size:
+                fail(f"{path}.default_output", f"needs {infos[app.models[0]].output_size} values (the models' output size)")
+            policy_of(app)  # its parameters make a policy
+        svc.config.applications = {name: app.to_dict() for name, app in apps.items()}
+        if apps and not svc.config.selection_store:
+            svc.config.selection_store = os.path.abspath(os.path.join(run_dir, f"{svc.name}-selection.sqlite"))
 
 
 def policy_of(app: Application, seed: int | None = None):

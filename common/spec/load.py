@@ -113,10 +113,19 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
                                    pool_prices)
     manager = (read_manager(Table(root.take("manager", dict), "manager"), hosts_of, first_host)
                if root.has("manager") else None)
+    applications = None
+    if root.has("applications"):  # model selection (Clipper §5): common.spec.applications
+        from common.spec.applications import read_applications
+
+        applications = read_applications(root.take("applications", dict), list(models))
     root.finish()
 
     ports = Ports(base_port)
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts) if models else ([], [])
+    if applications:
+        from common.spec.applications import attach
+
+        attach(applications, services, run_dir_)
     if manager is not None:
         wire_manager(services, hosts, ports, manager, run_dir_)
     if graph_table is not None:

@@ -65,7 +65,7 @@ class State:
     feedback: int = 0
 
     def to_dict(self) -> dict:
-        return {"log_w": list(self.log_w), "feedback": self.feedback}
+        return {"log_w": [float(v) for v in self.log_w], "feedback": self.feedback}
 
     @classmethod
     def from_dict(cls, data: dict) -> State:

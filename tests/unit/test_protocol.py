@@ -78,6 +78,10 @@ def every_kind() -> list:
         Predict(request_id="r1", model="m", input=tensor("int64", (4,))),
         Reply(request_id="r1", source=Source.MODEL, output=tensor("float32", (10,)), model="m", version="1"),
         Reply(request_id="r2", source=Source.ERROR, output=None, error="no", error_code="bad_request"),
+        Reply(request_id="r3", source=Source.ENSEMBLE, output=tensor("float32", (10,)), model="app",
+              models=["a", "b"], confidence=0.5),
+        protocol.Feedback(request_id="r3", label=7),
+        protocol.Feedback(request_id="r3", label=7, ok=False, error="unknown", error_code="unknown_request"),
         Queries(model="m", qids=[1, 2, 3], budgets_ms=[1.5, 2.5, 3.5], reply_to="tcp://127.0.0.1:9", inputs=inputs),
         Batch(batch_id=7, model="m", qids=[1, 2, 3], reply_to=["tcp://a:1"] * 3, inputs=inputs,
               group=CodingTag(4, 1, 2), budgets_ms=[5.0, 6.0, 7.5], lineage=[LineageEntry("a", 2, "m", 3)]),
@@ -120,7 +124,7 @@ def test_every_kind_is_covered():
 
 
 def test_coding_tag_and_members_survive():
-    batch = every_kind()[5]
+    batch = every_kind()[8]
     out = decode(encode(batch))
     assert out.group == CodingTag(4, 2, 2) and isinstance(out.group, CodingTag)
     assert out.members.batches[1] == MemberBatch([4, 5], ["tcp://b:2"] * 2) and isinstance(out.members, ParityMembers)
@@ -193,7 +197,7 @@ def test_mistyped_fields(field, value):
 
 
 def test_mistyped_group_tag():
-    frames = [bytes(f) for f in encode(every_kind()[4])]
+    frames = [bytes(f) for f in encode(every_kind()[7])]
     for bad in ([1, 2], [1, 2, "3"], "0:1:2", [1, 2, 3.0], {"group": 1}):
         head = header(frames)
         head["group"] = bad
@@ -230,7 +234,7 @@ def test_required_tensor_may_not_be_absent():
 
 
 def test_per_query_tensor_needs_a_row_per_query():
-    queries = every_kind()[3]
+    queries = every_kind()[6]
     frames = [bytes(f) for f in encode(queries)]
     head = header(frames)
     head["qids"] = [1, 2]  # three rows
