@@ -6,11 +6,13 @@ Example
 -------
 ::
 
-    keel selection show digits-ensemble --store runs/frontend/selection.sqlite \\
-        --spec deploy/examples/selection.toml --context alice
+    keel selection show digits --spec deploy/examples/selection.toml --context alice
+    keel selection show digits --store runs/selection/frontend-selection.sqlite
 
-The store is a frontend's context store (services/selection/contexts.py); ``--spec`` names
-the models (the application's ``models`` list) — without it they print as their index.
+The store is a frontend's context store (services/selection/contexts.py); with ``--spec``
+and no ``--store``, the first frontend's (``selection_store``, by default in the run dir).
+``--spec`` also names the models (the application's ``models`` list) — without it they
+print as their index.
 """
 from __future__ import annotations
 
@@ -50,6 +52,18 @@ def show(app: str, store_path: str, context: str | None = None, models: list[str
 
 def cmd_show(args: argparse.Namespace) -> int:
     models = None
+    store = args.store
+    if store is None and args.spec is None:
+        print("give --store FILE, or --spec SPEC to read the frontend's store from it")
+        return 2
+    if store is None:
+        from common.spec import load_spec
+
+        frontends = [s for s in load_spec(args.spec).role("frontend") if s.config.selection_store]
+        if not frontends:
+            print(f"{args.spec} has no applications: no frontend keeps a context store")
+            return 2
+        store = frontends[0].config.selection_store
     if args.spec:
         from common.spec.applications import read_applications
         from common.spec.tables import read_source
@@ -59,7 +73,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"no application {args.app!r} in {args.spec}; it has {sorted(apps)}")
             return 2
         models = list(apps[args.app].models)
-    for line in show(args.app, args.store, args.context, models):
+    for line in show(args.app, store, args.context, models):
         print(line)
     return 0
 
@@ -70,6 +84,6 @@ def add_parser(sub) -> None:
     s = which.add_parser("show", help="each context's model weights")
     s.add_argument("app")
     s.add_argument("--context", default=None, help="one context (default: all of the application's)")
-    s.add_argument("--store", required=True, help="the frontend's context store (SQLite file)")
+    s.add_argument("--store", default=None, help="the frontend's context store (SQLite file; default: from --spec)")
     s.add_argument("--spec", default=None, help="cluster spec, to name the application's models")
     s.set_defaults(func=cmd_show)

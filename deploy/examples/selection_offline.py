@@ -2,8 +2,8 @@
 feedback, one state per user kept in a SQLite context store that survives reopening.
 
 Run: ``PYTHONPATH=. python deploy/examples/selection_offline.py``
-(The frontend wiring -- ``client.predict(app, x, context=...)`` and ``client.feedback`` --
-is not built yet; this is the part that runs today.)
+The same through a live cluster, with ``client.predict(app, x, context=...)`` and
+``client.feedback``: deploy/examples/selection_client.py.
 """
 from __future__ import annotations
 

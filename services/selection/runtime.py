@@ -28,7 +28,7 @@ Example
 >>> models, call = apps.select("ab", "alice")
 >>> models
 ('a', 'b')
->>> apps.combine(call, {"a": np.array([0.9, 0.1], np.float32)}).source  # b missing: combined without it
+>>> str(apps.combine(call, {"a": np.array([0.9, 0.1], np.float32)}).source)  # b missing: combined without it
 'partial'
 """
 from __future__ import annotations

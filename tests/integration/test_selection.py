@@ -164,3 +164,14 @@ def test_learned_context_state_survives_a_frontend_restart(cluster, client):
     assert r.source == Source.ENSEMBLE and c.feedback(r.request_id, TRUE).ok
     after = weights(spec, "ensemble", "gina")
     assert after["wrong"] < before["wrong"], (before, after)  # learning went on from the stored state
+
+
+def test_the_client_example_runs():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "deploy/examples/selection_client.py"], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "digits for alice: class 2" in done.stdout and "ok=True" in done.stdout, done.stdout
+    assert "again:    unknown_request" in done.stdout
