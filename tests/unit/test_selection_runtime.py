@@ -114,3 +114,29 @@ def test_show_finds_the_store_from_the_spec(tmp_path, capsys):
     apps.close()
     assert main(["selection", "show", "ens", "--spec", str(path)]) == 0
     assert "alice: 0 feedback(s)  a=0.500  b=0.500" in capsys.readouterr().out
+
+
+def test_metrics_count_choices_feedback_losses_confidence_missing_and_defaults(tmp_path):
+    metrics = Metrics("frontend")
+    apps = Applications(FrontendConfig(models={m: ModelInfo([4], 3) for m in "abc"},
+                                       applications={"app": {"models": ["a", "b", "c"], "policy": "robust",
+                                                             "params": {"eta": 0.3, "threshold": 0.5,
+                                                                        "default_output": [0.5, 0.5, 0.0]}}}),
+                        metrics)
+    _, call = apps.select("app", "alice")
+    call.outputs.update({"a": RIGHT, "b": WRONG})  # c missing; 1 of 3 agree: the default
+    assert apps.combine(call, call.outputs).source == Source.LOW_CONFIDENCE
+    apps.remember("r1", call)
+    apps.feedback("r1", 2)
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(f"keel_{name}", {"service": "frontend", **labels})
+
+    assert value("selection_chosen_total", app="app", model="c") == 1
+    assert value("selection_missing_total", app="app", model="c") == 1
+    assert value("selection_low_confidence_total", app="app") == 1
+    assert value("selection_confidence_count", app="app") == 1
+    assert value("selection_feedback_total", app="app", model="b") == 1
+    assert value("selection_feedback_loss_total", app="app", model="b") == 1
+    assert value("selection_feedback_loss_total", app="app", model="a") == 0
+    assert value("selection_weight", app="app", model="a") > value("selection_weight", app="app", model="b")
