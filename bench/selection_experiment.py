@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import selection_models as sm
 from common.loadgen import write_json
 from services.selection.policies import Exp3, Exp4
 
@@ -47,26 +48,6 @@ TRANSFORMS = {
     "upside-down": lambda x: x[:, ::-1, :],
     "transposed": lambda x: np.transpose(x, (0, 2, 1)),
 }
-# (hidden units, training images, seed): from weak to strong
-SPECS = [((8,), 80, 0), ((16,), 160, 1), ((32,), 300, 2), ((64,), 700, 3), ((128,), None, 4)]
-
-
-def _train(x: np.ndarray, y: np.ndarray, hidden, n, seed):
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier
-
-    warnings.filterwarnings("ignore", category=ConvergenceWarning)  # small subsets, few iterations: on purpose
-    rng = np.random.default_rng(seed)
-    idx = rng.permutation(len(x))[: n or len(x)]
-    return MLPClassifier(hidden, max_iter=300, random_state=seed).fit(x[idx].reshape(len(idx), -1), y[idx])
-
-
-def _scores(model, images: np.ndarray) -> np.ndarray:
-    return model.predict_proba(images.reshape(len(images), -1)).astype(np.float32)
-
-
 def _replay(policy, outputs: np.ndarray, y: np.ndarray, states=None, groups=None):
     """Immediate feedback on every query; per query: the answer's class, the drawn model
     (Exp3) and the weights. ``groups`` picks each query's state (per context)."""
@@ -89,7 +70,9 @@ def _replay(policy, outputs: np.ndarray, y: np.ndarray, states=None, groups=None
     return answers, chosen, weights
 
 
-def _fig8_figures(prefix: str, answers, chosen, y, outputs, best: int, degrade: tuple[int, int]) -> dict[str, Any]:
+def _fig8_figures(prefix: str, chosen, y, outputs, best: int, degrade: tuple[int, int]) -> dict[str, Any]:
+    """Exp3's picks of the degraded model after 300 queries of degradation and after 1,000
+    of recovery, and the best single model's error."""
     static = (outputs.argmax(-1) != y[:, None]).mean(0)
     return {
         f"{prefix}exp3_degraded_pick_rate": float((chosen[degrade[0] + 300:degrade[1]] == best).mean()),
@@ -103,43 +86,46 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     data = load("digits")
-    x_train, y_train = data.x_train[:, 0], data.y_train
+    x_all, y_all = data.x_train[:, 0], data.y_train
     x_test, y_test = data.x_test[:, 0], data.y_test
-    models = [_train(x_train, y_train, h, n, s) for h, n, s in SPECS]
-    names = [f"mlp{h[0]}-n{n or len(x_train)}" for h, n, _ in SPECS]
-    test_scores = np.stack([_scores(m, x_test) for m in models], axis=1)  # (test, model, class)
+    # Held out of every candidate's training: the members and Exp3's parameters are chosen on it.
+    held = np.random.default_rng(42).permutation(len(x_all))
+    n_val = int(len(x_all) * sm.VALIDATION)
+    x_val, y_val = x_all[held[:n_val]], y_all[held[:n_val]]
+    x_train, y_train = x_all[held[n_val:]], y_all[held[n_val:]]
+    candidates = [sm.train(kind, h, nimg, seed, x_train, y_train) for kind, h, nimg, seed in sm.CANDIDATES]
+    cand_names = [sm.name_of(kind, h, nimg, len(x_train)) for kind, h, nimg, _ in sm.CANDIDATES]
+    val_scores = np.stack([sm.scores(m, x_val) for m in candidates], axis=1)
+    members, exp4_eta, chosen_by = sm.choose_members(val_scores, y_val, cand_names, _replay)
+    models, names = [candidates[i] for i in members], [cand_names[i] for i in members]
+    eta, gamma, exp3_grid = sm.choose_exp3(val_scores[:, members], y_val, names, _replay)
+    log(f"members (chosen on {n_val} validation images among {chosen_by['combinations_tried']} combinations): "
+        f"{', '.join(names)}; Exp4 eta {exp4_eta}; Exp3 eta {eta}, gamma {gamma}")
+    test_scores = np.stack([sm.scores(m, x_test) for m in models], axis=1)  # (test, model, class)
     accuracy = (test_scores.argmax(-1) == y_test[:, None]).mean(0)
     log("models (test accuracy): " + ", ".join(f"{n} {a:.3f}" for n, a in zip(names, accuracy)))
     best = int(np.argmax(accuracy))
 
     n = 20_000
-    rng = np.random.default_rng(0)
-    pick = rng.integers(0, len(y_test), n)
-    y = y_test[pick]
-    outputs = test_scores[pick].copy()
     degrade = (5_000, 10_000)
-    wrong = (y[degrade[0]:degrade[1]] + rng.integers(1, 10, degrade[1] - degrade[0])) % 10
-    scrambled = np.zeros((degrade[1] - degrade[0], 10), np.float32)
-    scrambled[np.arange(len(wrong)), wrong] = 1.0
-    outputs[degrade[0]:degrade[1], best] = scrambled
+    rng = np.random.default_rng(0)
+    pick, y, outputs, _ = sm.fig8_stream(test_scores, y_test, n, degrade, best, rng)
     static_err = (outputs.argmax(-1) != y[:, None]).mean(0)
-    exp3 = Exp3(names, seed=0)
+    exp3 = Exp3(names, eta=eta, gamma=gamma, seed=0)
     a3, chosen, w3 = _replay(exp3, outputs, y)
-    exp4 = Exp4(names)
-    a4, _, w4 = _replay(exp4, outputs, y)
+    a4, _, w4 = _replay(Exp4(names, eta=exp4_eta), outputs, y)
     fig8 = {
         "exp3_error": float((a3 != y).mean()),
         "exp4_error": float((a4 != y).mean()),
-        "best_static_error": float(static_err.min()),
         "static_errors": dict(zip(names, static_err.tolist())),
-        "exp3_degraded_pick_rate": float((chosen[degrade[0] + 300:degrade[1]] == best).mean()),
-        "exp3_recovered_pick_rate": float((chosen[degrade[1] + 1000:] == best).mean()),
+        **_fig8_figures("", chosen, y, outputs, best, degrade),
+        "exp3_eta": eta, "exp3_gamma": gamma, "exp4_eta": exp4_eta, "exp3_validation_errors": exp3_grid, **chosen_by,
     }
     log(f"Fig. 8: best model {names[best]} degraded in [{degrade[0]}, {degrade[1]})")
 
     # Ensemble: no degradation.
     clean = test_scores[pick]
-    e4, _, _ = _replay(Exp4(names), clean, y)
+    e4, _, _ = _replay(Exp4(names, eta=exp4_eta), clean, y)
     single = (clean.argmax(-1) != y[:, None]).mean(0)
     votes = clean.argmax(-1)
     agree = (votes == votes[:, :1]).all(1)
@@ -155,12 +141,12 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
 
     # Contexts: a model per transform, four groups.
     ctx_names = list(TRANSFORMS)
-    ctx_models = [_train(f(x_train), y_train, (64,), None, i) for i, f in enumerate(TRANSFORMS.values())]
+    ctx_models = [sm.train("mlp", 64, None, i, f(x_train), y_train) for i, f in enumerate(TRANSFORMS.values())]
     m = 4_000 if quick else 8_000
     groups = rng.integers(0, 4, m)
     idx = rng.integers(0, len(y_test), m)
     yc = y_test[idx]
-    per_transform = {g: np.stack([_scores(cm, f(x_test)) for cm in ctx_models], axis=1)
+    per_transform = {g: np.stack([sm.scores(cm, f(x_test)) for cm in ctx_models], axis=1)
                      for g, f in enumerate(TRANSFORMS.values())}
     ctx_out = np.stack([per_transform[int(g)][i] for g, i in zip(groups, idx)])
     policy = Exp4(ctx_names)
@@ -183,13 +169,11 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
         from bench.selection_live import run_live
 
         n_live, live_degrade = (4_000, (1_000, 2_000)) if quick else (n, degrade)
-        seq = pick[:n_live]
-        y_live = y_test[seq]
-        wrong_live = (y_live[live_degrade[0]:live_degrade[1]] + rng.integers(1, 10, live_degrade[1] - live_degrade[0])) % 10
+        seq, y_live, live_outputs, wrong_live = sm.fig8_stream(test_scores, y_test, n_live, live_degrade, best,
+                                                               np.random.default_rng(3))
         log(f"live: {n_live} queries per policy, {names[best]} degraded in [{live_degrade[0]}, {live_degrade[1]})")
-        runs = run_live(models, names, best, (x_test, y_test), seq, wrong_live, live_degrade, quick, log)
-        live_outputs = test_scores[seq].copy()
-        live_outputs[live_degrade[0]:live_degrade[1], best] = np.eye(10, dtype=np.float32)[wrong_live]
+        runs = run_live(models, names, best, (x_test, y_test), seq, wrong_live, live_degrade, quick, log,
+                        exp3={"eta": eta, "gamma": gamma}, exp4_eta=exp4_eta)
         live_static = (live_outputs.argmax(-1) != y_live[:, None]).mean(0)
         live_figures.update({
             "live_queries": n_live,
@@ -197,8 +181,7 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
             "live_exp4_error": float((runs["exp4"]["answers"] != y_live).mean()),
             "live_static_errors": dict(zip(names, live_static.tolist())),
             "live_errors": runs["exp3"]["errors"] + runs["exp4"]["errors"],
-            **_fig8_figures("live_", runs["exp4"]["answers"], runs["exp3"]["chosen"], y_live, live_outputs, best,
-                            live_degrade),
+            **_fig8_figures("live_", runs["exp3"]["chosen"], y_live, live_outputs, best, live_degrade),
             **runs["stragglers"],
         })
 

@@ -2,9 +2,9 @@
 by real worker processes behind a real frontend and dispatcher, called through the client
 as applications (``predict(app, x, context=...)``, ``feedback(request_id, y)``).
 
-Each classifier goes into a model store as a Python container (``MLPContainer``): its
-weights in an ``.npz``, its forward pass in numpy, so a worker runs the very model the
-offline replay scored. A query is the 8x8 digit (64 features) plus one more feature, the
+Each classifier goes into a model store as a Python container (``ScoreContainer``): a
+scikit-learn MLP as its weights (forward pass in numpy), a LeNet-5 as TorchScript, in one
+``.npz``, so a worker runs the very model the offline replay scored. A query is the 8x8 digit (64 features) plus one more feature, the
 *scramble* flag: 0, or 1 + a wrong class. Only the degradable model (the best one) reads
 it: while the flag is set it answers that wrong class, as the offline replay scrambles it
 (Fig. 8). The others ignore it.
@@ -19,6 +19,7 @@ it: while the flag is set it answers that wrong class, as the offline replay scr
 from __future__ import annotations
 
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,25 +31,43 @@ import numpy as np
 DIM = 65
 
 
-class MLPContainer:
-    """A scikit-learn ``MLPClassifier``'s forward pass in numpy (ReLU hidden layers, softmax
-    out), loaded from the ``.npz`` that ``save_mlp`` writes; answers class probabilities."""
+class ScoreContainer:
+    """One classifier from the ``.npz`` that ``save_model`` writes: a scikit-learn
+    ``MLPClassifier``'s forward pass in numpy (ReLU hidden layers, softmax out), or a
+    TorchScript module's softmax; answers class probabilities."""
 
     def load(self, path: str) -> None:
         data = np.load(path)
+        self.degradable = bool(data["degradable"])
+        self.script = None
+        if "script" in data:
+            import io
+
+            import torch
+
+            torch.set_num_threads(1)  # one query at a time: more threads only spin against the other workers
+            self.script = torch.jit.load(io.BytesIO(data["script"].tobytes()))
+            return
         n = int(data["layers"])
         self.weights = [(data[f"w{i}"], data[f"b{i}"]) for i in range(n)]
-        self.degradable = bool(data["degradable"])
 
-    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
-        x = inputs.reshape(len(inputs), -1).astype(np.float64)
-        h = x[:, :64]
+    def _probabilities(self, images: np.ndarray) -> np.ndarray:
+        if self.script is not None:
+            import torch
+
+            with torch.no_grad():
+                return torch.softmax(self.script(torch.from_numpy(images.reshape(-1, 1, 8, 8))), -1).numpy()
+        h = images.astype(np.float64)
         for w, b in self.weights[:-1]:
             h = np.maximum(h @ w + b, 0.0)
         w, b = self.weights[-1]
         z = h @ w + b
         z = np.exp(z - z.max(1, keepdims=True))
-        out = (z / z.sum(1, keepdims=True)).astype(np.float32)
+        return (z / z.sum(1, keepdims=True)).astype(np.float32)
+
+    def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
+        x = inputs.reshape(len(inputs), -1)
+        out = np.array(self._probabilities(np.ascontiguousarray(x[:, :64], np.float32)), np.float32)
         if self.degradable:
             flag = np.rint(x[:, 64]).astype(np.int64)
             scrambled = flag > 0
@@ -56,9 +75,18 @@ class MLPContainer:
         return out
 
 
-def save_mlp(model, path: Path, degradable: bool) -> None:
-    arrays = {f"w{i}": w for i, w in enumerate(model.coefs_)} | {f"b{i}": b for i, b in enumerate(model.intercepts_)}
-    np.savez(path, layers=len(model.coefs_), degradable=degradable, **arrays)
+def save_model(model, path: Path, degradable: bool) -> None:
+    if hasattr(model, "coefs_"):
+        arrays = {f"w{i}": w for i, w in enumerate(model.coefs_)} | {f"b{i}": b for i, b in enumerate(model.intercepts_)}
+        np.savez(path, layers=len(model.coefs_), degradable=degradable, **arrays)
+        return
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.trace(model, torch.zeros(1, 1, 8, 8)), buf)
+    np.savez(path, script=np.frombuffer(buf.getvalue(), np.uint8), degradable=degradable)
 
 
 def queries(images: np.ndarray, flags: np.ndarray) -> np.ndarray:
@@ -66,7 +94,8 @@ def queries(images: np.ndarray, flags: np.ndarray) -> np.ndarray:
     return np.concatenate([images.reshape(len(images), -1), flags[:, None]], axis=1).astype(np.float32)
 
 
-def start_cluster(models: list, names: list[str], best: int, root: Path, launcher) -> tuple[Any, str]:
+def start_cluster(models: list, names: list[str], best: int, root: Path, launcher, exp3: dict,
+                  exp4_eta: float) -> tuple[Any, str]:
     """A store of the models as Python containers, and a started cluster serving them with
     three applications: ``exp3``, ``exp4`` (Fig. 8) and ``straggle`` (Exp4, 20 ms deadline)."""
     from common.modelstore import ModelStore
@@ -76,8 +105,8 @@ def start_cluster(models: list, names: list[str], best: int, root: Path, launche
     store = ModelStore(root / "store")
     for i, (model, name) in enumerate(zip(models, names)):
         path = root / f"{name}.npz"
-        save_mlp(model, path, degradable=i == best)
-        store.add(name, path, "python", entry=f"{__name__}:MLPContainer", input_shape=[DIM], output_size=10,
+        save_model(model, path, degradable=i == best)
+        store.add(name, path, "python", entry=f"{__name__}:ScoreContainer", input_shape=[DIM], output_size=10,
                   dataset="digits")
     spec = load_spec({
         "cluster": {"name": "selection", "store": str(root / "store"), "base_port": free_port_block(),
@@ -85,9 +114,9 @@ def start_cluster(models: list, names: list[str], best: int, root: Path, launche
         "frontend": {"cache_size": 0, "log_requests": False},
         "models": {name: {"workers": 1, "deadline_ms": 2000.0} for name in names},
         "applications": {
-            "exp3": {"models": names, "policy": "exp3"},
-            "exp4": {"models": names, "policy": "exp4"},
-            "straggle": {"models": names, "policy": "exp4", "deadline_ms": 20.0},
+            "exp3": {"models": names, "policy": "exp3", **exp3},
+            "exp4": {"models": names, "policy": "exp4", "eta": exp4_eta},
+            "straggle": {"models": names, "policy": "exp4", "eta": exp4_eta, "deadline_ms": 20.0},
         },
     })
     launcher.start_spec(spec, timeout_s=120)
@@ -164,7 +193,8 @@ def stragglers(launcher, spec, client, xs: np.ndarray, y: np.ndarray, names: lis
 
 
 def run_live(models: list, names: list[str], best: int, data, y_seq_idx: np.ndarray, outputs_best_wrong: np.ndarray,
-             degrade: tuple[int, int], quick: bool, log) -> dict[str, Any]:
+             degrade: tuple[int, int], quick: bool, log, exp3: dict | None = None,
+             exp4_eta: float = 0.3) -> dict[str, Any]:
     """Fig. 8 and the stragglers through a live cluster (see the module docstring)."""
     from common.client import Client
     from deploy.local import Launcher
@@ -176,11 +206,13 @@ def run_live(models: list, names: list[str], best: int, data, y_seq_idx: np.ndar
     xs = queries(x_test[y_seq_idx], flags)
     y = y_test[y_seq_idx]
     out: dict[str, Any] = {}
+    # SIGTERM (a timeout, Ctrl-C's cousin) ends the run through the finally below: no worker is left behind
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="keel-selection-") as tmp:
         launcher = Launcher(Path(tmp) / "logs")
         try:
             t0 = time.perf_counter()
-            spec, endpoint = start_cluster(models, names, best, Path(tmp), launcher)
+            spec, endpoint = start_cluster(models, names, best, Path(tmp), launcher, exp3 or {}, exp4_eta)
             log(f"  live cluster up in {time.perf_counter() - t0:.0f} s: frontend, dispatcher, {len(names)} workers")
             client = Client(endpoint, timeout_ms=2000.0)
             try:
@@ -198,4 +230,5 @@ def run_live(models: list, names: list[str], best: int, data, y_seq_idx: np.ndar
                 client.close()
         finally:
             launcher.stop()
+            signal.signal(signal.SIGTERM, previous)
     return out
