@@ -1,9 +1,11 @@
 """``keel experiment selection``: Clipper's model selection (§5) replayed offline.
 
-Five classifiers of different accuracy (scikit-learn MLPs with different hidden sizes,
-training subsets and seeds) are trained on the embedded ``digits`` dataset; their score
-vectors on a stream of test images (drawn with replacement) are replayed through the
-policies of services/selection/policies.py with immediate feedback:
+Five classifiers of different accuracy (scikit-learn MLPs and LeNet-5s on different
+training subsets, with different seeds) are trained on the embedded ``digits`` dataset;
+which five, and the policies' learning rates, are chosen on a validation split held out of
+training (``bench/selection_models.py``), never on the test images. Their score vectors
+on a stream of test images (drawn with replacement) are replayed through the policies of
+services/selection/policies.py with immediate feedback:
 
 - Fig. 8: the best model's outputs are scrambled (a wrong class) from query 5,000 to
   10,000 of 20,000. ``exp3_degraded_pick_rate`` is the share of Exp3's draws that go to

@@ -22,6 +22,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,10 @@ def fig8(client, app: str, xs: np.ndarray, y: np.ndarray, names: list[str], log)
     return {"answers": answers, "chosen": chosen, "errors": errors}
 
 
-def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[list[float], list[int], int]:
+def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[list[float], list[int], Counter]:
     """Straggle calls over ``xs`` in order, with feedback, until done or ``seconds`` pass:
-    (latencies ms, answers, errors)."""
-    latencies, answers, errors = [], [], 0
+    (latencies ms, answers, errors by code: ``deadline`` is a call no model answered in time)."""
+    latencies, answers, errors = [], [], Counter()
     end = None if seconds is None else time.monotonic() + seconds
     for x, label in zip(xs, y):
         if end is not None and time.monotonic() >= end:
@@ -158,9 +159,11 @@ def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[
         latencies.append(r.latency_ms)
         answers.append(int(np.argmax(r.output)) if r.ok else -1)
         if not r.ok:
-            errors += 1
-        elif not client.feedback(r.request_id, int(label)).ok:
-            errors += 1
+            errors[r.error_code or r.source] += 1
+        else:
+            ack = client.feedback(r.request_id, int(label))
+            if not ack.ok:
+                errors[f"feedback {ack.error_code}"] += 1
     return latencies, answers, errors
 
 
@@ -187,7 +190,8 @@ def stragglers(launcher, spec, client, xs: np.ndarray, y: np.ndarray, names: lis
         "straggler_accuracy_drop": (base_acc - frozen_acc) * 100.0,  # points
         "straggler_accuracy": {"all_workers": base_acc, "frozen": frozen_acc},
         "straggler_queries_frozen": n,
-        "straggler_errors": base_err + err,
+        "straggler_errors": sum((base_err + err).values()),
+        "straggler_error_codes": dict(base_err + err),
         "straggler_frozen_model": names[best],
     }
 
