@@ -210,7 +210,8 @@ def plot(out: dict[str, Any], path: Path) -> None:
     window = 500
     kernel = np.ones(window) / window
     for label, answers in (("Exp3", s["a3"]), ("Exp4", s["a4"]), (f"{out['best_model']} alone", s["outputs_best"])):
-        bottom.plot(np.convolve(answers != s["y"], kernel, mode="valid"), label=label)
+        moving = np.convolve(answers != s["y"], kernel, mode="valid")
+        bottom.plot(np.arange(window - 1, window - 1 + len(moving)), moving, label=label)  # at each window's end
     bottom.axvspan(*s["degrade"], color="grey", alpha=0.2)
     bottom.set_ylabel(f"error (moving {window})")
     bottom.set_xlabel("query")
