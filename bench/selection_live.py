@@ -113,7 +113,9 @@ def start_cluster(models: list, names: list[str], best: int, root: Path, launche
         "cluster": {"name": "selection", "store": str(root / "store"), "base_port": free_port_block(),
                     "run_dir": str(root / "run")},
         "frontend": {"cache_size": 0, "log_requests": False},
-        "models": {name: {"workers": 1, "deadline_ms": 2000.0} for name in names},
+        # Clipper's SLO default: a call that no model answered by its deadline gets this
+        # (uniform) output, marked "default", rather than an error; the stragglers count them
+        "models": {name: {"workers": 1, "deadline_ms": 2000.0, "default_output": [0.1] * 10} for name in names},
         "applications": {
             "exp3": {"models": names, "policy": "exp3", **exp3},
             "exp4": {"models": names, "policy": "exp4", "eta": exp4_eta},
@@ -147,36 +149,38 @@ def fig8(client, app: str, xs: np.ndarray, y: np.ndarray, names: list[str], log)
     return {"answers": answers, "chosen": chosen, "errors": errors}
 
 
-def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[list[float], list[int], Counter]:
+def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[list[float], list[int], Counter,
+                                                                                Counter]:
     """Straggle calls over ``xs`` in order, with feedback, until done or ``seconds`` pass:
-    (latencies ms, answers, errors by code: ``deadline`` is a call no model answered in time)."""
-    latencies, answers, errors = [], [], Counter()
+    (latencies ms, answers, errors by code, replies by source)."""
+    latencies, answers, errors, sources = [], [], Counter(), Counter()
     end = None if seconds is None else time.monotonic() + seconds
     for x, label in zip(xs, y):
         if end is not None and time.monotonic() >= end:
             break
         r = client.predict("straggle", x, context="straggler")
         latencies.append(r.latency_ms)
+        sources[str(r.source)] += 1
         answers.append(int(np.argmax(r.output)) if r.ok else -1)
         if not r.ok:
             errors[r.error_code or r.source] += 1
-        else:
+        elif r.source != "default":  # a default output used no model: nothing to learn
             ack = client.feedback(r.request_id, int(label))
             if not ack.ok:
                 errors[f"feedback {ack.error_code}"] += 1
-    return latencies, answers, errors
+    return latencies, answers, errors, sources
 
 
 def stragglers(launcher, spec, client, xs: np.ndarray, y: np.ndarray, names: list[str], best: int,
                freeze_s: float, log) -> dict[str, Any]:
     """The same queries with every worker up, then while the best model's worker is frozen."""
-    base_lat, base_ans, base_err = _run(client, xs, y, None)
+    base_lat, base_ans, base_err, base_src = _run(client, xs, y, None)
     worker = f"worker-{names[best]}-0"
     proc = launcher.procs[worker]
     log(f"  stragglers: freezing {worker} (SIGSTOP) for {freeze_s:.0f} s")
     proc.send_signal(signal.SIGSTOP)
     try:
-        lat, ans, err = _run(client, xs, y, freeze_s)
+        lat, ans, err, src = _run(client, xs, y, freeze_s)
     finally:
         proc.send_signal(signal.SIGCONT)
     n = len(ans)
@@ -192,6 +196,7 @@ def stragglers(launcher, spec, client, xs: np.ndarray, y: np.ndarray, names: lis
         "straggler_queries_frozen": n,
         "straggler_errors": sum((base_err + err).values()),
         "straggler_error_codes": dict(base_err + err),
+        "straggler_sources": {"all_workers": dict(base_src), "frozen": dict(src)},
         "straggler_frozen_model": names[best],
     }
 
