@@ -86,6 +86,8 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     fe_table = Table(root.take("frontend", dict, {}), "frontend")
     if fe_table.has("host") and fe_table.has("hosts"):
         fail("frontend.hosts", "give host or hosts, not both")
+    if fe_table.has("applications"):
+        fail("frontend.applications", "applications are [applications.NAME] tables of their own")
     placement["frontend"] = hosts_of(fe_table, "hosts", [host_of(fe_table, first_host)])
     opts["frontend"] = options("frontend", fe_table)
     disp_table = Table(root.take("dispatcher", dict, {}), "dispatcher")

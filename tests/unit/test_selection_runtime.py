@@ -101,6 +101,13 @@ def test_the_spec_refuses_applications_that_cannot_serve(tmp_path, apps, models,
         load_spec(spec(tmp_path, apps, **models))
 
 
+def test_applications_are_not_a_frontend_option(tmp_path):
+    data = spec(tmp_path, {"ens": {"models": ["a", "b"]}})
+    data["frontend"] = {"applications": {"x": {}}}
+    with pytest.raises(SpecError, match="frontend.applications: applications are"):
+        load_spec(data)
+
+
 def test_show_finds_the_store_from_the_spec(tmp_path, capsys):
     data = spec(tmp_path, {"ens": {"models": ["a", "b"]}})
     path = tmp_path / "spec.toml"
