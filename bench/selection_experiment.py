@@ -185,6 +185,9 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
             "live_errors": runs["exp3"]["errors"] + runs["exp4"]["errors"],
             **_fig8_figures("live_", runs["exp3"]["chosen"], y_live, live_outputs, best, live_degrade),
             **runs["stragglers"],
+            "_live_series": {"chosen": runs["exp3"]["chosen"], "a3": runs["exp3"]["answers"],
+                             "a4": runs["exp4"]["answers"], "y": y_live, "names": names, "degrade": live_degrade,
+                             "outputs_best": live_outputs[:, best].argmax(-1)},
         })
 
     out = {"models": dict(zip(names, accuracy.tolist())), "best_model": names[best], **fig8, **ensemble, **contexts,
@@ -194,29 +197,37 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
     return out
 
 
-def plot(out: dict[str, Any], path: Path) -> None:
+def _moving(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query index at each window's end, moving mean over ``window`` queries)."""
+    moving = np.convolve(values, np.ones(window) / window, mode="valid")
+    return np.arange(window - 1, window - 1 + len(moving)), moving
+
+
+def plot(path: Path, title: str, s: dict[str, Any], best_model: str) -> None:
+    """Fig. 8's two panels: Exp3's weights (offline) or share of picks (live) per model over
+    time, and the error over time of Exp3, Exp4 and the degraded model alone."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = out["_series"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for i, name in enumerate(s["names"]):
-        top.plot(s["w3"][:, i], label=f"Exp3 {name}")
+        if "w3" in s:
+            top.plot(s["w3"][:, i], label=f"Exp3 {name}")
+        else:
+            top.plot(*_moving((s["chosen"] == i).astype(float), 200), label=f"Exp3 {name}")
     top.axvspan(*s["degrade"], color="grey", alpha=0.2, label="best model degraded")
-    top.set_ylabel("Exp3 weight")
+    top.set_ylabel("Exp3 weight" if "w3" in s else "Exp3's share of picks (moving 200)")
     top.legend(fontsize=7)
-    window = 500
-    kernel = np.ones(window) / window
-    for label, answers in (("Exp3", s["a3"]), ("Exp4", s["a4"]), (f"{out['best_model']} alone", s["outputs_best"])):
-        moving = np.convolve(answers != s["y"], kernel, mode="valid")
-        bottom.plot(np.arange(window - 1, window - 1 + len(moving)), moving, label=label)  # at each window's end
+    window = 500 if len(s["y"]) > 5000 else 200
+    for label, answers in (("Exp3", s["a3"]), ("Exp4", s["a4"]), (f"{best_model} alone", s["outputs_best"])):
+        bottom.plot(*_moving((answers != s["y"]).astype(float), window), label=label)
     bottom.axvspan(*s["degrade"], color="grey", alpha=0.2)
     bottom.set_ylabel(f"error (moving {window})")
     bottom.set_xlabel("query")
     bottom.legend(fontsize=7)
-    fig.suptitle("Clipper Fig. 8 offline: weights and error over time")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -247,9 +258,14 @@ def cmd(args: argparse.Namespace) -> int:
     out = run_experiment(args.quick, log, live=not args.no_live)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     plot_path = json_path.with_suffix(".png")
-    plot(out, plot_path)
-    del out["_series"]
+    plot(plot_path, "Clipper Fig. 8 offline: weights and error over time", out.pop("_series"), out["best_model"])
     out["plot"] = str(plot_path)
+    if "_live_series" in out:
+        live_path = json_path.with_name(json_path.stem + "-live.png")
+        plot(live_path, "Clipper Fig. 8 through a live cluster: Exp3's picks and error over time",
+             out.pop("_live_series"), out["best_model"])
+        out["live_plot"] = str(live_path)
+        plot_path = f"{plot_path} and {live_path}"
     log(f"{'figure':<30}{'value':>10}  target")
     for key, target, met in TARGETS:
         v = out.get(key)
