@@ -33,10 +33,12 @@ Example
 """
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import structlog
 
 from common.config import FrontendConfig, ModelInfo
 from common.protocol import ErrorCode, Source
@@ -44,6 +46,8 @@ from common.spec.applications import Application, policy_of
 from services.selection.contexts import ContextStore
 from services.selection.feedback import Entry, FeedbackLog
 from services.selection.policies import State, loss
+
+log = structlog.get_logger("selection")
 
 #: confidence histogram buckets: agreement is a share of at most a few models
 CONFIDENCE_BUCKETS = (0.2, 0.34, 0.5, 0.6, 0.67, 0.75, 0.8, 0.9, 1.0)
@@ -93,6 +97,8 @@ class Applications:
                                      ["app"])
         self.m_unknown = metrics.counter("selection_feedback_refused_total", "feedbacks refused (unknown, expired, "
                                          "repeated request id, bad label)")
+        self.m_store_errors = metrics.counter("selection_store_errors_total", "context store reads and writes that "
+                                              "failed (the call went on without them)", ["op"])
 
     def __contains__(self, name: str) -> bool:
         return name in self.apps
@@ -100,12 +106,29 @@ class Applications:
     def state(self, app: str, context: str) -> State:
         """The context's state; a new one (stored) on first use or after its TTL."""
         now = time.time()
-        data = self.store.get(app, context, now)
+        try:
+            data = self.store.get(app, context, now)
+        except sqlite3.Error as e:
+            self._store_failed("read", e)
+            data = None
         if data is not None:
             return State.from_dict(data)
         state = self.policies[app].init()
-        self.store.put(app, context, state.to_dict(), now)
+        self._save(app, context, state, now)
         return state
+
+    def _save(self, app: str, context: str, state: State, now: float) -> None:
+        """Store a context's state. A store that fails (disk full, a locked or damaged file)
+        must not leave a call unanswered: the call goes on with the state in hand, the
+        failure is logged and counted, and that learning is not kept across a restart."""
+        try:
+            self.store.put(app, context, state.to_dict(), now)
+        except sqlite3.Error as e:
+            self._store_failed("write", e)
+
+    def _store_failed(self, what: str, e: Exception) -> None:
+        self.m_store_errors.labels(op=what).inc()
+        log.warning("context store failed", op=what, error=str(e))
 
     def select(self, app: str, context: str, x: np.ndarray | None = None) -> tuple[tuple[str, ...], Call]:
         """The models a call of ``app`` in ``context`` queries."""
@@ -163,7 +186,7 @@ class Applications:
         policy = self.policies[entry.app]
         outputs = {m: np.asarray(v, np.float32) for m, v in entry.predictions.items() if m in policy.index}
         state = policy.observe(self.state(entry.app, entry.context), None, label, outputs)
-        self.store.put(entry.app, entry.context, state.to_dict(), time.time())
+        self._save(entry.app, entry.context, state, time.time())
         for m, out in outputs.items():
             self.m_feedback.labels(app=entry.app, model=m).inc()
             self.m_loss.labels(app=entry.app, model=m).inc(loss(label, out))

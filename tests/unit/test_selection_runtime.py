@@ -147,3 +147,17 @@ def test_metrics_count_choices_feedback_losses_confidence_missing_and_defaults(t
     assert value("selection_feedback_loss_total", app="app", model="b") == 1
     assert value("selection_feedback_loss_total", app="app", model="a") == 0
     assert value("selection_weight", app="app", model="a") > value("selection_weight", app="app", model="b")
+
+
+def test_a_failing_context_store_does_not_leave_a_call_unanswered(tmp_path):
+    """A store that cannot be read or written (here: closed) costs the persistence of that
+    learning, counted, never the call or the feedback."""
+    apps = apps_of(tmp_path)
+    apps.store.close()
+    models, call = apps.select("app", "alice")
+    answer = apps.combine(call, {m: RIGHT for m in models})
+    assert answer is not None
+    apps.remember("r1", call)
+    assert apps.feedback("r1", 2) == (None, None)
+    assert apps.m_store_errors.labels(op="read")._value.get() >= 1
+    assert apps.m_store_errors.labels(op="write")._value.get() >= 1
