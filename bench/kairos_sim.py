@@ -197,8 +197,32 @@ def oracle_throughput(pool: dict[str, int], latency_ms: Callable[[str, int], flo
     queueing (it is a drain of a known backlog), or serve a query no instance meets QoS on
     (it still counts it, served by a base instance).
     """
+    return _drain(_sorted_draw(sizes, n, seed), pool, latency_ms, qos_ms, base)
+
+
+def oracle_search(pools: list[dict[str, int]], latency_ms: Callable[[str, int], float], sizes: Sizes,
+                  qos_ms: float, base: str, n: int = 2000, seed: int = 0) -> tuple[float, dict[str, int]]:
+    """ORCL as §7 defines it: ``oracle_throughput`` on every pool (of the search space within
+    the budget), the largest -> (throughput, its pool). Pools without a base instance serve
+    nothing (some query meets QoS nowhere else)."""
+    order = _sorted_draw(sizes, n, seed)
+    best, best_pool = 0.0, {}
+    for pool in pools:
+        if pool.get(base):
+            q = _drain(order, pool, latency_ms, qos_ms, base)
+            if q > best:
+                best, best_pool = q, pool
+    return best, best_pool
+
+
+def _sorted_draw(sizes: Sizes, n: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
-    order = sorted(int(s) for s in np.maximum(1, np.asarray(sizes(rng, n), dtype=int)))
+    return sorted(int(s) for s in np.maximum(1, np.asarray(sizes(rng, n), dtype=int)))
+
+
+def _drain(order: list[int], pool: dict[str, int], latency_ms: Callable[[str, int], float], qos_ms: float,
+           base: str) -> float:
+    """The oracle's drain of the sorted ``order`` on ``pool`` -> queries / makespan (per s)."""
     lo, hi = 0, len(order)  # the queries left are order[lo:hi]
     free = [(0.0, t == base, t, k) for t, c in pool.items() for k in range(c)]
     heapq.heapify(free)
