@@ -108,7 +108,7 @@ def test_oracle_search_takes_the_best_pool_and_never_a_pool_without_the_base():
     assert each[2] == 0.0 and best == max(each) and pool == pools[int(np.argmax(each))] == {"gpu": 2, "cpu": 4}
 
 
-def test_dropping_expired_queries_answers_every_query_and_starts_none_late():
+def test_dropping_expired_queries_still_answers_every_query():
     """At an overload the queue's deadlines pass: dropped (as the dispatcher does) they are
     answered (latency inf, over QoS), never lost."""
     kept = simulate(FACTORIES["kairos"](), POOL, latency, 400.0, sizes, QOS_MS, n=600, seed=4)
