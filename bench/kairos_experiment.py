@@ -38,7 +38,8 @@ Run sizes (a 2-core machine): ``--quick`` (rm2 alone, 49 s here) simulates 3000 
 per trial, bisection to 2% of the rate (~8 trials per policy and pool), Kairos+ trials of
 2000 queries to 4%; the default run (three models, 4.3 minutes under load) 4000 queries to
 1.5%, Kairos+ 2000 queries to 4%; ``--seeds N`` takes about N times as long. Kairos on 14
-instances costs ~0.2-0.6 ms of CPU per simulated query (the matching each round). The first 10% of arrivals (the empty pool's start) are left out of the 1% count.
+instances costs ~0.2-0.6 ms of CPU per simulated query (the matching each round). The
+first 10% of arrivals (the empty pool's start) are left out of the 1% count.
 Short trials flatter a policy (a few hundred queries build no queue: a first quick run
 with 600-query Kairos+ trials measured 156 q/s on a pool whose Eq. 15 bound is 144, and
 Kairos+ stopped after one pool), hence no fewer than 2000. Bisection assumes "meets the target" is monotone in the rate;
@@ -286,9 +287,10 @@ def table(name: str, m: dict) -> list[str]:
                      f"{m['max_latency_ms_at_rate'][p]:8.0f}{extra}")
     lines.append(f"   {'oracle':14s} {m['oracle_rps']:12.1f} {m['oracle_homogeneous_rps']:11.1f}  "
                  f"(homogeneous pool: best policy {m['homogeneous_vs_its_oracle']:.2f}x its oracle)")
-    lines.append(f"   {'oracle (space)':14s} {m['oracle_space_rps']:12.1f}  (§7: the best pool's, {m['oracle_space_pool']})")
+    lines.append(f"   {'oracle (space)':14s} {m['oracle_space_rps']:12.1f}  "
+                 f"(§7: the best pool's, {m['oracle_space_pool']})")
     labels = {"vs_homogeneous": f"kairos / best homogeneous ({m['best_homogeneous_policy']})",
-              "vs_homogeneous_scaled": f"kairos / best homogeneous x budget/cost (§8.1)",
+              "vs_homogeneous_scaled": "kairos / best homogeneous x budget/cost (§8.1)",
               "vs_best_baseline": f"kairos / best of DRS, CLKWRK ({m['best_baseline_policy']})",
               "vs_oracle": "kairos / oracle on the planned pool",
               "vs_oracle_space": "kairos / oracle, best pool of the space (§7)"}
