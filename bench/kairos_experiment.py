@@ -34,7 +34,7 @@ FCFS-base is reported beside them. Also: Kairos+ (Algorithm 1) with the simulato
 evaluator (pools evaluated of the space), the planner's time (``plan_ms``, the slowest of
 the models) and the matching's p99 (``solve_timing``).
 
-Run sizes (a 2-core machine): ``--quick`` (rm2 alone, 49 s here) simulates 3000 queries
+Run sizes (a 2-core machine): ``--quick`` (rm2 alone, 33 s under load) simulates 3000 queries
 per trial, bisection to 2% of the rate (~8 trials per policy and pool), Kairos+ trials of
 2000 queries to 4%; the default run (three models, 4.3 minutes under load) 4000 queries to
 1.5%, Kairos+ 2000 queries to 4%; ``--seeds N`` takes about N times as long. Kairos on 14
