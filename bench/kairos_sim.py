@@ -50,6 +50,7 @@ class SimResult:
     served: int
     lost: int
     placed: dict  # instance type -> sizes of the queries it served
+    expired: int = 0  # dropped unserved at their deadline (``drop_expired``): answered, over QoS
 
 
 def _workers(pool: dict[str, int], prices: dict[str, float] | None = None) -> list[WorkerState]:
@@ -65,13 +66,16 @@ def _workers(pool: dict[str, int], prices: dict[str, float] | None = None) -> li
 
 def simulate(policy, pool: dict[str, int], latency_ms: Callable[[str, int], float], rate: float, sizes: Sizes,
              qos_ms: float, n: int = 2000, seed: int = 0, noise: float = 0.0, warmup: float = 0.1,
-             prices: dict[str, float] | None = None) -> SimResult:
+             prices: dict[str, float] | None = None, drop_expired: bool = False) -> SimResult:
     """Serve ``n`` Poisson arrivals at ``rate``/s on ``pool`` with ``policy``.
 
     ``over_qos`` and ``throughput`` leave out the first ``warmup`` fraction of arrivals
     (the empty pool's start). ``noise`` is the standard deviation of a multiplicative
     Gaussian factor on each service time (§8.4 injects 5%). ``policy.observe`` (if any)
-    hears every completion, as the dispatcher will call it.
+    hears every completion, as the dispatcher will call it. ``drop_expired``: a query whose
+    deadline passes while it is queued is never started, as ``Dispatcher._take_batch`` does
+    (the frontend answers it with its default): its latency is inf (over QoS, not lost);
+    else it is served late, taking an instance's time (the count over QoS is the same).
     """
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
@@ -84,7 +88,7 @@ def simulate(policy, pool: dict[str, int], latency_ms: Callable[[str, int], floa
     placed: dict[str, list[int]] = {t: [] for t in pool}
     events: list[tuple[float, int, int]] = [(float(arrivals[0]), 0, 0)]  # (time, 0 arrival / 1 done, index)
     observe = getattr(policy, "observe", None)
-    next_arrival, batch_ids = 1, 0
+    next_arrival, batch_ids, expired = 1, 0, 0
     while events:
         now, what, idx = heapq.heappop(events)
         if what == 0:
@@ -102,6 +106,10 @@ def simulate(policy, pool: dict[str, int], latency_ms: Callable[[str, int], floa
             if observe is not None:
                 observe(w, int(flight.held[0].input[0]), service_ms)
             done[flight.held[0].qid] = now
+        if drop_expired:  # one QoS target for all: the expired are at the queue's head
+            while queue.entries and queue.entries[0].deadline <= now:
+                done[queue.entries.popleft().qid] = np.inf
+                expired += 1
         # the dispatcher's rounds: a policy is asked only while some slot is free
         sent = True
         while sent and queue.entries and any(w.free_slots > 0 for w in workers):
@@ -131,18 +139,19 @@ def simulate(policy, pool: dict[str, int], latency_ms: Callable[[str, int], floa
     served = int(np.isfinite(lat).sum())
     skip = int(warmup * n)
     tail = lat[skip:]
-    span = np.nanmax(done[skip:]) - arrivals[skip] if n > skip else 0.0
+    ends = done[skip:][np.isfinite(done[skip:])]
+    span = ends.max() - arrivals[skip] if len(ends) else 0.0
     return SimResult(
         latencies_ms=lat, over_qos=float(np.mean(~(tail <= qos_ms))) if len(tail) else 0.0,
-        throughput=(len(tail) / span) if span > 0 else 0.0, served=served, lost=n - served,
-        placed={t: v for t, v in placed.items()},
+        throughput=(len(tail) / span) if span > 0 else 0.0, served=served, lost=n - served - expired,
+        placed={t: v for t, v in placed.items()}, expired=expired,
     )
 
 
 def allowable_throughput(policy_factory: Callable[[], object], pool: dict[str, int], qos_ms: float,
                          latency_ms: Callable[[str, int], float], sizes: Sizes, target: float = 0.01,
                          lo: float = 0.0, hi: float | None = None, rel_tol: float = 0.02, n: int = 2000,
-                         seed: int = 0, noise: float = 0.0) -> float:
+                         seed: int = 0, noise: float = 0.0, drop_expired: bool = False) -> float:
     """The highest Poisson rate (queries/s) with at most ``target`` of queries over QoS
     (Kairos §4's allowable throughput; §6 "gradually increase the arrival rate").
 
@@ -153,7 +162,7 @@ def allowable_throughput(policy_factory: Callable[[], object], pool: dict[str, i
     """
     def ok(rate: float) -> bool:
         return simulate(policy_factory(), pool, latency_ms, rate, sizes, qos_ms, n=n, seed=seed,
-                        noise=noise).over_qos <= target
+                        noise=noise, drop_expired=drop_expired).over_qos <= target
 
     if hi is None:
         mean = max(1, int(np.mean(sizes(np.random.default_rng(seed), 1000))))
@@ -188,8 +197,32 @@ def oracle_throughput(pool: dict[str, int], latency_ms: Callable[[str, int], flo
     queueing (it is a drain of a known backlog), or serve a query no instance meets QoS on
     (it still counts it, served by a base instance).
     """
+    return _drain(_sorted_draw(sizes, n, seed), pool, latency_ms, qos_ms, base)
+
+
+def oracle_search(pools: list[dict[str, int]], latency_ms: Callable[[str, int], float], sizes: Sizes,
+                  qos_ms: float, base: str, n: int = 2000, seed: int = 0) -> tuple[float, dict[str, int]]:
+    """ORCL as §7 defines it: ``oracle_throughput`` on every pool (of the search space within
+    the budget), the largest -> (throughput, its pool). Pools without a base instance serve
+    nothing (some query meets QoS nowhere else)."""
+    order = _sorted_draw(sizes, n, seed)
+    best, best_pool = 0.0, {}
+    for pool in pools:
+        if pool.get(base):
+            q = _drain(order, pool, latency_ms, qos_ms, base)
+            if q > best:
+                best, best_pool = q, pool
+    return best, best_pool
+
+
+def _sorted_draw(sizes: Sizes, n: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
-    order = sorted(int(s) for s in np.maximum(1, np.asarray(sizes(rng, n), dtype=int)))
+    return sorted(int(s) for s in np.maximum(1, np.asarray(sizes(rng, n), dtype=int)))
+
+
+def _drain(order: list[int], pool: dict[str, int], latency_ms: Callable[[str, int], float], qos_ms: float,
+           base: str) -> float:
+    """The oracle's drain of the sorted ``order`` on ``pool`` -> queries / makespan (per s)."""
     lo, hi = 0, len(order)  # the queries left are order[lo:hi]
     free = [(0.0, t == base, t, k) for t, c in pool.items() for k in range(c)]
     heapq.heapify(free)

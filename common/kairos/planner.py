@@ -36,7 +36,6 @@ Usage::
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -117,7 +116,7 @@ class Plan:
 
 def enumerate_pools(prices: list[float], max_counts: list[int], budget: float) -> np.ndarray:
     """Every count vector (0..max per type, not all zero) whose cost is within budget."""
-    grids = np.array(list(itertools.product(*(range(m + 1) for m in max_counts))), dtype=int)
+    grids = np.indices([m + 1 for m in max_counts]).reshape(len(max_counts), -1).T  # itertools.product's order
     cost = grids @ np.asarray(prices, float)
     keep = (cost <= budget + 1e-9) & (grids.sum(axis=1) > 0)
     return grids[keep]
@@ -190,9 +189,10 @@ def plan_pools(prof: Profiles, model: str, budget: float | None = None, qos_ms: 
     ub = upper_bounds(counts, figures, qps_below, types)
     cost = counts @ np.asarray(prices)
     order = np.lexsort((cost, -ub))   # highest bound first, cheaper first on ties
-    ranked = [Pool(tuple(int(n) for n in counts[i]), float(cost[i]), float(ub[i])) for i in order]
+    ranked = [Pool(tuple(c), k, u) for c, k, u in zip(counts[order].tolist(), cost[order].tolist(), ub[order].tolist())]
     pick, rule = pick_without_trials(ranked)
-    homogeneous = [p for p in ranked if sum(1 for n in p.counts if n) == 1]
+    single = ((counts[order] > 0).sum(axis=1) == 1).nonzero()[0]
+    homogeneous = [ranked[i] for i in single]
     plan = Plan(model, budget, types, ranked, pick, rule, ranked[0], homogeneous[0])
     plan.plan_ms = (time.perf_counter() - start) * 1000.0
     if evaluate is not None:

@@ -91,9 +91,9 @@ class LatencyPredictor:
         self.ref_size = ref_size  # the largest query: measures the coefficient (§5.1)
         self.seen: dict[tuple[str, str], dict[int, float]] = {}  # (model, type) -> size -> ms
         self._fit: dict[tuple[str, str], tuple[float, float]] = {}  # (model, type) -> (k, d)
-        self._cache: dict[tuple[str, str, int], float] = {}
+        self._cache: dict[tuple[str, str], dict[int, float]] = {}  # (model, type) -> size -> ms
         self._arrays: dict[tuple[str, str], np.ndarray] = {}  # predict() by size, 0..len-1
-        self._priors: dict[tuple[str, int], np.ndarray] = {}  # (type, length) -> the profile by size
+        self._priors: dict[tuple[str, int], np.ndarray | None] = {}  # (type, length) -> the profile by size
         self._coef: dict[tuple[str, str], float] = {}
 
     def observe(self, model: str, instance: str, size: int, service_ms: float) -> None:
@@ -102,7 +102,7 @@ class LatencyPredictor:
         old = table.get(size)
         table[size] = service_ms if old is None else old + self.alpha * (service_ms - old)
         self._fit.pop(key, None)
-        self._cache = {k: v for k, v in self._cache.items() if k[:2] != key}
+        self._cache.pop(key, None)
         self._arrays.pop(key, None)
         self._coef.clear()
 
@@ -112,24 +112,30 @@ class LatencyPredictor:
         hit = self._fit.get(key)
         if hit is not None or self.prior is None:
             return hit
-        pts = [(p, ms) for size, ms in self.seen.get(key, {}).items()
-               if (p := self.prior(instance, size)) is not None and p > 0]
-        if not pts:
+        seen = self.seen.get(key)
+        if not seen:
             return None
-        xs, ys = np.array(pts).T
+        sizes = np.fromiter(seen, int, len(seen))
+        ys = np.fromiter(seen.values(), float, len(seen))
+        xs = self._prior_at(instance, sizes)
+        keep = xs > 0
+        xs, ys = xs[keep], ys[keep]
+        if not len(xs):
+            return None
         k, d = float(np.mean(ys / xs)), 0.0
         if len(xs) >= 2 and np.ptp(xs) > 0.05 * xs.max():
-            slope, icept = np.polyfit(xs, ys, 1)
+            dx = xs - xs.mean()  # least squares line, closed form (np.polyfit's answer)
+            slope = float(dx @ (ys - ys.mean()) / (dx @ dx))
             if slope > 0:
-                k, d = float(slope), float(icept)
+                k, d = slope, float(ys.mean() - slope * xs.mean())
         self._fit[key] = (k, d)
         return k, d
 
     def predict(self, model: str, instance: str, size: int, worker: WorkerState | None = None) -> float:
-        hit = self._cache.get((model, instance, size))
+        key = (model, instance)
+        hit = self._cache.get(key, {}).get(size)
         if hit is not None:
             return hit
-        key = (model, instance)
         table = self.seen.get(key, {})
         ms = table.get(size)
         if ms is None and self.prior is not None:
@@ -146,7 +152,7 @@ class LatencyPredictor:
             if ms is not None:
                 return ms  # the worker's, not the type's: not cached
         ms = 0.0 if ms is None else float(ms)
-        self._cache[(model, instance, size)] = ms
+        self._cache.setdefault(key, {})[size] = ms
         return ms
 
     def predict_many(self, model: str, instance: str, sizes: np.ndarray) -> np.ndarray:
@@ -166,8 +172,10 @@ class LatencyPredictor:
                 k, d = self.level(model, instance) or (1.0, 0.0)
                 table = np.maximum(0.0, k * prior + d)
                 seen = self.seen.get(key, {})
-                idx = np.fromiter((s for s in seen if 0 <= s < n), int)
-                table[idx] = [seen[s] for s in idx.tolist()]
+                idx = np.fromiter(seen, int, len(seen))
+                vals = np.fromiter(seen.values(), float, len(seen))
+                inside = (idx >= 0) & (idx < n)
+                table[idx[inside]] = vals[inside]
             self._arrays[key] = table
         return table[sizes]
 
@@ -175,13 +183,18 @@ class LatencyPredictor:
         """The profile at sizes 0..n-1 (None if it lacks any of them), computed once."""
         if self.prior is None:
             return None
-        arr = self._priors.get((instance, n))
-        if arr is None:
+        if (instance, n) not in self._priors:
             vals = [self.prior(instance, s) for s in range(n)]
-            if any(v is None for v in vals):
-                return None
-            arr = self._priors[(instance, n)] = np.array(vals, float)
-        return arr
+            self._priors[(instance, n)] = None if any(v is None for v in vals) else np.array(vals, float)
+        return self._priors[(instance, n)]
+
+    def _prior_at(self, instance: str, sizes: np.ndarray) -> np.ndarray:
+        """The profile at ``sizes`` (0 where it is unknown), from the cached table by size."""
+        table = self._prior_array(instance, max(int(sizes.max(initial=0)) + 1, self.ref_size + 1))
+        if table is not None:
+            return table[sizes]
+        vals = [self.prior(instance, int(s)) for s in sizes]
+        return np.array([0.0 if v is None else v for v in vals], float)
 
     def coefficient(self, model: str, instance: str, types: Sequence[str]) -> float:
         """Heterogeneity coefficient (§5.1 Definition): L_base(ref) / L_type(ref), the base

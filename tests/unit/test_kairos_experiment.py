@@ -15,7 +15,7 @@ needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
 
 @needs_data
 def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
-    cfg = Config(n=250, rel_tol=0.15, plus_n=150, plus_tol=0.3, solve_reps=5)
+    cfg = Config(n=250, rel_tol=0.15, plus_n=150, plus_tol=0.3, solve_reps=5, seeds=2)
     path = tmp_path / "k.json"
     out = run_experiment(["dien"], cfg, path, log=lambda s: None)
     saved = json.loads(path.read_text())
@@ -28,6 +28,16 @@ def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
     assert 0 < m["pool_cost"] <= m["budget"] + 1e-9
     assert m["kairos_rps"] > 0 and m["best_homogeneous_rps"] > 0 and m["oracle_rps"] > 0
     assert m["best_baseline_rps"] == max(m["rates"]["drs"], m["rates"]["clockwork"])
+    # two draws, averaged; the paper's accounting beside: homogeneous scaled to the budget
+    # (§8.1), the oracle of the best pool of the space (§7), never below the planned pool's
+    assert [r["seed"] for r in m["per_seed"]] == [0, 1]
+    assert m["kairos_rps"] == pytest.approx(np.mean([r["rates"]["kairos"] for r in m["per_seed"]]))
+    lo, hi = m["ratios"]["vs_best_baseline"]["range"]
+    assert lo <= hi and min(r["ratios"]["vs_best_baseline"]["value"] for r in m["per_seed"]) == lo
+    assert m["best_homogeneous_scaled_rps"] == pytest.approx(
+        m["best_homogeneous_rps"] * m["budget"] / m["homogeneous_cost"], rel=1e-3)
+    assert m["oracle_space_rps"] >= m["oracle_rps"] > 0 and m["oracle_space_pool"]
+    assert 0 < m["homogeneous_vs_its_oracle"] <= 1.0
     cdf = m["latency_quantiles_ms_at_rate"]["kairos"]  # the CDF plotted against the QoS line
     assert len(cdf) == 201 and cdf == sorted(cdf) and cdf[0] > 0
     assert set(m["max_latency_ms_at_rate"]) == set(m["rates"])

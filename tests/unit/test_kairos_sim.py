@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.kairos_sim import allowable_throughput, bisect_rate, oracle_throughput, simulate, tune_drs
+from bench.kairos_sim import (allowable_throughput, bisect_rate, oracle_search, oracle_throughput, simulate,
+                              tune_drs)
 from services.scheduling.kairos import ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size
 
 POOL = {"gpu": 2, "cpu": 4}
@@ -98,3 +99,21 @@ def test_drs_hill_climbing_stops_at_a_local_best():
                                                    latency, sizes, n=600, rel_tol=0.05),
                     [5, 20, 40, 80, 120], start=5)
     assert best in (20, 40, 80)  # the CPU meets QoS up to ~118 items; 5 wastes it, 120 overloads it
+
+
+def test_oracle_search_takes_the_best_pool_and_never_a_pool_without_the_base():
+    pools = [{"gpu": 1, "cpu": 4}, {"gpu": 2, "cpu": 1}, {"cpu": 9}, {"gpu": 2, "cpu": 4}]
+    each = [oracle_throughput(p, latency, sizes, QOS_MS, "gpu", n=400, seed=5) for p in pools]
+    best, pool = oracle_search(pools, latency, sizes, QOS_MS, "gpu", n=400, seed=5)
+    assert each[2] == 0.0 and best == max(each) and pool == pools[int(np.argmax(each))] == {"gpu": 2, "cpu": 4}
+
+
+def test_dropping_expired_queries_still_answers_every_query():
+    """At an overload the queue's deadlines pass: dropped (as the dispatcher does) they are
+    answered (latency inf, over QoS), never lost."""
+    kept = simulate(FACTORIES["kairos"](), POOL, latency, 400.0, sizes, QOS_MS, n=600, seed=4)
+    dropped = simulate(FACTORIES["kairos"](), POOL, latency, 400.0, sizes, QOS_MS, n=600, seed=4, drop_expired=True)
+    assert kept.expired == 0 and kept.served == 600
+    assert dropped.expired > 0 and dropped.served + dropped.expired == 600 and dropped.lost == 0
+    assert np.isinf(dropped.latencies_ms).sum() == dropped.expired
+    assert dropped.over_qos > 0.1
