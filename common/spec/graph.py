@@ -18,6 +18,9 @@ Format::
     join = "combine"         # an operator with several inputs: "combine" | "interleave"
     options = {}             # passed to the operator's constructor
 
+``trace_dir`` (optional, in ``[graph]``): every graph process writes its trace there
+(``services.graph.trace``) for the chaos harness's HAMS invariants.
+
 Errors (``GraphError``, a ``SpecError``) name the key at fault: a cycle, an unknown
 operator, a shape mismatch between an edge's ends, an operator the frontend cannot reach
 or whose outputs never reach the frontend.
@@ -66,6 +69,8 @@ class GraphSpec:
     edges: tuple[tuple[str, str], ...]
     #: operators in a topological order
     order: list[str]
+    #: where the processes write their traces (None: no traces)
+    trace_dir: str | None = None
 
     @property
     def stateful(self) -> frozenset[str]:
@@ -120,6 +125,9 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     if type(window) is not int or window < 1:
         raise GraphError(f"{prefix}.window: must be an int >= 1, got {window!r}")
     input_shape = _shape(table.pop("input_shape", None), f"{prefix}.input_shape")
+    trace_dir = table.pop("trace_dir", None)
+    if trace_dir is not None and not isinstance(trace_dir, str):
+        raise GraphError(f"{prefix}.trace_dir: must be a path")
     raw_ops = table.pop("operators", None)
     if not isinstance(raw_ops, dict) or not raw_ops:
         raise GraphError(f"{prefix}.operators: needs at least one [{prefix}.operators.NAME] table")
@@ -162,7 +170,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     if not edges:
         raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
     order = _topological(operators, edges, prefix)
-    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order)
+    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir)
     _check_shapes(graph, prefix)
     return graph
 
@@ -226,6 +234,7 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     from common import config as cfg
     from common.spec.topology import ServiceLaunch
 
+    trace_dir = trace_dir or graph.trace_dir
     port = iter(range(base_port, base_port + 1000))
 
     def ep() -> str:
