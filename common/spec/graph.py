@@ -85,6 +85,28 @@ class GraphSpec:
     def predecessors(self, node: str) -> list[str]:
         return [a for a, b in self.edges if b == node]
 
+    def outputs_per_origin(self, node: str) -> int:
+        """How many outputs ``node`` emits per request the frontend admits: one per input it
+        takes, so an interleaving join emits the sum of its predecessors' (HAMS S1)."""
+        if node == FRONTEND:
+            return 1
+        preds = self.predecessors(node)
+        if len(preds) > 1 and self.operators[node].join == "interleave":
+            return sum(self.outputs_per_origin(p) for p in preds)
+        return self.outputs_per_origin(preds[0])
+
+    @property
+    def replies_per_origin(self) -> int:
+        """Outputs that reach the frontend per request; it answers once all have arrived."""
+        return self.outputs_per_origin(self.predecessors(FRONTEND)[0])
+
+    @property
+    def standby_kinds(self) -> list[str]:
+        """Kinds of stateless operators: one hot standby each (HAMS §II-B), none in bare mode."""
+        if self.mode == "bare":
+            return []
+        return sorted({op.kind for op in self.operators.values() if not op.stateful})
+
     def next_stateful(self, node: str) -> list[str]:
         """Stateful operators downstream of ``node`` (the ones its backup notifies)."""
         seen, todo, out = set(), self.successors(node), []
@@ -215,6 +237,10 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
         op, preds = graph.operators[name], graph.predecessors(name)
         shapes = [out_shape(p) for p in preds]
         if len(preds) > 1 and op.join == "combine":
+            several = [p for p in preds if graph.outputs_per_origin(p) > 1]
+            if several:
+                raise GraphError(f"{prefix}.operators.{name}.join: a combining join takes one input per request from "
+                                 f"each predecessor, but {several} emit several (after an interleaving join)")
             if any(s[:-1] != shapes[0][:-1] for s in shapes) or op.input_shape != (*shapes[0][:-1], sum(s[-1] for s in shapes)):
                 raise GraphError(f"{prefix}.operators.{name}.input_shape: {list(op.input_shape)} does not combine its "
                                  f"inputs {dict(zip(preds, map(list, shapes)))} (concatenated on the last axis)")
@@ -230,7 +256,8 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
     frontend; per stateless operator one process; per stateful operator a primary and,
     unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
-    ``Assignment`` seam changes them later)."""
+    ``Assignment`` seam changes them later); unless the mode is bare, one hot standby per
+    kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes."""
     from common import config as cfg
     from common.spec.topology import ServiceLaunch
 
@@ -251,6 +278,10 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
             key = f"{name}.backup" if r == "backup" else name
             peers[key] = ep()
             plan.append((key, name, r))
+    for i, kind in enumerate(graph.standby_kinds):  # a standby is named by the first operator of its kind
+        first = next(n for n in graph.order if graph.operators[n].kind == kind)
+        peers[f"standby{i}"] = ep()
+        plan.append((f"standby{i}", first, "standby"))
     services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
         client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
         trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None))]

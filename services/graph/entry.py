@@ -9,6 +9,10 @@ client sees an output that a failure could contradict. A stateless-only graph (o
 bare) holds nothing. Every request gets one answer: its output, or an error that says
 why (bad input, overloaded, timed out in the graph).
 
+Behind an interleaving join a request has several outputs (``replies_per_origin``): the
+frontend waits for all of them, answers with the one the last operator numbered last (it
+saw every input of the request) and holds it until the lineages of all are durable.
+
 Every 50 ms it tells the operators the highest origin up to which every reply has left,
 so their saved outputs can be freed (state GC).
 """
@@ -24,7 +28,7 @@ from common.config import GraphFrontendConfig
 from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
-from services.graph.lineage import ReleaseGate
+from services.graph.lineage import ReleaseGate, join
 from services.graph.trace import Trace
 from services.requests import Request, State
 
@@ -44,6 +48,8 @@ class GraphFrontend(Service):
         self.next_origin = 0
         self.requests: dict[int, Request] = {}  # origin -> request in the graph
         self.outputs: dict[int, np.ndarray] = {}  # origin -> held output
+        self.arriving: dict[int, dict[int, GraphRequest]] = {}  # origin -> seq -> output, until all arrived
+        self.expect = self.graph.replies_per_origin
         self.answered_below = 0  # every origin < this is answered
         self.announced_below = 0
         self.answered: set[int] = set()
@@ -88,14 +94,20 @@ class GraphFrontend(Service):
                 req = self.requests.get(msg.origin)
                 if req is None or req.state != State.WAITING:
                     continue  # a duplicate, or a request already answered with an error
-                if self.gate.hold(msg.origin, msg.lineage):
+                parts = self.arriving.setdefault(msg.origin, {})
+                parts[msg.seq] = msg
+                if len(parts) < self.expect:
+                    continue
+                del self.arriving[msg.origin]
+                output = parts[max(parts)].input
+                lineage = join(m.lineage for m in parts.values())
+                self.lineages[msg.origin] = lineage
+                if self.gate.hold(msg.origin, lineage):
                     req.to(State.HELD)
-                    self.outputs[msg.origin] = msg.input
-                    self.lineages[msg.origin] = msg.lineage
+                    self.outputs[msg.origin] = output
                     self.counts["held"] += 1
                 else:
-                    self.lineages[msg.origin] = msg.lineage
-                    self._answer(msg.origin, Reply(req.request_id, "model", output=msg.input))
+                    self._answer(msg.origin, Reply(req.request_id, "model", output=output))
             elif isinstance(msg, GraphDurable):
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
                     req = self.requests.get(origin)
@@ -119,6 +131,7 @@ class GraphFrontend(Service):
         horizon = now - self.config.request_timeout_s
         for origin in [o for o, r in self.requests.items() if r.start < horizon]:
             self.outputs.pop(origin, None)
+            self.arriving.pop(origin, None)
             self.lineages.pop(origin, None)
             self.gate.waiting.pop(origin, None)
             req = self.requests[origin]

@@ -1,5 +1,8 @@
-"""One operator of a HAMS service graph, as a process: a stateless operator, or a stateful
-operator's primary or backup (each with its ``statemgr``).
+"""One operator of a HAMS service graph, as a process: a stateless operator, a stateful
+operator's primary or backup (each with its ``statemgr``), or the hot standby of one kind
+of stateless operator (§II-B: its models loaded, serving nothing until HAMS II promotes it).
+An interleaving join queues each input as it arrives; a combining join waits for every
+predecessor's output of a request and concatenates them.
 
 Frames in (one PULL, ``endpoint``): ``GraphRequest`` from predecessors, ``GraphState``
 (backup, from its primary), ``GraphAck`` and ``GraphDurable`` (primary, from its backup;
@@ -71,9 +74,13 @@ class GraphOperator(Service):
         self.backup = None
         self.model = None
         self.statemgr = None
-        if self.spec.join == "interleave" and len(self.preds) > 1:
-            raise NotImplementedError("interleaving joins are not implemented yet (HAMS S1 non-determinism)")
-        if self.assignment.role == "backup":
+        self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
+        if self.assignment.role == "standby":
+            cls = operator_class(self.spec.kind)
+            for name, spec in self.graph.operators.items():
+                if spec.kind == self.spec.kind:
+                    self.standby_for[name] = cls(spec.input_shape, spec.output_shape, seed=config.seed, **spec.options)
+        elif self.assignment.role == "backup":
             self.backup = lin.Backup(self.op, self.graph.stateful, self.assignment.epoch)
         else:
             cls = operator_class(self.spec.kind)
@@ -100,14 +107,14 @@ class GraphOperator(Service):
                 self._on_durable(msg)
 
     def _on_request(self, msg: GraphRequest) -> None:
-        if self.backup is not None:
+        if self.model is None:  # a backup or a standby serves nothing until promoted (HAMS II)
             return
         if msg.sender not in self.preds or tuple(msg.input.shape) != self._shapes[msg.sender]:
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
-        if len(self.preds) == 1:
-            self.queue.append(msg)
+        if len(self.preds) == 1 or self.spec.join == "interleave":
+            self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
         parts = self.joining.setdefault(msg.origin, {})
         parts[msg.sender] = msg
@@ -214,6 +221,8 @@ class GraphOperator(Service):
         if self.statemgr is not None:
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
                         durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms)
+        if self.standby_for:
+            info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:
             info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
                         durable=dict(self.backup.durable.seqs))

@@ -103,7 +103,10 @@ def test_stateless_graph_holds_nothing(launcher, zsock):
     expected, _ = offline(graph, inputs, [0] * 30)
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
-    assert fe["held"] == 0 and fe["answered"] == 30 and len(services) == 2  # no backup for a stateless operator
+    assert fe["held"] == 0 and fe["answered"] == 30
+    assert [s.config.role for s in services[1:]] == ["stateless", "standby"]  # no backup; one hot standby (§II-B)
+    standby = status(services[2])
+    assert standby["standby_for"] == ["m"] and standby["ready"] and standby["rows"] == 0
 
 
 def test_online_learning_every_mode_answers_and_backup_has_primary_state(launcher, zsock, wait):
@@ -140,6 +143,25 @@ def test_fan_out_join_and_stateful_last(launcher, zsock, wait):
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
     assert fe["durable"] == {"g1": 59, "j": 59} and fe["held_now"] == 0
+
+
+def test_interleaving_join_answers_each_request_once_after_all_its_inputs(launcher, zsock, wait):
+    """frontend -> (g1 stateful, m stateless) -> interleaving join j (stateful GRU, last):
+    j takes both inputs of every request in arrival order (HAMS S1 non-determinism)."""
+    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
+                                                          ["m", "j"], ["j", "frontend"]],
+             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
+                                 "join": "interleave"}}}
+    graph, services, client = start(launcher("interleave"), table)
+    rng = np.random.default_rng(6)
+    replies = ask(zsock, client, rng.normal(size=(50, 4)), rng.integers(0, 3, size=50))
+    assert all(r.error is None and r.output.shape == (2,) for r in replies)
+    by_name = {s.name: s for s in services}
+    assert status(by_name["op-j"])["rows"] == 100  # both inputs of every request
+    fe = status(services[0])
+    assert fe["answered"] == 50 and fe["held_now"] == 0 and fe["durable"]["j"] == 99
 
 
 def test_bad_input_gets_an_error_and_service_goes_on(launcher, zsock):
