@@ -7,7 +7,7 @@ A client's ``Predict`` (ROUTER, ``client_endpoint``) gets the next sequence numb
 its lineage is durable (``ReleaseGate``: the backups' ``GraphDurable`` notices), so no
 client sees an output that a failure could contradict. A stateless-only graph (or mode
 bare) holds nothing. Every request gets one answer: its output, or an error that says
-why (bad input, overloaded, timed out in the graph).
+why (bad input, overloaded, an operator's model error, timed out in the graph).
 
 Behind an interleaving join a request has several outputs (``replies_per_origin``): the
 frontend waits for all of them, answers with the one the last operator numbered last (it
@@ -25,6 +25,7 @@ import zmq
 
 from common import transport
 from common.config import GraphFrontendConfig
+from common.protocol.fields import ErrorCode
 from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
@@ -94,6 +95,11 @@ class GraphFrontend(Service):
                 req = self.requests.get(msg.origin)
                 if req is None or req.state != State.WAITING:
                     continue  # a duplicate, or a request already answered with an error
+                if msg.error is not None:  # an operator's model failed on it: no output to hold
+                    self.arriving.pop(msg.origin, None)
+                    self._answer(msg.origin, Reply(req.request_id, "error", error=msg.error,
+                                                           error_code=ErrorCode.MODEL_ERROR))
+                    continue
                 parts = self.arriving.setdefault(msg.origin, {})
                 parts[msg.seq] = msg
                 if len(parts) < self.expect:

@@ -65,7 +65,7 @@ class GraphOperator(Service):
         self.released_origin = -1  # the frontend's notice: replies up to here left the graph
         self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
         self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
-        self.batches = self.rows = 0
+        self.batches = self.rows = self.errors = 0
         self.lineage_s = 0.0
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
         self.trace = Trace(config.trace_path)
@@ -138,6 +138,8 @@ class GraphOperator(Service):
             self.released_origin = max(self.released_origin, msg.seq)
             for seq in [s for s, (origin, _) in self.outputs.items() if origin <= self.released_origin]:
                 del self.outputs[seq]  # its reply left the graph: no resend will need it
+            for origin in [o for o in self.joining if o <= self.released_origin]:
+                del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
@@ -162,7 +164,12 @@ class GraphOperator(Service):
         rows = [self.queue.popleft() for _ in range(min(self.spec.max_batch, len(self.queue)))]
         batch = GraphBatch(np.stack([r.input for r in rows]), [r.stream for r in rows])
         t0 = time.perf_counter()
-        outputs = self.model.compute(batch)
+        try:
+            outputs = self.model.compute(batch)
+        except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
+            rows, batch, outputs = self._without_failing_rows(rows)
+            if not rows:
+                return
         pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
         if pad > 0:
             time.sleep(pad)  # the experiments' model service time
@@ -199,6 +206,34 @@ class GraphOperator(Service):
         if self.stateful:
             self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
 
+    def _without_failing_rows(self, rows: list[GraphRequest]):
+        """The model raised on a batch: find the rows it fails on alone and answer them with
+        the error (straight to the frontend, no seq used: 0 on the wire; the state untouched); compute the
+        rest again as one batch (``compute`` only reads the state, so this is safe)."""
+        good, errors = [], {}
+        for r in rows:
+            try:
+                self.model.compute(GraphBatch(r.input[None], [r.stream]))
+                good.append(r)
+            except Exception as exc:
+                errors[id(r)] = f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+        batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
+        outputs = None
+        if good:
+            try:
+                outputs = self.model.compute(batch)
+            except Exception as exc:  # fails only together: every row gets the error
+                errors.update({id(r): f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+                               for r in good})
+                good = []
+        for r in rows:
+            if id(r) in errors:
+                self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
+                self.errors += 1
+                self.peers.send(self.config.peers[FRONTEND], GraphRequest(self.op, 0, r.origin, r.stream, [],
+                                                                          np.zeros(0, np.float32), error=errors[id(r)]))
+        return good, batch, outputs
+
     def _wait_for_update(self) -> None:
         """NSPB: the update of this batch waits for the previous copy and the window."""
         self.statemgr.wait_copy()
@@ -216,7 +251,7 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    batches=self.batches, rows=self.rows, queued=len(self.queue), saved_outputs=len(self.outputs),
+                    batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue), saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches))
         if self.statemgr is not None:
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),

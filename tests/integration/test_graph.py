@@ -11,7 +11,7 @@ from common import protocol, transport
 from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
 from deploy.local import free_port_block
-from services.graph.operators import GraphBatch, operator_class
+from services.graph.operators import GRU, GraphBatch, operator_class
 from services.graph.statemgr import unpack
 
 pytestmark = pytest.mark.timeout(180)
@@ -162,6 +162,37 @@ def test_interleaving_join_answers_each_request_once_after_all_its_inputs(launch
     assert status(by_name["op-j"])["rows"] == 100  # both inputs of every request
     fe = status(services[0])
     assert fe["answered"] == 50 and fe["held_now"] == 0 and fe["durable"]["j"] == 99
+
+
+class PoisonGRU(GRU):
+    """A GRU whose model raises on an input whose first feature is above 100 (a user's bug)."""
+
+    def compute(self, batch):
+        if (batch.inputs[:, 0] > 100).any():
+            raise ValueError("poisoned input")
+        return super().compute(batch)
+
+
+def test_a_model_error_is_answered_at_once_and_only_for_its_request(launcher, zsock):
+    """The model raises inside g1: that request gets a model_error reply (not the graph's
+    timeout), its batch-mates are answered normally and the state never saw it."""
+    table = gru_chain(max_batch=8)
+    table["operators"]["g1"]["kind"] = "tests.integration.test_graph:PoisonGRU"
+    graph, services, client = start(launcher("poison"), table)
+    rng = np.random.default_rng(8)
+    inputs, streams = rng.normal(size=(40, 4)), rng.integers(0, 3, size=40)
+    poisoned = [5, 17, 30]
+    inputs[poisoned, 0] = 1000.0
+    replies = ask(zsock, client, inputs, streams, timeout_s=8.0)  # the graph's own timeout is 10 s
+    for i in poisoned:
+        assert replies[i].error_code == "model_error" and "ValueError: poisoned input" in replies[i].error
+    good = [i for i in range(40) if i not in poisoned]
+    assert all(replies[i].error is None for i in good)
+    expected, _ = offline(read_graph(gru_chain()), inputs[good], streams[good])
+    np.testing.assert_allclose(np.stack([replies[i].output for i in good]), np.stack(expected), atol=1e-5)
+    fe = status(services[0])
+    assert fe["errors"] == 3 and fe["answered"] == 37 and fe["in_graph"] == 0
+    assert status(next(s for s in services if s.name == "op-g1"))["errors"] == 3
 
 
 def test_bad_input_gets_an_error_and_service_goes_on(launcher, zsock):
