@@ -154,6 +154,9 @@ class GraphFrontend(Service):
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
+                    tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
+                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
+                            "answered_above_horizon": len(self.answered)},  # state GC: each drains
                     **self.counts)
         return info
 

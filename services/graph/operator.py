@@ -252,13 +252,17 @@ class GraphOperator(Service):
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue), saved_outputs=len(self.outputs),
-                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches))
+                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
+                    tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
+                            "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
+            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
                         durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms)
         if self.standby_for:
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:
+            info["tables"].update(pending_states=len(self.backup.pending))
             info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
                         durable=dict(self.backup.durable.seqs))
         return info
