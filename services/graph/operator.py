@@ -204,7 +204,7 @@ class GraphOperator(Service):
             self._wait_for_update()
         self.model.update(batch, outputs)
         if self.stateful:
-            self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
