@@ -51,6 +51,8 @@ class GraphFrontend(Service):
         self.outputs: dict[int, np.ndarray] = {}  # origin -> held output
         self.arriving: dict[int, dict[int, GraphRequest]] = {}  # origin -> seq -> output, until all arrived
         self.expect = self.graph.replies_per_origin
+        self.held_since: dict[int, float] = {}  # origin -> when its output arrived and was held
+        self.hold_s = 0.0  # total time held replies waited for durability (what NSPB costs a reply)
         self.answered_below = 0  # every origin < this is answered
         self.announced_below = 0
         self.answered: set[int] = set()
@@ -111,6 +113,7 @@ class GraphFrontend(Service):
                 if self.gate.hold(msg.origin, lineage):
                     req.to(State.HELD)
                     self.outputs[msg.origin] = output
+                    self.held_since[msg.origin] = time.perf_counter()
                     self.counts["held"] += 1
                 else:
                     self._answer(msg.origin, Reply(req.request_id, "model", output=output))
@@ -121,6 +124,9 @@ class GraphFrontend(Service):
                         self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
 
     def _answer(self, origin: int, reply: Reply) -> None:
+        held = self.held_since.pop(origin, None)
+        if held is not None:
+            self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
@@ -153,9 +159,11 @@ class GraphFrontend(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
+                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]),
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
                     tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
                             "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
+                            "held_since": len(self.held_since),
                             "answered_above_horizon": len(self.answered)},  # state GC: each drains
                     **self.counts)
         return info

@@ -67,6 +67,7 @@ class GraphOperator(Service):
         self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
         self.batches = self.rows = self.errors = 0
         self.lineage_s = 0.0
+        self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
         self.trace = Trace(config.trace_path)
         if self.trace:
@@ -129,9 +130,11 @@ class GraphOperator(Service):
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
-        self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
-        self._notify(self.backup.receive(shipped))
+        applied = self.backup.receive(shipped)
+        self._notify(applied)  # the frontend first: a held reply may be waiting on this state
+        if not any(s.last_seq >= msg.last_seq for s in applied):  # an applied state's notice acks it already
+            self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
     def _on_durable(self, msg: GraphDurable) -> None:
         if msg.operator == FRONTEND:
@@ -144,6 +147,7 @@ class GraphOperator(Service):
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
+            self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
 
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
@@ -151,7 +155,7 @@ class GraphOperator(Service):
             self.trace.write("apply", operator=self.op, last_seq=state.last_seq,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            for target in [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [FRONTEND, self.op]:
+            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op]:
                 self.peers.send(self.config.peers[target], note)
 
     # --- the batch loop ---------------------------------------------------------------
@@ -200,9 +204,13 @@ class GraphOperator(Service):
                 self.peers.send(self.config.peers[target], msg)
         if not self.model.stateful:
             return
+        t2 = time.perf_counter()
         if self.stateful:
             self._wait_for_update()
+        t3 = time.perf_counter()
         self.model.update(batch, outputs)
+        self.update_wait_s += t3 - t2
+        self.update_s += time.perf_counter() - t3
         if self.stateful:
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
 
@@ -253,12 +261,17 @@ class GraphOperator(Service):
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue), saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
+                    update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
+                    update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
                     tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
                             "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
-            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
+            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
+                                  copies_not_durable=len(self.statemgr.started))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
-                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms)
+                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
+                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches),
+                        durable_lag_ms_mean=1000 * self.statemgr.durable_lag_s / max(1, self.statemgr.durable_count))
         if self.standby_for:
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:

@@ -93,11 +93,15 @@ class StateManager:
         self.saved: OrderedDict[int, GraphState] = OrderedDict()  # last seq -> shipped, not yet superseded
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
+        self.copy_s = 0.0  # all copies' time
+        self.started: dict[int, float] = {}  # last seq -> when its copy started (main thread only)
+        self.durable_lag_s, self.durable_count = 0.0, 0  # copy start -> the backup's durable notice
 
     def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry]) -> None:
         t0 = time.perf_counter()
         state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs))
         self.copy_ms = (time.perf_counter() - t0) * 1000
+        self.copy_s += self.copy_ms / 1000
         with self.lock:
             self.in_flight[last] = time.monotonic()
             self.saved[last] = state
@@ -112,6 +116,7 @@ class StateManager:
 
     def start(self, state_arrays, outputs, first, last, lineage) -> None:
         """Copy and ship the state after a batch: at once (stop to copy) or in the background."""
+        self.started[last] = time.perf_counter()
         if self.pool is None:
             self._copy(state_arrays, outputs, first, last, lineage)
         else:
@@ -131,6 +136,10 @@ class StateManager:
     def on_durable(self, seq: int) -> None:
         """The backup applied the state ending at ``seq``: older states are not needed."""
         self.on_ack(seq)
+        now = time.perf_counter()
+        for s in [s for s in self.started if s <= seq]:
+            self.durable_lag_s += now - self.started.pop(s)
+            self.durable_count += 1
         with self.lock:
             self.durable_seq = max(self.durable_seq, seq)
             for s in [s for s in self.saved if s < self.durable_seq]:
