@@ -83,3 +83,13 @@ def test_interleaving_join_emits_one_output_per_input_and_cannot_feed_a_combine(
                  operators={**g["operators"], "k": {"kind": "mlp", "input_shape": [5], "output_shape": [1]}})
     with pytest.raises(GraphError, match="combining join takes one input"):
         read_graph(after)
+
+
+@pytest.mark.parametrize("name", ["hams-gru.toml", "hams-join.toml"])
+def test_example_graph_specs_load(name):
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
+    spec = load_spec(tomllib.loads(path.read_text()))
+    assert spec.client_endpoints and all(s.role in ("graph_frontend", "graph_operator") for s in spec.services)
