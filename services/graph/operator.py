@@ -212,7 +212,8 @@ class GraphOperator(Service):
         self.update_wait_s += t3 - t2
         self.update_s += time.perf_counter() - t3
         if self.stateful:
-            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
+                                idle=not self.queue and not self.inbox.poll(0))
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
@@ -266,12 +267,10 @@ class GraphOperator(Service):
                     tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
                             "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
-            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
-                                  copies_not_durable=len(self.statemgr.started))
+            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
                         durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
-                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches),
-                        durable_lag_ms_mean=1000 * self.statemgr.durable_lag_s / max(1, self.statemgr.durable_count))
+                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches))
         if self.standby_for:
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:

@@ -94,10 +94,9 @@ class StateManager:
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
         self.copy_s = 0.0  # all copies' time
-        self.started: dict[int, float] = {}  # last seq -> when its copy started (main thread only)
-        self.durable_lag_s, self.durable_count = 0.0, 0  # copy start -> the backup's durable notice
 
-    def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry]) -> None:
+    def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry],
+              on_loop: bool = False) -> None:
         t0 = time.perf_counter()
         state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs))
         self.copy_ms = (time.perf_counter() - t0) * 1000
@@ -105,7 +104,7 @@ class StateManager:
         with self.lock:
             self.in_flight[last] = time.monotonic()
             self.saved[last] = state
-        if self.pool is None:
+        if on_loop:
             self.send(state)
             return
         if self._sock is None:  # made and used by the copying thread only
@@ -114,11 +113,15 @@ class StateManager:
             self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
         transport_send(self._sock, state)
 
-    def start(self, state_arrays, outputs, first, last, lineage) -> None:
-        """Copy and ship the state after a batch: at once (stop to copy) or in the background."""
-        self.started[last] = time.perf_counter()
-        if self.pool is None:
-            self._copy(state_arrays, outputs, first, last, lineage)
+    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False) -> None:
+        """Copy and ship the state after a batch: at once (stop to copy) or in the background.
+
+        ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
+        thread hand-off on the way to durability (which a held reply waits for). The two
+        sockets may deliver states out of order; the backup applies them in batch order."""
+        if self.pool is None or idle:
+            self.wait_copy()
+            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True)
         else:
             self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage)
 
@@ -136,10 +139,6 @@ class StateManager:
     def on_durable(self, seq: int) -> None:
         """The backup applied the state ending at ``seq``: older states are not needed."""
         self.on_ack(seq)
-        now = time.perf_counter()
-        for s in [s for s in self.started if s <= seq]:
-            self.durable_lag_s += now - self.started.pop(s)
-            self.durable_count += 1
         with self.lock:
             self.durable_seq = max(self.durable_seq, seq)
             for s in [s for s in self.saved if s < self.durable_seq]:
