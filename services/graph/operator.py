@@ -217,23 +217,25 @@ class GraphOperator(Service):
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
-        the error (straight to the frontend, no seq used: 0 on the wire; the state untouched); compute the
-        rest again as one batch (``compute`` only reads the state, so this is safe)."""
+        the error (straight to the frontend; no seq is used, 0 on the wire; the state is
+        untouched); compute the rest again as one batch (``compute`` only reads the state)."""
+        def why(exc: Exception) -> str:
+            return f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+
         good, errors = [], {}
         for r in rows:
             try:
                 self.model.compute(GraphBatch(r.input[None], [r.stream]))
                 good.append(r)
             except Exception as exc:
-                errors[id(r)] = f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+                errors[id(r)] = why(exc)
         batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
         outputs = None
         if good:
             try:
                 outputs = self.model.compute(batch)
-            except Exception as exc:  # fails only together: every row gets the error
-                errors.update({id(r): f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
-                               for r in good})
+            except Exception as exc:  # the rows fail only together: every one gets the error
+                errors.update({id(r): why(exc) for r in good})
                 good = []
         for r in rows:
             if id(r) in errors:
@@ -260,7 +262,8 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue), saved_outputs=len(self.outputs),
+                    batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
+                    saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
                     update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
                     update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
