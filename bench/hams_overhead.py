@@ -141,11 +141,11 @@ def overhead(row: dict, base: dict, key: str) -> float | None:
     return row[key] / base[key] - 1.0
 
 
-def run(quick: bool, json_path: Path, log) -> dict:
+def run(quick: bool, json_path: Path, log, reps: int | None = None) -> dict:
     pad_ms = 10.0  # the issue asks for 5-20 ms per batch
     batches = (1, 64) if quick else (1, 8, 64)
     names = ("gru_gru", "online_learning") if quick else ("gru_gru", "online_learning", "fanout_join", "stateful_last")
-    reps = 1 if quick else 2
+    reps = reps or (1 if quick else 2)
     duration = 3.0 if quick else 8.0
     cells: dict[tuple, list[dict]] = {}
     t0 = time.time()
@@ -239,7 +239,7 @@ def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-overhead-quick.json" if args.quick else "runs/hams-overhead.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
     log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes")
-    out = run(args.quick, json_path, log)
+    out = run(args.quick, json_path, log, reps=args.reps)
     for line in table(out):
         log(line)
     keys = ("nspb_p50_overhead_b64", "nspb_p99_overhead_b64", "nspb_p50_overhead_b1", "remus_over_nspb_ol",
@@ -255,6 +255,7 @@ def add_parser(which: Any) -> None:
     e = which.add_parser("hams-overhead", help="HAMS §VI: latency/throughput cost of bare, nspb, s1, s2, remus on service graphs")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
     e.add_argument("--quick", action="store_true", help="two graphs, batches 1 and 64, one repetition (under 5 minutes)")
+    e.add_argument("--reps", type=int, help="repetitions of every cell (default: 1 quick, 2 full)")
     e.set_defaults(func=cmd)
 
 
