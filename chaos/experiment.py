@@ -35,7 +35,7 @@ from chaos import report as rep
 from chaos.deployment import Deployment, deep_merge, spec_for_mode
 from chaos.faults import FaultPlan, FaultRunner
 from chaos.hosts import Cluster
-from chaos.invariants import Checker, CheckContext
+from chaos.invariants import Checker, CheckContext, graph_checks
 from chaos.resources import ChaosError, Registry, clean_stale
 from chaos.workload import Workload, WorkloadConfig, load_inputs
 
@@ -105,6 +105,8 @@ def _segment(exp: Experiment, modes: list[str], plan: FaultPlan, registry: Regis
                                      registry=registry, tag=f"m{i}" if len(modes) > 1 else "", local_index=i, clean=False)
         for mode in modes:
             spec = spec_for_mode(exp.cluster, mode, exp.mode_overrides.get(mode))
+            if "graph" in spec:  # a HAMS graph traces what the graph invariants read
+                spec["graph"]["trace_dir"] = str(_graph_traces(out_dir, mode))
             dep = Deployment(clusters[mode], spec, probe_host=exp.workload.get("client_host", "client"))
             deployments[mode] = dep.start(min(exp.start_timeout_s, max(1.0, deadline - time.monotonic())))
         model = exp.workload["model"]
@@ -168,7 +170,12 @@ def run_experiment(exp: Experiment, json_path: Path, out_dir: Path | None = None
     for seg in segments:
         for mode in seg["records"]:
             ctx = CheckContext(inputs=seg["inputs"], predictors=seg["predictors"], model=exp.workload["model"])
-            invariants[mode] = [r.to_dict() for r in checker.run(seg["records"][mode], ctx)]
+            mode_checker = checker
+            spec = spec_for_mode(exp.cluster, mode, exp.mode_overrides.get(mode))
+            if "graph" in spec:
+                hams, ctx.streams = graph_checks(spec["graph"], _graph_traces(out_dir, mode))
+                mode_checker = Checker([*checker.invariants, *hams])
+            invariants[mode] = [r.to_dict() for r in mode_checker.run(seg["records"][mode], ctx)]
     events = [e for seg in segments for e in seg["events"]]
     report = {
         "experiment": exp.name, "description": exp.description, "seed": exp.seed, "config": exp.raw,
@@ -187,6 +194,10 @@ def run_experiment(exp: Experiment, json_path: Path, out_dir: Path | None = None
                        "timeline": str(_timeline(records, events, t0s, Path(f"{stem}-timeline.png"), exp.name))}
     rep.write_json(json_path, report)
     return report
+
+
+def _graph_traces(out_dir: Path, mode: str) -> Path:
+    return out_dir / mode / "graph-traces"
 
 
 def _hook(name: str):

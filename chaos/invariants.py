@@ -27,7 +27,10 @@ Example
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
@@ -225,24 +228,40 @@ class Checker:
 # per seq). Times are one host's monotonic clock.
 
 
-def load_graph_traces(trace_dir: str) -> dict[str, list[dict]]:
-    """The graph streams of every ``*.jsonl`` trace in ``trace_dir``, by stream name."""
-    import glob
-
+def load_graph_traces(trace_dir: str | Path) -> dict[str, list[dict]]:
+    """The graph streams of every ``*.jsonl`` trace in ``trace_dir``, by stream name (a
+    last line cut short by a killed process is skipped)."""
     import orjson
 
     streams: dict[str, list[dict]] = {"graph_release": [], "graph_apply": [], "graph_output": []}
-    for path in sorted(glob.glob(f"{trace_dir}/*.jsonl")):
-        with open(path, "rb") as f:
-            for line in f:
-                if line.strip():
-                    rec = orjson.loads(line)
-                    streams.setdefault(f"graph_{rec['stream']}", []).append(rec)
+    for path in sorted(Path(trace_dir).glob("*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            streams.setdefault(f"graph_{rec['stream']}", []).append(rec)
     return streams
 
 
-def _durable_at(applies: list[dict], operator: str, seq: int, t: float) -> bool:
-    return any(a["operator"] == operator and a["last_seq"] >= seq and a["t"] <= t for a in applies)
+class _DurableTimeline:
+    """When each stateful operator's backup had applied up to each seq: per operator the
+    apply times with the running highest applied seq, so "was seq durable at t" is one
+    binary search."""
+
+    def __init__(self, applies: list[dict]):
+        by_op: dict[str, list[tuple[float, int]]] = {}
+        for a in sorted(applies, key=lambda a: a["t"]):
+            by_op.setdefault(a["operator"], []).append((a["t"], a["last_seq"]))
+        self.times: dict[str, list[float]] = {}
+        self.highest: dict[str, list[int]] = {}
+        for op, rows in by_op.items():
+            self.times[op] = [t for t, _ in rows]
+            self.highest[op] = list(itertools.accumulate((s for _, s in rows), max))
+
+    def durable_at(self, operator: str, seq: int, t: float) -> bool:
+        i = bisect.bisect_right(self.times.get(operator, []), t)
+        return i > 0 and self.highest[operator][i - 1] >= seq
 
 
 class DurableBeforeRelease:
@@ -257,11 +276,11 @@ class DurableBeforeRelease:
     def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
         if "graph_release" not in ctx.streams:
             return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
-        applies = ctx.streams.get("graph_apply", [])
+        durable = _DurableTimeline(ctx.streams.get("graph_apply", []))
         res = InvariantResult(self.name, True)
         for rel in ctx.streams["graph_release"]:
             res.checked += 1
-            early = [e for e in rel["lineage"] if e[2] in self.stateful and not _durable_at(applies, e[2], e[3], rel["t"])]
+            early = [e for e in rel["lineage"] if e[2] in self.stateful and not durable.durable_at(e[2], e[3], rel["t"])]
             if early:
                 res.violations += 1
                 if len(res.examples) < MAX_EXAMPLES:
@@ -284,11 +303,12 @@ class AppliedInAlgorithm2Order:
         if "graph_apply" not in ctx.streams:
             return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
         applies = ctx.streams["graph_apply"]
+        durable = _DurableTimeline(applies)
         res = InvariantResult(self.name, True)
         for a in applies:
             res.checked += 1
             early = [e for e in a["lineage"] if e[2] in self.stateful and e[2] != a["operator"]
-                     and not _durable_at(applies, e[2], e[3], a["t"])]
+                     and not durable.durable_at(e[2], e[3], a["t"])]
             if early:
                 res.violations += 1
                 if len(res.examples) < MAX_EXAMPLES:
@@ -304,3 +324,12 @@ def graph_invariants(stateful: Iterable[str]) -> list[Invariant]:
     return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful),
             UniquePerKey("graph_one_output_per_operator_seq", stream="graph_output",
                          key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"])]
+
+
+def graph_checks(graph_table: dict, trace_dir: str | Path) -> tuple[list[Invariant], dict[str, list[dict]]]:
+    """For a run of the ``[graph]`` table ``graph_table`` whose processes traced into
+    ``trace_dir``: the HAMS invariants and the streams they read (the chaos runner adds
+    both to a graph experiment's checks)."""
+    from common.spec.graph import read_graph
+
+    return graph_invariants(read_graph(graph_table).stateful), load_graph_traces(trace_dir)

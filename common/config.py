@@ -537,7 +537,8 @@ class GraphOperatorConfig:
     name: str = "op"
     #: the operator of ``graph`` this process runs
     operator: str = "op"
-    #: primary | backup (stateful operators) or stateless; the manager drives it later
+    #: primary | backup (stateful operators), stateless, or standby (the hot standby of the
+    #: stateless operators of ``operator``'s kind); the manager drives it later
     role: str = "primary"
     epoch: int = 1
     #: PULL this process binds: requests, states, acks and durability notices
@@ -553,7 +554,8 @@ class GraphOperatorConfig:
     metrics_port: int | None = None
 
     def validate(self) -> None:
-        _check(self.role in ("primary", "backup", "stateless"), "role", "must be primary, backup or stateless")
+        _check(self.role in ("primary", "backup", "stateless", "standby"), "role",
+               "must be primary, backup, stateless or standby")
         _check(self.epoch >= 1, "epoch", "must be >= 1")
         _check(bool(self.operator), "operator", "must name an operator of the graph")
 

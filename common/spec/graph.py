@@ -18,6 +18,9 @@ Format::
     join = "combine"         # an operator with several inputs: "combine" | "interleave"
     options = {}             # passed to the operator's constructor
 
+``trace_dir`` (optional, in ``[graph]``): every graph process writes its trace there
+(``services.graph.trace``) for the chaos harness's HAMS invariants.
+
 Errors (``GraphError``, a ``SpecError``) name the key at fault: a cycle, an unknown
 operator, a shape mismatch between an edge's ends, an operator the frontend cannot reach
 or whose outputs never reach the frontend.
@@ -66,6 +69,8 @@ class GraphSpec:
     edges: tuple[tuple[str, str], ...]
     #: operators in a topological order
     order: list[str]
+    #: where the processes write their traces (None: no traces)
+    trace_dir: str | None = None
 
     @property
     def stateful(self) -> frozenset[str]:
@@ -79,6 +84,28 @@ class GraphSpec:
 
     def predecessors(self, node: str) -> list[str]:
         return [a for a, b in self.edges if b == node]
+
+    def outputs_per_origin(self, node: str) -> int:
+        """How many outputs ``node`` emits per request the frontend admits: one per input it
+        takes, so an interleaving join emits the sum of its predecessors' (HAMS S1)."""
+        if node == FRONTEND:
+            return 1
+        preds = self.predecessors(node)
+        if len(preds) > 1 and self.operators[node].join == "interleave":
+            return sum(self.outputs_per_origin(p) for p in preds)
+        return self.outputs_per_origin(preds[0])
+
+    @property
+    def replies_per_origin(self) -> int:
+        """Outputs that reach the frontend per request; it answers once all have arrived."""
+        return self.outputs_per_origin(self.predecessors(FRONTEND)[0])
+
+    @property
+    def standby_kinds(self) -> list[str]:
+        """Kinds of stateless operators: one hot standby each (HAMS §II-B), none in bare mode."""
+        if self.mode == "bare":
+            return []
+        return sorted({op.kind for op in self.operators.values() if not op.stateful})
 
     def next_stateful(self, node: str) -> list[str]:
         """Stateful operators downstream of ``node`` (the ones its backup notifies)."""
@@ -120,6 +147,9 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     if type(window) is not int or window < 1:
         raise GraphError(f"{prefix}.window: must be an int >= 1, got {window!r}")
     input_shape = _shape(table.pop("input_shape", None), f"{prefix}.input_shape")
+    trace_dir = table.pop("trace_dir", None)
+    if trace_dir is not None and not isinstance(trace_dir, str):
+        raise GraphError(f"{prefix}.trace_dir: must be a path")
     raw_ops = table.pop("operators", None)
     if not isinstance(raw_ops, dict) or not raw_ops:
         raise GraphError(f"{prefix}.operators: needs at least one [{prefix}.operators.NAME] table")
@@ -162,7 +192,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     if not edges:
         raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
     order = _topological(operators, edges, prefix)
-    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order)
+    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir)
     _check_shapes(graph, prefix)
     return graph
 
@@ -207,6 +237,10 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
         op, preds = graph.operators[name], graph.predecessors(name)
         shapes = [out_shape(p) for p in preds]
         if len(preds) > 1 and op.join == "combine":
+            several = [p for p in preds if graph.outputs_per_origin(p) > 1]
+            if several:
+                raise GraphError(f"{prefix}.operators.{name}.join: a combining join takes one input per request from "
+                                 f"each predecessor, but {several} emit several (after an interleaving join)")
             if any(s[:-1] != shapes[0][:-1] for s in shapes) or op.input_shape != (*shapes[0][:-1], sum(s[-1] for s in shapes)):
                 raise GraphError(f"{prefix}.operators.{name}.input_shape: {list(op.input_shape)} does not combine its "
                                  f"inputs {dict(zip(preds, map(list, shapes)))} (concatenated on the last axis)")
@@ -222,10 +256,12 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
     frontend; per stateless operator one process; per stateful operator a primary and,
     unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
-    ``Assignment`` seam changes them later)."""
+    ``Assignment`` seam changes them later); unless the mode is bare, one hot standby per
+    kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes."""
     from common import config as cfg
     from common.spec.topology import ServiceLaunch
 
+    trace_dir = trace_dir or graph.trace_dir
     port = iter(range(base_port, base_port + 1000))
 
     def ep() -> str:
@@ -242,6 +278,10 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
             key = f"{name}.backup" if r == "backup" else name
             peers[key] = ep()
             plan.append((key, name, r))
+    for i, kind in enumerate(graph.standby_kinds):  # a standby is named by the first operator of its kind
+        first = next(n for n in graph.order if graph.operators[n].kind == kind)
+        peers[f"standby{i}"] = ep()
+        plan.append((f"standby{i}", first, "standby"))
     services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
         client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
         trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None))]

@@ -7,7 +7,11 @@ A client's ``Predict`` (ROUTER, ``client_endpoint``) gets the next sequence numb
 its lineage is durable (``ReleaseGate``: the backups' ``GraphDurable`` notices), so no
 client sees an output that a failure could contradict. A stateless-only graph (or mode
 bare) holds nothing. Every request gets one answer: its output, or an error that says
-why (bad input, overloaded, timed out in the graph).
+why (bad input, overloaded, an operator's model error, timed out in the graph).
+
+Behind an interleaving join a request has several outputs (``replies_per_origin``): the
+frontend waits for all of them, answers with the one the last operator numbered last (it
+saw every input of the request) and holds it until the lineages of all are durable.
 
 Every 50 ms it tells the operators the highest origin up to which every reply has left,
 so their saved outputs can be freed (state GC).
@@ -21,10 +25,11 @@ import zmq
 
 from common import transport
 from common.config import GraphFrontendConfig
+from common.protocol.fields import ErrorCode
 from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
-from services.graph.lineage import ReleaseGate
+from services.graph.lineage import ReleaseGate, join
 from services.graph.trace import Trace
 from services.requests import Request, State
 
@@ -44,6 +49,10 @@ class GraphFrontend(Service):
         self.next_origin = 0
         self.requests: dict[int, Request] = {}  # origin -> request in the graph
         self.outputs: dict[int, np.ndarray] = {}  # origin -> held output
+        self.arriving: dict[int, dict[int, GraphRequest]] = {}  # origin -> seq -> output, until all arrived
+        self.expect = self.graph.replies_per_origin
+        self.held_since: dict[int, float] = {}  # origin -> when its output arrived and was held
+        self.hold_s = 0.0  # total time held replies waited for durability (what NSPB costs a reply)
         self.answered_below = 0  # every origin < this is answered
         self.announced_below = 0
         self.answered: set[int] = set()
@@ -88,14 +97,26 @@ class GraphFrontend(Service):
                 req = self.requests.get(msg.origin)
                 if req is None or req.state != State.WAITING:
                     continue  # a duplicate, or a request already answered with an error
-                if self.gate.hold(msg.origin, msg.lineage):
+                if msg.error is not None:  # an operator's model failed on it: no output to hold
+                    self.arriving.pop(msg.origin, None)
+                    self._answer(msg.origin, Reply(req.request_id, "error", error=msg.error,
+                                                           error_code=ErrorCode.MODEL_ERROR))
+                    continue
+                parts = self.arriving.setdefault(msg.origin, {})
+                parts[msg.seq] = msg
+                if len(parts) < self.expect:
+                    continue
+                del self.arriving[msg.origin]
+                output = parts[max(parts)].input
+                lineage = join(m.lineage for m in parts.values())
+                self.lineages[msg.origin] = lineage
+                if self.gate.hold(msg.origin, lineage):
                     req.to(State.HELD)
-                    self.outputs[msg.origin] = msg.input
-                    self.lineages[msg.origin] = msg.lineage
+                    self.outputs[msg.origin] = output
+                    self.held_since[msg.origin] = time.perf_counter()
                     self.counts["held"] += 1
                 else:
-                    self.lineages[msg.origin] = msg.lineage
-                    self._answer(msg.origin, Reply(req.request_id, "model", output=msg.input))
+                    self._answer(msg.origin, Reply(req.request_id, "model", output=output))
             elif isinstance(msg, GraphDurable):
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
                     req = self.requests.get(origin)
@@ -103,6 +124,9 @@ class GraphFrontend(Service):
                         self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
 
     def _answer(self, origin: int, reply: Reply) -> None:
+        held = self.held_since.pop(origin, None)
+        if held is not None:
+            self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
@@ -119,6 +143,7 @@ class GraphFrontend(Service):
         horizon = now - self.config.request_timeout_s
         for origin in [o for o, r in self.requests.items() if r.start < horizon]:
             self.outputs.pop(origin, None)
+            self.arriving.pop(origin, None)
             self.lineages.pop(origin, None)
             self.gate.waiting.pop(origin, None)
             req = self.requests[origin]
@@ -134,7 +159,12 @@ class GraphFrontend(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
+                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]),
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
+                    tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
+                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
+                            "held_since": len(self.held_since),
+                            "answered_above_horizon": len(self.answered)},  # state GC: each drains
                     **self.counts)
         return info
 

@@ -99,7 +99,6 @@ class Backup:
         self.pending: dict[int, ShippedState] = {}  # first_seq -> state
         self.applied: ShippedState | None = None
         self.max_applied_seq = -1
-        self.order: list[int] = []  # last seqs in the order applied (the invariant checker reads it)
 
     def receive(self, state: ShippedState) -> list[ShippedState]:
         if state.epoch != self.epoch or state.operator != self.operator or state.last_seq <= self.max_applied_seq:
@@ -121,7 +120,6 @@ class Backup:
                 return out
             del self.pending[state.first_seq]
             self.applied, self.max_applied_seq = state, state.last_seq  # overwrite, not merge
-            self.order.append(state.last_seq)
             out.append(state)
 
 

@@ -1,5 +1,8 @@
-"""One operator of a HAMS service graph, as a process: a stateless operator, or a stateful
-operator's primary or backup (each with its ``statemgr``).
+"""One operator of a HAMS service graph, as a process: a stateless operator, a stateful
+operator's primary or backup (each with its ``statemgr``), or the hot standby of one kind
+of stateless operator (§II-B: its models loaded, serving nothing until HAMS II promotes it).
+An interleaving join queues each input as it arrives; a combining join waits for every
+predecessor's output of a request and concatenates them.
 
 Frames in (one PULL, ``endpoint``): ``GraphRequest`` from predecessors, ``GraphState``
 (backup, from its primary), ``GraphAck`` and ``GraphDurable`` (primary, from its backup;
@@ -62,8 +65,9 @@ class GraphOperator(Service):
         self.released_origin = -1  # the frontend's notice: replies up to here left the graph
         self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
         self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
-        self.batches = self.rows = 0
+        self.batches = self.rows = self.errors = 0
         self.lineage_s = 0.0
+        self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
         self.trace = Trace(config.trace_path)
         if self.trace:
@@ -71,9 +75,13 @@ class GraphOperator(Service):
         self.backup = None
         self.model = None
         self.statemgr = None
-        if self.spec.join == "interleave" and len(self.preds) > 1:
-            raise NotImplementedError("interleaving joins are not implemented yet (HAMS S1 non-determinism)")
-        if self.assignment.role == "backup":
+        self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
+        if self.assignment.role == "standby":
+            cls = operator_class(self.spec.kind)
+            for name, spec in self.graph.operators.items():
+                if spec.kind == self.spec.kind:
+                    self.standby_for[name] = cls(spec.input_shape, spec.output_shape, seed=config.seed, **spec.options)
+        elif self.assignment.role == "backup":
             self.backup = lin.Backup(self.op, self.graph.stateful, self.assignment.epoch)
         else:
             cls = operator_class(self.spec.kind)
@@ -100,14 +108,14 @@ class GraphOperator(Service):
                 self._on_durable(msg)
 
     def _on_request(self, msg: GraphRequest) -> None:
-        if self.backup is not None:
+        if self.model is None:  # a backup or a standby serves nothing until promoted (HAMS II)
             return
         if msg.sender not in self.preds or tuple(msg.input.shape) != self._shapes[msg.sender]:
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
-        if len(self.preds) == 1:
-            self.queue.append(msg)
+        if len(self.preds) == 1 or self.spec.join == "interleave":
+            self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
         parts = self.joining.setdefault(msg.origin, {})
         parts[msg.sender] = msg
@@ -122,19 +130,24 @@ class GraphOperator(Service):
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
-        self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
-        self._notify(self.backup.receive(shipped))
+        applied = self.backup.receive(shipped)
+        self._notify(applied)  # the frontend first: a held reply may be waiting on this state
+        if not any(s.last_seq >= msg.last_seq for s in applied):  # an applied state's notice acks it already
+            self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
     def _on_durable(self, msg: GraphDurable) -> None:
         if msg.operator == FRONTEND:
             self.released_origin = max(self.released_origin, msg.seq)
             for seq in [s for s, (origin, _) in self.outputs.items() if origin <= self.released_origin]:
                 del self.outputs[seq]  # its reply left the graph: no resend will need it
+            for origin in [o for o in self.joining if o <= self.released_origin]:
+                del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
+            self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
 
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
@@ -142,7 +155,7 @@ class GraphOperator(Service):
             self.trace.write("apply", operator=self.op, last_seq=state.last_seq,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            for target in [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [FRONTEND, self.op]:
+            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op]:
                 self.peers.send(self.config.peers[target], note)
 
     # --- the batch loop ---------------------------------------------------------------
@@ -155,7 +168,12 @@ class GraphOperator(Service):
         rows = [self.queue.popleft() for _ in range(min(self.spec.max_batch, len(self.queue)))]
         batch = GraphBatch(np.stack([r.input for r in rows]), [r.stream for r in rows])
         t0 = time.perf_counter()
-        outputs = self.model.compute(batch)
+        try:
+            outputs = self.model.compute(batch)
+        except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
+            rows, batch, outputs = self._without_failing_rows(rows)
+            if not rows:
+                return
         pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
         if pad > 0:
             time.sleep(pad)  # the experiments' model service time
@@ -186,11 +204,46 @@ class GraphOperator(Service):
                 self.peers.send(self.config.peers[target], msg)
         if not self.model.stateful:
             return
+        t2 = time.perf_counter()
         if self.stateful:
             self._wait_for_update()
+        t3 = time.perf_counter()
         self.model.update(batch, outputs)
+        self.update_wait_s += t3 - t2
+        self.update_s += time.perf_counter() - t3
         if self.stateful:
-            self.statemgr.start(self.model.copy_state, dict(zip(range(first, last + 1), outputs)), first, last, lineages)
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
+                                idle=not self.queue and not self.inbox.poll(0))
+
+    def _without_failing_rows(self, rows: list[GraphRequest]):
+        """The model raised on a batch: find the rows it fails on alone and answer them with
+        the error (straight to the frontend; no seq is used, 0 on the wire; the state is
+        untouched); compute the rest again as one batch (``compute`` only reads the state)."""
+        def why(exc: Exception) -> str:
+            return f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+
+        good, errors = [], {}
+        for r in rows:
+            try:
+                self.model.compute(GraphBatch(r.input[None], [r.stream]))
+                good.append(r)
+            except Exception as exc:
+                errors[id(r)] = why(exc)
+        batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
+        outputs = None
+        if good:
+            try:
+                outputs = self.model.compute(batch)
+            except Exception as exc:  # the rows fail only together: every one gets the error
+                errors.update({id(r): why(exc) for r in good})
+                good = []
+        for r in rows:
+            if id(r) in errors:
+                self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
+                self.errors += 1
+                self.peers.send(self.config.peers[FRONTEND], GraphRequest(self.op, 0, r.origin, r.stream, [],
+                                                                          np.zeros(0, np.float32), error=errors[id(r)]))
+        return good, batch, outputs
 
     def _wait_for_update(self) -> None:
         """NSPB: the update of this batch waits for the previous copy and the window."""
@@ -209,12 +262,22 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    batches=self.batches, rows=self.rows, queued=len(self.queue), saved_outputs=len(self.outputs),
-                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches))
+                    batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
+                    saved_outputs=len(self.outputs),
+                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
+                    update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
+                    update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
+                    tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
+                            "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
+            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
-                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms)
+                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
+                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches))
+        if self.standby_for:
+            info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:
+            info["tables"].update(pending_states=len(self.backup.pending))
             info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
                         durable=dict(self.backup.durable.seqs))
         return info

@@ -69,6 +69,12 @@ class StatefulOperator(StatelessOperator):
         """A copy of the whole state (statemgr ships it; the backup overwrites with it)."""
         return {k: v.detach().clone().numpy() for k, v in self.state.items()}
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The state's tensors as numpy views, no copy: the statemgr's ``pack`` copies them
+        once, into the blob it ships, while the next batch computes (it only reads them) and
+        before the next update (NSPB waits for that copy)."""
+        return {k: v.detach().numpy() for k, v in self.state.items()}
+
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         self.state = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
 

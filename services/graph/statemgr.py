@@ -8,35 +8,70 @@ than W states are in flight (W=1: state n was delivered, §III-B). In the stop-t
 modes (S2, Remus) the copy happens in place, with the model stopped. Shipped states are
 kept until the backup says the next is applied (§IV-C), then freed.
 
-The whole state travels (an ``np.savez`` of the tensors, "out:" + seq for outputs), so
-the backup overwrites, never merges; loading never unpickles.
+The whole state travels (``pack``: one blob, a JSON header and the raw tensors, the
+batch's outputs stacked as one more), so the backup overwrites, never merges; loading
+never unpickles. Packing reads the model's tensors directly and is the state's one copy
+(an ``np.savez`` with a zip member per output cost ~1 ms per batch of 64; this ~0.05 ms).
 """
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import orjson
 import zmq
 
 from common.protocol.fields import LineageEntry
 from common.protocol.messages import GraphState
 
 
+_ALIGN = 64
+
+
 def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray]) -> np.ndarray:
-    buf = io.BytesIO()
-    np.savez(buf, **state, **{f"out:{seq}": out for seq, out in outputs.items()})
-    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    """The whole state and the batch's outputs as one byte blob: a 4-byte header length, a
+    JSON header (each tensor's name, dtype, shape, offset; the outputs' seqs) and the raw
+    buffers, each copied once, straight from the model's tensors (this is the copy)."""
+    seqs = sorted(outputs)
+    arrays = dict(state)
+    if seqs:
+        arrays[""] = np.stack([outputs[s] for s in seqs])  # "" is never a state name: the outputs
+    entries, offset = [], 0
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if a.dtype.hasobject:
+            raise TypeError(f"state tensor {name!r} has an object dtype; only numeric tensors travel")
+        entries.append([name, a.dtype.str, list(a.shape), offset])
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    header = orjson.dumps({"tensors": entries, "seqs": seqs})
+    start = -(-(4 + len(header)) // _ALIGN) * _ALIGN
+    blob = np.empty(start + offset, dtype=np.uint8)
+    blob[:4] = np.frombuffer(len(header).to_bytes(4, "little"), np.uint8)
+    blob[4:4 + len(header)] = np.frombuffer(header, np.uint8)
+    for (name, _, _, off), a in zip(entries, arrays.values()):
+        a = np.asarray(a)
+        blob[start + off:start + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+    return blob
 
 
 def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
-    with np.load(io.BytesIO(blob.tobytes()), allow_pickle=False) as z:
-        state = {k: z[k] for k in z.files if not k.startswith("out:")}
-        outputs = {int(k[4:]): z[k] for k in z.files if k.startswith("out:")}
-    return state, outputs
+    """``pack``'s inverse (copies; never unpickles)."""
+    raw = np.ascontiguousarray(blob, dtype=np.uint8)
+    n = int.from_bytes(raw[:4].tobytes(), "little")
+    header = orjson.loads(raw[4:4 + n].tobytes())
+    start = -(-(4 + n) // _ALIGN) * _ALIGN
+    arrays = {}
+    for name, dtype, shape, off in header["tensors"]:
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise ValueError("object dtypes are refused")
+        size = int(np.prod(shape)) * dt.itemsize
+        arrays[name] = raw[start + off:start + off + size].view(dt).reshape(shape).copy()
+    outs = arrays.pop("", None)
+    return arrays, ({s: outs[i] for i, s in enumerate(header["seqs"])} if outs is not None else {})
 
 
 class StateManager:
@@ -58,15 +93,18 @@ class StateManager:
         self.saved: OrderedDict[int, GraphState] = OrderedDict()  # last seq -> shipped, not yet superseded
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
+        self.copy_s = 0.0  # all copies' time
 
-    def _copy(self, copy_state, outputs, first: int, last: int, lineage: list[LineageEntry]) -> None:
+    def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry],
+              on_loop: bool = False) -> None:
         t0 = time.perf_counter()
-        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(copy_state(), outputs))
+        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs))
         self.copy_ms = (time.perf_counter() - t0) * 1000
+        self.copy_s += self.copy_ms / 1000
         with self.lock:
             self.in_flight[last] = time.monotonic()
             self.saved[last] = state
-        if self.pool is None:
+        if on_loop:
             self.send(state)
             return
         if self._sock is None:  # made and used by the copying thread only
@@ -75,12 +113,17 @@ class StateManager:
             self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
         transport_send(self._sock, state)
 
-    def start(self, copy_state, outputs, first, last, lineage) -> None:
-        """Copy and ship the state after a batch: at once (stop to copy) or in the background."""
-        if self.pool is None:
-            self._copy(copy_state, outputs, first, last, lineage)
+    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False) -> None:
+        """Copy and ship the state after a batch: at once (stop to copy) or in the background.
+
+        ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
+        thread hand-off on the way to durability (which a held reply waits for). The two
+        sockets may deliver states out of order; the backup applies them in batch order."""
+        if self.pool is None or idle:
+            self.wait_copy()
+            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True)
         else:
-            self.copying = self.pool.submit(self._copy, copy_state, outputs, first, last, lineage)
+            self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage)
 
     def wait_copy(self) -> None:
         """NSPB: the update of batch n+1 starts only once the copy of state n has finished."""

@@ -5,12 +5,15 @@ with the lineage it depended on), ``output`` (an operator's output per seq). Tim
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import orjson
 
 
 class Trace:
     def __init__(self, path: str | None):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "ab") if path else None
 
     def __bool__(self) -> bool:

@@ -106,3 +106,60 @@ def test_a_check_that_raises_fails_in_the_report_instead_of_crashing():
 
     results = Checker([Broken()]).add(AnsweredExactlyOnce()).run([good(0)], CTX)
     assert results[0].ok is False and "KeyError" in results[0].detail and results[1].ok
+
+
+# --- HAMS graph invariants on hand-made traces ----------------------------------------------
+# g1 -> g2 (both stateful); lineage entries are [predecessor, its seq, operator, my seq].
+from chaos.invariants import graph_invariants  # noqa: E402
+
+
+def _trace():
+    """A correct run: g1's backup applies seq 0, then g2's applies its seq 0 (which depends
+    on g1 seq 0), then the reply leaves."""
+    lin = [["frontend", 0, "g1", 0], ["g1", 0, "g2", 0]]
+    return {"graph_apply": [{"operator": "g1", "last_seq": 0, "lineage": [lin[0]], "t": 1.0},
+                            {"operator": "g2", "last_seq": 0, "lineage": lin, "t": 2.0}],
+            "graph_release": [{"origin": 0, "lineage": lin, "t": 3.0}],
+            "graph_output": [{"operator": "g1", "seq": 0, "output": [1.0]}, {"operator": "g2", "seq": 0, "output": [2.0]}]}
+
+
+def _graph_results(streams):
+    return {r.name: r for r in Checker(graph_invariants(["g1", "g2"])).run([], CheckContext(streams=streams))}
+
+
+def test_a_correct_graph_trace_passes_the_hams_invariants():
+    results = _graph_results(_trace())
+    assert all(r.ok for r in results.values()), [r.detail for r in results.values()]
+    assert [r.checked for r in results.values()] == [1, 2, 2]
+
+
+def test_a_reply_released_before_its_lineage_was_durable_fails():
+    streams = _trace()
+    streams["graph_release"][0]["t"] = 1.5  # g2 applied only at 2.0
+    results = _graph_results(streams)
+    assert results["graph_durable_before_release"].ok is False
+    assert results["graph_durable_before_release"].examples[0]["not_durable"] == [["g1", 0, "g2", 0]]
+    assert results["graph_algorithm2_order"].ok is True
+
+
+def test_a_backup_applying_before_its_dependency_fails_algorithm2_order():
+    streams = _trace()
+    streams["graph_apply"][0]["last_seq"] = -1  # g1's backup never had seq 0 when g2's applied
+    streams["graph_apply"][0]["t"] = 1.0
+    results = _graph_results(streams)
+    assert results["graph_algorithm2_order"].ok is False
+    assert results["graph_algorithm2_order"].violations == 1
+    assert results["graph_durable_before_release"].ok is False  # g1 seq 0 never became durable
+
+
+def test_two_outputs_for_one_operator_seq_fail_but_a_repeat_does_not():
+    streams = _trace()
+    streams["graph_output"].append({"operator": "g1", "seq": 0, "output": [1.0]})
+    assert _graph_results(streams)["graph_one_output_per_operator_seq"].ok is True
+    streams["graph_output"].append({"operator": "g1", "seq": 0, "output": [5.0]})
+    assert _graph_results(streams)["graph_one_output_per_operator_seq"].ok is False
+
+
+def test_graph_invariants_without_traces_are_unchecked_not_passed():
+    results = _graph_results({})
+    assert [r.ok for r in results.values()] == [None, None, None]

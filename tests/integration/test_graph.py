@@ -11,7 +11,7 @@ from common import protocol, transport
 from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
 from deploy.local import free_port_block
-from services.graph.operators import GraphBatch, operator_class
+from services.graph.operators import GRU, GraphBatch, operator_class
 from services.graph.statemgr import unpack
 
 pytestmark = pytest.mark.timeout(180)
@@ -103,7 +103,10 @@ def test_stateless_graph_holds_nothing(launcher, zsock):
     expected, _ = offline(graph, inputs, [0] * 30)
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
-    assert fe["held"] == 0 and fe["answered"] == 30 and len(services) == 2  # no backup for a stateless operator
+    assert fe["held"] == 0 and fe["answered"] == 30
+    assert [s.config.role for s in services[1:]] == ["stateless", "standby"]  # no backup; one hot standby (§II-B)
+    standby = status(services[2])
+    assert standby["standby_for"] == ["m"] and standby["ready"] and standby["rows"] == 0
 
 
 def test_online_learning_every_mode_answers_and_backup_has_primary_state(launcher, zsock, wait):
@@ -142,6 +145,56 @@ def test_fan_out_join_and_stateful_last(launcher, zsock, wait):
     assert fe["durable"] == {"g1": 59, "j": 59} and fe["held_now"] == 0
 
 
+def test_interleaving_join_answers_each_request_once_after_all_its_inputs(launcher, zsock, wait):
+    """frontend -> (g1 stateful, m stateless) -> interleaving join j (stateful GRU, last):
+    j takes both inputs of every request in arrival order (HAMS S1 non-determinism)."""
+    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
+                                                          ["m", "j"], ["j", "frontend"]],
+             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
+                                 "join": "interleave"}}}
+    graph, services, client = start(launcher("interleave"), table)
+    rng = np.random.default_rng(6)
+    replies = ask(zsock, client, rng.normal(size=(50, 4)), rng.integers(0, 3, size=50))
+    assert all(r.error is None and r.output.shape == (2,) for r in replies)
+    by_name = {s.name: s for s in services}
+    assert status(by_name["op-j"])["rows"] == 100  # both inputs of every request
+    fe = status(services[0])
+    assert fe["answered"] == 50 and fe["held_now"] == 0 and fe["durable"]["j"] == 99
+
+
+class PoisonGRU(GRU):
+    """A GRU whose model raises on an input whose first feature is above 100 (a user's bug)."""
+
+    def compute(self, batch):
+        if (batch.inputs[:, 0] > 100).any():
+            raise ValueError("poisoned input")
+        return super().compute(batch)
+
+
+def test_a_model_error_is_answered_at_once_and_only_for_its_request(launcher, zsock):
+    """The model raises inside g1: that request gets a model_error reply (not the graph's
+    timeout), its batch-mates are answered normally and the state never saw it."""
+    table = gru_chain(max_batch=8)
+    table["operators"]["g1"]["kind"] = "tests.integration.test_graph:PoisonGRU"
+    graph, services, client = start(launcher("poison"), table)
+    rng = np.random.default_rng(8)
+    inputs, streams = rng.normal(size=(40, 4)), rng.integers(0, 3, size=40)
+    poisoned = [5, 17, 30]
+    inputs[poisoned, 0] = 1000.0
+    replies = ask(zsock, client, inputs, streams, timeout_s=8.0)  # the graph's own timeout is 10 s
+    for i in poisoned:
+        assert replies[i].error_code == "model_error" and "ValueError: poisoned input" in replies[i].error
+    good = [i for i in range(40) if i not in poisoned]
+    assert all(replies[i].error is None for i in good)
+    expected, _ = offline(read_graph(gru_chain()), inputs[good], streams[good])
+    np.testing.assert_allclose(np.stack([replies[i].output for i in good]), np.stack(expected), atol=1e-5)
+    fe = status(services[0])
+    assert fe["errors"] == 3 and fe["answered"] == 37 and fe["in_graph"] == 0
+    assert status(next(s for s in services if s.name == "op-g1"))["errors"] == 3
+
+
 def test_bad_input_gets_an_error_and_service_goes_on(launcher, zsock):
     graph, services, client = start(launcher("bad"), gru_chain())
     sock = zsock(zmq.DEALER, connect=client)
@@ -153,18 +206,25 @@ def test_bad_input_gets_an_error_and_service_goes_on(launcher, zsock):
 
 
 def test_state_gc_keeps_memory_bounded(launcher, zsock, wait):
-    """A long run: saved outputs and saved states stay bounded (freed once replies left)."""
+    """A long run: every per-request table of every process (saved outputs and states, held
+    replies, lineages, pending states, ...) stays bounded while requests flow and drains
+    once the replies have left the graph."""
     graph, services, client = start(launcher("gc"), gru_chain(max_batch=4))
     by_name = {s.name: s for s in services}
     rng = np.random.default_rng(5)
-    peaks = []
+    peaks: dict[tuple[str, str], int] = {}
     for _ in range(6):
         ask(zsock, client, rng.normal(size=(150, 4)), rng.integers(0, 8, size=150))
-        st = wait(lambda: (x := status(by_name["op-g1"]))["saved_outputs"] <= 150 and x, what="outputs freed")
-        peaks.append((st["saved_outputs"], st["saved_states"]))
-    st = wait(lambda: (x := status(by_name["op-g1"]))["saved_outputs"] == 0 and x, what="all outputs freed")
-    assert st["rows"] == 900 and st["saved_states"] <= 1
-    assert max(p[1] for p in peaks) <= 2 * graph.window + 2
+        for svc in services:
+            for table, n in status(svc)["tables"].items():
+                peaks[svc.name, table] = max(peaks.get((svc.name, table), 0), n)
+    assert status(by_name["op-g1"])["rows"] == 900
+    for svc in services:  # everything drains (a primary keeps its newest state until the next is durable, §IV-C)
+        wait(lambda: all(n <= (1 if t == "saved_states" else 0) for t, n in status(svc)["tables"].items()),
+             what=f"{svc.name}'s tables drained")
+    for (name, table), peak in peaks.items():  # one round's worth at most, never the run's 900
+        assert peak <= (2 * graph.window + 2 if table in ("saved_states", "in_flight", "pending_states") else 150), (
+            name, table, peak)
 
 
 def test_garbage_and_stray_requests_do_not_stop_the_graph(launcher, zsock):

@@ -52,9 +52,44 @@ def test_cluster_spec_runs_a_graph():
     spec = load_spec({"graph": chain()})
     roles = sorted((s.name, s.role) for s in spec.services)
     assert ("graph-frontend", "graph_frontend") in roles and ("op-a-backup", "graph_operator") in roles
-    assert len(spec.services) == 4 and spec.client_endpoints
+    assert len(spec.services) == 5 and spec.client_endpoints  # frontend, a + backup, b, the mlp standby
+    standby = next(s for s in spec.services if s.name == "op-standby0")
+    assert standby.config.role == "standby" and standby.config.operator == "b"
     both = load_spec({"graph": chain(), "models": {"m": {"builtin": "noop", "workers": 1}}})
     ports = [ep for s in both.services for ep in s.endpoints()]
     assert len(ports) == len(set(ports))  # the graph's ports do not collide with the model cluster's
     with pytest.raises(SpecError, match="graph.edges"):
         load_spec({"graph": chain(edges=[["frontend", "a"], ["a", "frontend"], ["b", "frontend"]])})
+
+
+def fan_in(join):
+    return {"input_shape": [4], "edges": [["frontend", "a"], ["frontend", "b"], ["a", "j"], ["b", "j"], ["j", "frontend"]],
+            "operators": {"a": {"kind": "gru", "input_shape": [4], "output_shape": [3]},
+                          "b": {"kind": "mlp", "input_shape": [4], "output_shape": [3]},
+                          "b2": {"kind": "mlp", "input_shape": [4], "output_shape": [3]},
+                          "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "join": join}}}
+
+
+def test_interleaving_join_emits_one_output_per_input_and_cannot_feed_a_combine():
+    g = fan_in("interleave")
+    g["edges"] = g["edges"] + [["frontend", "b2"], ["b2", "j"]]
+    graph = read_graph(g)
+    assert graph.outputs_per_origin("a") == 1 and graph.outputs_per_origin("j") == 3 and graph.replies_per_origin == 3
+    assert graph.standby_kinds == ["mlp"]  # one hot standby for b and b2 together
+    assert read_graph({**g, "mode": "bare"}).standby_kinds == []
+    with pytest.raises(GraphError, match="shape mismatch"):  # interleaved inputs all have the operator's shape
+        read_graph({**g, "operators": {**g["operators"], "b": {**g["operators"]["b"], "output_shape": [2]}}})
+    after = dict(g, edges=[e for e in g["edges"] if e[1] != "frontend"] + [["j", "k"], ["a", "k"], ["k", "frontend"]],
+                 operators={**g["operators"], "k": {"kind": "mlp", "input_shape": [5], "output_shape": [1]}})
+    with pytest.raises(GraphError, match="combining join takes one input"):
+        read_graph(after)
+
+
+@pytest.mark.parametrize("name", ["hams-gru.toml", "hams-join.toml"])
+def test_example_graph_specs_load(name):
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
+    spec = load_spec(tomllib.loads(path.read_text()))
+    assert spec.client_endpoints and all(s.role in ("graph_frontend", "graph_operator") for s in spec.services)
