@@ -59,7 +59,6 @@ Example
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path

@@ -12,7 +12,6 @@ from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
 from deploy.local import free_port_block
 from services.graph.operators import GRU, GraphBatch, operator_class
-from services.graph.statemgr import unpack
 
 pytestmark = pytest.mark.timeout(180)
 
