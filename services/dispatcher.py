@@ -171,9 +171,25 @@ class Dispatcher(Service):
                 self._on_leave(worker, msg)
             elif kind is Status:
                 self._send(envelope, Status(service=self.name, info=self.status()))
+            elif kind is Configure and worker is None:
+                self._on_configure(envelope, msg)
             else:
                 self.unexpected += 1
         self.dispatch()
+
+    def _on_configure(self, envelope: list, msg: Configure) -> None:
+        """An operator's (or an experiment's) ``Configure(model=M, slots=, threads=)``: every
+        worker of M takes it live; answered with Status (``configured``: the workers, or an
+        ``error``)."""
+        error, done = None, []
+        if msg.model not in self.by_model or msg.version is not None:
+            error = f"no model {msg.model!r} here" if msg.version is None else "versions roll out on the workers"
+        else:
+            try:
+                done = [w.name for w in list(self.by_model[msg.model]) if self.configure(w.name, msg.slots, msg.threads)]
+            except ValueError as exc:
+                error = str(exc)
+        self._send(envelope, Status(service=self.name, info={"configured": done, "error": error}))
 
     def _refusal(self, msg: Register) -> str | None:
         queue = self.queues.get(msg.model)
