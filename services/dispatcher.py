@@ -85,6 +85,25 @@ class Dispatcher(Service):
         self.m_expired = {m: m_expired.labels(model=m) for m in self.queues}
         self.m_queue_time = self.metrics.histogram("queue_seconds", "time a query waited in the dispatcher queue")
         self.m_batch = self.metrics.histogram("dispatched_batch_size", "batch sizes", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        #: SERF §IV-D: the configurator of the models with a profile (None: none)
+        self.serf = None
+        if cfg.serf:
+            from services.serf import profile as serf_profile
+            from services.serf.configurator import Configurator
+
+            profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items()}
+            missing = [m for m, p in profiles.items() if p is None or m not in self.queues]
+            if missing:
+                raise ValueError(f"SERF: no profile or no queue for {missing} (keel serf profile makes one)")
+            self.serf = Configurator(profiles, cfg.serf_hysteresis, cfg.serf_hold_s)
+            self.every(cfg.heartbeat_interval_s, self._serf)
+            gauge = self.metrics.gauge
+            self.m_serf = {k: gauge(f"serf_{k}", doc, ["model"]) for k, doc in (
+                ("arrival_rate", "arrival rate per worker SERF reads (req/s)"),
+                ("slots", "requests at once of the model's workers"), ("threads", "torch threads per request"),
+                ("predicted_seconds", "Eq. 13 mean latency of the current configuration at the current rate"),
+                ("observed_seconds", "mean latency in the dispatcher (queue + service), EWMA"))}
+            self.m_serf_switches = self.metrics.counter("serf_switches_total", "configuration switches", ["model"])
         #: with a manager: active only while the manager's log names this dispatcher the
         #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
         self.active, self.fence_epoch, self.manager = True, 0, None
@@ -243,6 +262,10 @@ class Dispatcher(Service):
             return
         worker.batches += 1
         worker.last_service_ms = msg.service_ms
+        if self.serf is not None and msg.ok and isinstance(held.held, list) and held.held:
+            now = time.monotonic()
+            for q in held.held:
+                self.serf.observe(worker.model, (now - q.enqueued) * 1000.0)
         if msg.ok:
             worker.profile.observe(held.size, msg.service_ms)
         self.queues[worker.model].batching.observe(worker, held.size, msg.service_ms, msg.ok)
@@ -267,6 +290,34 @@ class Dispatcher(Service):
         self.log.info("worker configured", worker=worker_name, slots=worker.slots, threads=worker.threads)
         self.dispatch()
         return True
+
+    def _current(self, model: str) -> tuple[int, int] | None:
+        workers = self.by_model.get(model)
+        return (workers[0].slots, workers[0].threads) if workers else None
+
+    def _serf(self, now: float) -> None:
+        """SERF's scheduler: the best configuration for each profiled model's load, live."""
+        for model in self.serf.models:
+            current = self._current(model)
+            if current is None:
+                continue
+            workers = self.by_model[model]
+            choice = self.serf.decide(model, self.queues[model].rate, current, len(workers), now)
+            if choice is not None:
+                self.log.info("serf switch", model=model, rate=round(self.queues[model].rate, 2),
+                              to=list(choice), previous=list(current))
+                for w in list(workers):
+                    self.configure(w.name, slots=choice[0], threads=choice[1])
+                self.m_serf_switches.labels(model=model).inc()
+            plan, (slots, threads) = self.serf.models[model], self._current(model) or current
+            m = self.m_serf
+            m["arrival_rate"].labels(model=model).set(plan.rate)
+            m["slots"].labels(model=model).set(slots)
+            m["threads"].labels(model=model).set(threads)
+            if plan.predicted_ms is not None:
+                m["predicted_seconds"].labels(model=model).set(plan.predicted_ms / 1000.0)
+            if plan.observed_ms is not None:
+                m["observed_seconds"].labels(model=model).set(plan.observed_ms / 1000.0)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -486,4 +537,5 @@ class Dispatcher(Service):
             "refused_registers": self.refused_registers,
             "unexpected": self.unexpected,
             "encoder_dropped": self.encoder_dropped,
+            **({"serf": self.serf.status({m: self._current(m) for m in self.serf.models})} if self.serf else {}),
         }

@@ -160,6 +160,9 @@ class Worker(Service):
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
         self.held = 0  # batches handed to the executors and not yet answered
+        #: service times of the batches run: count, sum and sum of squares (ms), which SERF's
+        #: profiler reads before and after a phase (mean and SCV of that phase)
+        self.service = {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0}
         self.executors = Executors(self._compute, None if cfg.builtin is not None else _set_torch_threads)
         self.executors.torch_threads = self.threads
         self.executors.ensure(self.slots)
@@ -384,6 +387,10 @@ class Worker(Service):
         self.counts["errors"] += error is not None
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
         self.m_service.observe(job.service_ms / 1000.0)
+        if error is None:
+            self.service["n"] += 1
+            self.service["sum_ms"] += job.service_ms
+            self.service["sumsq_ms"] += job.service_ms ** 2
         self.m_batch_size.observe(len(live))
         transport.send(
             self.dealer,
@@ -449,7 +456,7 @@ class Worker(Service):
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
-                "held": self.held, "peak_concurrency": self.executors.peak}
+                "held": self.held, "peak_concurrency": self.executors.peak, "service": dict(self.service)}
 
 
 def _set_torch_threads(n: int) -> None:
