@@ -73,11 +73,12 @@ MAX_EXECUTORS = 64
 class Job:
     """One batch on its way through an executor: what the loop needs to answer it."""
 
-    __slots__ = ("batch", "live", "received", "predictor", "outputs", "error", "service_ms")
+    __slots__ = ("batch", "live", "received", "predictor", "outputs", "error", "service_ms", "running")
 
     def __init__(self, batch: Batch, live: list[int], received: float, predictor):
         self.batch, self.live, self.received, self.predictor = batch, live, received, predictor
         self.outputs, self.error, self.service_ms = None, None, 0.0
+        self.running = 1  # batches computing when this one started, itself included
 
 
 class Executors:
@@ -118,6 +119,7 @@ class Executors:
             with self._lock:
                 self.running += 1
                 self.peak = max(self.peak, self.running)
+                job.running = self.running
             try:
                 self.run(job)
             finally:
@@ -160,9 +162,10 @@ class Worker(Service):
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
         self.held = 0  # batches handed to the executors and not yet answered
-        #: service times of the batches run: count, sum and sum of squares (ms), which SERF's
-        #: profiler reads before and after a phase (mean and SCV of that phase)
-        self.service = {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0}
+        #: service times of the batches run, by how many were computing when each started
+        #: (SERF's i): count, sum and sum of squares (ms). SERF's profiler reads them before
+        #: and after a phase (mean and SCV of mu_i); an experiment, during a run
+        self.service: dict[str, dict[str, float]] = {}
         self.executors = Executors(self._compute, None if cfg.builtin is not None else _set_torch_threads)
         self.executors.torch_threads = self.threads
         self.executors.ensure(self.slots)
@@ -387,10 +390,11 @@ class Worker(Service):
         self.counts["errors"] += error is not None
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
         self.m_service.observe(job.service_ms / 1000.0)
-        if error is None:
-            self.service["n"] += 1
-            self.service["sum_ms"] += job.service_ms
-            self.service["sumsq_ms"] += job.service_ms ** 2
+        if error is None and live:
+            acc = self.service.setdefault(str(job.running), {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0})
+            acc["n"] += 1
+            acc["sum_ms"] += job.service_ms
+            acc["sumsq_ms"] += job.service_ms ** 2
         self.m_batch_size.observe(len(live))
         transport.send(
             self.dealer,
@@ -456,7 +460,7 @@ class Worker(Service):
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
-                "held": self.held, "peak_concurrency": self.executors.peak, "service": dict(self.service)}
+                "held": self.held, "peak_concurrency": self.executors.peak, "service": {i: dict(acc) for i, acc in self.service.items()}}
 
 
 def _set_torch_threads(n: int) -> None:

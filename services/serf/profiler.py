@@ -4,8 +4,8 @@ For each parallelism degree tuple (i, t) with i x t <= cores: the dispatcher set
 worker of the model to i slots and t threads (``Configure(model=...)`` on its ROUTER, the
 live switch), a closed loop keeps exactly i requests per worker in flight through a
 frontend (warm-up, then ``samples`` answers), and the workers' own service-time counters
-(``service`` in their status, read before and after the samples) give the mean service
-time and its SCV with i running at once. The path overhead (a reply's latency minus the
+(``service`` in their status, by how many batches were computing when each started, read
+before and after the samples) give the mean service time and its SCV with i running. The path overhead (a reply's latency minus the
 worker's service time, one request in flight) is measured on the way. Requests are never
 batched here (SERF does not batch): the model's ``max_batch`` should be 1.
 
@@ -63,14 +63,29 @@ def closed_loop(client: Client, model: str, inputs: np.ndarray, outstanding: int
     return latencies
 
 
-def _service(endpoints: list[str]) -> tuple[int, float, float]:
-    n = s = ss = 0.0
+def service_counters(endpoints: list[str]) -> dict[int, tuple[int, float, float]]:
+    """The workers' service-time counters summed: i -> (count, sum ms, sum of squares)."""
+    out: dict[int, tuple[int, float, float]] = {}
     for ep in endpoints:
         info = transport.request_status(ep, 5.0)
         if info is None:
             raise ProfileError(f"worker status endpoint {ep} did not answer")
-        n, s, ss = n + info["service"]["n"], s + info["service"]["sum_ms"], ss + info["service"]["sumsq_ms"]
-    return int(n), s, ss
+        for i, acc in info["service"].items():
+            n, s, ss = out.get(int(i), (0, 0.0, 0.0))
+            out[int(i)] = (n + int(acc["n"]), s + acc["sum_ms"], ss + acc["sumsq_ms"])
+    return out
+
+
+def service_between(before: dict, after: dict, i: int) -> tuple[int, float, float]:
+    """(count, mean ms, SCV) of the batches started with ``i`` computing, between two reads."""
+    n0, s0, ss0 = before.get(i, (0, 0.0, 0.0))
+    n1, s1, ss1 = after.get(i, (0, 0.0, 0.0))
+    k = n1 - n0
+    if k <= 0:
+        return 0, 0.0, 0.0
+    mean = (s1 - s0) / k
+    var = max(0.0, (ss1 - ss0) / k - mean ** 2)
+    return k, mean, var / mean ** 2 if mean > 0 else 0.0
 
 
 def measure(client: Client, dispatcher: str, workers: list[str], model: str, inputs: np.ndarray, i: int, t: int,
@@ -81,16 +96,13 @@ def measure(client: Client, dispatcher: str, workers: list[str], model: str, inp
     closed_loop(client, model, inputs, n, max(warmup, n))
     # the last warm-up Done may still be on its way to the counters: let it land
     time.sleep(0.02)
-    n0, s0, ss0 = _service(workers)
+    before = service_counters(workers)
     lat = closed_loop(client, model, inputs, n, samples)
     time.sleep(0.02)
-    n1, s1, ss1 = _service(workers)
-    k = n1 - n0
+    k, mean, scv = service_between(before, service_counters(workers), i)
     if k <= 0:
-        raise ProfileError(f"no service times counted for tuple ({i}, {t})")
-    mean = (s1 - s0) / k
-    var = max(0.0, (ss1 - ss0) / k - mean ** 2)
-    return mean, var / mean ** 2 if mean > 0 else 0.0, float(np.mean(lat))
+        raise ProfileError(f"no service times counted with {i} running for tuple ({i}, {t})")
+    return mean, scv, float(np.mean(lat))
 
 
 def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None, warmup: int = 5,
