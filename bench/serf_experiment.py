@@ -1,8 +1,11 @@
 """``keel experiment serf --json PATH [--quick]``: SERF (issue 14) on live Keel clusters.
 
-Models (``common.architectures``, random weights: only their cost matters): ``resnet18``
-(the small ResNet-18 on 3x32x32 inputs) and ``widemlp`` (8 x 4096^2 float32 layers, 512 MB,
-memory-bandwidth bound). ``--quick`` runs resnet18 only, with shorter runs.
+Models: ``sleep`` (the builtin that holds each request 20 ms with the CPU idle: a control
+whose service time does not move with the machine's load, so it checks Eq. 13 and the
+path end to end), ``resnet18`` (the small ResNet-18 on 3x32x32 inputs) and, without
+``--quick``, ``widemlp`` (8 x 4096^2 float32 layers, 512 MB, memory-bandwidth bound);
+``common.architectures``, random weights: only their cost matters. ``--quick`` runs
+shorter loads.
 
 Per model, on a cluster of one frontend, one dispatcher and one worker given 2 cores
 (``max_batch`` 1: SERF does not batch), every part through the real path:
@@ -10,11 +13,14 @@ Per model, on a cluster of one frontend, one dispatcher and one worker given 2 c
 1. Profile (§IV-B, ``services.serf.profiler``): the mu table and the profiling time.
 2. Predicted (Eq. 13 + the profiled path overhead) against measured mean latency (at
    the client, after a 10% warm-up) for each configuration at eight loads, 10%-85% of
-   that configuration's capacity by its profile, Poisson arrivals.
+   that configuration's capacity by its profile, Poisson arrivals. Beside it, Eq. 13 fed
+   with the service times the worker measured during that very run (``inrun``): the
+   queueing model's own error, apart from how far the machine's load moved the service
+   times since profiling.
 3. Best pick: every configuration measured at common loads (20%-80% of the largest
    capacity); where the measured best two differ by > 5%, is Eq. 13's pick the measured
    best?
-4. Step load (low, high, low, high; low 15%, high 80% of the largest capacity): each fixed
+4. Step load (low, high, low, high; low 15%, high 70% of the largest capacity): each fixed
    configuration, then the adaptive configurator (a fresh dispatcher with ``serf`` set),
    on the same arrivals. Mean latency per phase and overall; the switch time is from a
    step to the dispatcher's status first showing the new configuration (polled every
@@ -42,11 +48,13 @@ from common.spec import load_spec
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block
 from services.serf import profile as serf_profile
-from services.serf.profiler import profile_model, set_configuration
+from common.queueing import latency, utilisation
+from services.serf.profiler import profile_model, service_between, service_counters, set_configuration
 
 CORES = 2
 LOADS = (0.10, 0.20, 0.30, 0.40, 0.55, 0.65, 0.75, 0.85)
 MODELS = {
+    "sleep": {"builtin": "sleep", "fixed_ms": 20.0, "input_shape": [64]},
     "resnet18": {"arch": "resnet18", "arch_config": {"in_channels": 3, "n_classes": 10}, "input_shape": [3, 32, 32]},
     "widemlp": {"arch": "widemlp", "arch_config": {"in_features": 3072, "n_classes": 10}, "input_shape": [3072]},
 }
@@ -62,7 +70,7 @@ def ensure_models(store: str, names: list[str]) -> None:
 
     mstore = ModelStore(store)
     for name in names:
-        if mstore.has(name):
+        if "builtin" in MODELS[name] or mstore.has(name):
             continue
         m = MODELS[name]
         net = build(m["arch"], **m["arch_config"]).eval()
@@ -80,8 +88,16 @@ def cluster(store: str, model: str, serf: str | None = None):
         "frontend": {"cache_size": 0},
         "dispatcher": dispatcher,
         "worker": {"torch_threads": CORES},
-        "models": {model: {"store_name": model, "max_batch": 1, "deadline_ms": 60_000.0}},
+        "models": {model: _model_table(model)},
     })
+
+
+def _model_table(model: str) -> dict:
+    m = MODELS[model]
+    if "builtin" in m:
+        return {"builtin": m["builtin"], "fixed_ms": m["fixed_ms"], "input_shape": m["input_shape"], "output_size": 10,
+                "max_batch": 1, "deadline_ms": 60_000.0}
+    return {"store_name": model, "max_batch": 1, "deadline_ms": 60_000.0}
 
 
 def inputs_for(model: str) -> np.ndarray:
@@ -101,21 +117,41 @@ def mean_after_warmup(records) -> float:
     return float(np.mean(lat)) if lat else float("nan")
 
 
-def predicted_vs_measured(client, dispatcher, model, p, inputs, seconds, count, log) -> tuple[list[dict], float]:
+def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float | None:
+    """Eq. 13 (+ path) with mu_i from the service times the worker measured during the run
+    (the profile's where no batch started with i running)."""
+    c, t = config
+    mu = []
+    for i in range(1, c + 1):
+        k, mean, _ = service_between(before, after, i)
+        mu.append(1000.0 / mean if k >= 3 else 1000.0 / p.service_ms[(i, t)])
+    if utilisation(mu, rate) >= 1:
+        return None
+    return latency(mu, rate) * 1000.0 + p.path_ms
+
+
+def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log) -> tuple[list[dict], float]:
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+    workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
     points, t0 = [], time.time()
     for config in p.configurations():
         set_configuration(dispatcher, model, *config)
         cap = p.capacity(config)
         for k, load in enumerate(LOADS):
             rate = load * cap
+            before = service_counters(workers)
             records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
+            inrun = inrun_prediction(p, config, rate, before, service_counters(workers))
             measured, predicted = mean_after_warmup(records), p.predict_ms(config, rate)
             err = abs(predicted - measured) / measured
+            err_inrun = None if inrun is None else abs(inrun - measured) / measured
             points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": len(records),
                            "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
-                           "error": round(err, 4), "lost": s["lost"]})
+                           "error": round(err, 4), "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
+                           "inrun_error": None if err_inrun is None else round(err_inrun, 4), "lost": s["lost"]})
             log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {len(records):4d} req): predicted "
-                f"{predicted:7.2f} ms, measured {measured:7.2f} ms, error {err:6.1%}")
+                f"{predicted:7.2f} ms, measured {measured:8.2f} ms, error {err:6.1%}; in-run service times: "
+                + ("unstable" if inrun is None else f"{inrun:8.2f} ms, error {err_inrun:6.1%}"))
     return points, time.time() - t0
 
 
@@ -202,7 +238,7 @@ def switch_times(seen, t0: float, starts: list[float]) -> list[float | None]:
 
 def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir) -> dict:
     top = max(p.capacity(c) for c in p.configurations())
-    low, high = 0.15 * top, 0.80 * top
+    low, high = 0.15 * top, 0.70 * top
     offsets, starts = step_offsets(low, high, phase_s, seed=300)
     fixed: dict[str, dict] = {}
     spec = cluster(store, model)
@@ -250,7 +286,7 @@ def _series(records) -> list[list[float]]:
 
 
 def run_model(store: str, model: str, quick: bool, log) -> dict:
-    seconds, count = (2.5, 150) if quick else (8.0, 600)
+    seconds, count = (1.5, 100) if quick else (6.0, 600)
     launcher_dir = Path(f"runs/serf/{model}")
     inputs = inputs_for(model)
     spec = cluster(store, model)
@@ -267,15 +303,18 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
 
         table_ms = ModelPlan(p).table_ms
         with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
-            points, exhaustive_s = predicted_vs_measured(client, dispatcher, model, p, inputs, seconds, count, log)
+            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log)
             picks = best_pick(client, dispatcher, model, p, inputs, seconds, count, log)
-    step = step_load(store, model, p, inputs, 4.0 if quick else 10.0, path, log, launcher_dir)
+    step = step_load(store, model, p, inputs, 3.0 if quick else 8.0, path, log, launcher_dir)
     errors = np.array([pt["error"] for pt in points])
+    inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]
     return {
         "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3), "table_ms": round(table_ms, 3),
         "points": points, "mean_error": round(float(errors.mean()), 4),
         "p90_error": round(float(np.percentile(errors, 90)), 4), "max_error": round(float(errors.max()), 4),
+        "inrun_mean_error": round(float(inrun.mean()), 4) if len(inrun) else None,
+        "inrun_p90_error": round(float(np.percentile(inrun, 90)), 4) if len(inrun) else None,
         "best_pick": picks, "best_pick_rate": round(sum(r["right"] for r in counted) / len(counted), 4) if counted else None,
         "exhaustive_s": round(exhaustive_s, 1), "exhaustive_over_profiling": round(exhaustive_s / p.profiling_s, 1),
         "step": step,
@@ -283,7 +322,7 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
 
 
 def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=print) -> dict:
-    models = ["resnet18"] if quick else list(MODELS)
+    models = ["sleep", "resnet18"] if quick else list(MODELS)
     t0 = time.time()
     load_before = os.getloadavg()
     ensure_models(store, models)
@@ -305,11 +344,23 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
         "switch_s": max(switches) if switches else None,
         "steps_without_switch": sum(s is None for m in ms for s in m["step"]["adaptive"]["switch_s"]),
         "table_ms": max(m["table_ms"] for m in ms),
+        "per_model": {name: {k: m[k] for k in ("mean_error", "p90_error", "max_error", "inrun_mean_error", "inrun_p90_error",
+                                               "best_pick_rate", "profiling_s", "exhaustive_over_profiling")}
+                      | {"adaptive_over_best_fixed": m["step"]["adaptive_over_best_fixed"],
+                         "adaptive_over_best_single_fixed": m["step"]["adaptive_over_best_single_fixed"],
+                         "switch_s": m["step"]["adaptive"]["switch_s"]}
+                      for name, m in out["models"].items()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "elapsed_s": round(time.time() - t0, 1),
     })
     keys = ["mean_error", "p90_error", "max_error", "best_pick_rate", "profiling_s", "exhaustive_over_profiling",
             "adaptive_over_best_fixed", "adaptive_over_best_single_fixed", "switch_s", "table_ms"]
+    for name, figures in out["per_model"].items():
+        log(f"-- {name}")
+        for line in figures_table(figures, [k for k in keys if k in figures] + ["inrun_mean_error", "inrun_p90_error"],
+                                  TARGETS):
+            log(line)
+    log("-- all models")
     for line in figures_table(out, keys, TARGETS):
         log(line)
     log(f"(2-core machine shared with other work: load average {out['load_average']}; {out['elapsed_s']} s)")
@@ -369,5 +420,5 @@ def add_parser(which: Any) -> None:
     """Add ``serf`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load (issue 14)")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
-    e.add_argument("--quick", action="store_true", help="resnet18 only, shorter runs (under 5 minutes)")
+    e.add_argument("--quick", action="store_true", help="sleep and resnet18, shorter runs (under 5 minutes)")
     e.set_defaults(func=cmd)

@@ -16,7 +16,12 @@ batching, fixed), and ``CodingGroups`` forms ParM's coding groups (§4.1): for a
 copy goes to the encoder *after* it is sent to its worker, so encoding never delays
 dispatch. Parity batches from the encoder wait in the parity model's queue and are served
 whole to ``parity`` workers. ``configure(worker, slots=, threads=)`` is SERF's lever: it
-sends ``Configure`` to the worker and fills the new number of slots at once.
+sends ``Configure`` to the worker and fills the new number of slots at once. An operator's
+``Configure(model=M, slots=, threads=)`` on the ROUTER (``keel serf set``, SERF's
+profiler) applies it to every worker of M. With ``serf = {M = PROFILE}`` the dispatcher
+runs SERF's configurator (``services.serf.configurator``) every heartbeat: M's arrival
+rate, the reference table, hysteresis and a hold time, then ``configure``; its state is in
+``status()["serf"]`` and the ``serf_*`` metrics.
 
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
 heartbeat intervals is dropped too. Either way the queries of its in-flight batches go

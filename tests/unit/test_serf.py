@@ -114,3 +114,22 @@ def test_executors_set_torch_threads_on_the_computing_thread():
         assert seen[2][1] == 2  # the next batch after the change ran with 2 threads
     finally:
         ex.close()
+
+
+def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_path, capsys):
+    from common.spec import load_spec
+    from deploy.keel import build_parser, main
+
+    spec_file = tmp_path / "serf.toml"
+    spec_file.write_text(f'[cluster]\nrun_dir = "{tmp_path / "run"}"\nbase_port = 27000\n'
+                         '[models.m]\nbuiltin = "sleep"\nmax_batch = 1\n')
+    assert main(["serf", "table", str(spec_file), "--model", "m"]) == 1
+    assert "keel serf profile" in capsys.readouterr().out
+    spec = load_spec(str(spec_file))
+    serf_profile.save(profile(path_ms=1.0), serf_profile.where("m", "1", None, spec.run_dir))
+    assert main(["serf", "table", str(spec_file), "--model", "m", "--rates", "5", "75"]) == 0
+    out = capsys.readouterr().out
+    assert "reference table of m v1: 2 rates x 3 configurations" in out
+    lines = [line.split() for line in out.splitlines() if line.strip().startswith(("5.00", "75.00"))]
+    assert [line[-1] for line in lines] == ["1x2", "2x1"]
+    assert build_parser().parse_args(["experiment", "serf", "--quick"]).quick
