@@ -5,7 +5,7 @@ whose service time does not move with the machine's load, so it checks Eq. 13 an
 path end to end), ``resnet18`` (the small ResNet-18 on 3x32x32 inputs) and, without
 ``--quick``, ``widemlp`` (8 x 4096^2 float32 layers, 512 MB, memory-bandwidth bound);
 ``common.architectures``, random weights: only their cost matters. ``--quick`` runs
-shorter loads.
+fewer and shorter loads: four of the eight (10%, 30%, 55%, 85%), 25 requests or 5 s each.
 
 Per model, on a cluster of one frontend, one dispatcher and one worker given 2 cores
 (``max_batch`` 1: SERF does not batch), every part through the real path:
@@ -17,7 +17,7 @@ Per model, on a cluster of one frontend, one dispatcher and one worker given 2 c
    with the service times the worker measured during that very run (``inrun``): the
    queueing model's own error, apart from how far the machine's load moved the service
    times since profiling.
-3. Best pick: every configuration measured at common loads (20%-80% of the largest
+3. Best pick: every configuration measured at common loads (20%, 50%, 80% of the largest
    capacity); where the measured best two differ by > 5%, is Eq. 13's pick the measured
    best?
 4. Step load (low, high, low, high; low 15%, high 70% of the largest capacity): each fixed
@@ -53,6 +53,7 @@ from services.serf.profiler import profile_model, service_between, service_count
 
 CORES = 2
 LOADS = (0.10, 0.20, 0.30, 0.40, 0.55, 0.65, 0.75, 0.85)
+QUICK_LOADS = (0.10, 0.30, 0.55, 0.85)
 MODELS = {
     "sleep": {"builtin": "sleep", "fixed_ms": 20.0, "input_shape": [64]},
     "resnet18": {"arch": "resnet18", "arch_config": {"in_channels": 3, "n_classes": 10}, "input_shape": [3, 32, 32]},
@@ -106,9 +107,10 @@ def inputs_for(model: str) -> np.ndarray:
 
 def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, seconds: float, count: int, seed: int,
              offsets: np.ndarray | None = None) -> tuple[list, dict]:
+    """``count`` Poisson arrivals at ``rate``, cut at ``seconds`` (or the given offsets)."""
     n = len(offsets) if offsets is not None else count
-    records = open_loop(client, model, inputs, rate, n, seed=seed, duration_s=seconds, timeout_ms=60_000.0,
-                        drain_s=30.0, offsets=offsets)
+    records = open_loop(client, model, inputs, rate, n, seed=seed, duration_s=seconds if offsets is None else 1e9,
+                        timeout_ms=60_000.0, drain_s=30.0, offsets=offsets)
     return records, summarize(records)
 
 
@@ -130,14 +132,14 @@ def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float
     return latency(mu, rate) * 1000.0 + p.path_ms
 
 
-def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log) -> tuple[list[dict], float]:
+def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads) -> tuple[list[dict], float]:
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
     points, t0 = [], time.time()
     for config in p.configurations():
         set_configuration(dispatcher, model, *config)
         cap = p.capacity(config)
-        for k, load in enumerate(LOADS):
+        for k, load in enumerate(loads):
             rate = load * cap
             before = service_counters(workers)
             records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
@@ -158,7 +160,7 @@ def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log) -
 def best_pick(client, dispatcher, model, p, inputs, seconds, count, log) -> list[dict]:
     top = max(p.capacity(c) for c in p.configurations())
     rows = []
-    for k, frac in enumerate((0.2, 0.4, 0.6, 0.8)):
+    for k, frac in enumerate((0.2, 0.5, 0.8)):
         rate = frac * top
         measured, predicted = {}, {}
         for config in p.configurations():
@@ -286,7 +288,8 @@ def _series(records) -> list[list[float]]:
 
 
 def run_model(store: str, model: str, quick: bool, log) -> dict:
-    seconds, count = (1.5, 100) if quick else (6.0, 600)
+    # each load: ``count`` requests, cut at ``seconds`` (the lightest loads of slow models)
+    seconds, count, loads = (5.0, 25, QUICK_LOADS) if quick else (15.0, 80, LOADS)
     launcher_dir = Path(f"runs/serf/{model}")
     inputs = inputs_for(model)
     spec = cluster(store, model)
@@ -303,9 +306,9 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
 
         table_ms = ModelPlan(p).table_ms
         with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
-            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log)
+            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads)
             picks = best_pick(client, dispatcher, model, p, inputs, seconds, count, log)
-    step = step_load(store, model, p, inputs, 3.0 if quick else 8.0, path, log, launcher_dir)
+    step = step_load(store, model, p, inputs, 2.5 if quick else 8.0, path, log, launcher_dir)
     errors = np.array([pt["error"] for pt in points])
     inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]

@@ -36,7 +36,7 @@ import time
 from services.serf.profile import Profile
 
 #: arrival rates in a reference table
-GRID = 400
+GRID = 200
 
 
 class ModelPlan:

@@ -5,9 +5,11 @@ worker of the model to i slots and t threads (``Configure(model=...)`` on its RO
 live switch), a closed loop keeps exactly i requests per worker in flight through a
 frontend (warm-up, then ``samples`` answers), and the workers' own service-time counters
 (``service`` in their status, by how many batches were computing when each started, read
-before and after the samples) give the mean service time and its SCV with i running. The path overhead (a reply's latency minus the
-worker's service time, one request in flight) is measured on the way. Requests are never
-batched here (SERF does not batch): the model's ``max_batch`` should be 1.
+before and after the samples) give the mean service time and its SCV with i running.
+The path overhead (a reply's latency minus the worker's service time) is measured last,
+one request at a time with pauses between them (``path_overhead``), as open-loop arrivals
+find the cluster. Requests are never batched here (SERF does not batch): the model's
+``max_batch`` should be 1.
 
 Example
 -------
@@ -105,6 +107,20 @@ def measure(client: Client, dispatcher: str, workers: list[str], model: str, inp
     return mean, scv, float(np.mean(lat))
 
 
+def path_overhead(client: Client, workers: list[str], model: str, inputs: np.ndarray, count: int, gap_s: float) -> float:
+    """Keel's own time per request (ms): a reply's latency minus the worker's service time,
+    requests sent one at a time with a pause between them, so every process has gone idle
+    as it has between open-loop arrivals (a hot closed loop would see less)."""
+    before = service_counters(workers)
+    lat = []
+    for _ in range(count):
+        time.sleep(gap_s)
+        lat += closed_loop(client, model, inputs, 1, 1)
+    time.sleep(0.02)
+    k, mean, _ = service_between(before, service_counters(workers), 1)
+    return max(0.0, float(np.mean(lat)) - mean) if k else 0.0
+
+
 def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None, warmup: int = 5,
                   samples: int = 20, version: str | None = None, log: Callable[[str], None] = lambda s: None) -> Profile:
     """Profile ``model`` on the running cluster ``spec`` (a ``ClusterSpec``): every tuple
@@ -120,15 +136,14 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
         inputs = np.random.default_rng(14).standard_normal((16, *shape)).astype(np.float32)
     start = time.perf_counter()
     service, scv, samples_of = {}, {}, {}
-    path_ms = 0.0
     with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
         for i, t in tuples(cores):
             mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples)
             service[(i, t)], scv[(i, t)], samples_of[(i, t)] = mean, v, samples
-            if i == 1 and t == 1:
-                path_ms = max(0.0, lat - mean)
             log(f"  ({i}, {t}): {mean:7.2f} ms service, SCV {v:.3f}, {lat:7.2f} ms at the client")
         set_configuration(dispatcher, model, 1, cores)
+        path_ms = path_overhead(client, workers, model, inputs, max(5, samples // 2), service[(1, cores)] / 1000.0)
+        log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
     elapsed = time.perf_counter() - start
     version = version or (first.version or "1")
     return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp())
