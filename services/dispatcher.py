@@ -97,10 +97,13 @@ class Dispatcher(Service):
             from services.serf.configurator import Configurator
 
             profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items()}
-            missing = [m for m, p in profiles.items() if p is None or m not in self.queues]
-            if missing:
-                raise ValueError(f"SERF: no profile or no queue for {missing} (keel serf profile makes one)")
-            self.serf = Configurator(profiles, cfg.serf_hysteresis, cfg.serf_hold_s)
+            for m in [m for m, p in profiles.items() if p is None or m not in self.queues]:
+                # served as configured, not switched: a missing profile must not stop the service
+                self.log.error("SERF: no profile or no queue for this model; its configuration stays as it is",
+                               model=m, profile=cfg.serf[m], hint="keel serf profile SPEC --model M")
+                del profiles[m]
+            self.serf = Configurator(profiles, cfg.serf_hysteresis, cfg.serf_hold_s) if profiles else None
+        if self.serf is not None:
             self.every(cfg.heartbeat_interval_s, self._serf)
             gauge = self.metrics.gauge
             self.m_serf = {k: gauge(f"serf_{k}", doc, ["model"]) for k, doc in (
