@@ -272,7 +272,7 @@ def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir)
                 "switch_s": switch_times(poller.seen, records[0].sent if records else t0, starts),
                 "configurations": [(round(t - (records[0].sent if records else t0), 2), c) for t, c in poller.seen],
                 "serf_status": (status.get("serf") or {}).get(model)}
-    log(f"   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
+    log("   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
         + f" ms; overall {adaptive['mean_ms']:.1f} ms; switches after steps {adaptive['switch_s']} s")
     best_phase = [min(f["phases_ms"][i] for f in fixed.values()) for i in range(len(starts))]
     best_single = min(f["mean_ms"] for f in fixed.values())

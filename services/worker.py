@@ -49,9 +49,6 @@ socket and registers again on a fresh one, backing off exponentially.
 """
 from __future__ import annotations
 
-import os
-import queue
-import threading
 import time
 import traceback
 
@@ -62,94 +59,11 @@ from common import protocol, transport
 from common.config import WorkerConfig
 from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
 from services.base import Service
+from services.executors import Executors, Job, set_torch_threads
 from common.containers import build_predictor
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
 LEAVE_LINGER_MS = 500
-#: executor threads at most: beyond this many slots, batches wait in the worker for one
-MAX_EXECUTORS = 64
-
-
-class Job:
-    """One batch on its way through an executor: what the loop needs to answer it."""
-
-    __slots__ = ("batch", "live", "received", "predictor", "outputs", "error", "service_ms", "running")
-
-    def __init__(self, batch: Batch, live: list[int], received: float, predictor):
-        self.batch, self.live, self.received, self.predictor = batch, live, received, predictor
-        self.outputs, self.error, self.service_ms = None, None, 0.0
-        self.running = 1  # batches computing when this one started, itself included
-
-
-class Executors:
-    """Threads that run batches through the model, as many as the worker's slots (grown on
-    demand, never shrunk: an idle one costs nothing). ``submit`` queues a job; a finished
-    job lands in ``finished`` and a byte on the pipe whose read end (``fd``) the worker's
-    loop polls. ``running``/``peak`` count batches computing at once."""
-
-    def __init__(self, run, set_threads):
-        self.run, self.set_threads = run, set_threads  # run(job) fills it; set_threads(n) or None
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()
-        self.fd, self._wfd = os.pipe()
-        os.set_blocking(self.fd, False)
-        self.threads: list[threading.Thread] = []
-        self.torch_threads = 1  # what each executor sets before its next batch
-        self.running = self.peak = 0
-        self._lock = threading.Lock()
-
-    def ensure(self, n: int) -> None:
-        while len(self.threads) < min(n, MAX_EXECUTORS):
-            t = threading.Thread(target=self._loop, name=f"executor-{len(self.threads)}", daemon=True)
-            self.threads.append(t)
-            t.start()
-
-    def submit(self, job: Job) -> None:
-        self.jobs.put(job)
-
-    def _loop(self) -> None:
-        mine = None  # the torch threads this thread last set
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            if self.set_threads is not None and mine != self.torch_threads:
-                mine = self.torch_threads
-                self.set_threads(mine)
-            with self._lock:
-                self.running += 1
-                self.peak = max(self.peak, self.running)
-                job.running = self.running
-            try:
-                self.run(job)
-            finally:
-                with self._lock:
-                    self.running -= 1
-                self.finished.put(job)
-                os.write(self._wfd, b"x")
-
-    def done(self) -> list[Job]:
-        """The jobs finished since the last call (drains the pipe)."""
-        try:
-            while os.read(self.fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        out = []
-        while True:
-            try:
-                out.append(self.finished.get_nowait())
-            except queue.Empty:
-                return out
-
-    def close(self, wait_s: float = 2.0) -> None:
-        for _ in self.threads:
-            self.jobs.put(None)
-        deadline = time.monotonic() + wait_s
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        os.close(self._wfd)
-        os.close(self.fd)
 
 
 class Worker(Service):
@@ -166,7 +80,7 @@ class Worker(Service):
         #: (SERF's i): count, sum and sum of squares (ms). SERF's profiler reads them before
         #: and after a phase (mean and SCV of mu_i); an experiment, during a run
         self.service: dict[str, dict[str, float]] = {}
-        self.executors = Executors(self._compute, None if cfg.builtin is not None else _set_torch_threads)
+        self.executors = Executors(self._compute, None if cfg.builtin is not None else set_torch_threads)
         self.executors.torch_threads = self.threads
         self.executors.ensure(self.slots)
         self.poller.register(self.executors.fd, zmq.POLLIN)
@@ -462,8 +376,3 @@ class Worker(Service):
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
                 "held": self.held, "peak_concurrency": self.executors.peak, "service": {i: dict(acc) for i, acc in self.service.items()}}
 
-
-def _set_torch_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)

@@ -12,7 +12,7 @@ from common.queueing import latency
 from services.serf import profile as serf_profile
 from services.serf.configurator import Configurator
 from services.serf.profile import Profile, tuples
-from services.worker import Executors, Job
+from services.executors import Executors, Job
 
 # threads help one request (20 -> 12 ms); two at once interfere a little (20 -> 21 ms each)
 SERVICE = {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}
