@@ -374,5 +374,5 @@ class Worker(Service):
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
-                "held": self.held, "peak_concurrency": self.executors.peak, "service": {i: dict(acc) for i, acc in self.service.items()}}
+                "held": self.held, "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()}}
 

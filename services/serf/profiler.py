@@ -4,7 +4,7 @@ For each parallelism degree tuple (i, t) with i x t <= cores: the dispatcher set
 worker of the model to i slots and t threads (``Configure(model=...)`` on its ROUTER, the
 live switch), a closed loop keeps exactly i requests per worker in flight through a
 frontend (warm-up, then ``samples`` answers), and the workers' own service-time counters
-(``service`` in their status, by how many batches were computing when each started, read
+(``service_times`` in their status, by how many batches were computing when each started, read
 before and after the samples) give the mean service time and its SCV with i running.
 The path overhead (a reply's latency minus the worker's service time) is measured last,
 one request at a time with pauses between them (``path_overhead``), as open-loop arrivals
@@ -72,7 +72,7 @@ def service_counters(endpoints: list[str]) -> dict[int, tuple[int, float, float]
         info = transport.request_status(ep, 5.0)
         if info is None:
             raise ProfileError(f"worker status endpoint {ep} did not answer")
-        for i, acc in info["service"].items():
+        for i, acc in info["service_times"].items():
             n, s, ss = out.get(int(i), (0, 0.0, 0.0))
             out[int(i)] = (n + int(acc["n"]), s + acc["sum_ms"], ss + acc["sumsq_ms"])
     return out
