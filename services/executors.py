@@ -97,8 +97,11 @@ class Executors:
         deadline = time.monotonic() + wait_s
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        os.close(self._wfd)
-        os.close(self.fd)
+        if not any(t.is_alive() for t in self.threads):
+            # a thread still computing would write to a closed (or reused) descriptor; the
+            # process is ending anyway, so its pipe is left to the exit
+            os.close(self._wfd)
+            os.close(self.fd)
 
 
 def set_torch_threads(n: int) -> None:
