@@ -799,6 +799,8 @@ def test_serf_runs_for_a_profiled_model_and_a_missing_profile_does_not_stop_the_
     h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(path)}, serf_hold_s=0.0)
     w = h.worker("w0", slots=1)
     h.d._serf(0.0)  # idle: one request with both threads
-    configure = next(m for m in received(w) if isinstance(m, Configure))
+    msgs: list = []
+    h.pump(lambda: msgs.extend(received(w)) or any(isinstance(m, Configure) for m in msgs), what="a Configure")
+    configure = next(m for m in msgs if isinstance(m, Configure))
     assert (configure.slots, configure.threads) == (1, 2) and (h.state("w0").slots, h.state("w0").threads) == (1, 2)
     assert h.d.status()["serf"]["m"]["configuration"] == "1x2"
