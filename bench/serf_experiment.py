@@ -324,8 +324,9 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
     }
 
 
-def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=print) -> dict:
-    models = ["sleep", "resnet18"] if quick else list(MODELS)
+def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=print,
+        models: list[str] | None = None) -> dict:
+    models = models or (["sleep", "resnet18"] if quick else list(MODELS))
     t0 = time.time()
     load_before = os.getloadavg()
     ensure_models(store, models)
@@ -415,7 +416,7 @@ def plot(out: dict, path: Path) -> None:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    run(args.json, args.quick)
+    run(args.json, args.quick, models=args.models)
     return 0
 
 
@@ -424,4 +425,5 @@ def add_parser(which: Any) -> None:
     e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load (issue 14)")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
     e.add_argument("--quick", action="store_true", help="sleep and resnet18, shorter runs (under 5 minutes)")
+    e.add_argument("--models", nargs="+", choices=list(MODELS), help="these models only")
     e.set_defaults(func=cmd)
