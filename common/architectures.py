@@ -4,6 +4,11 @@
 - ``lenet5``    LeNet-5: conv(6, 5x5) - pool - conv(16, 5x5) - pool - 120 - 84 - out, ReLU
 - ``resnet18``  ResNet-18 (BasicBlock, [2, 2, 2, 2]) adapted to small images: a 3x3
                 stride-1 stem and no max-pool, as is usual for CIFAR-sized inputs
+                (SERF's small model on 32x32 inputs: threads help one request)
+- ``widemlp``   ``depth`` square layers of ``width`` units (default 8 x 4096^2 float32:
+                512 MB of weights): one request is a chain of matrix-vector products
+                that reads every weight once, so it is memory-bandwidth bound and
+                requests running at once interfere (SERF §III-C's large model)
 
 A parity model uses the same architecture and config as its deployed model (§4.3), so
 it has the same runtime. Every model takes float32 queries (N, *input_shape) and returns
@@ -32,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ARCHS = ("mlp", "lenet5", "resnet18")
+ARCHS = ("mlp", "lenet5", "resnet18", "widemlp")
 INITS = ("parm", "torch")
 
 
@@ -57,6 +62,14 @@ class ResNet18Config:
     width: int = 64  # channels of the first stage; stages use width * (1, 2, 4, 8)
 
 
+@dataclass
+class WideMLPConfig:
+    in_features: int = 3072
+    n_classes: int = 10
+    width: int = 4096
+    depth: int = 8  # square width x width layers after the input layer
+
+
 class MLP(nn.Module):
     def __init__(self, config: MLPConfig):
         super().__init__()
@@ -66,6 +79,21 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
+        for layer in self.hidden:
+            x = F.relu(layer(x))
+        return self.out(x)
+
+
+class WideMLP(nn.Module):
+    def __init__(self, config: WideMLPConfig):
+        super().__init__()
+        w = config.width
+        self.inp = nn.Linear(config.in_features, w)
+        self.hidden = nn.ModuleList(nn.Linear(w, w) for _ in range(config.depth))
+        self.out = nn.Linear(w, config.n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.inp(x.flatten(1)))
         for layer in self.hidden:
             x = F.relu(layer(x))
         return self.out(x)
@@ -133,6 +161,7 @@ REGISTRY: dict[str, tuple[type, type]] = {
     "mlp": (MLPConfig, MLP),
     "lenet5": (LeNet5Config, LeNet5),
     "resnet18": (ResNet18Config, ResNet18),
+    "widemlp": (WideMLPConfig, WideMLP),
 }
 
 
@@ -188,6 +217,8 @@ def config_for(arch: str, input_shape: tuple[int, ...] | list[int], n_classes: i
         config = asdict(LeNet5Config(in_channels=c, image_size=h, n_classes=n_classes))
     elif arch == "resnet18":
         config = asdict(ResNet18Config(in_channels=c, n_classes=n_classes))
+    elif arch == "widemlp":
+        config = asdict(WideMLPConfig(in_features=c * h * w, n_classes=n_classes))
     else:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     config.update(overrides)
@@ -196,4 +227,4 @@ def config_for(arch: str, input_shape: tuple[int, ...] | list[int], n_classes: i
 
 def query_shape(arch: str, input_shape: tuple[int, ...] | list[int]) -> list[int]:
     """Shape of one query as ``arch`` is served: flat [C*H*W] for the MLP, else [C, H, W]."""
-    return [math.prod(input_shape)] if arch == "mlp" else list(input_shape)
+    return [math.prod(input_shape)] if arch in ("mlp", "widemlp") else list(input_shape)

@@ -194,6 +194,13 @@ class DispatcherConfig:
     kairos_scale: float = 1.0
     #: "drs": queries of at most this many items go to auxiliary types (Kairos §6)
     drs_threshold: int = 0
+    #: SERF (services.serf): model -> its profile JSON (``keel serf profile``); the
+    #: dispatcher then switches that model's workers' slots and threads with the load
+    serf: dict[str, str] = field(default_factory=dict)
+    #: SERF: switch only when Eq. 13 predicts at least this fraction less latency, and
+    #: never sooner than ``serf_hold_s`` after the last switch
+    serf_hysteresis: float = 0.05
+    serf_hold_s: float = 1.0
     heartbeat_interval_s: float = 0.25
     #: heartbeats a worker may miss before it is dropped and its batch re-queued
     #: (2 s by default: a loaded 2-core host can stall a healthy process for a second)
@@ -222,6 +229,8 @@ class DispatcherConfig:
         _check(self.policy != "drs" or self.drs_threshold >= 1, "drs_threshold",
                'must be >= 1 with policy "drs" (items; Kairos §6 tunes it per pool)')
         _check(self.drs_threshold >= 0, "drs_threshold", "must be >= 0")
+        _check(0 <= self.serf_hysteresis < 1, "serf_hysteresis", "must be in [0, 1)")
+        _check(self.serf_hold_s >= 0, "serf_hold_s", "must be >= 0")
         for name, policy in self.models.items():
             policy.validate(name)
 

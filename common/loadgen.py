@@ -84,11 +84,16 @@ def schedule(rate: float, count: int | None, seed: int, n_inputs: int,
 
 def open_loop(client: Any, model: str, inputs: np.ndarray, rate: float, count: int, seed: int = 0,
               duration_s: float = 60.0, timeout_ms: float | None = None, drain_s: float = 5.0,
-              keep_outputs: bool = False) -> list[Record]:
-    """Send the schedule through ``client`` (``submit``/``collect``, e.g. a ``Client``)."""
+              keep_outputs: bool = False, offsets: np.ndarray | None = None) -> list[Record]:
+    """Send the schedule through ``client`` (``submit``/``collect``, e.g. a ``Client``).
+    ``offsets``: send times (s from the start) to use instead of Poisson arrivals at
+    ``rate`` (a load that steps, made of ``schedule``s of several rates)."""
     if rate <= 0 or count <= 0:
         raise ValueError("rate and count must be positive")
-    offsets, picks = schedule(rate, count, seed, len(inputs), duration_s)
+    if offsets is None:
+        offsets, picks = schedule(rate, count, seed, len(inputs), duration_s)
+    else:
+        picks = np.random.default_rng(seed + 1).integers(0, len(inputs), size=len(offsets))
     records: list[Record] = []
     by_id: dict[str, Record] = {}
     start = time.time()

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.hams_overhead import add_parser as add_hams_overhead
     from bench.kairos_experiment import add_parser as add_kairos_experiment
     from bench.selection_experiment import add_parser as add_selection_experiment
+    from bench.serf_experiment import add_parser as add_serf_experiment
     from chaos.cli import add_parser as add_chaos
     from chaos.parm_tail import add_parser as add_parm_tail
     from common.roles import ROLES
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from deploy.manager_cli import add_parser as add_manager
     from deploy.model_cli import add_parser as add_model
     from deploy.selection_cli import add_parser as add_selection
+    from deploy.serf_cli import add_parser as add_serf
     from training.cli import add_parser as add_training
 
     parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
@@ -96,11 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_kairos_experiment(which)
     add_hams_overhead(which)
     add_selection_experiment(which)
+    add_serf_experiment(which)
     add_kairos(sub)
     add_model(sub)
     add_keys(sub)
     add_manager(sub)
     add_selection(sub)
+    add_serf(sub)
     return parser
 
 

@@ -16,7 +16,12 @@ batching, fixed), and ``CodingGroups`` forms ParM's coding groups (§4.1): for a
 copy goes to the encoder *after* it is sent to its worker, so encoding never delays
 dispatch. Parity batches from the encoder wait in the parity model's queue and are served
 whole to ``parity`` workers. ``configure(worker, slots=, threads=)`` is SERF's lever: it
-sends ``Configure`` to the worker and fills the new number of slots at once.
+sends ``Configure`` to the worker and fills the new number of slots at once. An operator's
+``Configure(model=M, slots=, threads=)`` on the ROUTER (``keel serf set``, SERF's
+profiler) applies it to every worker of M. With ``serf = {M = PROFILE}`` the dispatcher
+runs SERF's configurator (``services.serf.configurator``) every heartbeat: M's arrival
+rate, the reference table, hysteresis and a hold time, then ``configure``; its state is in
+``status()["serf"]`` and the ``serf_*`` metrics.
 
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
 heartbeat intervals is dropped too. Either way the queries of its in-flight batches go
@@ -85,6 +90,28 @@ class Dispatcher(Service):
         self.m_expired = {m: m_expired.labels(model=m) for m in self.queues}
         self.m_queue_time = self.metrics.histogram("queue_seconds", "time a query waited in the dispatcher queue")
         self.m_batch = self.metrics.histogram("dispatched_batch_size", "batch sizes", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        #: SERF §IV-D: the configurator of the models with a profile (None: none)
+        self.serf = None
+        if cfg.serf:
+            from services.serf import profile as serf_profile
+            from services.serf.configurator import Configurator
+
+            profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items()}
+            for m in [m for m, p in profiles.items() if p is None or m not in self.queues]:
+                # served as configured, not switched: a missing profile must not stop the service
+                self.log.error("SERF: no profile or no queue for this model; its configuration stays as it is",
+                               model=m, profile=cfg.serf[m], hint="keel serf profile SPEC --model M")
+                del profiles[m]
+            self.serf = Configurator(profiles, cfg.serf_hysteresis, cfg.serf_hold_s) if profiles else None
+        if self.serf is not None:
+            self.every(cfg.heartbeat_interval_s, self._serf)
+            gauge = self.metrics.gauge
+            self.m_serf = {k: gauge(f"serf_{k}", doc, ["model"]) for k, doc in (
+                ("arrival_rate", "arrival rate per worker SERF reads (req/s)"),
+                ("slots", "requests at once of the model's workers"), ("threads", "torch threads per request"),
+                ("predicted_seconds", "Eq. 13 mean latency of the current configuration at the current rate"),
+                ("observed_seconds", "mean latency in the dispatcher (queue + service), EWMA"))}
+            self.m_serf_switches = self.metrics.counter("serf_switches_total", "configuration switches", ["model"])
         #: with a manager: active only while the manager's log names this dispatcher the
         #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
         self.active, self.fence_epoch, self.manager = True, 0, None
@@ -171,9 +198,25 @@ class Dispatcher(Service):
                 self._on_leave(worker, msg)
             elif kind is Status:
                 self._send(envelope, Status(service=self.name, info=self.status()))
+            elif kind is Configure and worker is None:
+                self._on_configure(envelope, msg)
             else:
                 self.unexpected += 1
         self.dispatch()
+
+    def _on_configure(self, envelope: list, msg: Configure) -> None:
+        """An operator's (or an experiment's) ``Configure(model=M, slots=, threads=)``: every
+        worker of M takes it live; answered with Status (``configured``: the workers, or an
+        ``error``)."""
+        error, done = None, []
+        if msg.model not in self.by_model or msg.version is not None:
+            error = f"no model {msg.model!r} here" if msg.version is None else "versions roll out on the workers"
+        else:
+            try:
+                done = [w.name for w in list(self.by_model[msg.model]) if self.configure(w.name, msg.slots, msg.threads)]
+            except ValueError as exc:
+                error = str(exc)
+        self._send(envelope, Status(service=self.name, info={"configured": done, "error": error}))
 
     def _refusal(self, msg: Register) -> str | None:
         queue = self.queues.get(msg.model)
@@ -227,6 +270,10 @@ class Dispatcher(Service):
             return
         worker.batches += 1
         worker.last_service_ms = msg.service_ms
+        if self.serf is not None and msg.ok and isinstance(held.held, list) and held.held:
+            now = time.monotonic()
+            for q in held.held:
+                self.serf.observe(worker.model, (now - q.enqueued) * 1000.0)
         if msg.ok:
             worker.profile.observe(held.size, msg.service_ms)
         self.queues[worker.model].batching.observe(worker, held.size, msg.service_ms, msg.ok)
@@ -251,6 +298,34 @@ class Dispatcher(Service):
         self.log.info("worker configured", worker=worker_name, slots=worker.slots, threads=worker.threads)
         self.dispatch()
         return True
+
+    def _current(self, model: str) -> tuple[int, int] | None:
+        workers = self.by_model.get(model)
+        return (workers[0].slots, workers[0].threads) if workers else None
+
+    def _serf(self, now: float) -> None:
+        """SERF's scheduler: the best configuration for each profiled model's load, live."""
+        for model in self.serf.models:
+            current = self._current(model)
+            if current is None:
+                continue
+            workers = self.by_model[model]
+            choice = self.serf.decide(model, self.queues[model].rate, current, len(workers), now)
+            if choice is not None:
+                self.log.info("serf switch", model=model, rate=round(self.queues[model].rate, 2),
+                              to=list(choice), previous=list(current))
+                for w in list(workers):
+                    self.configure(w.name, slots=choice[0], threads=choice[1])
+                self.m_serf_switches.labels(model=model).inc()
+            plan, (slots, threads) = self.serf.models[model], self._current(model) or current
+            m = self.m_serf
+            m["arrival_rate"].labels(model=model).set(plan.rate)
+            m["slots"].labels(model=model).set(slots)
+            m["threads"].labels(model=model).set(threads)
+            if plan.predicted_ms is not None:
+                m["predicted_seconds"].labels(model=model).set(plan.predicted_ms / 1000.0)
+            if plan.observed_ms is not None:
+                m["observed_seconds"].labels(model=model).set(plan.observed_ms / 1000.0)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -470,4 +545,5 @@ class Dispatcher(Service):
             "refused_registers": self.refused_registers,
             "unexpected": self.unexpected,
             "encoder_dropped": self.encoder_dropped,
+            **({"serf": self.serf.status({m: self._current(m) for m in self.serf.models})} if self.serf else {}),
         }

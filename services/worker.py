@@ -19,9 +19,22 @@ them with the default) and ``Done.batch_size`` counts the queries actually run, 
 sees a service time that matches its batch size. Prediction copies to the decoder carry
 what is left of each query's budget.
 
-``Configure(slots, threads)`` from the dispatcher (SERF) sets torch's threads (store
-models; builtin models just record it) and the slots, and the worker registers again so
-the dispatcher's view agrees. On SIGTERM the worker sends ``Leave`` so the dispatcher
+Concurrency (SERF §IV): a worker runs up to ``slots`` batches at once, each with
+``threads`` torch intra-op threads. The poll loop never runs a model: it hands each batch
+to an ``Executors`` pool (one Python thread per slot; torch releases the GIL while it
+computes) and delivers predictions and ``Done`` itself when an executor signals, through
+a pipe the loop polls, that a batch finished (ZeroMQ sockets stay on the loop's thread).
+torch's thread count lives in each calling thread's OpenMP state (set once per thread
+when it first computes), so an executor calls ``torch.set_num_threads`` itself before a
+batch whenever the configured figure changed. Measured here before choosing threads over
+one process per slot: two executor threads with 1 torch thread each do run at once (small
+ResNet-18, 32x32: ~18 ms alone, ~30 ms each with two at once on 2 loaded cores), and one
+copy of the weights serves every slot (the large model's 512 MB are not duplicated, and
+its requests share them as SERF's §III-C describes).
+
+``Configure(slots, threads)`` from the dispatcher (SERF) sets the threads and the slots
+live: the batches already held finish with what they started with, and the dispatcher
+sends no new batch beyond the new number of slots, so nothing is lost on a switch. On SIGTERM the worker sends ``Leave`` so the dispatcher
 drops it at once instead of after its heartbeats stop.
 
 Rollout: ``Configure(version=V)`` on the worker's status endpoint (``keel model rollout``)
@@ -46,6 +59,7 @@ from common import protocol, transport
 from common.config import WorkerConfig
 from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
 from services.base import Service
+from services.executors import Executors, Job, set_torch_threads
 from common.containers import build_predictor
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
@@ -61,6 +75,16 @@ class Worker(Service):
         self.predictor = build_predictor(cfg)
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
+        self.held = 0  # batches handed to the executors and not yet answered
+        #: service times of the batches run, by how many were computing when each started
+        #: (SERF's i): count, sum and sum of squares (ms). SERF's profiler reads them before
+        #: and after a phase (mean and SCV of mu_i); an experiment, during a run
+        self.service: dict[str, dict[str, float]] = {}
+        self.executors = Executors(self._compute, None if cfg.builtin is not None else set_torch_threads)
+        self.executors.torch_threads = self.threads
+        self.executors.ensure(self.slots)
+        self.poller.register(self.executors.fd, zmq.POLLIN)
+        self.handlers[self.executors.fd] = lambda fd: self._on_finished()
         self.peers = transport.Peers(self.ctx, on_new=self.add_socket, on_drop=self.remove_socket)  # reply_to endpoint -> PUSH
         self.decoder = (
             self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.decoder_endpoint))
@@ -143,6 +167,8 @@ class Worker(Service):
         """Leaving (SIGTERM): tell the dispatcher now, and give the message time to go."""
         if self.manager is not None:
             self.manager.close()
+        self._finish_held()
+        self.executors.close()
         if self.dealer is None:
             return
         transport.try_send(self.dealer, Leave(worker=self.name))
@@ -166,14 +192,12 @@ class Worker(Service):
         """SERF: new concurrency (slots) and torch threads. The dispatcher that sent it has
         already updated its view; a Register here would make it drop what this worker
         holds. Later Registers (after a reconnect) announce the new values."""
-        if msg.threads is not None and msg.threads != self.threads:
-            if self.cfg.builtin is None:  # builtin models use no torch: the figure is only recorded
-                import torch
-
-                torch.set_num_threads(msg.threads)
-            self.threads = msg.threads
+        if msg.threads is not None:
+            # each executor sets it before its next batch (builtin models use no torch)
+            self.threads = self.executors.torch_threads = msg.threads
         if msg.slots is not None:
             self.slots = msg.slots
+            self.executors.ensure(self.slots)
         if msg.version is not None and msg.version != self.version:
             self.rollout(msg.version)
         self.counts["configured"] += 1
@@ -232,21 +256,46 @@ class Worker(Service):
         return True
 
     def run_batch(self, batch: Batch) -> None:
-        """Run the live queries of ``batch``, deliver their predictions, always answer Done."""
+        """Hand the live queries of ``batch`` to an executor; ``_on_finished`` delivers their
+        predictions and always answers Done (at once when no query is live)."""
         received = time.monotonic()
-        live = self._live_rows(batch, received)
+        job = Job(batch, self._live_rows(batch, received), received, self.predictor)
+        if not job.live:
+            self._answer(job)
+            return
+        self.held += 1
+        self.executors.submit(job)
+
+    def _compute(self, job: Job) -> None:
+        """On an executor thread: run the model; never raises, never touches a socket."""
+        batch, live = job.batch, job.live
         start = time.perf_counter()
-        outputs, error = None, None
-        if live:
-            try:
-                outputs = self._predict(batch.inputs if len(live) == len(batch.qids) else batch.inputs[live], len(live))
-            except Exception as exc:  # the model's failure must not take the worker down
-                error = f"{type(exc).__name__}: {exc}"
-                self.log.error("model raised", batch_id=batch.batch_id, error=error, trace=traceback.format_exc(limit=3))
-        service_ms = (time.perf_counter() - start) * 1000.0
+        try:
+            job.outputs = self._predict(job.predictor, batch.inputs if len(live) == len(batch.qids) else batch.inputs[live],
+                                        len(live))
+        except Exception as exc:  # the model's failure must not take the worker down
+            job.error = f"{type(exc).__name__}: {exc}"
+            self.log.error("model raised", batch_id=batch.batch_id, error=job.error, trace=traceback.format_exc(limit=3))
+        job.service_ms = (time.perf_counter() - start) * 1000.0
+
+    def _on_finished(self) -> None:
+        for job in self.executors.done():
+            self.held -= 1
+            self._answer(job)
+
+    def _finish_held(self, wait_s: float = 10.0) -> None:
+        """Leaving: answer what the executors hold (bounded), so nothing taken goes unanswered."""
+        deadline = time.monotonic() + wait_s
+        while self.held > 0 and time.monotonic() < deadline:
+            self._on_finished()
+            time.sleep(0.005)
+
+    def _answer(self, job: Job) -> None:
+        """Deliver a finished batch's predictions and answer Done."""
+        batch, live, error = job.batch, job.live, job.error
         refused = 0
         if live:
-            refused = self._deliver(batch, live, outputs, service_ms, error, received)
+            refused = self._deliver(batch, live, job.outputs, job.service_ms, error, job.received)
         if refused:
             self.counts["undeliverable"] += refused
             self.log.warning("predictions undeliverable", batch_id=batch.batch_id, queries=refused)
@@ -254,11 +303,16 @@ class Worker(Service):
         self.counts["batches"] += 1
         self.counts["errors"] += error is not None
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
-        self.m_service.observe(service_ms / 1000.0)
+        self.m_service.observe(job.service_ms / 1000.0)
+        if error is None and live:
+            acc = self.service.setdefault(str(job.running), {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0})
+            acc["n"] += 1
+            acc["sum_ms"] += job.service_ms
+            acc["sumsq_ms"] += job.service_ms ** 2
         self.m_batch_size.observe(len(live))
         transport.send(
             self.dealer,
-            Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=service_ms,
+            Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=job.service_ms,
                  ok=error is None, error=error),
         )
 
@@ -272,13 +326,14 @@ class Worker(Service):
         self.counts["expired"] += len(batch.qids) - len(live)
         return live
 
-    def _predict(self, inputs: np.ndarray, rows: int) -> np.ndarray:
-        want = tuple(getattr(self.predictor, "input_shape", inputs.shape[1:]))
+    @staticmethod
+    def _predict(predictor, inputs: np.ndarray, rows: int) -> np.ndarray:
+        want = tuple(getattr(predictor, "input_shape", inputs.shape[1:]))
         if tuple(inputs.shape[1:]) != want:
             raise ValueError(f"input shape {list(inputs.shape[1:])} is not the model's {list(want)}")
         if inputs.dtype.kind not in "fiub":
             raise ValueError(f"input dtype {inputs.dtype} is not numeric")
-        outputs = np.ascontiguousarray(self.predictor.predict_batch(inputs), np.float32)
+        outputs = np.ascontiguousarray(predictor.predict_batch(inputs), np.float32)
         if outputs.ndim != 2 or outputs.shape[0] != rows:
             raise RuntimeError(f"model returned outputs of shape {list(outputs.shape)} for {rows} queries")
         return outputs
@@ -318,4 +373,6 @@ class Worker(Service):
 
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
-                "threads": self.threads, **self.counts, "peers": len(self.peers.sockets)}
+                "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
+                "held": self.held, "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()}}
+

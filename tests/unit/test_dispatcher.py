@@ -787,3 +787,20 @@ def test_a_dispatcher_no_manager_named_ignores_fences(harness):
     w = h.worker("w0", slots=1)
     sent = _fenced_queries(h, 1, fence=9)
     assert h.next_batch(w).qids == sent and h.d.active
+
+
+def test_serf_runs_for_a_profiled_model_and_a_missing_profile_does_not_stop_the_dispatcher(harness, tmp_path):
+    from services.serf import profile as serf_profile
+    from services.serf.profile import Profile
+
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(tmp_path / "none.json")})
+    assert h.d.serf is None and "serf" not in h.d.status()  # served as configured, not switched
+    path = serf_profile.save(Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}), tmp_path / "p.json")
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(path)}, serf_hold_s=0.0)
+    w = h.worker("w0", slots=1)
+    h.d._serf(0.0)  # idle: one request with both threads
+    msgs: list = []
+    h.pump(lambda: msgs.extend(received(w)) or any(isinstance(m, Configure) for m in msgs), what="a Configure")
+    configure = next(m for m in msgs if isinstance(m, Configure))
+    assert (configure.slots, configure.threads) == (1, 2) and (h.state("w0").slots, h.state("w0").threads) == (1, 2)
+    assert h.d.status()["serf"]["m"]["configuration"] == "1x2"

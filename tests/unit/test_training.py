@@ -55,7 +55,7 @@ def test_digits_dataset_shapes_and_split():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("image_shape", [(1, 8, 8), (1, 28, 28)])
 def test_models_map_queries_to_logits(arch, image_shape):
-    config = config_for(arch, image_shape, 10, **({"width": 8} if arch == "resnet18" else {}))
+    config = config_for(arch, image_shape, 10, **({"width": 8} if arch in ("resnet18", "widemlp") else {}))
     net = build(arch, **config)
     x = torch.rand(3, *query_shape(arch, image_shape))
     assert net(x).shape == (3, 10)

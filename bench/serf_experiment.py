@@ -1,0 +1,429 @@
+"""``keel experiment serf --json PATH [--quick]``: SERF (issue 14) on live Keel clusters.
+
+Models: ``sleep`` (the builtin that holds each request 20 ms with the CPU idle: a control
+whose service time does not move with the machine's load, so it checks Eq. 13 and the
+path end to end), ``resnet18`` (the small ResNet-18 on 3x32x32 inputs) and, without
+``--quick``, ``widemlp`` (8 x 4096^2 float32 layers, 512 MB, memory-bandwidth bound);
+``common.architectures``, random weights: only their cost matters. ``--quick`` runs
+fewer and shorter loads: four of the eight (10%, 30%, 55%, 85%), 25 requests or 5 s each.
+
+Per model, on a cluster of one frontend, one dispatcher and one worker given 2 cores
+(``max_batch`` 1: SERF does not batch), every part through the real path:
+
+1. Profile (§IV-B, ``services.serf.profiler``): the mu table and the profiling time.
+2. Predicted (Eq. 13 + the profiled path overhead) against measured mean latency (at
+   the client, after a 10% warm-up) for each configuration at eight loads, 10%-85% of
+   that configuration's capacity by its profile, Poisson arrivals. Beside it, Eq. 13 fed
+   with the service times the worker measured during that very run (``inrun``): the
+   queueing model's own error, apart from how far the machine's load moved the service
+   times since profiling.
+3. Best pick: every configuration measured at common loads (20%, 50%, 80% of the largest
+   capacity); where the measured best two differ by > 5%, is Eq. 13's pick the measured
+   best?
+4. Step load (low, high, low, high; low 15%, high 70% of the largest capacity): each fixed
+   configuration, then the adaptive configurator (a fresh dispatcher with ``serf`` set),
+   on the same arrivals. Mean latency per phase and overall; the switch time is from a
+   step to the dispatcher's status first showing the new configuration (polled every
+   0.1 s).
+
+The exhaustive alternative's cost is the time step 2 took (every configuration at every
+load, still far from statistically stable at the low loads); ``exhaustive_over_profiling``
+is that over the profiling time. All figures are measured on a 2-core machine shared with
+other work (the load average is recorded): they are figures under load.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.client import Client
+from common.loadgen import figures_table, open_loop, schedule, summarize, write_json
+from common.spec import load_spec
+from common.transport import request_status
+from deploy.local import Launcher, free_port_block
+from services.serf import profile as serf_profile
+from common.queueing import latency, utilisation
+from services.serf.profiler import profile_model, service_between, service_counters, set_configuration
+
+CORES = 2
+LOADS = (0.10, 0.20, 0.30, 0.40, 0.55, 0.65, 0.75, 0.85)
+QUICK_LOADS = (0.10, 0.30, 0.55, 0.85)
+MODELS = {
+    "sleep": {"builtin": "sleep", "fixed_ms": 20.0, "input_shape": [64]},
+    "resnet18": {"arch": "resnet18", "arch_config": {"in_channels": 3, "n_classes": 10}, "input_shape": [3, 32, 32]},
+    "widemlp": {"arch": "widemlp", "arch_config": {"in_features": 3072, "n_classes": 10}, "input_shape": [3072]},
+}
+TARGETS = {"mean_error": "<= 0.03", "p90_error": "<= 0.08", "max_error": "<= 0.12", "best_pick_rate": "1.0",
+           "profiling_s": "<= 5", "exhaustive_over_profiling": ">= 1000", "adaptive_over_best_fixed": "<= 1.05 per phase",
+           "adaptive_over_best_single_fixed": "<= 0.85", "switch_s": "<= 2", "table_ms": "< 10"}
+
+
+def ensure_models(store: str, names: list[str]) -> None:
+    """The experiment's models in ``store`` (built once; weights random, ParM init)."""
+    from common.architectures import build
+    from common.modelstore import ModelStore
+
+    mstore = ModelStore(store)
+    for name in names:
+        if "builtin" in MODELS[name] or mstore.has(name):
+            continue
+        m = MODELS[name]
+        net = build(m["arch"], **m["arch_config"]).eval()
+        mstore.save(name, net, arch=m["arch"], arch_config=m["arch_config"], input_shape=m["input_shape"],
+                    output_size=10, dataset=None)
+
+
+def cluster(store: str, model: str, serf: str | None = None):
+    dispatcher: dict[str, Any] = {"heartbeat_interval_s": 0.25}
+    if serf:
+        dispatcher.update(serf={model: serf}, serf_hold_s=1.0, serf_hysteresis=0.05)
+    return load_spec({
+        "cluster": {"name": f"serf-{model}", "base_port": free_port_block(), "store": store,
+                    "run_dir": f"runs/serf/{model}"},
+        "frontend": {"cache_size": 0},
+        "dispatcher": dispatcher,
+        "worker": {"torch_threads": CORES},
+        "models": {model: _model_table(model)},
+    })
+
+
+def _model_table(model: str) -> dict:
+    m = MODELS[model]
+    if "builtin" in m:
+        return {"builtin": m["builtin"], "fixed_ms": m["fixed_ms"], "input_shape": m["input_shape"], "output_size": 10,
+                "max_batch": 1, "deadline_ms": 60_000.0}
+    return {"store_name": model, "max_batch": 1, "deadline_ms": 60_000.0}
+
+
+def inputs_for(model: str) -> np.ndarray:
+    return np.random.default_rng(14).standard_normal((32, *MODELS[model]["input_shape"])).astype(np.float32)
+
+
+def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, seconds: float, count: int, seed: int,
+             offsets: np.ndarray | None = None) -> tuple[list, dict]:
+    """``count`` Poisson arrivals at ``rate``, cut at ``seconds`` (or the given offsets)."""
+    n = len(offsets) if offsets is not None else count
+    records = open_loop(client, model, inputs, rate, n, seed=seed, duration_s=seconds if offsets is None else 1e9,
+                        timeout_ms=60_000.0, drain_s=30.0, offsets=offsets)
+    return records, summarize(records)
+
+
+def mean_after_warmup(records) -> float:
+    lat = [r.latency_ms for r in records[int(0.1 * len(records)):] if r.latency_ms is not None and not r.error_code]
+    return float(np.mean(lat)) if lat else float("nan")
+
+
+def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float | None:
+    """Eq. 13 (+ path) with mu_i from the service times the worker measured during the run
+    (the profile's where no batch started with i running)."""
+    c, t = config
+    mu = []
+    for i in range(1, c + 1):
+        k, mean, _ = service_between(before, after, i)
+        mu.append(1000.0 / mean if k >= 3 else 1000.0 / p.service_ms[(i, t)])
+    if utilisation(mu, rate) >= 1:
+        return None
+    return latency(mu, rate) * 1000.0 + p.path_ms
+
+
+def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads) -> tuple[list[dict], float]:
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+    workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
+    points, t0 = [], time.time()
+    for config in p.configurations():
+        set_configuration(dispatcher, model, *config)
+        cap = p.capacity(config)
+        for k, load in enumerate(loads):
+            rate = load * cap
+            before = service_counters(workers)
+            records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
+            inrun = inrun_prediction(p, config, rate, before, service_counters(workers))
+            measured, predicted = mean_after_warmup(records), p.predict_ms(config, rate)
+            err = abs(predicted - measured) / measured
+            err_inrun = None if inrun is None else abs(inrun - measured) / measured
+            points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": len(records),
+                           "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
+                           "error": round(err, 4), "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
+                           "inrun_error": None if err_inrun is None else round(err_inrun, 4), "lost": s["lost"]})
+            log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {len(records):4d} req): predicted "
+                f"{predicted:7.2f} ms, measured {measured:8.2f} ms, error {err:6.1%}; in-run service times: "
+                + ("unstable" if inrun is None else f"{inrun:8.2f} ms, error {err_inrun:6.1%}"))
+    return points, time.time() - t0
+
+
+def best_pick(client, dispatcher, model, p, inputs, seconds, count, log) -> list[dict]:
+    top = max(p.capacity(c) for c in p.configurations())
+    rows = []
+    for k, frac in enumerate((0.2, 0.5, 0.8)):
+        rate = frac * top
+        measured, predicted = {}, {}
+        for config in p.configurations():
+            pred = p.predict_ms(config, rate)
+            if pred is None or rate > 0.95 * p.capacity(config):
+                continue  # unstable by its profile: a queue that grows for ever is not a candidate
+            set_configuration(dispatcher, model, *config)
+            records, _ = run_load(client, model, inputs, rate, seconds, count, seed=200 + k)
+            measured["x".join(map(str, config))], predicted["x".join(map(str, config))] = mean_after_warmup(records), pred
+        ranked = sorted(measured, key=measured.get)
+        pick = min(predicted, key=predicted.get) if predicted else None
+        gap = (measured[ranked[1]] / measured[ranked[0]] - 1) if len(ranked) > 1 else None
+        rows.append({"rate": round(rate, 2), "measured_ms": {k: round(v, 2) for k, v in measured.items()},
+                     "predicted_ms": {k: round(v, 2) for k, v in predicted.items()}, "pick": pick,
+                     "measured_best": ranked[0] if ranked else None, "top_two_gap": None if gap is None else round(gap, 4),
+                     "counts": gap is not None and gap > 0.05, "right": pick == (ranked[0] if ranked else None)})
+        log(f"   {rate:6.1f}/s: measured {rows[-1]['measured_ms']}, Eq. 13 picks {pick}, measured best "
+            f"{rows[-1]['measured_best']} (top two {0 if gap is None else gap:.1%} apart)")
+    return rows
+
+
+def step_offsets(low: float, high: float, phase_s: float, seed: int) -> tuple[np.ndarray, list[float]]:
+    parts, starts = [], []
+    for i, rate in enumerate((low, high, low, high)):
+        offs, _ = schedule(rate, None, seed + i, 1, duration_s=phase_s)
+        parts.append(offs + i * phase_s)
+        starts.append(i * phase_s)
+    return np.concatenate(parts), starts
+
+
+def phase_means(records, starts: list[float], phase_s: float) -> list[float]:
+    t0 = records[0].sent - 0.0 if records else 0.0
+    out = []
+    for s in starts:
+        lat = [r.latency_ms for r in records if s <= r.sent - t0 < s + phase_s and r.latency_ms is not None]
+        out.append(float(np.mean(lat)) if lat else float("nan"))
+    return out
+
+
+class StatusPoller:
+    """The dispatcher's SERF status every ``interval`` s in a thread: (t, configuration)."""
+
+    def __init__(self, endpoint: str, model: str, interval: float = 0.1):
+        self.endpoint, self.model, self.interval = endpoint, model, interval
+        self.seen: list[tuple[float, str | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            info = request_status(self.endpoint, 1.0) or {}
+            conf = (info.get("serf") or {}).get(self.model, {}).get("configuration")
+            self.seen.append((time.time(), conf))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+
+def switch_times(seen, t0: float, starts: list[float]) -> list[float | None]:
+    """Per step (after the first phase): seconds from the step to the first status showing
+    another configuration than the one held at the step; None when it did not change."""
+    out = []
+    for s in starts[1:]:
+        step = t0 + s
+        before = [c for t, c in seen if t <= step]
+        held = before[-1] if before else None
+        change = next((t for t, c in seen if t > step and c != held and c is not None), None)
+        out.append(None if change is None or change > step + (starts[1] - starts[0]) else round(change - step, 3))
+    return out
+
+
+def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir) -> dict:
+    top = max(p.capacity(c) for c in p.configurations())
+    low, high = 0.15 * top, 0.70 * top
+    offsets, starts = step_offsets(low, high, phase_s, seed=300)
+    fixed: dict[str, dict] = {}
+    spec = cluster(store, model)
+    with Launcher(launcher_dir / "fixed") as launcher:
+        launcher.start_spec(spec, timeout_s=180.0)
+        dispatcher = spec.service("dispatcher").config.worker_endpoint
+        with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
+            run_load(client, model, inputs, 10.0, 2.0, 10, seed=1)  # warm
+            for config in p.configurations():
+                set_configuration(dispatcher, model, *config)
+                records, s = run_load(client, model, inputs, high, 0, 0, seed=301, offsets=offsets)
+                name = "x".join(map(str, config))
+                fixed[name] = {"phases_ms": phase_means(records, starts, phase_s), "mean_ms": mean_after_warmup(records),
+                               "lost": s["lost"], "series": _series(records)}
+                log(f"   fixed {name}: phases " + ", ".join(f"{v:.1f}" for v in fixed[name]["phases_ms"])
+                    + f" ms; overall {fixed[name]['mean_ms']:.1f} ms")
+    spec = cluster(store, model, serf=str(profile_path))
+    with Launcher(launcher_dir / "adaptive") as launcher:
+        launcher.start_spec(spec, timeout_s=180.0)
+        dispatcher = spec.service("dispatcher").config.worker_endpoint
+        with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
+            run_load(client, model, inputs, 10.0, 2.0, 10, seed=1)
+            with StatusPoller(dispatcher, model) as poller:
+                t0 = time.time()
+                records, s = run_load(client, model, inputs, high, 0, 0, seed=301, offsets=offsets)
+            status = request_status(dispatcher, 2.0) or {}
+    adaptive = {"phases_ms": phase_means(records, starts, phase_s), "mean_ms": mean_after_warmup(records),
+                "lost": s["lost"], "series": _series(records),
+                "switch_s": switch_times(poller.seen, records[0].sent if records else t0, starts),
+                "configurations": [(round(t - (records[0].sent if records else t0), 2), c) for t, c in poller.seen],
+                "serf_status": (status.get("serf") or {}).get(model)}
+    log("   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
+        + f" ms; overall {adaptive['mean_ms']:.1f} ms; switches after steps {adaptive['switch_s']} s")
+    best_phase = [min(f["phases_ms"][i] for f in fixed.values()) for i in range(len(starts))]
+    best_single = min(f["mean_ms"] for f in fixed.values())
+    return {"low_rate": round(low, 2), "high_rate": round(high, 2), "phase_s": phase_s, "fixed": fixed,
+            "adaptive": adaptive, "best_fixed_per_phase_ms": best_phase,
+            "adaptive_over_best_fixed": [round(a / b, 4) for a, b in zip(adaptive["phases_ms"], best_phase)],
+            "adaptive_over_best_single_fixed": round(adaptive["mean_ms"] / best_single, 4)}
+
+
+def _series(records) -> list[list[float]]:
+    t0 = records[0].sent if records else 0.0
+    return [[round(r.sent - t0, 3), round(r.latency_ms, 2)] for r in records if r.latency_ms is not None]
+
+
+def run_model(store: str, model: str, quick: bool, log) -> dict:
+    # each load: ``count`` requests, cut at ``seconds`` (the lightest loads of slow models)
+    seconds, count, loads = (5.0, 25, QUICK_LOADS) if quick else (15.0, 80, LOADS)
+    launcher_dir = Path(f"runs/serf/{model}")
+    inputs = inputs_for(model)
+    spec = cluster(store, model)
+    with Launcher(launcher_dir / "profile") as launcher:
+        t = time.time()
+        launcher.start_spec(spec, timeout_s=180.0)
+        log(f"-- {model}: cluster up ({time.time() - t:.1f} s); profiling")
+        dispatcher = spec.service("dispatcher").config.worker_endpoint
+        version = next(s.config.version for s in spec.services if s.role == "worker")
+        p = profile_model(spec, model, CORES, inputs=inputs, version=version, log=log)
+        path = serf_profile.save(p, serf_profile.where(model, p.version, store))
+        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms); saved {path}")
+        from services.serf.configurator import ModelPlan
+
+        table_ms = ModelPlan(p).table_ms
+        with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
+            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads)
+            picks = best_pick(client, dispatcher, model, p, inputs, seconds, count, log)
+    step = step_load(store, model, p, inputs, 2.5 if quick else 8.0, path, log, launcher_dir)
+    errors = np.array([pt["error"] for pt in points])
+    inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
+    counted = [r for r in picks if r["counts"]]
+    return {
+        "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3), "table_ms": round(table_ms, 3),
+        "points": points, "mean_error": round(float(errors.mean()), 4),
+        "p90_error": round(float(np.percentile(errors, 90)), 4), "max_error": round(float(errors.max()), 4),
+        "inrun_mean_error": round(float(inrun.mean()), 4) if len(inrun) else None,
+        "inrun_p90_error": round(float(np.percentile(inrun, 90)), 4) if len(inrun) else None,
+        "best_pick": picks, "best_pick_rate": round(sum(r["right"] for r in counted) / len(counted), 4) if counted else None,
+        "exhaustive_s": round(exhaustive_s, 1), "exhaustive_over_profiling": round(exhaustive_s / p.profiling_s, 1),
+        "step": step,
+    }
+
+
+def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=print,
+        models: list[str] | None = None) -> dict:
+    models = models or (["sleep", "resnet18"] if quick else list(MODELS))
+    t0 = time.time()
+    load_before = os.getloadavg()
+    ensure_models(store, models)
+    out: dict[str, Any] = {"quick": quick, "cores": CORES, "models": {}}
+    for model in models:
+        out["models"][model] = run_model(store, model, quick, log)
+    ms = out["models"].values()
+    errors = [pt["error"] for m in ms for pt in m["points"]]
+    picks = [r for m in ms for r in m["best_pick"] if r["counts"]]
+    switches = [s for m in ms for s in m["step"]["adaptive"]["switch_s"] if s is not None]
+    out.update({
+        "mean_error": round(float(np.mean(errors)), 4), "p90_error": round(float(np.percentile(errors, 90)), 4),
+        "max_error": round(float(np.max(errors)), 4),
+        "best_pick_rate": round(sum(r["right"] for r in picks) / len(picks), 4) if picks else None,
+        "profiling_s": max(m["profiling_s"] for m in ms),
+        "exhaustive_over_profiling": min(m["exhaustive_over_profiling"] for m in ms),
+        "adaptive_over_best_fixed": max(max(m["step"]["adaptive_over_best_fixed"]) for m in ms),
+        "adaptive_over_best_single_fixed": max(m["step"]["adaptive_over_best_single_fixed"] for m in ms),
+        "switch_s": max(switches) if switches else None,
+        "steps_without_switch": sum(s is None for m in ms for s in m["step"]["adaptive"]["switch_s"]),
+        "table_ms": max(m["table_ms"] for m in ms),
+        "per_model": {name: {k: m[k] for k in ("mean_error", "p90_error", "max_error", "inrun_mean_error", "inrun_p90_error",
+                                               "best_pick_rate", "profiling_s", "exhaustive_over_profiling")}
+                      | {"adaptive_over_best_fixed": m["step"]["adaptive_over_best_fixed"],
+                         "adaptive_over_best_single_fixed": m["step"]["adaptive_over_best_single_fixed"],
+                         "switch_s": m["step"]["adaptive"]["switch_s"]}
+                      for name, m in out["models"].items()},
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "elapsed_s": round(time.time() - t0, 1),
+    })
+    keys = ["mean_error", "p90_error", "max_error", "best_pick_rate", "profiling_s", "exhaustive_over_profiling",
+            "adaptive_over_best_fixed", "adaptive_over_best_single_fixed", "switch_s", "table_ms"]
+    for name, figures in out["per_model"].items():
+        log(f"-- {name}")
+        for line in figures_table(figures, [k for k in keys if k in figures] + ["inrun_mean_error", "inrun_p90_error"],
+                                  TARGETS):
+            log(line)
+    log("-- all models")
+    for line in figures_table(out, keys, TARGETS):
+        log(line)
+    log(f"(2-core machine shared with other work: load average {out['load_average']}; {out['elapsed_s']} s)")
+    if json_path:
+        png = Path(json_path).with_suffix(".png")
+        plot(out, png)
+        out["plot"] = str(png)
+        write_json(json_path, out)
+        log(f"wrote {json_path} and {png}")
+    return out
+
+
+def plot(out: dict, path: Path) -> None:
+    """Left: predicted (lines) against measured (points) mean latency per configuration;
+    right: the step-load run, latency over time, adaptive and each fixed configuration."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(out["models"])
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4 * len(models)), squeeze=False)
+    for row, name in zip(axes, models):
+        m = out["models"][name]
+        for config in {tuple(pt["config"]) for pt in m["points"]}:
+            pts = [pt for pt in m["points"] if tuple(pt["config"]) == config]
+            label = "x".join(map(str, config))
+            line, = row[0].plot([pt["rate"] for pt in pts], [pt["predicted_ms"] for pt in pts], "-", label=f"{label} Eq. 13")
+            row[0].plot([pt["rate"] for pt in pts], [pt["measured_ms"] for pt in pts], "o", color=line.get_color(),
+                        label=f"{label} measured")
+        row[0].set(title=f"{name}: predicted vs measured (mean error {m['mean_error']:.1%})",
+                   xlabel="arrival rate (req/s)", ylabel="mean latency (ms)")
+        row[0].legend(fontsize=7)
+        step = m["step"]
+        for label, run in [*step["fixed"].items(), ("adaptive", step["adaptive"])]:
+            series = np.array(run["series"]) if run["series"] else np.zeros((0, 2))
+            if len(series):
+                k = max(1, len(series) // 80)
+                smooth = np.convolve(series[:, 1], np.ones(k) / k, mode="same")
+                row[1].plot(series[:, 0], smooth, lw=2 if label == "adaptive" else 1, label=label)
+        for i in range(1, 4):
+            row[1].axvline(i * step["phase_s"], color="grey", ls=":", lw=1)
+        row[1].set(title=f"{name}: step load {step['low_rate']}/{step['high_rate']} req/s", xlabel="time (s)",
+                   ylabel="latency (ms, moving mean)", yscale="log")
+        row[1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def cmd(args: argparse.Namespace) -> int:
+    run(args.json, args.quick, models=args.models)
+    return 0
+
+
+def add_parser(which: Any) -> None:
+    """Add ``serf`` to ``keel experiment``'s subparsers."""
+    e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load (issue 14)")
+    e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
+    e.add_argument("--quick", action="store_true", help="sleep and resnet18, shorter runs (under 5 minutes)")
+    e.add_argument("--models", nargs="+", choices=list(MODELS), help="these models only")
+    e.set_defaults(func=cmd)

@@ -1,0 +1,127 @@
+"""A model's SERF profile (§IV-B): the mean service time of each parallelism degree tuple
+(i requests running at once, t torch threads each), what it gives the queueing model (the
+rates mu_1..mu_c of each configuration (c, t)), and where it is kept.
+
+Example
+-------
+>>> p = Profile("m", "1", cores=2, service_ms={(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
+>>> p.configurations()
+[(1, 1), (1, 2), (2, 1)]
+>>> p.mu((2, 1))
+[50.0, 47.61904761904762]
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from common.queueing import latency, reference_table, utilisation
+
+FILE = "serf_profile.json"
+
+
+def tuples(cores: int) -> list[tuple[int, int]]:
+    """The parallelism degree tuples (i, t) to profile: every i x t <= cores."""
+    return [(i, t) for i in range(1, cores + 1) for t in range(1, cores + 1) if i * t <= cores]
+
+
+@dataclass
+class Profile:
+    model: str
+    version: str
+    cores: int
+    #: mean service time (ms) per request with i running at once, t threads each
+    service_ms: dict[tuple[int, int], float]
+    #: squared coefficient of variation of the service time per tuple (SERF's "D": small)
+    scv: dict[tuple[int, int], float] = field(default_factory=dict)
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Keel's own path outside the worker's service time (client -> frontend -> dispatcher
+    #: -> worker -> frontend -> client), measured at one request in flight; added to Eq. 13
+    path_ms: float = 0.0
+    profiling_s: float = 0.0
+    measured_at: float = 0.0
+
+    def configurations(self) -> list[tuple[int, int]]:
+        """Configurations (c, t) whose every tuple (i <= c, t) was profiled."""
+        return [(c, t) for c, t in sorted(self.service_ms) if all((i, t) in self.service_ms for i in range(1, c + 1))]
+
+    def mu(self, config: tuple[int, int]) -> list[float]:
+        """mu_1..mu_c (requests/s) of configuration (c, t)."""
+        c, t = config
+        return [1000.0 / self.service_ms[(i, t)] for i in range(1, c + 1)]
+
+    def capacity(self, config: tuple[int, int]) -> float:
+        """The arrival rate (req/s) at which configuration ``config`` saturates: c x mu_c."""
+        mu = self.mu(config)
+        return len(mu) * mu[-1]
+
+    def predict_ms(self, config: tuple[int, int], rate: float, path: bool = True) -> float | None:
+        """Mean latency (ms) by Eq. 13, plus Keel's path unless ``path`` is False; None
+        where the configuration is unstable."""
+        mu = self.mu(config)
+        extra = self.path_ms if path else 0.0
+        if rate <= 0:
+            return 1000.0 / mu[0] + extra
+        if utilisation(mu, rate) >= 1:
+            return None
+        return latency(mu, rate) * 1000.0 + extra
+
+    def table(self, rates: list[float]) -> list[dict]:
+        """The configuration reference table over ``rates`` (``common.queueing``)."""
+        return reference_table({c: self.mu(c) for c in self.configurations()}, rates)
+
+    def to_json(self) -> dict:
+        key = lambda k: f"{k[0]}x{k[1]}"  # noqa: E731
+        return {"model": self.model, "version": self.version, "cores": self.cores,
+                "service_ms": {key(k): round(v, 4) for k, v in self.service_ms.items()},
+                "scv": {key(k): round(v, 5) for k, v in self.scv.items()},
+                "samples": {key(k): v for k, v in self.samples.items()},
+                "mu": {key(c): [round(m, 3) for m in self.mu(c)] for c in self.configurations()},
+                "path_ms": round(self.path_ms, 4), "profiling_s": round(self.profiling_s, 3),
+                "measured_at": self.measured_at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Profile:
+        def keyed(table: dict) -> dict:
+            return {tuple(int(x) for x in k.split("x")): v for k, v in table.items()}
+        return cls(d["model"], str(d["version"]), int(d["cores"]), keyed(d["service_ms"]), keyed(d.get("scv", {})),
+                   keyed(d.get("samples", {})), float(d.get("path_ms", 0.0)), float(d.get("profiling_s", 0.0)),
+                   float(d.get("measured_at", 0.0)))
+
+
+def where(model: str, version: str, store: str | None = None, run_dir: str | None = None) -> Path:
+    """Where a model version's profile is kept: beside its manifest in the store when the
+    store has that version, else ``run_dir/serf/MODEL-VERSION.json``."""
+    if store:
+        from common.modelstore import ModelStore
+
+        mstore = ModelStore(store)
+        if mstore.has(model, version):
+            return mstore.folder(mstore.manifest(model, version)) / FILE
+    return Path(run_dir or "runs") / "serf" / f"{model}-{version}.json"
+
+
+def save(profile: Profile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(profile.to_json(), option=orjson.OPT_INDENT_2))
+    return path
+
+
+def load(path: str | Path, version: str | None = None) -> Profile | None:
+    """The profile at ``path``; None when there is none, or it is of another version than
+    ``version`` (a new version is reprofiled)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    profile = Profile.from_json(orjson.loads(path.read_bytes()))
+    if version is not None and profile.version != str(version):
+        return None
+    return profile
+
+
+def stamp() -> float:
+    return round(time.time(), 3)

@@ -1,0 +1,155 @@
+"""SERF's lightweight profiler (§IV-B), through Keel's real path.
+
+For each parallelism degree tuple (i, t) with i x t <= cores: the dispatcher sets every
+worker of the model to i slots and t threads (``Configure(model=...)`` on its ROUTER, the
+live switch), a closed loop keeps exactly i requests per worker in flight through a
+frontend (warm-up, then ``samples`` answers), and the workers' own service-time counters
+(``service_times`` in their status, by how many batches were computing when each started, read
+before and after the samples) give the mean service time and its SCV with i running.
+The path overhead (a reply's latency minus the worker's service time) is measured last,
+one request at a time with pauses between them (``path_overhead``), as open-loop arrivals
+find the cluster. Requests are never batched here (SERF does not batch): the model's
+``max_batch`` should be 1.
+
+Example
+-------
+>>> profile = profile_model(spec, "resnet18", cores=2)     # doctest: +SKIP
+>>> profile.service_ms[(1, 2)], profile.profiling_s          # doctest: +SKIP
+(11.8, 2.4)
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from common import transport
+from common.client import Client
+from common.protocol import Configure
+from services.serf.profile import Profile, stamp, tuples
+
+
+class ProfileError(RuntimeError):
+    """Profiling could not run: no worker took the configuration, or answers went missing."""
+
+
+def set_configuration(dispatcher: str, model: str, slots: int, threads: int, timeout_s: float = 5.0) -> list[str]:
+    """Switch every worker of ``model`` to (``slots``, ``threads``) live; the workers named."""
+    info = transport.ask(dispatcher, Configure(model=model, slots=slots, threads=threads), timeout_s)
+    if info is None:
+        raise ProfileError(f"the dispatcher at {dispatcher} did not answer")
+    if info.get("error") or not info.get("configured"):
+        raise ProfileError(f"configuration ({slots}, {threads}) of {model} refused: {info.get('error') or 'no workers'}")
+    return info["configured"]
+
+
+def closed_loop(client: Client, model: str, inputs: np.ndarray, outstanding: int, count: int,
+                timeout_s: float = 30.0) -> list[float]:
+    """Keep ``outstanding`` requests in flight until ``count`` are answered; their latencies
+    (ms, as the client saw them). Raises ``ProfileError`` on an error answer or a stall."""
+    sent = answered = 0
+    latencies: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while answered < count:
+        while sent < count and sent - answered < outstanding:
+            client.submit(model, inputs[sent % len(inputs)])
+            sent += 1
+        for result in client.collect(50.0):
+            if not result.ok:
+                raise ProfileError(f"a profiling request failed: {result.error_code}: {result.error}")
+            answered += 1
+            latencies.append(result.latency_ms)
+        if time.monotonic() > deadline:
+            raise ProfileError(f"{count - answered} profiling requests unanswered after {timeout_s:g} s")
+    return latencies
+
+
+def service_counters(endpoints: list[str]) -> dict[int, tuple[int, float, float]]:
+    """The workers' service-time counters summed: i -> (count, sum ms, sum of squares)."""
+    out: dict[int, tuple[int, float, float]] = {}
+    for ep in endpoints:
+        info = transport.request_status(ep, 5.0)
+        if info is None:
+            raise ProfileError(f"worker status endpoint {ep} did not answer")
+        for i, acc in info["service_times"].items():
+            n, s, ss = out.get(int(i), (0, 0.0, 0.0))
+            out[int(i)] = (n + int(acc["n"]), s + acc["sum_ms"], ss + acc["sumsq_ms"])
+    return out
+
+
+def service_between(before: dict, after: dict, i: int) -> tuple[int, float, float]:
+    """(count, mean ms, SCV) of the batches started with ``i`` computing, between two reads."""
+    n0, s0, ss0 = before.get(i, (0, 0.0, 0.0))
+    n1, s1, ss1 = after.get(i, (0, 0.0, 0.0))
+    k = n1 - n0
+    if k <= 0:
+        return 0, 0.0, 0.0
+    mean = (s1 - s0) / k
+    var = max(0.0, (ss1 - ss0) / k - mean ** 2)
+    return k, mean, var / mean ** 2 if mean > 0 else 0.0
+
+
+def measure(client: Client, dispatcher: str, workers: list[str], model: str, inputs: np.ndarray, i: int, t: int,
+            warmup: int, samples: int) -> tuple[float, float, float]:
+    """(mean service ms, SCV, mean client latency ms) of tuple (i, t)."""
+    set_configuration(dispatcher, model, i, t)
+    n = len(workers) * i
+    closed_loop(client, model, inputs, n, max(warmup, n))
+    # the last warm-up Done may still be on its way to the counters: let it land
+    time.sleep(0.02)
+    before = service_counters(workers)
+    lat = closed_loop(client, model, inputs, n, samples)
+    time.sleep(0.02)
+    k, mean, scv = service_between(before, service_counters(workers), i)
+    if k <= 0:
+        raise ProfileError(f"no service times counted with {i} running for tuple ({i}, {t})")
+    return mean, scv, float(np.mean(lat))
+
+
+def path_overhead(client: Client, workers: list[str], model: str, inputs: np.ndarray, count: int, gap_s: float) -> float:
+    """Keel's own time per request (ms): a reply's latency minus the worker's service time,
+    requests sent one at a time with a pause between them, so every process has gone idle
+    as it has between open-loop arrivals (a hot closed loop would see less)."""
+    before = service_counters(workers)
+    lat = []
+    for _ in range(count):
+        time.sleep(gap_s)
+        lat += closed_loop(client, model, inputs, 1, 1)
+    time.sleep(0.02)
+    k, mean, _ = service_between(before, service_counters(workers), 1)
+    return max(0.0, float(np.mean(lat)) - mean) if k else 0.0
+
+
+def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None, warmup: int = 5,
+                  samples: int = 20, version: str | None = None, log: Callable[[str], None] = lambda s: None) -> Profile:
+    """Profile ``model`` on the running cluster ``spec`` (a ``ClusterSpec``): every tuple
+    (i, t) with i x t <= ``cores``; the workers are left at one request and all cores."""
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+    workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"
+               and s.config.model == model and s.config.role == "deployed"]
+    if not workers:
+        raise ProfileError(f"the spec has no workers of {model!r}")
+    first = next(s.config for s in spec.services if s.role == "worker" and s.config.model == model)
+    if inputs is None:
+        shape = first.builtin_input_shape if first.builtin else _store_shape(first)
+        inputs = np.random.default_rng(14).standard_normal((16, *shape)).astype(np.float32)
+    start = time.perf_counter()
+    service, scv, samples_of = {}, {}, {}
+    with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
+        for i, t in tuples(cores):
+            mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples)
+            service[(i, t)], scv[(i, t)], samples_of[(i, t)] = mean, v, samples
+            log(f"  ({i}, {t}): {mean:7.2f} ms service, SCV {v:.3f}, {lat:7.2f} ms at the client")
+        set_configuration(dispatcher, model, 1, cores)
+        path_ms = path_overhead(client, workers, model, inputs, max(5, samples // 2), service[(1, cores)] / 1000.0)
+        log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
+    elapsed = time.perf_counter() - start
+    version = version or (first.version or "1")
+    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp())
+
+
+def _store_shape(cfg) -> list[int]:
+    from common.modelstore import ModelStore
+
+    return list(ModelStore(cfg.store).manifest(cfg.store_name or cfg.model, cfg.version).input_shape)

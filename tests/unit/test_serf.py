@@ -1,0 +1,135 @@
+"""SERF's pieces without processes: the profile (mu table, storage, staleness on a new
+version), the configurator (table lookup, hysteresis, minimum hold time) and the worker's
+executors (torch threads set by the thread that computes)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from common.queueing import latency
+from services.serf import profile as serf_profile
+from services.serf.configurator import Configurator
+from services.serf.profile import Profile, tuples
+from services.executors import Executors, Job
+
+# threads help one request (20 -> 12 ms); two at once interfere a little (20 -> 21 ms each)
+SERVICE = {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}
+
+
+def profile(**kw) -> Profile:
+    return Profile("m", "1", 2, dict(SERVICE), **kw)
+
+
+def test_tuples_and_configurations_on_two_cores():
+    assert tuples(2) == [(1, 1), (1, 2), (2, 1)]
+    assert len(tuples(4)) == 8
+    p = profile()
+    assert p.configurations() == [(1, 1), (1, 2), (2, 1)]
+    assert p.mu((2, 1)) == pytest.approx([50.0, 1000 / 21]) and p.capacity((2, 1)) == pytest.approx(2000 / 21)
+    assert Profile("m", "1", 2, {(2, 1): 25.0}).configurations() == []  # (2,1) needs mu_1 too
+
+
+def test_prediction_is_eq13_plus_the_path():
+    p = profile(path_ms=1.5)
+    assert p.predict_ms((2, 1), 30.0) == pytest.approx(latency([50.0, 1000 / 21], 30.0) * 1000 + 1.5)
+    assert p.predict_ms((2, 1), 30.0, path=False) == pytest.approx(latency([50.0, 1000 / 21], 30.0) * 1000)
+    assert p.predict_ms((1, 2), 90.0) is None  # beyond its capacity (83/s)
+
+
+def test_profile_round_trips_and_a_new_version_is_stale(tmp_path):
+    p = profile(scv={(1, 1): 0.01}, samples={(1, 1): 20}, path_ms=1.0, profiling_s=2.5)
+    path = serf_profile.save(p, tmp_path / "p.json")
+    back = serf_profile.load(path, "1")
+    assert back == p
+    assert serf_profile.load(path, "2") is None  # reprofile a new version
+    assert serf_profile.load(tmp_path / "none.json") is None
+    assert serf_profile.where("m", "1", None, str(tmp_path)) == tmp_path / "serf" / "m-1.json"
+
+
+def test_configurator_picks_threads_when_light_and_concurrency_when_heavy():
+    conf = Configurator({"m": profile()}, hysteresis=0.0, hold_s=0.0)
+    assert conf.decide("m", 5.0, None, 1, now=0.0) == (1, 2)
+    assert conf.decide("m", 5.0, (1, 2), 1, now=1.0) is None  # already the best
+    assert conf.decide("m", 75.0, (1, 2), 1, now=2.0) == (2, 1)
+    # two workers share the load: 150/s is 75/s each
+    assert conf.decide("m", 150.0, (1, 2), 2, now=3.0) == (2, 1)
+    st = conf.status({"m": (2, 1)})["m"]
+    assert st["configuration"] == "2x1" and st["switches"] == 3 and st["arrival_rate"] == 75.0
+    assert "-> [2, 1]" in st["last_switch"]
+
+
+def test_hysteresis_and_hold_time_stop_flapping():
+    p = profile()
+    # find a rate just past the crossing of (1,2) and (2,1): the gain there is tiny
+    rates = [r / 10 for r in range(100, 830)]  # (1,2) carries 83.3/s
+    cross = next(r for r in rates if p.predict_ms((2, 1), r) < p.predict_ms((1, 2), r))
+    conf = Configurator({"m": p}, hysteresis=0.1, hold_s=0.0)
+    assert conf.decide("m", cross + 0.5, (1, 2), 1, now=0.0) is None  # < 10% better: stay
+    assert conf.decide("m", 84.0, (1, 2), 1, now=1.0) == (2, 1)  # (1,2) unstable: go
+    held = Configurator({"m": p}, hysteresis=0.0, hold_s=5.0)
+    assert held.decide("m", 75.0, (1, 2), 1, now=0.0) == (2, 1)
+    assert held.decide("m", 5.0, (2, 1), 1, now=1.0) is None  # within the hold time
+    assert held.decide("m", 5.0, (2, 1), 1, now=6.0) == (1, 2)
+
+
+def test_configurator_observes_latency():
+    conf = Configurator({"m": profile()}, alpha=0.5)
+    conf.observe("m", 10.0)
+    conf.observe("m", 20.0)
+    conf.observe("other", 1.0)  # a model without a profile: ignored
+    assert conf.models["m"].observed_ms == 15.0
+
+
+def test_executors_set_torch_threads_on_the_computing_thread():
+    seen: list[tuple[str, int]] = []
+    gate = threading.Event()
+
+    def run(job: Job) -> None:
+        gate.wait(5.0)
+
+    ex = Executors(run, lambda n: seen.append((threading.current_thread().name, n)))
+    try:
+        ex.ensure(2)
+        ex.torch_threads = 1
+        for _ in range(2):
+            ex.submit(Job(None, [0], 0.0, None))
+        deadline = time.monotonic() + 5.0
+        while ex.running < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert ex.running == 2 and ex.peak == 2  # two batches at once
+        gate.set()
+        finished = []
+        while len(finished) < 2 and time.monotonic() < deadline:
+            finished += ex.done()
+            time.sleep(0.005)
+        ex.torch_threads = 2
+        ex.submit(Job(None, [0], 0.0, None))
+        while len(finished) < 3 and time.monotonic() < deadline:
+            finished += ex.done()
+            time.sleep(0.005)
+        assert len(finished) == 3
+        assert {n for _, n in seen[:2]} == {1} and {name for name, _ in seen[:2]} == {"executor-0", "executor-1"}
+        assert seen[2][1] == 2  # the next batch after the change ran with 2 threads
+    finally:
+        ex.close()
+
+
+def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_path, capsys):
+    from common.spec import load_spec
+    from deploy.keel import build_parser, main
+
+    spec_file = tmp_path / "serf.toml"
+    spec_file.write_text(f'[cluster]\nrun_dir = "{tmp_path / "run"}"\nbase_port = 27000\n'
+                         '[models.m]\nbuiltin = "sleep"\nmax_batch = 1\n')
+    assert main(["serf", "table", str(spec_file), "--model", "m"]) == 1
+    assert "keel serf profile" in capsys.readouterr().out
+    spec = load_spec(str(spec_file))
+    serf_profile.save(profile(path_ms=1.0), serf_profile.where("m", "1", None, spec.run_dir))
+    assert main(["serf", "table", str(spec_file), "--model", "m", "--rates", "5", "75"]) == 0
+    out = capsys.readouterr().out
+    assert "reference table of m v1: 2 rates x 3 configurations" in out
+    lines = [line.split() for line in out.splitlines() if line.strip().startswith(("5.00", "75.00"))]
+    assert [line[-1] for line in lines] == ["1x2", "2x1"]
+    assert build_parser().parse_args(["experiment", "serf", "--quick"]).quick
