@@ -13,8 +13,14 @@ Behind an interleaving join a request has several outputs (``replies_per_origin`
 frontend waits for all of them, answers with the one the last operator numbered last (it
 saw every input of the request) and holds it until the lineages of all are durable.
 
-Every 50 ms it tells the operators the highest origin up to which every reply has left,
-so their saved outputs can be freed (state GC).
+Every 50 ms it tells the operators (and backups) the highest origin up to which every
+reply has left, so their saved outputs can be freed (state GC).
+
+HAMS II: a ``GraphDurable`` at a newer epoch than the operator's last is a promoted
+backup's word that its state is durable up to ``seq`` (max_seq): held outputs whose
+lineage has a larger seq of that operator came from the failed primary and can never be
+durable; they are dropped and their requests wait again for the re-run's output. With a
+manager the frontend follows each group's holder in the change feed (where GC notices go).
 """
 from __future__ import annotations
 
@@ -60,6 +66,23 @@ class GraphFrontend(Service):
         self.every(0.05, self._chores)
         self.trace = Trace(config.trace_path)
         self.lineages: dict[int, list] = {}  # origin -> lineage of its held reply (traced at release)
+        self.epochs: dict[str, int] = {}  # stateful operator -> newest epoch of its durability notices
+        self.voided = 0  # held outputs dropped because their primary failed before they were durable
+        self.manager = None
+        if config.manager_endpoints:
+            from common.control import ManagerLink
+
+            self.manager = ManagerLink(self, config.manager_endpoints, config.manager_publish_endpoints,
+                                       on_change=self._on_manager_change)
+            for key, value in list(self.manager.feed.values.items()):
+                self._on_manager_change(key, value)
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        if self.manager is not None and key.startswith("group/graph/") and value and value.get("holder"):
+            svc = self.manager.feed.values.get(f"service/{value['holder']}") or {}
+            endpoint = (svc.get("endpoints") or {}).get("inbox")
+            if endpoint:
+                self.config.peers[key[len("group/graph/"):]] = endpoint
 
     def _reply(self, envelope, reply: Reply) -> None:
         transport.try_send(self.clients, reply, envelope)
@@ -118,10 +141,27 @@ class GraphFrontend(Service):
                 else:
                     self._answer(msg.origin, Reply(req.request_id, "model", output=output))
             elif isinstance(msg, GraphDurable):
+                if msg.epoch > self.epochs.setdefault(msg.operator, msg.epoch):
+                    self._void(msg.operator, msg.epoch, msg.seq)
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
                     req = self.requests.get(origin)
                     if req is not None:
                         self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
+
+    def _void(self, operator: str, epoch: int, max_seq: int) -> None:
+        """``operator``'s backup took over with its state up to ``max_seq``: held outputs
+        beyond it depend on a state that died with the primary; wait for the re-run."""
+        self.epochs[operator] = epoch
+        for origin, lineage in list(self.gate.waiting.items()):
+            if any(e.operator == operator and e.seq > max_seq for e in lineage):
+                del self.gate.waiting[origin]
+                self.outputs.pop(origin, None)
+                self.lineages.pop(origin, None)
+                self.held_since.pop(origin, None)
+                old = self.requests[origin]
+                req = self.requests[origin] = Request(old.envelope, old.request_id, old.start)
+                req.to(State.WAITING)
+                self.voided += 1
 
     def _answer(self, origin: int, reply: Reply) -> None:
         held = self.held_since.pop(origin, None)
@@ -153,13 +193,14 @@ class GraphFrontend(Service):
         if self.answered_below > self.announced_below:  # GC notice, only when it moved
             self.announced_below = self.answered_below
             note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
-            for op in self.graph.operators:
-                self.peers.send(self.config.peers[op], note)
+            for op in [*self.graph.operators, *(f"{n}.backup" for n in self.graph.stateful)]:
+                if op in self.config.peers:
+                    self.peers.send(self.config.peers[op], note)
 
     def status(self) -> dict:
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
-                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]),
+                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]), voided=self.voided,
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
                     tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
                             "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
@@ -169,4 +210,6 @@ class GraphFrontend(Service):
         return info
 
     def drain(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
         self.trace.close()

@@ -47,6 +47,23 @@ def join(lineages: Iterable[list[LineageEntry]]) -> list[LineageEntry]:
     return list(seen)
 
 
+def lineage_of(entries: Iterable[LineageEntry], operator: str, seq: int) -> list[LineageEntry]:
+    """The lineage of ``operator``'s output ``seq`` out of a batch's entries (a shipped
+    state's): its entry and, back to the frontend, every entry it came from."""
+    by_output = {}
+    for e in entries:
+        by_output.setdefault((e.operator, e.seq), []).append(e)
+    out, todo, seen = [], [(operator, seq)], set()
+    while todo:
+        key = todo.pop()
+        for e in by_output.get(key, []):
+            if e not in seen:
+                seen.add(e)
+                out.append(e)
+                todo.append((e.predecessor, e.predecessor_seq))
+    return out[::-1]
+
+
 class DurableSeqs:
     """Highest durable seq per stateful operator; notifies only ever raise it."""
 

@@ -18,7 +18,21 @@ The primary's batch (``step``), per mode (``services.graph.modes``)::
     copy state n                in the background while n+1 computes (nspb, s1); stopped (s2, remus)
 
 The backup runs Algorithm 2 (``services.graph.lineage.Backup``) and, for each applied
-state, notifies the next stateful models' backups, the frontend and its primary.
+state, notifies the next stateful models' backups, the frontend and its primary; it keeps
+the applied outputs (with their origin, stream and lineage) until their replies left.
+
+HAMS II, with a manager (``config.manager_endpoints``): a stateful operator's primary and
+backup are the group ``graph/<operator>``; the backup reports the primary suspected when
+its socket to it disconnects, and the manager promotes it (a new epoch, in the Raft log)
+when the primary stops heartbeating. Every graph process follows the group's holder in the
+change feed (where to send). The promoted backup (``take_over``, §IV-E): loads the state
+it applied (max_seq = its last seq), numbers on from max_seq + 1, resends its saved outputs
+up to max_seq (successors drop what they have), tells the frontend and the next backups
+that max_seq is durable at the new epoch (the frontend drops held outputs above it) and
+each predecessor up to which of its seqs the state holds (``GraphAck`` from a successor:
+resend the rest). Until a new backup exists it runs *degraded*: it declares its own
+states durable. A primary that sees another holder at a newer epoch steps down and
+releases nothing more (fencing).
 """
 from __future__ import annotations
 
@@ -37,7 +51,7 @@ from services.graph import lineage as lin
 from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, unpack
+from services.graph.statemgr import StateManager, header_of, unpack
 from services.graph.trace import Trace
 
 
@@ -69,6 +83,13 @@ class GraphOperator(Service):
         self.lineage_s = 0.0
         self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
+        self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
+        self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
+        self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
+        self.degraded = False  # promoted and no backup yet: its own states count as durable
+        self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
+        self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
+        self.takeovers = 0
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
@@ -92,6 +113,86 @@ class GraphOperator(Service):
                 self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
                                              send=lambda st: self.peers.send(config.peers[f"{self.op}.backup"], st),
                                              ctx=self.ctx, backup_endpoint=config.peers[f"{self.op}.backup"])
+        self.manager = None
+        if config.manager_endpoints:
+            self._link_manager()
+
+    # --- the manager (HAMS II) -----------------------------------------------------------
+    def _link_manager(self) -> None:
+        from common.control import ManagerLink
+
+        me = None
+        if self.stateful or self.backup is not None:
+            me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
+        primary_first = self.backup is not None  # the spec's primary takes the role first
+        self.manager = ManagerLink(self, self.config.manager_endpoints, self.config.manager_publish_endpoints,
+                                   on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                                   may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
+        if self.backup is not None:  # a disconnect of my socket to the primary: report it at once
+            self.manager.watch(self.peers.get(self.config.peers[self.op]), f"op-{self.op}")
+        for key, value in list(self.manager.feed.values.items()):
+            self._on_manager_change(key, value)
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
+            return
+        op, holder, epoch = key[len("group/graph/"):], value["holder"], value.get("epoch", 0)
+        endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")
+        if endpoint is None or epoch <= self.epochs.get(op, 0):
+            return
+        self.epochs[op] = epoch
+        self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
+        if op == self.op:
+            self._on_role(holder, epoch)
+        pending = self.resend_after.get(op)
+        if pending is not None and pending[0] <= epoch:
+            del self.resend_after[op]
+            self._resend(op, pending[1])
+
+    def _on_role(self, holder: str | None, epoch: int) -> None:
+        """The manager's applied decision for my group (feed or heartbeat answer)."""
+        if holder == self.name and self.backup is not None:
+            self.take_over(epoch)
+        elif holder not in (None, self.name) and self.model is not None and self.stateful:
+            self.model = None  # fenced: a newer holder exists; nothing more leaves from here
+            self.queue.clear()
+            self.held.clear()
+            self.outputs.clear()
+            self.log.warning("stale primary: stepped down", holder=holder, epoch=epoch)
+
+    def take_over(self, epoch: int) -> None:
+        """HAMS §IV-E: the backup becomes the primary with the state it applied."""
+        t0 = time.monotonic()
+        max_seq = self.backup.max_applied_seq
+        state = unpack(self.backup.applied.state["blob"])[0] if self.backup.applied is not None else {}
+        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
+                                                    **self.spec.options)
+        self.model.start()
+        if state:
+            self.model.load_state(state)
+        self.assignment.role, self.assignment.epoch = "primary", epoch
+        self.backup, self.degraded, self.takeovers = None, True, self.takeovers + 1
+        self.next_seq = max_seq + 1
+        self.outputs, self.kept = self.kept, OrderedDict()
+        self.taken = {p: set() for p in self.preds}
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
+        for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
+            for target in self.succs:
+                self.peers.send(self.config.peers[target], msg)
+        note = GraphDurable(self.op, epoch, max_seq)
+        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]:
+            self.peers.send(self.config.peers[target], note)
+        for p in self.preds:
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+        self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
+                         resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
+
+    def _resend(self, successor: str, after: int) -> None:
+        """A successor's new primary holds my outputs up to ``after``: send the rest again."""
+        msgs = [m for s, m in self.outputs.items() if s > after]
+        for msg in msgs:
+            self.peers.send(self.config.peers[successor], msg)
+        self.log.info("resent by lineage", successor=successor, after=after, count=len(msgs))
 
     # --- messages -------------------------------------------------------------------
     def _on_inbox(self, sock: zmq.Socket) -> None:
@@ -100,6 +201,11 @@ class GraphOperator(Service):
                 self._on_request(msg)
             elif isinstance(msg, GraphState) and self.backup is not None:
                 self._on_state(msg)
+            elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.model is not None:
+                if msg.epoch > self.epochs.get(msg.operator, 0):  # its promotion has not reached my feed yet
+                    self.resend_after[msg.operator] = (msg.epoch, msg.seq)
+                else:
+                    self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphAck) and self.statemgr is not None and msg.operator == self.op:
                 if msg.epoch == self.assignment.epoch:
                     self.statemgr.on_ack(msg.seq)
@@ -114,6 +220,10 @@ class GraphOperator(Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
+        if self.taken is not None:  # after a takeover predecessors resend: each input once
+            if msg.seq <= self.consumed.get(msg.sender, -1) or msg.seq in self.taken[msg.sender]:
+                return
+            self.taken[msg.sender].add(msg.seq)
         if len(self.preds) == 1 or self.spec.join == "interleave":
             self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
@@ -132,15 +242,33 @@ class GraphOperator(Service):
             return
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
         applied = self.backup.receive(shipped)
+        self._keep(applied)
         self._notify(applied)  # the frontend first: a held reply may be waiting on this state
         if not any(s.last_seq >= msg.last_seq for s in applied):  # an applied state's notice acks it already
             self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
+    def _keep(self, applied: list[lin.ShippedState]) -> None:
+        """A backup keeps each applied output (never recomputed after a takeover) and, per
+        predecessor, the highest of its seqs the applied state holds."""
+        for state in applied:
+            entries = state.lineages[0]
+            for e in entries:
+                if e.operator == self.op and e.predecessor in self.preds:
+                    self.consumed[e.predecessor] = max(self.consumed.get(e.predecessor, -1), e.predecessor_seq)
+            header = header_of(state.state["blob"])
+            if not header.get("origins"):
+                continue
+            outs = unpack(state.state["blob"])[1]
+            for seq, origin, stream in zip(header["seqs"], header["origins"], header["streams"]):
+                if origin > self.released_origin:
+                    self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
+
     def _on_durable(self, msg: GraphDurable) -> None:
         if msg.operator == FRONTEND:
             self.released_origin = max(self.released_origin, msg.seq)
-            for seq in [s for s, (origin, _) in self.outputs.items() if origin <= self.released_origin]:
-                del self.outputs[seq]  # its reply left the graph: no resend will need it
+            for saved in (self.outputs, self.kept):
+                for seq in [s for s, m in saved.items() if m.origin <= self.released_origin]:
+                    del saved[seq]  # its reply left the graph: no resend will need it
             for origin in [o for o in self.joining if o <= self.released_origin]:
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
@@ -188,10 +316,10 @@ class GraphOperator(Service):
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
             if self.trace:
-                self.trace.write("output", operator=self.op, seq=self.next_seq, output=out)
+                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch, output=out)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
-                self.outputs[self.next_seq] = (r.origin, out)
+                self.outputs[self.next_seq] = msg
             self.next_seq += 1
         last = self.next_seq - 1
         self.lineage_s += time.perf_counter() - t1
@@ -205,15 +333,22 @@ class GraphOperator(Service):
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
-        if self.stateful:
+        if self.stateful and not self.degraded:
             self._wait_for_update()
         t3 = time.perf_counter()
         self.model.update(batch, outputs)
         self.update_wait_s += t3 - t2
         self.update_s += time.perf_counter() - t3
-        if self.stateful:
+        if self.degraded:  # no backup: this state is as durable as it gets (replies are not held forever)
+            self.trace.write("apply", operator=self.op, last_seq=last, degraded=True,
+                             lineage=[e.to_json() for e in lineages])
+            note = GraphDurable(self.op, self.assignment.epoch, last)
+            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]:
+                self.peers.send(self.config.peers[target], note)
+        elif self.stateful:
+            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0))
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
@@ -262,6 +397,7 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
+                    degraded=self.degraded, takeovers=self.takeovers,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
@@ -289,6 +425,8 @@ class GraphOperator(Service):
         return unpack(self.backup.applied.state["blob"])
 
     def drain(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
         if self.statemgr is not None:
             self.statemgr.close()
         self.trace.close()
