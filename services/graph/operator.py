@@ -86,8 +86,10 @@ class GraphOperator(Service):
         self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
         self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
         self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
-        self.degraded = False  # promoted and no backup yet: its own states count as durable
+        self.degraded = False  # promoted and no backup yet: it runs Algorithm 2 on its own states
+        self.own: lin.Backup | None = None  # that Algorithm 2 (degraded only)
         self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
+        self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.takeovers = 0
         self.trace = Trace(config.trace_path)
@@ -140,6 +142,8 @@ class GraphOperator(Service):
         endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")
         if endpoint is None or epoch <= self.epochs.get(op, 0):
             return
+        if op in self.epochs and op in self.succs and self.stateful:
+            self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -171,6 +175,8 @@ class GraphOperator(Service):
         if state:
             self.model.load_state(state)
         self.assignment.role, self.assignment.epoch = "primary", epoch
+        self.own = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
         self.backup, self.degraded, self.takeovers = None, True, self.takeovers + 1
         self.next_seq = max_seq + 1
         self.outputs, self.kept = self.kept, OrderedDict()
@@ -188,7 +194,9 @@ class GraphOperator(Service):
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
     def _resend(self, successor: str, after: int) -> None:
-        """A successor's new primary holds my outputs up to ``after``: send the rest again."""
+        """A successor's new primary holds my outputs up to ``after``: send the rest again,
+        in seq order (a stateful successor's state depends on the order)."""
+        self.awaiting.discard(successor)
         msgs = [m for s, m in self.outputs.items() if s > after]
         for msg in msgs:
             self.peers.send(self.config.peers[successor], msg)
@@ -273,6 +281,8 @@ class GraphOperator(Service):
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
+        elif self.own is not None and msg.operator != self.op:
+            self._notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
             self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
@@ -280,10 +290,10 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
-            self.trace.write("apply", operator=self.op, last_seq=state.last_seq,
+            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op]:
+            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
                 self.peers.send(self.config.peers[target], note)
 
     # --- the batch loop ---------------------------------------------------------------
@@ -329,7 +339,8 @@ class GraphOperator(Service):
             self.held[last] = sends
         else:
             for target, msg in sends:
-                self.peers.send(self.config.peers[target], msg)
+                if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
+                    self.peers.send(self.config.peers[target], msg)
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
@@ -339,12 +350,8 @@ class GraphOperator(Service):
         self.model.update(batch, outputs)
         self.update_wait_s += t3 - t2
         self.update_s += time.perf_counter() - t3
-        if self.degraded:  # no backup: this state is as durable as it gets (replies are not held forever)
-            self.trace.write("apply", operator=self.op, last_seq=last, degraded=True,
-                             lineage=[e.to_json() for e in lineages])
-            note = GraphDurable(self.op, self.assignment.epoch, last)
-            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]:
-                self.peers.send(self.config.peers[target], note)
+        if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
+            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
         elif self.stateful:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
