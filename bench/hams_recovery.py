@@ -43,6 +43,17 @@ TARGETS = {"stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200"
            "nspb_conflicts": "== 0"}
 
 
+def mlp_gru(max_batch: int = 4) -> dict:
+    """A stateless operator first (its hot standby takes over), a stateful one after it."""
+    return {"mode": "nspb", "window": 2, "input_shape": [4],
+            "edges": [["frontend", "m"], ["m", "g"], ["g", "frontend"]],
+            "operators": {"m": {"kind": "mlp", "input_shape": [4], "output_shape": [6], "max_batch": max_batch},
+                          "g": {"kind": "gru", "input_shape": [6], "output_shape": [3], "max_batch": max_batch}}}
+
+
+GRAPHS = {"g1": None, "g2": None, "m": mlp_gru}  # victim -> its graph (None: the GRU -> GRU chain)
+
+
 def gru_chain(max_batch: int = 4, pad_ms: float = 0.0) -> dict:
     return {"mode": "nspb", "window": 2, "input_shape": [4],
             "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
@@ -68,12 +79,12 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     probe = managers.client()
     for svc in services:
         run.start(svc)
-        if svc.role == "graph_operator" and svc.config.role == "primary" and svc.config.operator in graph.stateful:
+        if svc.role == "graph_operator" and svc.config.role in ("primary", "stateless"):
             group = f"graph/{svc.config.operator}"
             wait_until(lambda: probe.call("snapshot")["groups"].get(group, {}).get("holder") == svc.name, timeout_s=30.0)
     for svc in services:
         run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
-    backups = [s.name for s in services if s.role == "graph_operator" and s.config.role == "backup"]
+    backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
     wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
     return managers, graph, run, {s.name: s for s in services}, client, probe
 
@@ -129,7 +140,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
 
     trace_dir = workdir / "trace"
-    managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", gru_chain(), trace_dir)
+    table = (GRAPHS.get(victim) or gru_chain)()
+    managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir)
     ctx = zmq.Context()
     sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
     fault: dict[str, float] = {}
@@ -145,7 +157,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
 
         replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
         group = probe.call("snapshot")["groups"][f"graph/{victim}"]
-        backup = transport.request_status(by_name[f"op-{victim}-backup"].config.status_endpoint)
+        backup_name = f"op-{victim}-backup" if victim in graph.stateful else "op-standby0"
+        backup = transport.request_status(by_name[backup_name].config.status_endpoint)
         frontend = transport.request_status(by_name["graph-frontend"].config.client_endpoint)
     finally:
         sock.close(0)
@@ -172,7 +185,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "conflicts": twice + wrong + checks["graph_one_output_per_operator_seq"]["violations"],
             "invariants_ok": all(c["ok"] is not False for c in checks.values()),
             "invariants": {k: {"ok": c["ok"], "checked": c["checked"], "violations": c["violations"]} for k, c in checks.items()},
-            "promoted": group["holder"] == f"op-{victim}-backup" and group["epoch"] > epoch_before,
+            "promoted": group["holder"] == backup_name and group["epoch"] > epoch_before,
             "held_voided": frontend.get("voided"), "new_primary_degraded": backup.get("degraded")}
 
 

@@ -20,7 +20,11 @@ HAMS II: a ``GraphDurable`` at a newer epoch than the operator's last is a promo
 backup's word that its state is durable up to ``seq`` (max_seq): held outputs whose
 lineage has a larger seq of that operator came from the failed primary and can never be
 durable; they are dropped and their requests wait again for the re-run's output. With a
-manager the frontend follows each group's holder in the change feed (where GC notices go).
+manager the frontend follows each group's holder in the change feed (where inputs and GC
+notices go). It keeps each input until answered: when an operator it feeds was taken over,
+a ``GraphAck`` (from the new primary, or from the failed stateless operator's successor)
+names the highest origin the operator's state or successors hold, and the frontend resends
+the waiting requests above it, in origin order (new requests for it wait until then).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import zmq
 from common import transport
 from common.config import GraphFrontendConfig
 from common.protocol.fields import ErrorCode
-from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
+from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
 from services.graph.lineage import ReleaseGate, join
@@ -67,7 +71,11 @@ class GraphFrontend(Service):
         self.trace = Trace(config.trace_path)
         self.lineages: dict[int, list] = {}  # origin -> lineage of its held reply (traced at release)
         self.epochs: dict[str, int] = {}  # stateful operator -> newest epoch of its durability notices
+        self.group_epochs: dict[str, int] = {}  # operator -> newest epoch of its group in the manager's feed
         self.voided = 0  # held outputs dropped because their primary failed before they were durable
+        self.inputs: dict[int, GraphRequest] = {}  # origin -> what went into the graph, until answered (resend)
+        self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited
+        self.resent = 0
         self.manager = None
         if config.manager_endpoints:
             from common.control import ManagerLink
@@ -81,8 +89,12 @@ class GraphFrontend(Service):
         if self.manager is not None and key.startswith("group/graph/") and value and value.get("holder"):
             svc = self.manager.feed.values.get(f"service/{value['holder']}") or {}
             endpoint = (svc.get("endpoints") or {}).get("inbox")
-            if endpoint:
-                self.config.peers[key[len("group/graph/"):]] = endpoint
+            op = key[len("group/graph/"):]
+            if endpoint and value.get("epoch", 0) > self.group_epochs.get(op, 0):
+                if op in self.group_epochs and op in self.graph.successors(FRONTEND):
+                    self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
+                self.group_epochs[op] = value.get("epoch", 0)
+                self.config.peers[op] = endpoint
 
     def _reply(self, envelope, reply: Reply) -> None:
         transport.try_send(self.clients, reply, envelope)
@@ -107,9 +119,10 @@ class GraphFrontend(Service):
             req = Request(envelope, msg.request_id, time.monotonic())
             req.to(State.WAITING)
             self.requests[origin] = req
-            out = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
+            out = self.inputs[origin] = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
             for op in self.graph.successors(FRONTEND):
-                self.peers.send(self.config.peers[op], out)
+                if op not in self.awaiting:
+                    self.peers.send(self.config.peers[op], out)
 
     def _reply_status(self, envelope) -> None:
         transport.try_send(self.clients, Status(service=self.name, info=self.status()), envelope)
@@ -140,6 +153,11 @@ class GraphFrontend(Service):
                     self.counts["held"] += 1
                 else:
                     self._answer(msg.origin, Reply(req.request_id, "model", output=output))
+            elif isinstance(msg, GraphAck) and msg.operator in self.graph.successors(FRONTEND):
+                self.awaiting.discard(msg.operator)
+                for origin in sorted(o for o, r in self.requests.items() if o > msg.seq and r.state == State.WAITING):
+                    self.peers.send(self.config.peers[msg.operator], self.inputs[origin])
+                    self.resent += 1
             elif isinstance(msg, GraphDurable):
                 if msg.epoch > self.epochs.setdefault(msg.operator, msg.epoch):
                     self._void(msg.operator, msg.epoch, msg.seq)
@@ -168,6 +186,7 @@ class GraphFrontend(Service):
         if held is not None:
             self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
+        self.inputs.pop(origin, None)
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
         if self.trace and reply.error is None:
@@ -200,10 +219,10 @@ class GraphFrontend(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
-                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]), voided=self.voided,
+                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]), voided=self.voided, resent=self.resent,
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
                     tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
-                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
+                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting), "inputs": len(self.inputs),
                             "held_since": len(self.held_since),
                             "answered_above_horizon": len(self.answered)},  # state GC: each drains
                     **self.counts)

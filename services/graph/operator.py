@@ -33,6 +33,13 @@ each predecessor up to which of its seqs the state holds (``GraphAck`` from a su
 resend the rest). Until a new backup exists it runs *degraded*: it declares its own
 states durable. A primary that sees another holder at a newer epoch steps down and
 releases nothing more (fencing).
+
+A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
+too (the standby of a kind stands by for the first operator of that kind). When the
+standby is promoted (``take_over_stateless``), each successor tells it the highest seq of
+the failed operator it took (the standby numbers on from the highest) and tells the
+failed operator's predecessors the highest of their seqs on those outputs' lineage
+(``GraphAck``: resend the rest); the standby re-runs what they resend.
 """
 from __future__ import annotations
 
@@ -92,6 +99,10 @@ class GraphOperator(Service):
         self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.takeovers = 0
+        self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
+        self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
+        self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
+        self.standby = self.assignment.role == "standby"
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
@@ -124,13 +135,13 @@ class GraphOperator(Service):
         from common.control import ManagerLink
 
         me = None
-        if self.stateful or self.backup is not None:
+        if self.stateful or self.backup is not None or self.assignment.role in ("stateless", "standby"):
             me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
-        primary_first = self.backup is not None  # the spec's primary takes the role first
+        primary_first = self.backup is not None or self.standby  # the spec's primary takes the role first
         self.manager = ManagerLink(self, self.config.manager_endpoints, self.config.manager_publish_endpoints,
                                    on_change=self._on_manager_change, me=me, on_role=self._on_role,
                                    may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
-        if self.backup is not None:  # a disconnect of my socket to the primary: report it at once
+        if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
             self.manager.watch(self.peers.get(self.config.peers[self.op]), f"op-{self.op}")
         for key, value in list(self.manager.feed.values.items()):
             self._on_manager_change(key, value)
@@ -144,6 +155,8 @@ class GraphOperator(Service):
             return
         if op in self.epochs and op in self.succs and self.stateful:
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
+        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful:
+            self._report_taken(op, epoch, endpoint)
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -157,6 +170,8 @@ class GraphOperator(Service):
         """The manager's applied decision for my group (feed or heartbeat answer)."""
         if holder == self.name and self.backup is not None:
             self.take_over(epoch)
+        elif holder == self.name and self.standby and self.model is None:
+            self.take_over_stateless(epoch)
         elif holder not in (None, self.name) and self.model is not None and self.stateful:
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
@@ -193,6 +208,24 @@ class GraphOperator(Service):
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
+    def take_over_stateless(self, epoch: int) -> None:
+        """HAMS §IV-E, a stateless operator: the hot standby serves it, numbering on once
+        its successors said the highest seq they took (``GraphAck`` from a successor)."""
+        self.model, self.standby_for = self.standby_for[self.op], {}
+        self.assignment.role, self.assignment.epoch = "stateless", epoch
+        self.standby, self.takeovers = False, self.takeovers + 1
+        self.numbering, self.next_seq = True, 0
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
+        self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
+
+    def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
+        """A stateless predecessor was replaced: tell its standby the highest seq I took
+        from it, and its predecessors the highest of their seqs on those outputs."""
+        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
+        before = self.took_before.get(op, {})
+        for p in self.graph.predecessors(op):
+            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
+
     def _resend(self, successor: str, after: int) -> None:
         """A successor's new primary holds my outputs up to ``after``: send the rest again,
         in seq order (a stateful successor's state depends on the order)."""
@@ -209,6 +242,9 @@ class GraphOperator(Service):
                 self._on_request(msg)
             elif isinstance(msg, GraphState) and self.backup is not None:
                 self._on_state(msg)
+            elif isinstance(msg, GraphAck) and msg.operator == self.op and self.numbering:
+                self.next_seq = max(self.next_seq, msg.seq + 1)  # a successor's highest: number on from there
+                self.numbering = False  # one successor's word (several successors: not yet, docs/notes/hams2.md)
             elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.model is not None:
                 if msg.epoch > self.epochs.get(msg.operator, 0):  # its promotion has not reached my feed yet
                     self.resend_after[msg.operator] = (msg.epoch, msg.seq)
@@ -228,6 +264,10 @@ class GraphOperator(Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
+        if msg.seq > self.took.get(msg.sender, -1) and msg.lineage:  # for a predecessor's replacement (_report_taken)
+            self.took[msg.sender] = msg.seq
+            entry, before = msg.lineage[-1], self.took_before.setdefault(msg.sender, {})
+            before[entry.predecessor] = max(before.get(entry.predecessor, -1), entry.predecessor_seq)
         if self.taken is not None:  # after a takeover predecessors resend: each input once
             if msg.seq <= self.consumed.get(msg.sender, -1) or msg.seq in self.taken[msg.sender]:
                 return
@@ -299,7 +339,7 @@ class GraphOperator(Service):
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
         super().tick(0 if (self.queue and timeout is None) else timeout)
-        if self.queue and self.model is not None:
+        if self.queue and self.model is not None and not self.numbering:
             self._guarded("step", self.step, None)
 
     def step(self, _=None) -> None:

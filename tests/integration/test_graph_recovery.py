@@ -21,3 +21,14 @@ def test_stateful_primary_sigkill_loses_nothing_and_conflicts_nothing(launcher, 
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert all(c["checked"] > 0 for c in row["invariants"].values()), row["invariants"]
     assert row["recovery_ms"] is not None and row["detection_ms"] is not None  # the recovered g2 produced new outputs
+
+
+def test_stateless_operator_sigkill_hot_standby_takes_over(launcher, tmp_path):
+    """frontend -> m (MLP, stateless) -> g (GRU): m is SIGKILLed; the hot standby is
+    promoted, numbers on from the highest seq g took, the frontend resends what g's lineage
+    does not show, in order; nothing lost, nothing answered twice or unlike offline."""
+    row = kill_trial(launcher, tmp_path, "m", n=240, kill_at=80, seed=12)
+    assert row["promoted"], row
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["recovery_ms"] is not None, row
