@@ -146,7 +146,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
     fault: dict[str, float] = {}
     try:
-        epoch_before = probe.call("snapshot")["groups"][f"graph/{victim}"]["epoch"]
+        groups_before = probe.call("snapshot")["groups"]
+        epoch_before = groups_before[f"graph/{victim}"]["epoch"]
         rng = np.random.default_rng(seed)
         inputs, streams = rng.normal(size=(n, 4)), rng.integers(0, 4, size=n)
 
@@ -156,7 +157,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                 run.kill(f"op-{victim}", signal.SIGKILL)
 
         replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
-        group = probe.call("snapshot")["groups"][f"graph/{victim}"]
+        groups_after = probe.call("snapshot")["groups"]
+        group = groups_after[f"graph/{victim}"]
         backup_name = f"op-{victim}-backup" if victim in graph.stateful else "op-standby0"
         backup = transport.request_status(by_name[backup_name].config.status_endpoint)
         frontend = transport.request_status(by_name["graph-frontend"].config.client_endpoint)
@@ -186,7 +188,11 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "invariants_ok": all(c["ok"] is not False for c in checks.values()),
             "invariants": {k: {"ok": c["ok"], "checked": c["checked"], "violations": c["violations"]} for k, c in checks.items()},
             "promoted": group["holder"] == backup_name and group["epoch"] > epoch_before,
-            "held_voided": frontend.get("voided"), "new_primary_degraded": backup.get("degraded")}
+            "held_voided": frontend.get("voided"), "resent_by_frontend": frontend.get("resent"),
+            "new_primary_degraded": backup.get("degraded"),
+            # other groups whose holder changed: downstream stateful operators rolled back to their backups
+            "rolled_back": sorted(g[len("graph/"):] for g, v in groups_after.items() if g != f"graph/{victim}"
+                                  and v["holder"] != groups_before.get(g, {}).get("holder"))}
 
 
 def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:

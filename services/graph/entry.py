@@ -76,6 +76,7 @@ class GraphFrontend(Service):
         self.inputs: dict[int, GraphRequest] = {}  # origin -> what went into the graph, until answered (resend)
         self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited
         self.resent = 0
+        self.resend_after: dict[str, tuple[int, int]] = {}  # operator -> (its new epoch, origin it holds up to)
         self.manager = None
         if config.manager_endpoints:
             from common.control import ManagerLink
@@ -95,6 +96,10 @@ class GraphFrontend(Service):
                     self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
                 self.group_epochs[op] = value.get("epoch", 0)
                 self.config.peers[op] = endpoint
+                pending = self.resend_after.get(op)
+                if pending is not None and pending[0] <= self.group_epochs[op]:
+                    del self.resend_after[op]
+                    self._resend(op, pending[1])
 
     def _reply(self, envelope, reply: Reply) -> None:
         transport.try_send(self.clients, reply, envelope)
@@ -154,17 +159,24 @@ class GraphFrontend(Service):
                 else:
                     self._answer(msg.origin, Reply(req.request_id, "model", output=output))
             elif isinstance(msg, GraphAck) and msg.operator in self.graph.successors(FRONTEND):
-                self.awaiting.discard(msg.operator)
-                for origin in sorted(o for o, r in self.requests.items() if o > msg.seq and r.state == State.WAITING):
-                    self.peers.send(self.config.peers[msg.operator], self.inputs[origin])
-                    self.resent += 1
+                if self.manager is not None and msg.epoch > self.group_epochs.get(msg.operator, 0):
+                    self.resend_after[msg.operator] = (msg.epoch, msg.seq)  # once the feed says where it is
+                else:
+                    self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphDurable):
-                if msg.epoch > self.epochs.setdefault(msg.operator, msg.epoch):
+                if msg.epoch > self.epochs.get(msg.operator, 1):  # 1: the spec's epoch (HAMS I)
                     self._void(msg.operator, msg.epoch, msg.seq)
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
                     req = self.requests.get(origin)
                     if req is not None:
                         self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
+
+    def _resend(self, op: str, after: int) -> None:
+        """``op`` was taken over and holds origins up to ``after``: resend the waiting rest, in order."""
+        self.awaiting.discard(op)
+        for origin in sorted(o for o, r in self.requests.items() if o > after and r.state == State.WAITING):
+            self.peers.send(self.config.peers[op], self.inputs[origin])
+            self.resent += 1
 
     def _void(self, operator: str, epoch: int, max_seq: int) -> None:
         """``operator``'s backup took over with its state up to ``max_seq``: held outputs

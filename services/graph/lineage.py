@@ -123,6 +123,16 @@ class Backup:
         self.pending.setdefault(state.first_seq, state)
         return self._apply_ready()
 
+    def forget_after(self, operator: str, seq: int) -> int:
+        """``operator``'s backup took over with its state up to ``seq``: pending states that
+        took its outputs above it depend on a state that died; they never apply. Returns
+        how many were dropped."""
+        void = [k for k, st in self.pending.items()
+                if any(e.operator == operator and e.seq > seq for lin in st.lineages for e in lin)]
+        for k in void:
+            del self.pending[k]
+        return len(void)
+
     def on_notify(self, operator: str, seq: int) -> list[ShippedState]:
         return self._apply_ready() if self.durable.notify(operator, seq) else []
 

@@ -40,6 +40,12 @@ standby is promoted (``take_over_stateless``), each successor tells it the highe
 the failed operator it took (the standby numbers on from the highest) and tells the
 failed operator's predecessors the highest of their seqs on those outputs' lineage
 (``GraphAck``: resend the rest); the standby re-runs what they resend.
+
+Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` the new
+primary sends its successors and the next backups): a successor's primary that took an
+output above max_seq rolls back: it steps down and asks the manager to promote its
+backup, whose state (Algorithm 2) never took one; a backup drops pending states that did.
+Every operator drops an input whose seq it already took from that sender (resends).
 """
 from __future__ import annotations
 
@@ -98,6 +104,7 @@ class GraphOperator(Service):
         self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
         self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
+        self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
@@ -201,7 +208,8 @@ class GraphOperator(Service):
             for target in self.succs:
                 self.peers.send(self.config.peers[target], msg)
         note = GraphDurable(self.op, epoch, max_seq)
-        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]:
+        succs = [n for n in self.succs if n != FRONTEND]
+        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
             self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
@@ -217,6 +225,29 @@ class GraphOperator(Service):
         self.numbering, self.next_seq = True, 0
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
+
+    def _roll_back(self, pred: str, max_seq: int) -> None:
+        """My state took ``pred``'s outputs above its new primary's max_seq: step down and
+        have the manager promote my backup (its state never took them)."""
+        group = f"graph/{self.op}"
+        others = [v["name"] for k, v in self.manager.feed.values.items()
+                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.name]
+        self.model = None
+        self.queue.clear()
+        self.held.clear()
+        self.outputs.clear()
+        self.log.warning("rolling back: my state took outputs of a failed predecessor", predecessor=pred,
+                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1])
+        if not others or self.degraded:
+            self.log.error("no backup to roll back to", operator=self.op)
+            return
+        try:
+            result = self.manager.client.call("promote", {"group": group, "name": others[0], "epoch": self.epochs.get(self.op, 0),
+                                                          "expected_epoch": self.epochs.get(self.op, 0),
+                                                          "reason": f"rollback: {pred} recovered at {max_seq}"})
+        except Exception as exc:  # the manager unreachable: the backup is promoted when my heartbeats stop
+            result = {"status": "failed", "error": str(exc)}
+        self.log.warning("rollback decided", result=result)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
@@ -264,8 +295,10 @@ class GraphOperator(Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
-        if msg.seq > self.took.get(msg.sender, -1) and msg.lineage:  # for a predecessor's replacement (_report_taken)
-            self.took[msg.sender] = msg.seq
+        if msg.seq <= self.took.get(msg.sender, -1) and self.taken is None:
+            return  # a resent input taken already (each sender's seqs arrive in order, resends aside)
+        if msg.lineage:  # for a predecessor's replacement (_report_taken, _roll_back)
+            self.took[msg.sender] = max(msg.seq, self.took.get(msg.sender, -1))
             entry, before = msg.lineage[-1], self.took_before.setdefault(msg.sender, {})
             before[entry.predecessor] = max(before.get(entry.predecessor, -1), entry.predecessor_seq)
         if self.taken is not None:  # after a takeover predecessors resend: each input once
@@ -312,6 +345,13 @@ class GraphOperator(Service):
                     self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
 
     def _on_durable(self, msg: GraphDurable) -> None:
+        if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
+            self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
+            if self.backup is not None:
+                self.backup.forget_after(msg.operator, msg.seq)
+            elif msg.operator in self.preds and self.model is not None and self.took.get(msg.operator, -1) > msg.seq:
+                self._roll_back(msg.operator, msg.seq)
+                return
         if msg.operator == FRONTEND:
             self.released_origin = max(self.released_origin, msg.seq)
             for saved in (self.outputs, self.kept):

@@ -32,3 +32,15 @@ def test_stateless_operator_sigkill_hot_standby_takes_over(launcher, tmp_path):
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row
+
+
+def test_upstream_stateful_primary_sigkill_rolls_back_what_took_its_lost_outputs(launcher, tmp_path):
+    """GRU -> GRU, g1's primary SIGKILLed: g1's backup takes over at its max_seq, the
+    frontend resends by lineage; g2, if its state took g1 outputs above max_seq, rolls back
+    to its backup (promoted by the manager). Nothing lost, answered twice or unlike offline;
+    one output per (operator, seq) among released replies' lineage."""
+    row = kill_trial(launcher, tmp_path, "g1", n=240, kill_at=80, seed=13)
+    print({k: row[k] for k in ("rolled_back", "held_voided", "resent_by_frontend", "recovery_ms")})
+    assert row["promoted"], row
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["invariants_ok"], row["invariants"]
