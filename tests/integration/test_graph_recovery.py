@@ -11,7 +11,7 @@ import pytest
 
 from bench.hams_recovery import kill_trial
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def test_stateful_primary_sigkill_loses_nothing_and_conflicts_nothing(launcher, tmp_path):
