@@ -105,6 +105,7 @@ class GraphOperator(Service):
         self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
+        self.role_epoch = 0  # the newest epoch of my group seen (decisions older than it are stale news)
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
@@ -174,7 +175,11 @@ class GraphOperator(Service):
             self._resend(op, pending[1])
 
     def _on_role(self, holder: str | None, epoch: int) -> None:
-        """The manager's applied decision for my group (feed or heartbeat answer)."""
+        """The manager's applied decision for my group (feed or heartbeat answer); an older
+        epoch than one already seen (a lagging replica's answer) changes nothing."""
+        if epoch < self.role_epoch:
+            return
+        self.role_epoch = epoch
         if holder == self.name and self.backup is not None:
             self.take_over(epoch)
         elif holder == self.name and self.standby and self.model is None:
