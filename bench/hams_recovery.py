@@ -87,7 +87,8 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
             group = f"graph/{svc.config.operator}"
             wait_until(lambda: probe.call("snapshot")["groups"].get(group, {}).get("holder") == svc.name, timeout_s=30.0)
     for svc in services:
-        run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
+        run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint,
+                        timeout_s=90)  # seven processes importing torch on a loaded machine
     backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
     wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
     return managers, graph, run, {s.name: s for s in services}, client, probe
