@@ -561,6 +561,9 @@ class GraphOperatorConfig:
     #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
     trace_path: str | None = None
     metrics_port: int | None = None
+    #: the manager group (services.manager); empty: roles stay as the spec gives them (HAMS I)
+    manager_endpoints: list[str] = field(default_factory=list)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.role in ("primary", "backup", "stateless", "standby"), "role",
@@ -587,6 +590,9 @@ class GraphFrontendConfig:
     #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
     trace_path: str | None = None
     metrics_port: int | None = None
+    #: the manager group (services.manager); empty: roles stay as the spec gives them (HAMS I)
+    manager_endpoints: list[str] = field(default_factory=list)
+    manager_publish_endpoints: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")

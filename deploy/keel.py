@@ -50,6 +50,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from bench.hams_overhead import add_parser as add_hams_overhead
+    from bench.hams_recovery import add_parser as add_hams_recovery
     from bench.kairos_experiment import add_parser as add_kairos_experiment
     from bench.selection_experiment import add_parser as add_selection_experiment
     from bench.serf_experiment import add_parser as add_serf_experiment
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parm_tail(which)
     add_kairos_experiment(which)
     add_hams_overhead(which)
+    add_hams_recovery(which)
     add_selection_experiment(which)
     add_serf_experiment(which)
     add_kairos(sub)

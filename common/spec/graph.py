@@ -252,7 +252,8 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
 
 
 def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
-                   seed: int = 0, trace_dir: str | None = None) -> tuple[list, str]:
+                   seed: int = 0, trace_dir: str | None = None,
+                   manager: tuple[list[str], list[str]] | None = None) -> tuple[list, str]:
     """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
     frontend; per stateless operator one process; per stateful operator a primary and,
     unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
@@ -262,6 +263,7 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     from common.spec.topology import ServiceLaunch
 
     trace_dir = trace_dir or graph.trace_dir
+    link = {"manager_endpoints": list(manager[0]), "manager_publish_endpoints": list(manager[1])} if manager else {}
     port = iter(range(base_port, base_port + 1000))
 
     def ep() -> str:
@@ -284,10 +286,10 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
         plan.append((f"standby{i}", first, "standby"))
     services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
         client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
-        trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None))]
+        trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None, **link))]
     for key, name, r in plan:
         services.append(ServiceLaunch(f"op-{key.replace('.', '-')}", "graph_operator", host, cfg.GraphOperatorConfig(
             name=f"op-{key.replace('.', '-')}", operator=name, role=r, epoch=1, endpoint=peers[key],
             status_endpoint=ep(), graph=table, peers=peers, seed=seed,
-            trace_path=f"{trace_dir}/op-{key}.jsonl" if trace_dir else None)))
+            trace_path=f"{trace_dir}/op-{key}.jsonl" if trace_dir else None, **link)))
     return services, client

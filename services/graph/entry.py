@@ -13,8 +13,18 @@ Behind an interleaving join a request has several outputs (``replies_per_origin`
 frontend waits for all of them, answers with the one the last operator numbered last (it
 saw every input of the request) and holds it until the lineages of all are durable.
 
-Every 50 ms it tells the operators the highest origin up to which every reply has left,
-so their saved outputs can be freed (state GC).
+Every 50 ms it tells the operators (and backups) the highest origin up to which every
+reply has left, so their saved outputs can be freed (state GC).
+
+HAMS II: a ``GraphDurable`` at a newer epoch than the operator's last is a promoted
+backup's word that its state is durable up to ``seq`` (max_seq): held outputs whose
+lineage has a larger seq of that operator came from the failed primary and can never be
+durable; they are dropped and their requests wait again for the re-run's output. With a
+manager the frontend follows each group's holder in the change feed (where inputs and GC
+notices go). It keeps each input until answered: when an operator it feeds was taken over,
+a ``GraphAck`` (from the new primary, or from the failed stateless operator's successor)
+names the highest origin the operator's state or successors hold, and the frontend resends
+the waiting requests above it, in origin order (new requests for it wait until then).
 """
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ import zmq
 from common import transport
 from common.config import GraphFrontendConfig
 from common.protocol.fields import ErrorCode
-from common.protocol.messages import GraphDurable, GraphRequest, Predict, Reply, Status
+from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
 from services.graph.lineage import ReleaseGate, join
@@ -60,6 +70,36 @@ class GraphFrontend(Service):
         self.every(0.05, self._chores)
         self.trace = Trace(config.trace_path)
         self.lineages: dict[int, list] = {}  # origin -> lineage of its held reply (traced at release)
+        self.epochs: dict[str, int] = {}  # stateful operator -> newest epoch of its durability notices
+        self.group_epochs: dict[str, int] = {}  # operator -> newest epoch of its group in the manager's feed
+        self.voided = 0  # held outputs dropped because their primary failed before they were durable
+        self.inputs: dict[int, GraphRequest] = {}  # origin -> what went into the graph, until answered (resend)
+        self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited
+        self.resent = 0
+        self.resend_after: dict[str, tuple[int, int]] = {}  # operator -> (its new epoch, origin it holds up to)
+        self.manager = None
+        if config.manager_endpoints:
+            from common.control import ManagerLink
+
+            self.manager = ManagerLink(self, config.manager_endpoints, config.manager_publish_endpoints,
+                                       on_change=self._on_manager_change)
+            for key, value in list(self.manager.feed.values.items()):
+                self._on_manager_change(key, value)
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        if self.manager is not None and key.startswith("group/graph/") and value and value.get("holder"):
+            svc = self.manager.feed.values.get(f"service/{value['holder']}") or {}
+            endpoint = (svc.get("endpoints") or {}).get("inbox")
+            op = key[len("group/graph/"):]
+            if endpoint and value.get("epoch", 0) > self.group_epochs.get(op, 0):
+                if op in self.group_epochs and op in self.graph.successors(FRONTEND):
+                    self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
+                self.group_epochs[op] = value.get("epoch", 0)
+                self.config.peers[op] = endpoint
+                pending = self.resend_after.get(op)
+                if pending is not None and pending[0] <= self.group_epochs[op]:
+                    del self.resend_after[op]
+                    self._resend(op, pending[1])
 
     def _reply(self, envelope, reply: Reply) -> None:
         transport.try_send(self.clients, reply, envelope)
@@ -84,9 +124,10 @@ class GraphFrontend(Service):
             req = Request(envelope, msg.request_id, time.monotonic())
             req.to(State.WAITING)
             self.requests[origin] = req
-            out = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
+            out = self.inputs[origin] = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
             for op in self.graph.successors(FRONTEND):
-                self.peers.send(self.config.peers[op], out)
+                if op not in self.awaiting:
+                    self.peers.send(self.config.peers[op], out)
 
     def _reply_status(self, envelope) -> None:
         transport.try_send(self.clients, Status(service=self.name, info=self.status()), envelope)
@@ -117,17 +158,47 @@ class GraphFrontend(Service):
                     self.counts["held"] += 1
                 else:
                     self._answer(msg.origin, Reply(req.request_id, "model", output=output))
+            elif isinstance(msg, GraphAck) and msg.operator in self.graph.successors(FRONTEND):
+                if self.manager is not None and msg.epoch > self.group_epochs.get(msg.operator, 0):
+                    self.resend_after[msg.operator] = (msg.epoch, msg.seq)  # once the feed says where it is
+                else:
+                    self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphDurable):
+                if msg.epoch > self.epochs.get(msg.operator, 1):  # 1: the spec's epoch (HAMS I)
+                    self._void(msg.operator, msg.epoch, msg.seq)
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
                     req = self.requests.get(origin)
                     if req is not None:
                         self._answer(origin, Reply(req.request_id, "model", output=self.outputs.pop(origin)))
+
+    def _resend(self, op: str, after: int) -> None:
+        """``op`` was taken over and holds origins up to ``after``: resend the waiting rest, in order."""
+        self.awaiting.discard(op)
+        for origin in sorted(o for o, r in self.requests.items() if o > after and r.state == State.WAITING):
+            self.peers.send(self.config.peers[op], self.inputs[origin])
+            self.resent += 1
+
+    def _void(self, operator: str, epoch: int, max_seq: int) -> None:
+        """``operator``'s backup took over with its state up to ``max_seq``: held outputs
+        beyond it depend on a state that died with the primary; wait for the re-run."""
+        self.epochs[operator] = epoch
+        for origin, lineage in list(self.gate.waiting.items()):
+            if any(e.operator == operator and e.seq > max_seq for e in lineage):
+                del self.gate.waiting[origin]
+                self.outputs.pop(origin, None)
+                self.lineages.pop(origin, None)
+                self.held_since.pop(origin, None)
+                old = self.requests[origin]
+                req = self.requests[origin] = Request(old.envelope, old.request_id, old.start)
+                req.to(State.WAITING)
+                self.voided += 1
 
     def _answer(self, origin: int, reply: Reply) -> None:
         held = self.held_since.pop(origin, None)
         if held is not None:
             self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
+        self.inputs.pop(origin, None)
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
         if self.trace and reply.error is None:
@@ -153,20 +224,23 @@ class GraphFrontend(Service):
         if self.answered_below > self.announced_below:  # GC notice, only when it moved
             self.announced_below = self.answered_below
             note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
-            for op in self.graph.operators:
-                self.peers.send(self.config.peers[op], note)
+            for op in [*self.graph.operators, *(f"{n}.backup" for n in self.graph.stateful)]:
+                if op in self.config.peers:
+                    self.peers.send(self.config.peers[op], note)
 
     def status(self) -> dict:
         info = super().status()
         info.update(mode=self.graph.mode, operators=list(self.graph.order), stateful=sorted(self.graph.stateful),
-                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]),
+                    hold_ms_mean=1000 * self.hold_s / max(1, self.counts["held"]), voided=self.voided, resent=self.resent,
                     in_graph=len(self.requests), held_now=len(self.gate.waiting), durable=dict(self.gate.durable.seqs),
                     tables={"requests": len(self.requests), "outputs": len(self.outputs), "arriving": len(self.arriving),
-                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting),
+                            "lineages": len(self.lineages), "waiting": len(self.gate.waiting), "inputs": len(self.inputs),
                             "held_since": len(self.held_since),
                             "answered_above_horizon": len(self.answered)},  # state GC: each drains
                     **self.counts)
         return info
 
     def drain(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
         self.trace.close()

@@ -47,6 +47,23 @@ def join(lineages: Iterable[list[LineageEntry]]) -> list[LineageEntry]:
     return list(seen)
 
 
+def lineage_of(entries: Iterable[LineageEntry], operator: str, seq: int) -> list[LineageEntry]:
+    """The lineage of ``operator``'s output ``seq`` out of a batch's entries (a shipped
+    state's): its entry and, back to the frontend, every entry it came from."""
+    by_output = {}
+    for e in entries:
+        by_output.setdefault((e.operator, e.seq), []).append(e)
+    out, todo, seen = [], [(operator, seq)], set()
+    while todo:
+        key = todo.pop()
+        for e in by_output.get(key, []):
+            if e not in seen:
+                seen.add(e)
+                out.append(e)
+                todo.append((e.predecessor, e.predecessor_seq))
+    return out[::-1]
+
+
 class DurableSeqs:
     """Highest durable seq per stateful operator; notifies only ever raise it."""
 
@@ -105,6 +122,16 @@ class Backup:
             return []  # another incarnation's, or a duplicate of what is applied
         self.pending.setdefault(state.first_seq, state)
         return self._apply_ready()
+
+    def forget_after(self, operator: str, seq: int) -> int:
+        """``operator``'s backup took over with its state up to ``seq``: pending states that
+        took its outputs above it depend on a state that died; they never apply. Returns
+        how many were dropped."""
+        void = [k for k, st in self.pending.items()
+                if any(e.operator == operator and e.seq > seq for lin in st.lineages for e in lin)]
+        for k in void:
+            del self.pending[k]
+        return len(void)
 
     def on_notify(self, operator: str, seq: int) -> list[ShippedState]:
         return self._apply_ready() if self.durable.notify(operator, seq) else []

@@ -18,7 +18,34 @@ The primary's batch (``step``), per mode (``services.graph.modes``)::
     copy state n                in the background while n+1 computes (nspb, s1); stopped (s2, remus)
 
 The backup runs Algorithm 2 (``services.graph.lineage.Backup``) and, for each applied
-state, notifies the next stateful models' backups, the frontend and its primary.
+state, notifies the next stateful models' backups, the frontend and its primary; it keeps
+the applied outputs (with their origin, stream and lineage) until their replies left.
+
+HAMS II, with a manager (``config.manager_endpoints``): a stateful operator's primary and
+backup are the group ``graph/<operator>``; the backup reports the primary suspected when
+its socket to it disconnects, and the manager promotes it (a new epoch, in the Raft log)
+when the primary stops heartbeating. Every graph process follows the group's holder in the
+change feed (where to send). The promoted backup (``take_over``, §IV-E): loads the state
+it applied (max_seq = its last seq), numbers on from max_seq + 1, resends its saved outputs
+up to max_seq (successors drop what they have), tells the frontend and the next backups
+that max_seq is durable at the new epoch (the frontend drops held outputs above it) and
+each predecessor up to which of its seqs the state holds (``GraphAck`` from a successor:
+resend the rest). Until a new backup exists it runs *degraded*: it declares its own
+states durable. A primary that sees another holder at a newer epoch steps down and
+releases nothing more (fencing).
+
+A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
+too (the standby of a kind stands by for the first operator of that kind). When the
+standby is promoted (``take_over_stateless``), each successor tells it the highest seq of
+the failed operator it took (the standby numbers on from the highest) and tells the
+failed operator's predecessors the highest of their seqs on those outputs' lineage
+(``GraphAck``: resend the rest); the standby re-runs what they resend.
+
+Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` the new
+primary sends its successors and the next backups): a successor's primary that took an
+output above max_seq rolls back: it steps down and asks the manager to promote its
+backup, whose state (Algorithm 2) never took one; a backup drops pending states that did.
+Every operator drops an input whose seq it already took from that sender (resends).
 """
 from __future__ import annotations
 
@@ -37,7 +64,7 @@ from services.graph import lineage as lin
 from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, unpack
+from services.graph.statemgr import StateManager, header_of, unpack
 from services.graph.trace import Trace
 
 
@@ -69,6 +96,21 @@ class GraphOperator(Service):
         self.lineage_s = 0.0
         self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
+        self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
+        self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
+        self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
+        self.degraded = False  # promoted and no backup yet: it runs Algorithm 2 on its own states
+        self.own: lin.Backup | None = None  # that Algorithm 2 (degraded only)
+        self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
+        self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
+        self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
+        self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
+        self.role_epoch = 0  # the newest epoch of my group seen (decisions older than it are stale news)
+        self.takeovers = 0
+        self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
+        self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
+        self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
+        self.standby = self.assignment.role == "standby"
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
@@ -92,6 +134,142 @@ class GraphOperator(Service):
                 self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
                                              send=lambda st: self.peers.send(config.peers[f"{self.op}.backup"], st),
                                              ctx=self.ctx, backup_endpoint=config.peers[f"{self.op}.backup"])
+        self.manager = None
+        if config.manager_endpoints:
+            self._link_manager()
+
+    # --- the manager (HAMS II) -----------------------------------------------------------
+    def _link_manager(self) -> None:
+        from common.control import ManagerLink
+
+        me = None
+        if self.stateful or self.backup is not None or self.assignment.role in ("stateless", "standby"):
+            me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
+        primary_first = self.backup is not None or self.standby  # the spec's primary takes the role first
+        self.manager = ManagerLink(self, self.config.manager_endpoints, self.config.manager_publish_endpoints,
+                                   on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                                   may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
+        if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
+            self.manager.watch(self.peers.get(self.config.peers[self.op]), f"op-{self.op}")
+        for key, value in list(self.manager.feed.values.items()):
+            self._on_manager_change(key, value)
+
+    def _on_manager_change(self, key: str, value: dict | None) -> None:
+        if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
+            return
+        op, holder, epoch = key[len("group/graph/"):], value["holder"], value.get("epoch", 0)
+        endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")
+        if endpoint is None or epoch <= self.epochs.get(op, 0):
+            return
+        if op in self.epochs and op in self.succs and self.stateful:
+            self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
+        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful:
+            self._report_taken(op, epoch, endpoint)
+        self.epochs[op] = epoch
+        self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
+        if op == self.op:
+            self._on_role(holder, epoch)
+        pending = self.resend_after.get(op)
+        if pending is not None and pending[0] <= epoch:
+            del self.resend_after[op]
+            self._resend(op, pending[1])
+
+    def _on_role(self, holder: str | None, epoch: int) -> None:
+        """The manager's applied decision for my group (feed or heartbeat answer); an older
+        epoch than one already seen (a lagging replica's answer) changes nothing."""
+        if epoch < self.role_epoch:
+            return
+        self.role_epoch = epoch
+        if holder == self.name and self.backup is not None:
+            self.take_over(epoch)
+        elif holder == self.name and self.standby and self.model is None:
+            self.take_over_stateless(epoch)
+        elif holder not in (None, self.name) and self.model is not None and self.stateful:
+            self.model = None  # fenced: a newer holder exists; nothing more leaves from here
+            self.queue.clear()
+            self.held.clear()
+            self.outputs.clear()
+            self.log.warning("stale primary: stepped down", holder=holder, epoch=epoch)
+
+    def take_over(self, epoch: int) -> None:
+        """HAMS §IV-E: the backup becomes the primary with the state it applied."""
+        t0 = time.monotonic()
+        max_seq = self.backup.max_applied_seq
+        state = unpack(self.backup.applied.state["blob"])[0] if self.backup.applied is not None else {}
+        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
+                                                    **self.spec.options)
+        self.model.start()
+        if state:
+            self.model.load_state(state)
+        self.assignment.role, self.assignment.epoch = "primary", epoch
+        self.own = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
+        self.backup, self.degraded, self.takeovers = None, True, self.takeovers + 1
+        self.next_seq = max_seq + 1
+        self.outputs, self.kept = self.kept, OrderedDict()
+        self.taken = {p: set() for p in self.preds}
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
+        for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
+            for target in self.succs:
+                self.peers.send(self.config.peers[target], msg)
+        note = GraphDurable(self.op, epoch, max_seq)
+        succs = [n for n in self.succs if n != FRONTEND]
+        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
+            self.peers.send(self.config.peers[target], note)
+        for p in self.preds:
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+        self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
+                         resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
+
+    def take_over_stateless(self, epoch: int) -> None:
+        """HAMS §IV-E, a stateless operator: the hot standby serves it, numbering on once
+        its successors said the highest seq they took (``GraphAck`` from a successor)."""
+        self.model, self.standby_for = self.standby_for[self.op], {}
+        self.assignment.role, self.assignment.epoch = "stateless", epoch
+        self.standby, self.takeovers = False, self.takeovers + 1
+        self.numbering, self.next_seq = True, 0
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
+        self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
+
+    def _roll_back(self, pred: str, max_seq: int) -> None:
+        """My state took ``pred``'s outputs above its new primary's max_seq: step down and
+        have the manager promote my backup (its state never took them)."""
+        group = f"graph/{self.op}"
+        others = [v["name"] for k, v in self.manager.feed.values.items()
+                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.name]
+        self.model = None
+        self.queue.clear()
+        self.held.clear()
+        self.outputs.clear()
+        self.log.warning("rolling back: my state took outputs of a failed predecessor", predecessor=pred,
+                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1])
+        if not others or self.degraded:
+            self.log.error("no backup to roll back to", operator=self.op)
+            return
+        try:
+            result = self.manager.client.call("promote", {"group": group, "name": others[0], "epoch": self.epochs.get(self.op, 0),
+                                                          "expected_epoch": self.epochs.get(self.op, 0),
+                                                          "reason": f"rollback: {pred} recovered at {max_seq}"})
+        except Exception as exc:  # the manager unreachable: the backup is promoted when my heartbeats stop
+            result = {"status": "failed", "error": str(exc)}
+        self.log.warning("rollback decided", result=result)
+
+    def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
+        """A stateless predecessor was replaced: tell its standby the highest seq I took
+        from it, and its predecessors the highest of their seqs on those outputs."""
+        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
+        before = self.took_before.get(op, {})
+        for p in self.graph.predecessors(op):
+            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
+
+    def _resend(self, successor: str, after: int) -> None:
+        """A successor's new primary holds my outputs up to ``after``: send the rest again,
+        in seq order (a stateful successor's state depends on the order)."""
+        self.awaiting.discard(successor)
+        msgs = [m for s, m in self.outputs.items() if s > after]
+        for msg in msgs:
+            self.peers.send(self.config.peers[successor], msg)
+        self.log.info("resent by lineage", successor=successor, after=after, count=len(msgs))
 
     # --- messages -------------------------------------------------------------------
     def _on_inbox(self, sock: zmq.Socket) -> None:
@@ -100,6 +278,14 @@ class GraphOperator(Service):
                 self._on_request(msg)
             elif isinstance(msg, GraphState) and self.backup is not None:
                 self._on_state(msg)
+            elif isinstance(msg, GraphAck) and msg.operator == self.op and self.numbering:
+                self.next_seq = max(self.next_seq, msg.seq + 1)  # a successor's highest: number on from there
+                self.numbering = False  # one successor's word (several successors: not yet, docs/notes/hams2.md)
+            elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.model is not None:
+                if msg.epoch > self.epochs.get(msg.operator, 0):  # its promotion has not reached my feed yet
+                    self.resend_after[msg.operator] = (msg.epoch, msg.seq)
+                else:
+                    self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphAck) and self.statemgr is not None and msg.operator == self.op:
                 if msg.epoch == self.assignment.epoch:
                     self.statemgr.on_ack(msg.seq)
@@ -114,6 +300,16 @@ class GraphOperator(Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
+        if msg.seq <= self.took.get(msg.sender, -1) and self.taken is None:
+            return  # a resent input taken already (each sender's seqs arrive in order, resends aside)
+        if msg.lineage:  # for a predecessor's replacement (_report_taken, _roll_back)
+            self.took[msg.sender] = max(msg.seq, self.took.get(msg.sender, -1))
+            entry, before = msg.lineage[-1], self.took_before.setdefault(msg.sender, {})
+            before[entry.predecessor] = max(before.get(entry.predecessor, -1), entry.predecessor_seq)
+        if self.taken is not None:  # after a takeover predecessors resend: each input once
+            if msg.seq <= self.consumed.get(msg.sender, -1) or msg.seq in self.taken[msg.sender]:
+                return
+            self.taken[msg.sender].add(msg.seq)
         if len(self.preds) == 1 or self.spec.join == "interleave":
             self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
@@ -132,19 +328,46 @@ class GraphOperator(Service):
             return
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
         applied = self.backup.receive(shipped)
+        self._keep(applied)
         self._notify(applied)  # the frontend first: a held reply may be waiting on this state
         if not any(s.last_seq >= msg.last_seq for s in applied):  # an applied state's notice acks it already
             self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
+    def _keep(self, applied: list[lin.ShippedState]) -> None:
+        """A backup keeps each applied output (never recomputed after a takeover) and, per
+        predecessor, the highest of its seqs the applied state holds."""
+        for state in applied:
+            entries = state.lineages[0]
+            for e in entries:
+                if e.operator == self.op and e.predecessor in self.preds:
+                    self.consumed[e.predecessor] = max(self.consumed.get(e.predecessor, -1), e.predecessor_seq)
+            header = header_of(state.state["blob"])
+            if not header.get("origins"):
+                continue
+            outs = unpack(state.state["blob"])[1]
+            for seq, origin, stream in zip(header["seqs"], header["origins"], header["streams"]):
+                if origin > self.released_origin:
+                    self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
+
     def _on_durable(self, msg: GraphDurable) -> None:
+        if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
+            self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
+            if self.backup is not None:
+                self.backup.forget_after(msg.operator, msg.seq)
+            elif msg.operator in self.preds and self.model is not None and self.took.get(msg.operator, -1) > msg.seq:
+                self._roll_back(msg.operator, msg.seq)
+                return
         if msg.operator == FRONTEND:
             self.released_origin = max(self.released_origin, msg.seq)
-            for seq in [s for s, (origin, _) in self.outputs.items() if origin <= self.released_origin]:
-                del self.outputs[seq]  # its reply left the graph: no resend will need it
+            for saved in (self.outputs, self.kept):
+                for seq in [s for s, m in saved.items() if m.origin <= self.released_origin]:
+                    del saved[seq]  # its reply left the graph: no resend will need it
             for origin in [o for o in self.joining if o <= self.released_origin]:
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
+        elif self.own is not None and msg.operator != self.op:
+            self._notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
             self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
@@ -152,16 +375,16 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
-            self.trace.write("apply", operator=self.op, last_seq=state.last_seq,
+            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op]:
+            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
                 self.peers.send(self.config.peers[target], note)
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
         super().tick(0 if (self.queue and timeout is None) else timeout)
-        if self.queue and self.model is not None:
+        if self.queue and self.model is not None and not self.numbering:
             self._guarded("step", self.step, None)
 
     def step(self, _=None) -> None:
@@ -188,10 +411,10 @@ class GraphOperator(Service):
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
             if self.trace:
-                self.trace.write("output", operator=self.op, seq=self.next_seq, output=out)
+                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch, output=out)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
-                self.outputs[self.next_seq] = (r.origin, out)
+                self.outputs[self.next_seq] = msg
             self.next_seq += 1
         last = self.next_seq - 1
         self.lineage_s += time.perf_counter() - t1
@@ -201,19 +424,23 @@ class GraphOperator(Service):
             self.held[last] = sends
         else:
             for target, msg in sends:
-                self.peers.send(self.config.peers[target], msg)
+                if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
+                    self.peers.send(self.config.peers[target], msg)
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
-        if self.stateful:
+        if self.stateful and not self.degraded:
             self._wait_for_update()
         t3 = time.perf_counter()
         self.model.update(batch, outputs)
         self.update_wait_s += t3 - t2
         self.update_s += time.perf_counter() - t3
-        if self.stateful:
+        if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
+            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
+        elif self.stateful:
+            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0))
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
@@ -262,6 +489,7 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
+                    degraded=self.degraded, takeovers=self.takeovers,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
@@ -289,6 +517,8 @@ class GraphOperator(Service):
         return unpack(self.backup.applied.state["blob"])
 
     def drain(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
         if self.statemgr is not None:
             self.statemgr.close()
         self.trace.close()

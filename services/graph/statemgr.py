@@ -31,10 +31,12 @@ from common.protocol.messages import GraphState
 _ALIGN = 64
 
 
-def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray]) -> np.ndarray:
+def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dict | None = None) -> np.ndarray:
     """The whole state and the batch's outputs as one byte blob: a 4-byte header length, a
     JSON header (each tensor's name, dtype, shape, offset; the outputs' seqs) and the raw
-    buffers, each copied once, straight from the model's tensors (this is the copy)."""
+    buffers, each copied once, straight from the model's tensors (this is the copy).
+    ``meta``: more header keys (each output's origin and stream, so a promoted backup can
+    resend its saved outputs, HAMS II)."""
     seqs = sorted(outputs)
     arrays = dict(state)
     if seqs:
@@ -46,7 +48,7 @@ def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray]) -> np.nda
             raise TypeError(f"state tensor {name!r} has an object dtype; only numeric tensors travel")
         entries.append([name, a.dtype.str, list(a.shape), offset])
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    header = orjson.dumps({"tensors": entries, "seqs": seqs})
+    header = orjson.dumps({**(meta or {}), "tensors": entries, "seqs": seqs})
     start = -(-(4 + len(header)) // _ALIGN) * _ALIGN
     blob = np.empty(start + offset, dtype=np.uint8)
     blob[:4] = np.frombuffer(len(header).to_bytes(4, "little"), np.uint8)
@@ -55,6 +57,13 @@ def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray]) -> np.nda
         a = np.asarray(a)
         blob[start + off:start + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
     return blob
+
+
+def header_of(blob: np.ndarray) -> dict:
+    """``pack``'s JSON header alone (the outputs' seqs and ``meta``)."""
+    raw = np.ascontiguousarray(blob, dtype=np.uint8)
+    n = int.from_bytes(raw[:4].tobytes(), "little")
+    return orjson.loads(raw[4:4 + n].tobytes())
 
 
 def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
@@ -96,9 +105,9 @@ class StateManager:
         self.copy_s = 0.0  # all copies' time
 
     def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry],
-              on_loop: bool = False) -> None:
+              on_loop: bool = False, meta: dict | None = None) -> None:
         t0 = time.perf_counter()
-        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs))
+        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs, meta))
         self.copy_ms = (time.perf_counter() - t0) * 1000
         self.copy_s += self.copy_ms / 1000
         with self.lock:
@@ -113,7 +122,7 @@ class StateManager:
             self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
         transport_send(self._sock, state)
 
-    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False) -> None:
+    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False, meta: dict | None = None) -> None:
         """Copy and ship the state after a batch: at once (stop to copy) or in the background.
 
         ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
@@ -121,9 +130,9 @@ class StateManager:
         sockets may deliver states out of order; the backup applies them in batch order."""
         if self.pool is None or idle:
             self.wait_copy()
-            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True)
+            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True, meta=meta)
         else:
-            self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage)
+            self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage, False, meta)
 
     def wait_copy(self) -> None:
         """NSPB: the update of batch n+1 starts only once the copy of state n has finished."""
