@@ -75,22 +75,27 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
 
     managers = LocalGroup(make_launcher("managers"), journal_dir)
     managers.start()
-    managers.leader(timeout_s=30.0)
     graph = read_graph(table)
-    services, client = graph_services(graph, free_port_block(64), trace_dir=str(trace_dir),
-                                      manager=(managers.endpoints, managers.publish_endpoints))
     run = make_launcher("graph")
-    probe = managers.client()
-    for svc in services:
-        run.start(svc)
-        if svc.role == "graph_operator" and svc.config.role in ("primary", "stateless"):
-            group = f"graph/{svc.config.operator}"
-            wait_until(lambda: probe.call("snapshot")["groups"].get(group, {}).get("holder") == svc.name, timeout_s=30.0)
-    for svc in services:
-        run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint,
-                        timeout_s=90)  # seven processes importing torch on a loaded machine
-    backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
-    wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
+    try:  # a start that fails (a timeout on a loaded machine) must not leave the managers running
+        managers.leader(timeout_s=30.0)
+        services, client = graph_services(graph, free_port_block(64), trace_dir=str(trace_dir),
+                                          manager=(managers.endpoints, managers.publish_endpoints))
+        probe = managers.client()
+        for svc in services:
+            run.start(svc)
+            if svc.role == "graph_operator" and svc.config.role in ("primary", "stateless"):
+                group = f"graph/{svc.config.operator}"
+                wait_until(lambda: probe.call("snapshot")["groups"].get(group, {}).get("holder") == svc.name, timeout_s=30.0)
+        for svc in services:
+            run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint,
+                            timeout_s=90)  # seven processes importing torch on a loaded machine
+        backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
+        wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
+    except BaseException:
+        run.stop()
+        managers.close()
+        raise
     return managers, graph, run, {s.name: s for s in services}, client, probe
 
 
