@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 
@@ -37,7 +38,7 @@ class Executors:
     loop polls. ``running``/``peak`` count batches computing at once."""
 
     def __init__(self, run, set_threads):
-        self.run, self.set_threads = run, set_threads  # run(job) fills it; set_threads(n) or None
+        self.run, self.set_threads = run, set_threads  # run(job) fills it; set_threads(n) -> applied, or None
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.finished: queue.SimpleQueue = queue.SimpleQueue()
         self.fd, self._wfd = os.pipe()
@@ -62,9 +63,8 @@ class Executors:
             job = self.jobs.get()
             if job is None:
                 return
-            if self.set_threads is not None and mine != self.torch_threads:
+            if self.set_threads is not None and mine != self.torch_threads and self.set_threads(self.torch_threads):
                 mine = self.torch_threads
-                self.set_threads(mine)
             with self._lock:
                 self.running += 1
                 self.peak = max(self.peak, self.running)
@@ -104,7 +104,13 @@ class Executors:
             os.close(self.fd)
 
 
-def set_torch_threads(n: int) -> None:
-    import torch
-
+def set_torch_threads(n: int) -> bool:
+    """Set this thread's torch threads; False (nothing to set, try again later) while the
+    process has not imported torch. A model that does not use torch (a Python container)
+    must not pay torch's import, seconds, on its first batch: that import, done by the
+    first executor, once held a new worker's first batches past a 1 s deadline."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
     torch.set_num_threads(n)
+    return True

@@ -89,7 +89,7 @@ def test_executors_set_torch_threads_on_the_computing_thread():
     def run(job: Job) -> None:
         gate.wait(5.0)
 
-    ex = Executors(run, lambda n: seen.append((threading.current_thread().name, n)))
+    ex = Executors(run, lambda n: seen.append((threading.current_thread().name, n)) or True)
     try:
         ex.ensure(2)
         ex.torch_threads = 1
@@ -114,6 +114,19 @@ def test_executors_set_torch_threads_on_the_computing_thread():
         assert seen[2][1] == 2  # the next batch after the change ran with 2 threads
     finally:
         ex.close()
+
+
+def test_a_process_without_torch_does_not_import_it_to_set_threads():
+    """A Python container's worker never imports torch (seconds on a first batch); the
+    setting is applied once torch is there."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from services.executors import set_torch_threads; "
+            "assert set_torch_threads(1) is False and 'torch' not in sys.modules; "
+            "import torch; assert set_torch_threads(1) is True; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_path, capsys):
