@@ -95,6 +95,7 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     except BaseException:
         run.stop()
         managers.close()
+        managers.launcher.stop()  # the replicas themselves: close() only ends the probe
         raise
     return managers, graph, run, {s.name: s for s in services}, client, probe
 
@@ -177,6 +178,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         ctx.term()
         run.stop()
         managers.close()
+        managers.launcher.stop()  # the replicas themselves: close() only ends the probe
     expected = offline(graph, inputs, streams)
     answered = {k: v for k, v in replies.items() if len(v) >= 1}
     errors = sum(1 for v in answered.values() if v[0].error is not None)

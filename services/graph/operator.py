@@ -274,6 +274,11 @@ class GraphOperator(Service):
     # --- messages -------------------------------------------------------------------
     def _on_inbox(self, sock: zmq.Socket) -> None:
         for _, msg in self.messages(sock):
+            if (isinstance(msg, GraphAck) and msg.operator == self.op and self.standby and self.model is None
+                    and msg.epoch > self.role_epoch):
+                # Addressed to the group's new holder: a successor read my promotion in the
+                # feed before I did. Dropping its word left me waiting to number for ever.
+                self._on_role(self.name, msg.epoch)
             if isinstance(msg, GraphRequest):
                 self._on_request(msg)
             elif isinstance(msg, GraphState) and self.backup is not None:
