@@ -259,7 +259,7 @@ class Worker(Service):
         """Hand the live queries of ``batch`` to an executor; ``_on_finished`` delivers their
         predictions and always answers Done (at once when no query is live)."""
         received = time.monotonic()
-        job = Job(batch, self._live_rows(batch, received), received, self.predictor)
+        job = Job(batch, self._live_rows(batch, received), received, self.predictor, self.version)
         if not job.live:
             self._answer(job)
             return
@@ -295,7 +295,7 @@ class Worker(Service):
         batch, live, error = job.batch, job.live, job.error
         refused = 0
         if live:
-            refused = self._deliver(batch, live, job.outputs, job.service_ms, error, job.received)
+            refused = self._deliver(batch, live, job.outputs, job.service_ms, error, job.received, job.version)
         if refused:
             self.counts["undeliverable"] += refused
             self.log.warning("predictions undeliverable", batch_id=batch.batch_id, queries=refused)
@@ -339,8 +339,9 @@ class Worker(Service):
         return outputs
 
     def _deliver(self, batch: Batch, live: list[int], outputs: np.ndarray | None, service_ms: float,
-                 error: str | None, received: float) -> int:
-        """Send the live rows' predictions; the number of queries that could not be sent."""
+                 error: str | None, received: float, version: str) -> int:
+        """Send the live rows' predictions, marked with the version that computed them; the
+        number of queries that could not be sent."""
         every = len(live) == len(batch.qids)
         qids = batch.qids if every else [batch.qids[r] for r in live]
         budgets = None
@@ -349,7 +350,7 @@ class Worker(Service):
             budgets = [batch.budgets_ms[r] - spent for r in live]
         common = dict(
             batch_id=batch.batch_id, model=batch.model, worker=self.name, role=batch.role,
-            source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error, version=self.version,
+            source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error, version=version,
         )
         if batch.role == protocol.Role.PARITY:
             # A parity output answers no client: it goes to the decoder only (rows by qid:

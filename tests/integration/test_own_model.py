@@ -4,6 +4,7 @@ demo's own models) and answered by real frontend, dispatcher and worker processe
 from __future__ import annotations
 
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,50 @@ def test_a_version_the_workers_refuse_stops_the_rollout_and_the_old_one_serves(s
         results = [client.predict("scale", x) for _ in range(10)]
     assert {r.version for r in results} == {"1"} and {r.source for r in results} <= {"model", "cache"}
     assert ModelStore(store).manifest("scale", "2").output_size == 3  # stored: its check passed alone
+
+
+SLOW = textwrap.dedent('''
+    import time
+    import numpy as np
+
+    class Slow:
+        """x.sum() + the version's bias, after 0.5 s: long enough to roll out meanwhile."""
+
+        def load(self, path):
+            self.bias = float(open(path).read())
+
+        def predict_batch(self, inputs):
+            time.sleep(0.5)
+            flat = inputs.reshape(len(inputs), -1)
+            return np.stack([flat.sum(axis=1) + self.bias, np.zeros(len(inputs))], axis=1)
+''')
+
+
+def test_a_batch_computing_through_a_rollout_names_the_version_that_computed_it(launcher, tmp_path, capsys):
+    """A worker computes on an executor thread while a rollout swaps its model: the
+    predictions of the batch in flight are the old version's and must say so."""
+    import threading
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    root = str(tmp_path / "store")
+    for version, bias in (("1", "0"), ("2", "100")):
+        (tmp_path / f"bias{version}.txt").write_text(bias)
+        assert keel(["model", "add", "slow", str(tmp_path / f"bias{version}.txt"), "--python",
+                     f"{tmp_path / 'slow.py'}:Slow", "--input-shape", "4", "--store", root]) == 0
+    run = launcher("inflight")
+    spec_file = tmp_path / "inflight.toml"
+    spec_file.write_text(f'[cluster]\nname = "inflight"\nstore = "{root}"\nbase_port = {free_port_block()}\n'
+                         f'run_dir = "{run.log_dir}"\n[models.slow]\nversion = 1\nworkers = 1\nmax_batch = 1\n')
+    spec = run.start_spec(load_spec(str(spec_file)))
+    x = np.arange(4, dtype=np.float32)
+    with Client(spec.client_endpoints, timeout_ms=PATIENT_MS) as client:
+        client.submit("slow", x)
+        time.sleep(0.15)  # the batch is computing with version 1
+        rolled = threading.Thread(target=lambda: keel(["model", "rollout", str(spec_file), "slow", "--version", "2"]))
+        rolled.start()
+        replies = client.collect(PATIENT_MS)
+        rolled.join(30)
+    assert len(replies) == 1 and replies[0].source == "model"
+    r = replies[0]
+    assert r.output[0] == pytest.approx(x.sum() + (100 if r.version == "2" else 0)), (r.version, r.output)
+    assert "every worker serves version 2" in capsys.readouterr().out
