@@ -123,28 +123,6 @@ def open_load(sock: zmq.Socket, inputs, streams, on_sent: Callable[[int], None],
     return replies
 
 
-def offline(graph, inputs, streams) -> list[np.ndarray]:
-    """The graph run in-process one request at a time (the reference a deterministic graph must equal)."""
-    from services.graph.operators import GraphBatch, operator_class
-
-    models = {}
-    for name in graph.order:
-        spec = graph.operators[name]
-        models[name] = operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=0, **spec.options)
-        if models[name].stateful:
-            models[name].start()
-    outs = []
-    for x, s in zip(inputs, streams):
-        vals = {"frontend": np.asarray(x, np.float32)[None]}
-        for name in graph.order:
-            b = GraphBatch(np.concatenate([vals[p] for p in graph.predecessors(name)], axis=-1), [int(s)])
-            vals[name] = models[name].compute(b)
-            if models[name].stateful:
-                models[name].update(b, vals[name])
-        outs.append(vals[graph.predecessors("frontend")[0]][0])
-    return outs
-
-
 def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str = "g2", n: int = 240,
                kill_at: int = 80, gap_s: float = 0.004, seed: int = 0) -> dict[str, Any]:
     """One trial: SIGKILL of ``victim``'s primary after ``kill_at`` of ``n`` requests."""
@@ -179,7 +157,9 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         run.stop()
         managers.close()
         managers.launcher.stop()  # the replicas themselves: close() only ends the probe
-    expected = offline(graph, inputs, streams)
+    from services.graph.operators import run_offline
+
+    expected = run_offline(graph, inputs, streams)[0]
     answered = {k: v for k, v in replies.items() if len(v) >= 1}
     errors = sum(1 for v in answered.values() if v[0].error is not None)
     twice = sum(1 for v in answered.values() if len(v) > 1)

@@ -206,3 +206,25 @@ def operator_class(kind: str) -> type:
 
 def is_stateful(kind: str) -> bool:
     return operator_class(kind).stateful
+
+
+def run_offline(graph, inputs, streams) -> tuple[list[np.ndarray], dict]:
+    """The graph run in this process one request at a time, each operator built as its
+    processes build it (seed 0): the reference a deterministic graph's replies must equal.
+    Returns each request's output and the operators (their final states)."""
+    models = {}
+    for name in graph.order:
+        spec = graph.operators[name]
+        models[name] = operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=0, **spec.options)
+        if models[name].stateful:
+            models[name].start()
+    outs = []
+    for x, s in zip(inputs, streams):
+        vals = {"frontend": np.asarray(x, np.float32)[None]}
+        for name in graph.order:
+            b = GraphBatch(np.concatenate([vals[p] for p in graph.predecessors(name)], axis=-1), [int(s)])
+            vals[name] = models[name].compute(b)
+            if models[name].stateful:
+                models[name].update(b, vals[name])
+        outs.append(vals[graph.predecessors("frontend")[0]][0])
+    return outs, models

@@ -11,7 +11,7 @@ from common import protocol, transport
 from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
 from deploy.local import free_port_block
-from services.graph.operators import GRU, GraphBatch, operator_class
+from services.graph.operators import GRU, run_offline
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,37 +51,17 @@ def ask(zsock, client, inputs, streams, timeout_s=60.0):
     return [replies[f"r{i}"] for i in range(len(inputs))]
 
 
-def offline(graph, inputs, streams):
-    """The graph run in-process one request at a time (the deterministic reference)."""
-    models = {}
-    for name in graph.order:
-        spec = graph.operators[name]
-        models[name] = operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=0, **spec.options)
-        if models[name].stateful:
-            models[name].start()
-    outs = []
-    for x, s in zip(inputs, streams):
-        vals = {"frontend": np.asarray(x, np.float32)[None]}
-        for name in graph.order:
-            b = GraphBatch(np.concatenate([vals[p] for p in graph.predecessors(name)], axis=-1), [int(s)])
-            vals[name] = models[name].compute(b)
-            if models[name].stateful:
-                models[name].update(b, vals[name])
-        outs.append(vals[graph.predecessors("frontend")[0]][0])
-    return outs, models
-
-
 def status(svc):
     return transport.request_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
 
 
-def test_gru_chain_durable_and_equal_to_offline(launcher, zsock, wait):
+def test_gru_chain_durable_and_equal_to_run_offline(launcher, zsock, wait):
     graph, services, client = start(launcher("gru"), gru_chain())
     rng = np.random.default_rng(1)
     inputs, streams = rng.normal(size=(120, 4)), rng.integers(0, 5, size=120)
     replies = ask(zsock, client, inputs, streams)
     assert all(r.error is None for r in replies), [r.error for r in replies if r.error][:3]
-    expected, models = offline(graph, inputs, streams)
+    expected, models = run_offline(graph, inputs, streams)
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
     assert fe["held"] > 0 and fe["held_now"] == 0 and fe["answered"] == 120
@@ -99,7 +79,7 @@ def test_stateless_graph_holds_nothing(launcher, zsock):
     graph, services, client = start(launcher("mlp"), table)
     inputs = np.random.default_rng(2).normal(size=(30, 4))
     replies = ask(zsock, client, inputs, [0] * 30)
-    expected, _ = offline(graph, inputs, [0] * 30)
+    expected, _ = run_offline(graph, inputs, [0] * 30)
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
     assert fe["held"] == 0 and fe["answered"] == 30
@@ -117,7 +97,7 @@ def test_online_learning_every_mode_answers_and_backup_has_primary_state(launche
         graph, services, client = start(launcher(f"ol-{mode}"), table)
         inputs = np.random.default_rng(3).normal(size=(40, 6))
         replies = ask(zsock, client, inputs, [0] * 40)
-        expected, models = offline(graph, inputs, [0] * 40)
+        expected, models = run_offline(graph, inputs, [0] * 40)
         np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5, err_msg=mode)
         by_name = {s.name: s for s in services}
         wait(lambda: status(by_name["op-ol-backup"])["max_applied_seq"] == 39, what=f"{mode}: backup applied all")
@@ -138,7 +118,7 @@ def test_fan_out_join_and_stateful_last(launcher, zsock, wait):
     rng = np.random.default_rng(4)
     inputs, streams = rng.normal(size=(60, 4)), rng.integers(0, 3, size=60)
     replies = ask(zsock, client, inputs, streams)
-    expected, _ = offline(graph, inputs, streams)
+    expected, _ = run_offline(graph, inputs, streams)
     np.testing.assert_allclose(np.stack([r.output for r in replies]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
     assert fe["durable"] == {"g1": 59, "j": 59} and fe["held_now"] == 0
@@ -187,7 +167,7 @@ def test_a_model_error_is_answered_at_once_and_only_for_its_request(launcher, zs
         assert replies[i].error_code == "model_error" and "ValueError: poisoned input" in replies[i].error
     good = [i for i in range(40) if i not in poisoned]
     assert all(replies[i].error is None for i in good)
-    expected, _ = offline(read_graph(gru_chain()), inputs[good], streams[good])
+    expected, _ = run_offline(read_graph(gru_chain()), inputs[good], streams[good])
     np.testing.assert_allclose(np.stack([replies[i].output for i in good]), np.stack(expected), atol=1e-5)
     fe = status(services[0])
     assert fe["errors"] == 3 and fe["answered"] == 37 and fe["in_graph"] == 0
