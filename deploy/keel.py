@@ -51,6 +51,7 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from bench.hams_overhead import add_parser as add_hams_overhead
     from bench.hams_recovery import add_parser as add_hams_recovery
+    from bench.hams_timeline import add_parser as add_hams_timeline
     from bench.kairos_experiment import add_parser as add_kairos_experiment
     from bench.selection_experiment import add_parser as add_selection_experiment
     from bench.serf_experiment import add_parser as add_serf_experiment
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_kairos_experiment(which)
     add_hams_overhead(which)
     add_hams_recovery(which)
+    add_hams_timeline(which)
     add_selection_experiment(which)
     add_serf_experiment(which)
     add_kairos(sub)

@@ -333,8 +333,8 @@ class GraphOperator(Service):
             return
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
         applied = self.backup.receive(shipped)
-        self._keep(applied)
         self._notify(applied)  # the frontend first: a held reply may be waiting on this state
+        self._keep(applied)
         if not any(s.last_seq >= msg.last_seq for s in applied):  # an applied state's notice acks it already
             self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
