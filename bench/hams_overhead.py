@@ -204,6 +204,36 @@ def run(quick: bool, json_path: Path, log, reps: int | None = None) -> dict:
     return out
 
 
+def hold_breakdown(graph_name: str = "gru_gru", batch: int = 64, duration_s: float = 4.0) -> dict:
+    """Where a held reply's time goes, from one nspb cell's traces: per reply, the last
+    stateful operator's output -> its backup applying that state (update, copy, ship,
+    Algorithm 2) -> the frontend releasing the reply (the notice's hop)."""
+    from chaos.invariants import load_graph_traces
+
+    pad_ms = 10.0
+    with tempfile.TemporaryDirectory(prefix="hams-hold-") as tmp:
+        table = dict(graphs(pad_ms, batch)[graph_name], trace_dir=str(Path(tmp) / "trace"))
+        rate = 0.5 * batch * 1000.0 / (pad_ms * 2)
+        cell = run_cell(graph_name, table, "nspb", rate, duration_s, Path(tmp), seed=0)
+        streams = load_graph_traces(str(Path(tmp) / "trace"))
+    last = graphs(pad_ms, batch)[graph_name]["edges"][-1][0]  # the operator that answers the frontend
+    out_t = {(o["operator"], o["seq"]): o["t"] for o in streams["graph_output"]}
+    applies = sorted((a["last_seq"], a["t"]) for a in streams["graph_apply"] if a["operator"] == last)
+    to_apply, to_release = [], []
+    for r in streams["graph_release"]:
+        seq = next((e[3] for e in r["lineage"] if e[2] == last), None)
+        t_out = out_t.get((last, seq))
+        t_apply = min((t for s, t in applies if s >= seq), default=None) if seq is not None else None
+        if t_out is not None and t_apply is not None:
+            to_apply.append(1000 * (t_apply - t_out))
+            to_release.append(1000 * (r["t"] - t_apply))
+    pct = lambda v, q: float(np.percentile(v, q)) if v else None  # noqa: E731
+    return {"graph": graph_name, "batch": batch, "operator": last, "replies": len(to_apply),
+            "p50_ms": cell["p50_ms"], "hold_ms": cell["hold_ms"],
+            "output_to_backup_apply_ms": {"p50": pct(to_apply, 50), "p90": pct(to_apply, 90)},
+            "backup_apply_to_release_ms": {"p50": pct(to_release, 50), "p90": pct(to_release, 90)}}
+
+
 def plot(out: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -239,6 +269,15 @@ def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-overhead-quick.json" if args.quick else "runs/hams-overhead.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
     log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes")
+    if args.breakdown:
+        out = hold_breakdown()
+        loadgen.write_json(json_path, out)
+        log(f"{out['graph']} batch {out['batch']} nspb: p50 {out['p50_ms']:.2f} ms, mean hold {out['hold_ms']:.2f} ms over "
+            f"{out['replies']} replies; {out['operator']}'s output -> its backup applied: p50 "
+            f"{out['output_to_backup_apply_ms']['p50']:.2f} ms (p90 {out['output_to_backup_apply_ms']['p90']:.2f}); "
+            f"-> the frontend released: p50 {out['backup_apply_to_release_ms']['p50']:.2f} ms "
+            f"(p90 {out['backup_apply_to_release_ms']['p90']:.2f})")
+        return 0
     out = run(args.quick, json_path, log, reps=args.reps)
     for line in table(out):
         log(line)
@@ -256,6 +295,8 @@ def add_parser(which: Any) -> None:
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
     e.add_argument("--quick", action="store_true", help="two graphs, batches 1 and 64, one repetition (under 5 minutes)")
     e.add_argument("--reps", type=int, help="repetitions of every cell (default: 1 quick, 2 full)")
+    e.add_argument("--breakdown", action="store_true",
+                   help="instead: one traced nspb cell (gru_gru, batch 64) and where its held replies' time goes")
     e.set_defaults(func=cmd)
 
 
