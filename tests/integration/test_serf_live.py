@@ -50,6 +50,16 @@ def test_profile_through_the_real_path(tmp_path, launcher):
     assert (info["slots"], info["threads"]) == (1, 2)  # left at one request with all cores
 
 
+def test_one_request_tuples_are_profiled_spaced(tmp_path, launcher):
+    # as open-loop arrivals at a light load find the worker: a pause before each request
+    # of (1, 1) and (1, 2) (back to back, 2 x 5 requests of 20 ms would take 0.2 s)
+    spec = _spec(tmp_path, fixed_ms=20.0)
+    launcher("serf").start_spec(spec)
+    p = profile_model(spec, "m", cores=2, warmup=2, samples=5, gap_s=0.2)
+    assert p.profiling_s >= 2 * 5 * 0.2
+    assert 19.5 <= p.service_ms[(1, 2)] <= 60.0 and p.path_ms > 0
+
+
 def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
     # threads help one request (12 vs 20 ms), two at once carry more (2 x 47.6/s vs 83/s)
     fake = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})

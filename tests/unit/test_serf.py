@@ -58,6 +58,11 @@ def test_configurator_picks_threads_when_light_and_concurrency_when_heavy():
     st = conf.status({"m": (2, 1)})["m"]
     assert st["configuration"] == "2x1" and st["switches"] == 3 and st["arrival_rate"] == 75.0
     assert "-> [2, 1]" in st["last_switch"]
+    # every switch is logged with its wall time, for the experiment's JSON
+    log = st["switch_log"]
+    assert [(d["from"], d["to"], d["rate"]) for d in log] == [(None, [1, 2], 5.0), ([1, 2], [2, 1], 75.0),
+                                                              ([1, 2], [2, 1], 75.0)]
+    assert all(b["wall"] >= a["wall"] for a, b in zip(log, log[1:]))
 
 
 def test_hysteresis_and_hold_time_stop_flapping():
