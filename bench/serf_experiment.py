@@ -123,13 +123,14 @@ def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float
     """Eq. 13 (+ path) with mu_i from the service times the worker measured during the run
     (the profile's where no batch started with i running)."""
     c, t = config
+    h = p.handoff_ms.get(c, 0.0)
     mu = []
     for i in range(1, c + 1):
         k, mean, _ = service_between(before, after, i)
-        mu.append(1000.0 / mean if k >= 3 else 1000.0 / p.service_ms[(i, t)])
+        mu.append(1000.0 / ((mean if k >= 3 else p.service_ms[(i, t)]) + h))
     if utilisation(mu, rate) >= 1:
         return None
-    return latency(mu, rate) * 1000.0 + p.path_ms
+    return latency(mu, rate) * 1000.0 - h + p.path_ms
 
 
 def sampling_noise(p, config, rate: float, n: int, reps: int = 200) -> dict:
@@ -143,8 +144,9 @@ def sampling_noise(p, config, rate: float, n: int, reps: int = 200) -> dict:
     runs = np.array([simulate(mu, rate, n=n, seed=1000 + r, warmup=0.1) for r in range(reps)]) * 1000.0
     long_run = simulate(mu, rate, n=20_000, seed=7) * 1000.0
     eq13 = latency(mu, rate) * 1000.0
+    own = eq13 - p.handoff_ms.get(config[0], 0.0) + p.path_ms  # the predicted latency
     return {"se_ms": round(float(runs.std()), 3),
-            "noise_error": round(float(np.mean(np.abs(runs - eq13)) / (eq13 + p.path_ms)), 4),
+            "noise_error": round(float(np.mean(np.abs(runs - eq13)) / own), 4),
             "eq13_over_sim": round(eq13 / long_run - 1, 4)}
 
 
@@ -167,7 +169,7 @@ def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, l
             # the same queue replayed on this run's own arrival times: Eq. 13's sampling
             # noise taken out, what is left is Keel's (service times, path) and Cosmetatos'
             replay = simulate(p.mu(config), rate, arrivals=sorted(r.sent - records[0].sent for r in records)) * 1000.0 \
-                + p.path_ms if records else float("nan")
+                - p.handoff_ms.get(config[0], 0.0) + p.path_ms if records else float("nan")
             noise["replay_ms"], noise["replay_error"] = round(replay, 3), round(abs(replay - measured) / measured, 4)
             points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": len(records),
                            "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
@@ -363,7 +365,7 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         version = next(s.config.version for s in spec.services if s.role == "worker")
         p = profile_model(spec, model, CORES, inputs=inputs, version=version, log=log)
         path = serf_profile.save(p, serf_profile.where(model, p.version, store))
-        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms); saved {path}")
+        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms); saved {path}")
         from services.serf.configurator import ModelPlan
 
         table_ms = ModelPlan(p).table_ms

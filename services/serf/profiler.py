@@ -17,8 +17,14 @@ time and its SCV with i running:
   100 ms, none with 150 ms); a profile taken back to back put 1x2 ahead of 2x1 at light
   load, and the adaptive run lost to fixed 2x1 in every phase for it.
 
-Keel's path overhead (a reply's latency minus the worker's service time) comes from the
-same spaced requests of (1, cores): every process has gone idle between them, as it has
+The hand-off (``handoff_ms``): with a queue at the dispatcher, a slot stays idle between
+one request's end and the next one's start (Done to the dispatcher, the next Batch to the
+worker): for each number of slots c, a closed loop keeps c + 1 requests per worker in
+flight, and the time per request per slot beyond the service time is the hand-off
+(measured here on the sleep builtin: 2.2 ms a request with one slot, 1.5 ms with two, a
+tenth of a 20 ms service: the queue turns over that much slower than the service time
+alone says). Keel's path overhead (a reply's latency minus the worker's service time)
+comes from the same spaced requests of (1, cores): every process has gone idle between them, as it has
 between open-loop arrivals. Requests are never batched here (SERF does not batch): the
 model's ``max_batch`` should be 1.
 
@@ -135,6 +141,25 @@ def measure(client: Client, dispatcher: str, workers: list[str], model: str, inp
     return mean, scv, float(np.mean(lat))
 
 
+def handoff_ms(client: Client, workers: list[str], model: str, inputs: np.ndarray, slots: int, count: int) -> float:
+    """The idle time (ms) of a slot between requests while a queue waits: ``slots`` + 1
+    requests per worker in flight, the time per request per slot minus the service time."""
+    n = len(workers) * (slots + 1)
+    closed_loop(client, model, inputs, n, n)
+    time.sleep(0.02)
+    before, start = service_counters(workers), time.perf_counter()
+    closed_loop(client, model, inputs, n, count)
+    elapsed = time.perf_counter() - start
+    time.sleep(0.02)
+    after = service_counters(workers)
+    done = [service_between(before, after, i) for i in range(1, slots + 1)]
+    k = sum(d[0] for d in done)
+    if k <= 0:
+        raise ProfileError(f"no service times counted with {slots} slots")
+    service = sum(d[0] * d[1] for d in done) / k
+    return max(0.0, elapsed * 1000.0 * slots * len(workers) / count - service)
+
+
 def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None, warmup: int = 5,
                   samples: int = 20, version: str | None = None, log: Callable[[str], None] = lambda s: None,
                   gap_s: float = GAP_S) -> Profile:
@@ -151,7 +176,7 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
         shape = first.builtin_input_shape if first.builtin else _store_shape(first)
         inputs = np.random.default_rng(14).standard_normal((16, *shape)).astype(np.float32)
     start = time.perf_counter()
-    service, scv, samples_of, path_ms = {}, {}, {}, 0.0
+    service, scv, samples_of, path_ms, handoff = {}, {}, {}, 0.0, {}
     with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
         for i, t in tuples(cores):
             mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap_s)
@@ -159,11 +184,15 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
             log(f"  ({i}, {t}): {mean:7.2f} ms service, SCV {v:.3f}, {lat:7.2f} ms at the client")
             if (i, t) == (1, cores):
                 path_ms = max(0.0, lat - mean)
+        for c in sorted({i for i, _ in tuples(cores)}):
+            set_configuration(dispatcher, model, c, cores // c)
+            handoff[c] = handoff_ms(client, workers, model, inputs, c, samples)
+            log(f"  hand-off with {c} slots: {handoff[c]:.2f} ms a request (a slot idle between requests while a queue waits)")
         set_configuration(dispatcher, model, 1, cores)
         log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
     elapsed = time.perf_counter() - start
     version = version or (first.version or "1")
-    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp())
+    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp(), handoff)
 
 
 def _store_shape(cfg) -> list[int]:

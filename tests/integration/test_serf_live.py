@@ -43,6 +43,8 @@ def test_profile_through_the_real_path(tmp_path, launcher):
     for ms in p.service_ms.values():  # the sleep, plus a little of the worker's own time
         assert 19.5 <= ms <= 60.0
     assert p.profiling_s > 0 and p.path_ms >= 0 and p.samples[(2, 1)] == 10
+    # a slot idles between requests while a queue waits (Done -> dispatcher -> Batch)
+    assert sorted(p.handoff_ms) == [1, 2] and all(0.0 < h < 10.0 for h in p.handoff_ms.values())
     path = serf_profile.save(p, serf_profile.where("m", p.version, None, spec.run_dir))
     back = serf_profile.load(path, p.version)
     assert back.service_ms == pytest.approx(p.service_ms, abs=1e-3) and back.version == p.version
