@@ -186,7 +186,7 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
                 path_ms = max(0.0, lat - mean)
         for c in sorted({i for i, _ in tuples(cores)}):
             set_configuration(dispatcher, model, c, cores // c)
-            handoff[c] = handoff_ms(client, workers, model, inputs, c, samples)
+            handoff[c] = handoff_ms(client, workers, model, inputs, c, max(5, samples // 2))
             log(f"  hand-off with {c} slots: {handoff[c]:.2f} ms a request (a slot idle between requests while a queue waits)")
         set_configuration(dispatcher, model, 1, cores)
         log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
