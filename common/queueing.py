@@ -59,16 +59,22 @@ def latency(mu: Sequence[float], lam: float) -> float:
     return service + wait  # Eq. 13
 
 
-def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, warmup: float = 0.1) -> float:
+def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, warmup: float = 0.1,
+             arrivals: Sequence[float] | None = None) -> float:
     """Mean latency (s) of the same queue by discrete-event simulation: FCFS, c servers,
-    Poisson arrivals; a request's service time is ``1 / mu[k-1]``, k being the number of
-    requests in service once it starts. The reference Eq. 13 is tested against."""
+    Poisson arrivals (or the given ``arrivals`` times, s, sorted: a replay of a measured
+    run); a request's service time is ``1 / mu[k-1]``, k being the number of requests in
+    service once it starts. The reference Eq. 13 is tested against."""
     import heapq
     from collections import deque
 
     import numpy as np
 
-    arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / lam, n))
+    if arrivals is None:
+        arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / lam, n))
+    else:
+        arrivals = np.asarray(arrivals, dtype=float)
+        n = len(arrivals)
     c, running, waiting = len(mu), [], deque()
     latencies = np.empty(n)
     i = done = 0

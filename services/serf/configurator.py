@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import deque
 
 from services.serf.profile import Profile
 
@@ -54,6 +55,8 @@ class ModelPlan:
         self.observed_ms: float | None = None
         self.switches = 0
         self.last_switch: dict | None = None
+        #: the recent switches (wall time, from, to, rate per worker), oldest first
+        self.switch_log: deque[dict] = deque(maxlen=64)
         self.switched_at = float("-inf")
 
     def best(self, rate: float) -> tuple[int, int]:
@@ -91,6 +94,7 @@ class Configurator:
         plan.switched_at = now
         plan.last_switch = {"from": list(current) if current else None, "to": list(best), "rate": round(per_worker, 2),
                             "wall": time.time()}
+        plan.switch_log.append(plan.last_switch)
         plan.predicted_ms = plan.profile.predict_ms(best, per_worker, path=False)
         return best
 
@@ -111,5 +115,6 @@ class Configurator:
                 "switches": plan.switches, "table_ms": round(plan.table_ms, 2),
                 "last_switch": None if last is None else f"{last['from']} -> {last['to']} at {last['rate']}/s, "
                                                          f"{time.time() - last['wall']:.1f} s ago",
+                "switch_log": list(plan.switch_log),
             }
         return out

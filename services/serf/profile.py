@@ -43,15 +43,20 @@ class Profile:
     path_ms: float = 0.0
     profiling_s: float = 0.0
     measured_at: float = 0.0
+    #: ms a slot stays idle between requests while a queue waits (Done -> dispatcher ->
+    #: next Batch), by number of slots; the queue's servers are held service + hand-off
+    handoff_ms: dict[int, float] = field(default_factory=dict)
 
     def configurations(self) -> list[tuple[int, int]]:
         """Configurations (c, t) whose every tuple (i <= c, t) was profiled."""
         return [(c, t) for c, t in sorted(self.service_ms) if all((i, t) in self.service_ms for i in range(1, c + 1))]
 
     def mu(self, config: tuple[int, int]) -> list[float]:
-        """mu_1..mu_c (requests/s) of configuration (c, t)."""
+        """mu_1..mu_c (requests/s) of configuration (c, t): the rate at which a slot turns
+        over with i running, its service time plus the hand-off."""
         c, t = config
-        return [1000.0 / self.service_ms[(i, t)] for i in range(1, c + 1)]
+        h = self.handoff_ms.get(c, 0.0)
+        return [1000.0 / (self.service_ms[(i, t)] + h) for i in range(1, c + 1)]
 
     def capacity(self, config: tuple[int, int]) -> float:
         """The arrival rate (req/s) at which configuration ``config`` saturates: c x mu_c."""
@@ -60,9 +65,10 @@ class Profile:
 
     def predict_ms(self, config: tuple[int, int], rate: float, path: bool = True) -> float | None:
         """Mean latency (ms) by Eq. 13, plus Keel's path unless ``path`` is False; None
-        where the configuration is unstable."""
+        where the configuration is unstable. The hand-off holds a slot but is no part of
+        a request's own latency: Eq. 13 on the slots' rates, less the hand-off."""
         mu = self.mu(config)
-        extra = self.path_ms if path else 0.0
+        extra = (self.path_ms if path else 0.0) - self.handoff_ms.get(config[0], 0.0)
         if rate <= 0:
             return 1000.0 / mu[0] + extra
         if utilisation(mu, rate) >= 1:
@@ -70,8 +76,13 @@ class Profile:
         return latency(mu, rate) * 1000.0 + extra
 
     def table(self, rates: list[float]) -> list[dict]:
-        """The configuration reference table over ``rates`` (``common.queueing``)."""
-        return reference_table({c: self.mu(c) for c in self.configurations()}, rates)
+        """The configuration reference table over ``rates`` (``common.queueing``), each
+        latency less its configuration's hand-off (as ``predict_ms``, without the path)."""
+        table = reference_table({c: self.mu(c) for c in self.configurations()}, rates)
+        for row in table:
+            row["latency_s"] = {c: w - self.handoff_ms.get(c[0], 0.0) / 1000.0 for c, w in row["latency_s"].items()}
+            row["best"] = min(row["latency_s"], key=row["latency_s"].get) if row["latency_s"] else None
+        return table
 
     def to_json(self) -> dict:
         key = lambda k: f"{k[0]}x{k[1]}"  # noqa: E731
@@ -81,7 +92,7 @@ class Profile:
                 "samples": {key(k): v for k, v in self.samples.items()},
                 "mu": {key(c): [round(m, 3) for m in self.mu(c)] for c in self.configurations()},
                 "path_ms": round(self.path_ms, 4), "profiling_s": round(self.profiling_s, 3),
-                "measured_at": self.measured_at}
+                "measured_at": self.measured_at, "handoff_ms": {str(c): round(h, 4) for c, h in self.handoff_ms.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> Profile:
@@ -89,7 +100,7 @@ class Profile:
             return {tuple(int(x) for x in k.split("x")): v for k, v in table.items()}
         return cls(d["model"], str(d["version"]), int(d["cores"]), keyed(d["service_ms"]), keyed(d.get("scv", {})),
                    keyed(d.get("samples", {})), float(d.get("path_ms", 0.0)), float(d.get("profiling_s", 0.0)),
-                   float(d.get("measured_at", 0.0)))
+                   float(d.get("measured_at", 0.0)), {int(c): float(h) for c, h in d.get("handoff_ms", {}).items()})
 
 
 def where(model: str, version: str, store: str | None = None, run_dir: str | None = None) -> Path:

@@ -2,14 +2,31 @@
 
 For each parallelism degree tuple (i, t) with i x t <= cores: the dispatcher sets every
 worker of the model to i slots and t threads (``Configure(model=...)`` on its ROUTER, the
-live switch), a closed loop keeps exactly i requests per worker in flight through a
-frontend (warm-up, then ``samples`` answers), and the workers' own service-time counters
-(``service_times`` in their status, by how many batches were computing when each started, read
-before and after the samples) give the mean service time and its SCV with i running.
-The path overhead (a reply's latency minus the worker's service time) is measured last,
-one request at a time with pauses between them (``path_overhead``), as open-loop arrivals
-find the cluster. Requests are never batched here (SERF does not batch): the model's
-``max_batch`` should be 1.
+live switch), then (after a warm-up) ``samples`` requests, and the workers' own
+service-time counters (``service_times`` in their status, by how many batches were
+computing when each started, read before and after the samples) give the mean service
+time and its SCV with i running:
+
+- i >= 2: a closed loop keeps exactly i requests per worker in flight (the requests of a
+  tuple with several running meet when the queue is busy: back to back);
+- i = 1: one request at a time with a pause of ``gap_s`` before each (``spaced``), as
+  open-loop arrivals find a worker at the light loads where one request runs alone. Back
+  to back is not how they find it: torch's second thread has gone to sleep by the next
+  arrival, and waking it costs most of what it gains (resnet18 on 3x32x32, measured here:
+  two threads 1.62x faster than one back to back, 1.47x with 50 ms pauses, 1.12x with
+  100 ms, none with 150 ms); a profile taken back to back put 1x2 ahead of 2x1 at light
+  load, and the adaptive run lost to fixed 2x1 in every phase for it.
+
+The hand-off (``handoff_ms``): with a queue at the dispatcher, a slot stays idle between
+one request's end and the next one's start (Done to the dispatcher, the next Batch to the
+worker): for each number of slots c, a closed loop keeps c + 1 requests per worker in
+flight, and the time per request per slot beyond the service time is the hand-off
+(measured here on the sleep builtin: 2.2 ms a request with one slot, 1.5 ms with two, a
+tenth of a 20 ms service: the queue turns over that much slower than the service time
+alone says). Keel's path overhead (a reply's latency minus the worker's service time)
+comes from the same spaced requests of (1, cores): every process has gone idle between them, as it has
+between open-loop arrivals. Requests are never batched here (SERF does not batch): the
+model's ``max_batch`` should be 1.
 
 Example
 -------
@@ -28,6 +45,12 @@ from common import transport
 from common.client import Client
 from common.protocol import Configure
 from services.serf.profile import Profile, stamp, tuples
+
+
+#: the pause before each request of a tuple with one running (s): the idle time between
+#: open-loop arrivals at the light loads where one request runs alone (15-30% of
+#: capacity: 40-70 ms for resnet18 here)
+GAP_S = 0.05
 
 
 class ProfileError(RuntimeError):
@@ -90,16 +113,27 @@ def service_between(before: dict, after: dict, i: int) -> tuple[int, float, floa
     return k, mean, var / mean ** 2 if mean > 0 else 0.0
 
 
+def spaced(client: Client, model: str, inputs: np.ndarray, count: int, gap_s: float) -> list[float]:
+    """``count`` requests one at a time, each after a pause of ``gap_s``: their latencies (ms)."""
+    lat: list[float] = []
+    for _ in range(count):
+        time.sleep(gap_s)
+        lat += closed_loop(client, model, inputs, 1, 1)
+    return lat
+
+
 def measure(client: Client, dispatcher: str, workers: list[str], model: str, inputs: np.ndarray, i: int, t: int,
-            warmup: int, samples: int) -> tuple[float, float, float]:
-    """(mean service ms, SCV, mean client latency ms) of tuple (i, t)."""
+            warmup: int, samples: int, gap_s: float = 0.0) -> tuple[float, float, float]:
+    """(mean service ms, SCV, mean client latency ms) of tuple (i, t): i requests per
+    worker in flight, or (``gap_s`` > 0, one worker) one at a time with pauses."""
     set_configuration(dispatcher, model, i, t)
     n = len(workers) * i
     closed_loop(client, model, inputs, n, max(warmup, n))
     # the last warm-up Done may still be on its way to the counters: let it land
     time.sleep(0.02)
     before = service_counters(workers)
-    lat = closed_loop(client, model, inputs, n, samples)
+    lat = spaced(client, model, inputs, samples, gap_s) if gap_s > 0 and n == 1 \
+        else closed_loop(client, model, inputs, n, samples)
     time.sleep(0.02)
     k, mean, scv = service_between(before, service_counters(workers), i)
     if k <= 0:
@@ -107,24 +141,31 @@ def measure(client: Client, dispatcher: str, workers: list[str], model: str, inp
     return mean, scv, float(np.mean(lat))
 
 
-def path_overhead(client: Client, workers: list[str], model: str, inputs: np.ndarray, count: int, gap_s: float) -> float:
-    """Keel's own time per request (ms): a reply's latency minus the worker's service time,
-    requests sent one at a time with a pause between them, so every process has gone idle
-    as it has between open-loop arrivals (a hot closed loop would see less)."""
-    before = service_counters(workers)
-    lat = []
-    for _ in range(count):
-        time.sleep(gap_s)
-        lat += closed_loop(client, model, inputs, 1, 1)
+def handoff_ms(client: Client, workers: list[str], model: str, inputs: np.ndarray, slots: int, count: int) -> float:
+    """The idle time (ms) of a slot between requests while a queue waits: ``slots`` + 1
+    requests per worker in flight, the time per request per slot minus the service time."""
+    n = len(workers) * (slots + 1)
+    closed_loop(client, model, inputs, n, n)
     time.sleep(0.02)
-    k, mean, _ = service_between(before, service_counters(workers), 1)
-    return max(0.0, float(np.mean(lat)) - mean) if k else 0.0
+    before, start = service_counters(workers), time.perf_counter()
+    closed_loop(client, model, inputs, n, count)
+    elapsed = time.perf_counter() - start
+    time.sleep(0.02)
+    after = service_counters(workers)
+    done = [service_between(before, after, i) for i in range(1, slots + 1)]
+    k = sum(d[0] for d in done)
+    if k <= 0:
+        raise ProfileError(f"no service times counted with {slots} slots")
+    service = sum(d[0] * d[1] for d in done) / k
+    return max(0.0, elapsed * 1000.0 * slots * len(workers) / count - service)
 
 
 def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None, warmup: int = 5,
-                  samples: int = 20, version: str | None = None, log: Callable[[str], None] = lambda s: None) -> Profile:
+                  samples: int = 20, version: str | None = None, log: Callable[[str], None] = lambda s: None,
+                  gap_s: float = GAP_S) -> Profile:
     """Profile ``model`` on the running cluster ``spec`` (a ``ClusterSpec``): every tuple
-    (i, t) with i x t <= ``cores``; the workers are left at one request and all cores."""
+    (i, t) with i x t <= ``cores``, those with i = 1 spaced by ``gap_s``; the workers are
+    left at one request and all cores."""
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"
                and s.config.model == model and s.config.role == "deployed"]
@@ -135,18 +176,23 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
         shape = first.builtin_input_shape if first.builtin else _store_shape(first)
         inputs = np.random.default_rng(14).standard_normal((16, *shape)).astype(np.float32)
     start = time.perf_counter()
-    service, scv, samples_of = {}, {}, {}
+    service, scv, samples_of, path_ms, handoff = {}, {}, {}, 0.0, {}
     with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
         for i, t in tuples(cores):
-            mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples)
+            mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap_s)
             service[(i, t)], scv[(i, t)], samples_of[(i, t)] = mean, v, samples
             log(f"  ({i}, {t}): {mean:7.2f} ms service, SCV {v:.3f}, {lat:7.2f} ms at the client")
+            if (i, t) == (1, cores):
+                path_ms = max(0.0, lat - mean)
+        for c in sorted({i for i, _ in tuples(cores)}):
+            set_configuration(dispatcher, model, c, cores // c)
+            handoff[c] = handoff_ms(client, workers, model, inputs, c, max(5, samples // 2))
+            log(f"  hand-off with {c} slots: {handoff[c]:.2f} ms a request (a slot idle between requests while a queue waits)")
         set_configuration(dispatcher, model, 1, cores)
-        path_ms = path_overhead(client, workers, model, inputs, max(5, samples // 2), service[(1, cores)] / 1000.0)
         log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
     elapsed = time.perf_counter() - start
     version = version or (first.version or "1")
-    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp())
+    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp(), handoff)
 
 
 def _store_shape(cfg) -> list[int]:

@@ -43,11 +43,23 @@ def test_profile_through_the_real_path(tmp_path, launcher):
     for ms in p.service_ms.values():  # the sleep, plus a little of the worker's own time
         assert 19.5 <= ms <= 60.0
     assert p.profiling_s > 0 and p.path_ms >= 0 and p.samples[(2, 1)] == 10
+    # a slot idles between requests while a queue waits (Done -> dispatcher -> Batch)
+    assert sorted(p.handoff_ms) == [1, 2] and all(0.0 < h < 10.0 for h in p.handoff_ms.values())
     path = serf_profile.save(p, serf_profile.where("m", p.version, None, spec.run_dir))
     back = serf_profile.load(path, p.version)
     assert back.service_ms == pytest.approx(p.service_ms, abs=1e-3) and back.version == p.version
     info = transport.request_status(spec.service("worker-m-0").config.status_endpoint, 5.0)
     assert (info["slots"], info["threads"]) == (1, 2)  # left at one request with all cores
+
+
+def test_one_request_tuples_are_profiled_spaced(tmp_path, launcher):
+    # as open-loop arrivals at a light load find the worker: a pause before each request
+    # of (1, 1) and (1, 2) (back to back, 2 x 5 requests of 20 ms would take 0.2 s)
+    spec = _spec(tmp_path, fixed_ms=20.0)
+    launcher("serf").start_spec(spec)
+    p = profile_model(spec, "m", cores=2, warmup=2, samples=5, gap_s=0.2)
+    assert p.profiling_s >= 2 * 5 * 0.2
+    assert 19.5 <= p.service_ms[(1, 2)] <= 60.0 and p.path_ms > 0
 
 
 def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):

@@ -66,3 +66,11 @@ def test_every_load_of_a_table_of_many_configurations_has_a_best_one():
                 if c * t <= 16}
     table = reference_table(profiles, [10.0 * i for i in range(1, 9)])
     assert all(row["best"] is not None for row in table) and len(table) == 8
+
+
+def test_simulate_replays_given_arrivals():
+    # M/D/1 at 10 ms: alone, each takes 10 ms; three at once wait 0, 10 and 20 ms
+    assert simulate([100.0], 1.0, arrivals=[0.0, 1.0, 2.0], warmup=0.0) == pytest.approx(0.010)
+    assert simulate([100.0], 1.0, arrivals=[0.0, 0.0, 0.0], warmup=0.0) == pytest.approx(0.020)
+    # two servers, interference: the second to start runs at mu_2 (20 ms)
+    assert simulate([100.0, 50.0], 1.0, arrivals=[0.0, 0.0], warmup=0.0) == pytest.approx(0.015)

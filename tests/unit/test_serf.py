@@ -38,8 +38,21 @@ def test_prediction_is_eq13_plus_the_path():
     assert p.predict_ms((1, 2), 90.0) is None  # beyond its capacity (83/s)
 
 
+def test_the_hand_off_holds_a_slot_but_is_no_part_of_a_request():
+    # a slot turns over every 20 + 2 ms: the queue is M/D/1 at 22 ms, a request's own
+    # latency is its wait plus 20 ms (and the path)
+    p = profile(path_ms=1.5, handoff_ms={1: 2.0, 2: 1.0})
+    assert p.mu((1, 1)) == pytest.approx([1000 / 22]) and p.capacity((2, 1)) == pytest.approx(2000 / 22)
+    assert p.predict_ms((1, 1), 30.0) == pytest.approx(latency([1000 / 22], 30.0) * 1000 - 2.0 + 1.5)
+    assert p.predict_ms((1, 1), 30.0) > profile(path_ms=1.5).predict_ms((1, 1), 30.0)  # the queue turns over slower
+    assert p.predict_ms((1, 1), 0.0) == pytest.approx(20.0 + 1.5)  # alone: no hand-off
+    row = p.table([30.0])[0]
+    assert row["latency_s"][(1, 1)] * 1000 == pytest.approx(p.predict_ms((1, 1), 30.0, path=False))
+    assert row["best"] == min(row["latency_s"], key=row["latency_s"].get)
+
+
 def test_profile_round_trips_and_a_new_version_is_stale(tmp_path):
-    p = profile(scv={(1, 1): 0.01}, samples={(1, 1): 20}, path_ms=1.0, profiling_s=2.5)
+    p = profile(scv={(1, 1): 0.01}, samples={(1, 1): 20}, path_ms=1.0, profiling_s=2.5, handoff_ms={1: 2.0, 2: 1.5})
     path = serf_profile.save(p, tmp_path / "p.json")
     back = serf_profile.load(path, "1")
     assert back == p
@@ -58,6 +71,11 @@ def test_configurator_picks_threads_when_light_and_concurrency_when_heavy():
     st = conf.status({"m": (2, 1)})["m"]
     assert st["configuration"] == "2x1" and st["switches"] == 3 and st["arrival_rate"] == 75.0
     assert "-> [2, 1]" in st["last_switch"]
+    # every switch is logged with its wall time, for the experiment's JSON
+    log = st["switch_log"]
+    assert [(d["from"], d["to"], d["rate"]) for d in log] == [(None, [1, 2], 5.0), ([1, 2], [2, 1], 75.0),
+                                                              ([1, 2], [2, 1], 75.0)]
+    assert all(b["wall"] >= a["wall"] for a, b in zip(log, log[1:]))
 
 
 def test_hysteresis_and_hold_time_stop_flapping():
