@@ -380,7 +380,7 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
-            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, degraded=self.degraded,
+            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
@@ -416,7 +416,8 @@ class GraphOperator(Service):
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
             if self.trace:
-                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch, output=out)
+                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
+                                 origin=r.origin, output=out)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
                 self.outputs[self.next_seq] = msg
