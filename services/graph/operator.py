@@ -32,7 +32,12 @@ that max_seq is durable at the new epoch (the frontend drops held outputs above 
 each predecessor up to which of its seqs the state holds (``GraphAck`` from a successor:
 resend the rest). Until a new backup exists it runs *degraded*: it declares its own
 states durable. A primary that sees another holder at a newer epoch steps down and
-releases nothing more (fencing).
+releases nothing more (fencing). A holder also numbers and sends only while the manager
+confirmed it within ``LEASE_S`` (its heartbeat answers or the feed name it the holder): a
+frozen primary (SIGSTOP) keeps its sockets open, so only the manager's silence window
+detects it; thawed, it finds its lease lapsed, computes nothing until the manager answers,
+and the answer (a newer holder) fences it: it stays fenced and says so (status ``fenced``,
+trace ``fenced``). It does not yet come back as the new primary's backup.
 
 A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
 too (the standby of a kind stands by for the first operator of that kind). When the
@@ -66,6 +71,12 @@ from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
 from services.graph.statemgr import StateManager, header_of, unpack
 from services.graph.trace import Trace
+
+
+#: a holder numbers and sends only this long after the manager last confirmed it: under
+#: the manager's silence window (``ManagerConfig``: 5 heartbeats of 30 ms = 150 ms), so a
+#: primary thawed after the manager replaced it cannot release before it learns so
+LEASE_S = 0.1
 
 
 class GraphOperator(Service):
@@ -106,6 +117,8 @@ class GraphOperator(Service):
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
         self.role_epoch = 0  # the newest epoch of my group seen (decisions older than it are stale news)
+        self.confirmed = 0.0  # when the manager last said I hold my group (the lease, LEASE_S)
+        self.fenced = False  # a newer holder of my group exists: I release nothing more
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
@@ -180,16 +193,26 @@ class GraphOperator(Service):
         if epoch < self.role_epoch:
             return
         self.role_epoch = epoch
+        if holder == self.name:
+            self.confirmed = time.monotonic()
         if holder == self.name and self.backup is not None:
             self.take_over(epoch)
         elif holder == self.name and self.standby and self.model is None:
             self.take_over_stateless(epoch)
-        elif holder not in (None, self.name) and self.model is not None and self.stateful:
+        elif holder not in (None, self.name) and self.model is not None and self.assignment.role in ("primary", "stateless"):
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
             self.held.clear()
             self.outputs.clear()
-            self.log.warning("stale primary: stepped down", holder=holder, epoch=epoch)
+            self.fenced = True
+            self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
+            self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
+
+    def leased(self) -> bool:
+        """May I number and send? Without a manager always; with one, a holder only while
+        the manager confirmed it within ``LEASE_S`` (a thawed primary waits for its word)."""
+        return self.manager is None or self.backup is not None or self.standby \
+            or time.monotonic() - self.confirmed < LEASE_S
 
     def take_over(self, epoch: int) -> None:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
@@ -388,8 +411,11 @@ class GraphOperator(Service):
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
-        super().tick(0 if (self.queue and timeout is None) else timeout)
-        if self.queue and self.model is not None and not self.numbering:
+        def can_step() -> bool:
+            return bool(self.queue) and self.model is not None and not self.numbering and self.leased()
+
+        super().tick(0 if (can_step() and timeout is None) else timeout)
+        if can_step():
             self._guarded("step", self.step, None)
 
     def step(self, _=None) -> None:
@@ -495,7 +521,7 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    degraded=self.degraded, takeovers=self.takeovers,
+                    degraded=self.degraded, takeovers=self.takeovers, fenced=self.fenced,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
