@@ -15,11 +15,22 @@ use) gives, per trial:
   run of the deterministic GRUs), and the HAMS invariants' verdicts.
 
 Cases (``CASES``): SIGKILL of the last stateful primary (g2), of the first (g1: g2 rolls
-back when it took lost outputs), of a stateless operator (its hot standby takes over).
-The freeze/partition, correlated, Fig. 6, netns, ls and strawman cases of the issue do not
-run yet (docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``,
-``stateful_kill_max_ms``, ``detection_median_ms``, ``takeover_median_ms``,
-``upstream_stateful_kill_median_ms``, ``stateless_kill_median_ms``, ``nspb_lost``,
+back when it took lost outputs), of a stateless operator (its hot standby takes over);
+SIGSTOP of g2's primary (a freeze: its sockets stay open, so only the manager's heartbeat
+silence detects it), SIGCONT once the backup was promoted (the thawed primary must be
+fenced and number nothing more at its old epoch); the correlated cases: a stateless and a
+stateful operator killed together (m and g2 of MLP -> GRU -> GRU), and two adjacent
+stateful primaries (g1 and g2). A correlated trial's times are its slowest victim's. With
+noise (GRUs whose every run differs) under NSPB, and under the ``strawman`` mode (no state
+shipping: the replacement re-executes on a fresh state), where the checker must find
+conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). The
+partition, Fig. 6, netns and ls cases of the issue do not run yet
+(docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
+``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
+``stateless_kill_median_ms``, ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
+(freeze only), ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
+``correlated_stateless_stateful_median_ms`` / ``_max_ms``,
+``correlated_adjacent_stateful_median_ms`` / ``_max_ms``, ``strawman_conflicts``, ``nspb_lost``,
 ``nspb_conflicts``, ``trials``, ``cases``.
 """
 from __future__ import annotations
@@ -45,7 +56,7 @@ from deploy.local import Launcher, free_port_block
 
 TARGETS = {"stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200", "stateless_kill_median_ms": "<= 100",
            "freeze_partition_max_ms": "<= 250", "freeze_fenced": "== True", "freeze_old_epoch_outputs_after_thaw": "== 0",
-           "correlated_stateless_stateful_max_ms": "<= 200", "nspb_lost": "== 0", "nspb_conflicts": "== 0"}
+           "correlated_stateless_stateful_max_ms": "<= 200", "correlated_adjacent_stateful_max_ms": "<= 150", "strawman_conflicts": "> 0", "nspb_lost": "== 0", "nspb_conflicts": "== 0"}
 
 
 def mlp_gru(max_batch: int = 4) -> dict:
@@ -59,13 +70,25 @@ def mlp_gru(max_batch: int = 4) -> dict:
 GRAPHS = {"g1": None, "g2": None, "m": mlp_gru}  # victim -> its graph (None: the GRU -> GRU chain)
 
 
-def gru_chain(max_batch: int = 4, pad_ms: float = 0.0) -> dict:
-    return {"mode": "nspb", "window": 2, "input_shape": [4],
+def gru_chain(max_batch: int = 4, pad_ms: float = 0.0, mode: str = "nspb", noise: float = 0.0) -> dict:
+    """GRU -> GRU; ``noise`` > 0 makes both GRUs non-deterministic (every run, every
+    re-execution differs: ``services.graph.operators.GRU``)."""
+    options = {"noise": noise} if noise else {}
+    return {"mode": mode, "window": 2, "input_shape": [4],
             "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [6], "max_batch": max_batch,
-                                 "pad_ms": pad_ms},
+                                 "pad_ms": pad_ms, "options": options},
                           "g2": {"kind": "gru", "input_shape": [6], "output_shape": [3], "max_batch": max_batch,
-                                 "pad_ms": pad_ms}}}
+                                 "pad_ms": pad_ms, "options": options}}}
+
+
+def noisy_chain() -> dict:
+    return gru_chain(noise=0.01)
+
+
+def strawman_chain() -> dict:
+    """HAMS's strawman: only the frontend keeps inputs; a failover re-executes on a fresh state."""
+    return gru_chain(mode="strawman", noise=0.01)
 
 
 def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path):
@@ -194,8 +217,10 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     answered = {k: v for k, v in replies.items() if len(v) >= 1}
     errors = sum(1 for v in answered.values() if v[0].error is not None)
     twice = sum(1 for v in answered.values() if len(v) > 1)
-    wrong = sum(1 for i in range(n) if f"r{i}" in answered and answered[f"r{i}"][0].error is None
-                and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
+    # with noise no run equals the offline one: conflicts are then what the checker finds
+    noisy = any(op.options.get("noise") for op in graph.operators.values())
+    wrong = 0 if noisy else sum(1 for i in range(n) if f"r{i}" in answered and answered[f"r{i}"][0].error is None
+                                and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
     streams_ = load_graph_traces(str(trace_dir))
     checks = {r.name: r.to_dict() for r in Checker(graph_invariants(graph.stateful)).run([], CheckContext(streams=streams_))}
     per_victim = {}
@@ -219,11 +244,11 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     if any(r["detection_ms"] is None for r in per_victim.values()):
         detection = None
     recovery = slowest["recovery_ms"]
-    return {"victim": "+".join(victims), "fault": fault, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
+    return {"victim": "+".join(victims), "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
             "detection_ms": detection,
             "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
-            "unlike_offline": wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
+            "unlike_offline": None if noisy else wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
             "conflicts": twice + wrong + checks["graph_one_output_per_operator_seq"]["violations"],
             "invariants_ok": all(c["ok"] is not False for c in checks.values()),
             "invariants": {k: {"ok": c["ok"], "checked": c["checked"], "violations": c["violations"]} for k, c in checks.items()},
@@ -247,6 +272,13 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
      "SIGSTOP of g2's primary, GRU -> GRU: detected by heartbeat silence; SIGCONT after the takeover: fenced", (3, 20)),
     ("correlated_stateless_stateful_kill", ("m", "g2"), "kill", mlp_gru_gru,
      "SIGKILL of m (stateless) and g2's primary (stateful) together, MLP -> GRU -> GRU", (2, 10)),
+    ("correlated_adjacent_stateful_kill", ("g1", "g2"), "kill", gru_chain,
+     "SIGKILL of g1's and g2's primaries (adjacent, stateful) together, GRU -> GRU", (2, 10)),
+    ("stateful_primary_kill_noisy", "g2", "kill", noisy_chain,
+     "SIGKILL of g2's primary, GRU -> GRU with noise (every re-execution differs)", (2, 10)),
+    ("strawman_stateful_kill", "g2", "kill", strawman_chain,
+     "SIGKILL of g2's primary, GRU -> GRU with noise, strawman mode (no state shipping: re-executes on a fresh state)",
+     (2, 10)),
 )
 
 
@@ -264,7 +296,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
                 kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
                 row = kill_trial(make, work, victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph())
                 rows.append(row)
-                log(f"  {name} {k}: kill at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
+                log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
                     f"conflicts {row['conflicts']}, rolled back {row['rolled_back'] or '-'}, "
                     + (f"thawed at {fmt(row['thaw_after_fault_ms'])} ms, fenced {row['fenced']}, "
@@ -273,7 +305,8 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
             rec = [r["recovery_ms"] for r in rows if r["recovery_ms"] is not None]
             med = lambda key, rows=rows: (float(np.median([r[key] for r in rows if r[key] is not None]))  # noqa: E731
                                           if any(r[key] is not None for r in rows) else None)
-            cases[name] = {"fault": what + ", nspb, local mode", "trials": rows,
+            mode = rows[0]["mode"]
+            cases[name] = {"fault": f"{what}, {mode}, local mode", "mode": mode, "trials": rows,
                            "recovery_median_ms": float(np.median(rec)) if rec else None,
                            "recovery_max_ms": max(rec) if rec else None,
                            "detection_median_ms": med("detection_ms"), "takeover_median_ms": med("takeover_ms"),
@@ -284,6 +317,9 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
     fz, co = cases["stateful_primary_freeze"], cases["correlated_stateless_stateful_kill"]
+    adj = cases["correlated_adjacent_stateful_kill"]
+    nspb = [c for c in cases.values() if c["mode"] == "nspb"]
+    straw = [c for c in cases.values() if c["mode"] == "strawman"]
     out = {"quick": quick, "mode": "local (one host, real processes, loopback TCP)",
            "stateful_kill_median_ms": sk["recovery_median_ms"], "stateful_kill_max_ms": sk["recovery_max_ms"],
            "detection_median_ms": sk["detection_median_ms"], "takeover_median_ms": sk["takeover_median_ms"],
@@ -296,10 +332,15 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
            "freeze_old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in fz["trials"]),
            "correlated_stateless_stateful_median_ms": co["recovery_median_ms"],
            "correlated_stateless_stateful_max_ms": co["recovery_max_ms"],
-           "nspb_lost": sum(c["lost"] for c in cases.values()),
-           "nspb_conflicts": sum(c["conflicts"] for c in cases.values()),
-           "invariants_ok": all(c["invariants_ok"] for c in cases.values()),
-           "not_recovered": sum(c["not_recovered"] for c in cases.values()),
+           "correlated_adjacent_stateful_median_ms": adj["recovery_median_ms"],
+           "correlated_adjacent_stateful_max_ms": adj["recovery_max_ms"],
+           "nspb_lost": sum(c["lost"] for c in nspb), "nspb_conflicts": sum(c["conflicts"] for c in nspb),
+           "invariants_ok": all(c["invariants_ok"] for c in nspb),
+           "not_recovered": sum(c["not_recovered"] for c in nspb),
+           # the strawman must show what NSPB prevents (the checker's proof that it can see a conflict)
+           "strawman_conflicts": sum(c["conflicts"] for c in straw), "strawman_lost": sum(c["lost"] for c in straw),
+           "strawman_trials_with_conflicts": sum(1 for c in straw for r in c["trials"] if r["conflicts"] > 0),
+           "strawman_trials": sum(c["n"] for c in straw),
            "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
            # the machine's load while it ran: the figures are taken under load (2 cores, shared)
            "loadavg_1m_at_end": os.getloadavg()[0]}
@@ -316,21 +357,24 @@ def cmd(args: argparse.Namespace) -> int:
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
             "stateless_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
             "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
-            "correlated_stateless_stateful_max_ms", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
+            "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
+            "correlated_adjacent_stateful_max_ms", "strawman_conflicts", "strawman_trials_with_conflicts",
+            "strawman_trials", "strawman_lost", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
             "loadavg_1m_at_end")
     for line in loadgen.figures_table(out, keys, TARGETS):
         log(line)
     log(f"wrote {json_path} in {out['elapsed_s']:.0f} s")
     return 0 if (out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"]
-                 and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0) else 1
+                 and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0
+                 and out["strawman_trials_with_conflicts"] == out["strawman_trials"]) else 1
 
 
 def add_parser(which: Any) -> None:
     """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after a stateful primary's SIGKILL")
+    e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
     e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 trials (a few minutes)")
-    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2 quick, 20/10/10 full)")
+    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 2 + 2 + 2 + 2 trials (several minutes)")
+    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/2/2/2/2 quick, 20/10/10/20/10/10/10/10 full)")
     e.set_defaults(func=cmd)
 
 

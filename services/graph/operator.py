@@ -79,6 +79,15 @@ from services.graph.trace import Trace
 LEASE_S = 0.1
 
 
+def on_wire(seq: int) -> int:
+    """A takeover's "highest seq held" as the protocol can say it: -1 (nothing yet: the
+    backup applied no state, the strawman's always) is refused on the wire (seqs are
+    >= 0), so it goes as 0. Known hole: a seq-0 output held or unsent at that moment is
+    neither voided nor resent (only a failure within the first batch); the fix is to let
+    GraphAck/GraphDurable carry -1 (common/protocol/codec.py, outside this branch)."""
+    return max(seq, 0)
+
+
 class GraphOperator(Service):
     role = "graph_operator"
 
@@ -176,8 +185,8 @@ class GraphOperator(Service):
             return
         if op in self.epochs and op in self.succs and self.stateful:
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
-        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful:
-            self._report_taken(op, epoch, endpoint)
+        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.model is not None:
+            self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -235,12 +244,12 @@ class GraphOperator(Service):
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self.peers.send(self.config.peers[target], msg)
-        note = GraphDurable(self.op, epoch, max_seq)
+        note = GraphDurable(self.op, epoch, on_wire(max_seq))
         succs = [n for n in self.succs if n != FRONTEND]
         for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed.get(p, -1))))
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
@@ -280,10 +289,10 @@ class GraphOperator(Service):
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
         from it, and its predecessors the highest of their seqs on those outputs."""
-        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
+        self.peers.send(endpoint, GraphAck(op, epoch, on_wire(self.took.get(op, -1))))
         before = self.took_before.get(op, {})
         for p in self.graph.predecessors(op):
-            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
+            self.peers.send(self.config.peers[p], GraphAck(op, epoch, on_wire(before.get(p, -1))))
 
     def _resend(self, successor: str, after: int) -> None:
         """A successor's new primary holds my outputs up to ``after``: send the rest again,
@@ -461,7 +470,7 @@ class GraphOperator(Service):
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
-        if self.stateful and not self.degraded:
+        if self.stateful and not self.degraded and self.mode.ships_state:
             self._wait_for_update()
         t3 = time.perf_counter()
         self.model.update(batch, outputs)
@@ -469,7 +478,7 @@ class GraphOperator(Service):
         self.update_s += time.perf_counter() - t3
         if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
             self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
-        elif self.stateful:
+        elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
