@@ -35,8 +35,9 @@ states durable. A primary that sees another holder at a newer epoch steps down a
 releases nothing more (fencing). A holder also numbers and sends only while the manager
 confirmed it within ``LEASE_S`` (its heartbeat answers or the feed name it the holder): a
 frozen primary (SIGSTOP) keeps its sockets open, so only the manager's silence window
-detects it; thawed, it finds its lease lapsed, computes nothing until the manager answers,
-and the answer (a newer holder) fences it: it stays fenced and says so (status ``fenced``,
+detects it; thawed, it finds its lease lapsed (checked before a batch and again before
+it numbers the batch's outputs: a freeze mid-batch re-queues the batch), sends nothing
+until the manager answers, and the answer (a newer holder) fences it: it stays fenced and says so (status ``fenced``,
 trace ``fenced``). It does not yet come back as the new primary's backup.
 
 A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
@@ -440,6 +441,9 @@ class GraphOperator(Service):
         pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
         if pad > 0:
             time.sleep(pad)  # the experiments' model service time
+        if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
+            self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
+            return
         t1 = time.perf_counter()
         first = self.next_seq
         sends, lineages = [], []
