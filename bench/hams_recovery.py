@@ -248,6 +248,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "detection_ms": detection,
             "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
+            "error_examples": sorted({str(v[0].error)[:200] for v in answered.values() if v[0].error is not None})[:3],
             "unlike_offline": None if noisy else wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
             "conflicts": twice + wrong + checks["graph_one_output_per_operator_seq"]["violations"],
             "invariants_ok": all(c["ok"] is not False for c in checks.values()),
