@@ -332,8 +332,10 @@ class GraphOperator(Service):
                 self._on_durable(msg)
 
     def _on_request(self, msg: GraphRequest) -> None:
-        if self.model is None:  # a backup or a standby serves nothing until promoted (HAMS II)
+        if self.model is None and not self.standby:  # a backup serves nothing until promoted (HAMS II)
             return
+        # a standby keeps what reaches it: it is addressed as the new holder by a peer that read
+        # its promotion first (the frontend's resend); it computes once its own promotion arrives
         if msg.sender not in self.preds or tuple(msg.input.shape) != self._shapes[msg.sender]:
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
