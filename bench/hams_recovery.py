@@ -15,11 +15,22 @@ use) gives, per trial:
   run of the deterministic GRUs), and the HAMS invariants' verdicts.
 
 Cases (``CASES``): SIGKILL of the last stateful primary (g2), of the first (g1: g2 rolls
-back when it took lost outputs), of a stateless operator (its hot standby takes over).
-The freeze/partition, correlated, Fig. 6, netns, ls and strawman cases of the issue do not
-run yet (docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``,
-``stateful_kill_max_ms``, ``detection_median_ms``, ``takeover_median_ms``,
-``upstream_stateful_kill_median_ms``, ``stateless_kill_median_ms``, ``nspb_lost``,
+back when it took lost outputs), of a stateless operator (its hot standby takes over);
+SIGSTOP of g2's primary (a freeze: its sockets stay open, so only the manager's heartbeat
+silence detects it), SIGCONT once the backup was promoted (the thawed primary must be
+fenced and number nothing more at its old epoch); the correlated cases: a stateless and a
+stateful operator killed together (m and g2 of MLP -> GRU -> GRU), and two adjacent
+stateful primaries (g1 and g2). A correlated trial's times are its slowest victim's. With
+noise (GRUs whose every run differs) under NSPB, and under the ``strawman`` mode (no state
+shipping: the replacement re-executes on a fresh state), where the checker must find
+conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). The
+partition, Fig. 6, netns and ls cases of the issue do not run yet
+(docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
+``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
+``stateless_kill_median_ms``, ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
+(freeze only), ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
+``correlated_stateless_stateful_median_ms`` / ``_max_ms``,
+``correlated_adjacent_stateful_median_ms`` / ``_max_ms``, ``strawman_conflicts``, ``nspb_lost``,
 ``nspb_conflicts``, ``trials``, ``cases``.
 """
 from __future__ import annotations
@@ -44,7 +55,8 @@ from common.waiting import wait_until
 from deploy.local import Launcher, free_port_block
 
 TARGETS = {"stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200", "stateless_kill_median_ms": "<= 100",
-           "nspb_lost": "== 0", "nspb_conflicts": "== 0"}
+           "freeze_partition_max_ms": "<= 250", "freeze_fenced": "== True", "freeze_old_epoch_outputs_after_thaw": "== 0",
+           "correlated_stateless_stateful_max_ms": "<= 200", "correlated_adjacent_stateful_max_ms": "<= 150", "strawman_conflicts": "> 0", "nspb_lost": "== 0", "nspb_conflicts": "== 0"}
 
 
 def mlp_gru(max_batch: int = 4) -> dict:
@@ -58,13 +70,25 @@ def mlp_gru(max_batch: int = 4) -> dict:
 GRAPHS = {"g1": None, "g2": None, "m": mlp_gru}  # victim -> its graph (None: the GRU -> GRU chain)
 
 
-def gru_chain(max_batch: int = 4, pad_ms: float = 0.0) -> dict:
-    return {"mode": "nspb", "window": 2, "input_shape": [4],
+def gru_chain(max_batch: int = 4, pad_ms: float = 0.0, mode: str = "nspb", noise: float = 0.0) -> dict:
+    """GRU -> GRU; ``noise`` > 0 makes both GRUs non-deterministic (every run, every
+    re-execution differs: ``services.graph.operators.GRU``)."""
+    options = {"noise": noise} if noise else {}
+    return {"mode": mode, "window": 2, "input_shape": [4],
             "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [6], "max_batch": max_batch,
-                                 "pad_ms": pad_ms},
+                                 "pad_ms": pad_ms, "options": options},
                           "g2": {"kind": "gru", "input_shape": [6], "output_shape": [3], "max_batch": max_batch,
-                                 "pad_ms": pad_ms}}}
+                                 "pad_ms": pad_ms, "options": options}}}
+
+
+def noisy_chain() -> dict:
+    return gru_chain(noise=0.01)
+
+
+def strawman_chain() -> dict:
+    """HAMS's strawman: only the frontend keeps inputs; a failover re-executes on a fresh state."""
+    return gru_chain(mode="strawman", noise=0.01)
 
 
 def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path):
@@ -123,35 +147,65 @@ def open_load(sock: zmq.Socket, inputs, streams, on_sent: Callable[[int], None],
     return replies
 
 
-def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str = "g2", n: int = 240,
-               kill_at: int = 80, gap_s: float = 0.004, seed: int = 0) -> dict[str, Any]:
-    """One trial: SIGKILL of ``victim``'s primary after ``kill_at`` of ``n`` requests."""
+def mlp_gru_gru(max_batch: int = 4) -> dict:
+    """A stateless operator, then two stateful ones: the correlated case kills m and g2 together."""
+    return {"mode": "nspb", "window": 2, "input_shape": [4],
+            "edges": [["frontend", "m"], ["m", "g1"], ["g1", "g2"], ["g2", "frontend"]],
+            "operators": {"m": {"kind": "mlp", "input_shape": [4], "output_shape": [6], "max_batch": max_batch},
+                          "g1": {"kind": "gru", "input_shape": [6], "output_shape": [5], "max_batch": max_batch},
+                          "g2": {"kind": "gru", "input_shape": [5], "output_shape": [3], "max_batch": max_batch}}}
+
+
+def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str | tuple[str, ...] = "g2", n: int = 240,
+               kill_at: int = 80, gap_s: float = 0.004, seed: int = 0, fault: str = "kill",
+               table: dict | None = None) -> dict[str, Any]:
+    """One trial: after ``kill_at`` of ``n`` requests, SIGKILL (``fault="kill"``) the
+    primary of ``victim`` (one operator, or several together: a correlated failure), or
+    SIGSTOP it (``fault="freeze"``: its sockets stay open, only the manager's heartbeat
+    silence detects it) and SIGCONT it once the manager has promoted its backup: the thawed
+    old primary must be fenced and release nothing."""
     from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
 
+    victims = (victim,) if isinstance(victim, str) else tuple(victim)
     trace_dir = workdir / "trace"
-    table = (GRAPHS.get(victim) or gru_chain)()
+    table = table or (GRAPHS.get(victims[0]) or gru_chain)()
     managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir)
     ctx = zmq.Context()
     sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
-    fault: dict[str, float] = {}
+    fault_t: dict[str, float] = {}
+    frozen = [f"op-{v}" for v in victims] if fault == "freeze" else []
     try:
         groups_before = probe.call("snapshot")["groups"]
-        epoch_before = groups_before[f"graph/{victim}"]["epoch"]
         rng = np.random.default_rng(seed)
         inputs, streams = rng.normal(size=(n, 4)), rng.integers(0, 4, size=n)
 
+        def taken_over() -> bool:
+            groups = probe.call("snapshot")["groups"]
+            return all(groups[f"graph/{v}"]["epoch"] > groups_before[f"graph/{v}"]["epoch"] for v in victims)
+
         def on_sent(i: int) -> None:
             if i == kill_at:
-                fault["t"] = time.monotonic()
-                run.kill(f"op-{victim}", signal.SIGKILL)
+                fault_t["t"] = time.monotonic()
+                for v in victims:
+                    run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL)
+            elif frozen and "thaw" not in fault_t and i > kill_at and (i % 5 == 0 and taken_over() or i == n - 1):
+                fault_t["thaw"] = time.monotonic()  # the backup was promoted (or the load ends): thaw the old primary
+                for name in frozen:
+                    run.kill(name, signal.SIGCONT)
 
         replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
         groups_after = probe.call("snapshot")["groups"]
-        group = groups_after[f"graph/{victim}"]
-        backup_name = f"op-{victim}-backup" if victim in graph.stateful else "op-standby0"
-        backup = transport.request_status(by_name[backup_name].config.status_endpoint)
+        backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
+        backups = {v: transport.request_status(by_name[backup_of[v]].config.status_endpoint) for v in victims}
         frontend = transport.request_status(by_name["graph-frontend"].config.client_endpoint)
+        thawed = {}
+        if frozen:  # the thawed old primary: fenced, and says so
+            wait_until(lambda: all(transport.request_status(by_name[f].config.status_endpoint).get("fenced") for f in frozen),
+                       timeout_s=5.0)
+            thawed = {f: transport.request_status(by_name[f].config.status_endpoint) for f in frozen}
     finally:
+        for name in frozen:  # never leave a stopped process behind
+            run.kill(name, signal.SIGCONT)
         sock.close(0)
         ctx.term()
         run.stop()
@@ -163,34 +217,69 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     answered = {k: v for k, v in replies.items() if len(v) >= 1}
     errors = sum(1 for v in answered.values() if v[0].error is not None)
     twice = sum(1 for v in answered.values() if len(v) > 1)
-    wrong = sum(1 for i in range(n) if f"r{i}" in answered and answered[f"r{i}"][0].error is None
-                and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
+    # with noise no run equals the offline one: conflicts are then what the checker finds
+    noisy = any(op.options.get("noise") for op in graph.operators.values())
+    wrong = 0 if noisy else sum(1 for i in range(n) if f"r{i}" in answered and answered[f"r{i}"][0].error is None
+                                and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
     streams_ = load_graph_traces(str(trace_dir))
     checks = {r.name: r.to_dict() for r in Checker(graph_invariants(graph.stateful)).run([], CheckContext(streams=streams_))}
-    takeover = [t for t in streams_.get("graph_takeover", []) if t["operator"] == victim]
-    first_new = min((o["t"] for o in streams_["graph_output"]
-                     if o["operator"] == victim and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
-    detection = 1000 * (takeover[0]["t"] - fault["t"]) if takeover else None
-    recovery = 1000 * (first_new - fault["t"]) if first_new is not None else None
-    return {"victim": victim, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
-            "detection_ms": detection, "takeover_ms": (recovery - detection) if recovery is not None and detection is not None else None,
+    per_victim = {}
+    for v in victims:
+        takeover = [t for t in streams_.get("graph_takeover", []) if t["operator"] == v]
+        first_new = min((o["t"] for o in streams_["graph_output"]
+                         if o["operator"] == v and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
+        old_epoch = groups_before[f"graph/{v}"]["epoch"]
+        per_victim[v] = {
+            "detection_ms": 1000 * (takeover[0]["t"] - fault_t["t"]) if takeover else None,
+            "recovery_ms": 1000 * (first_new - fault_t["t"]) if first_new is not None else None,
+            "promoted": groups_after[f"graph/{v}"]["holder"] == backup_of[v] and groups_after[f"graph/{v}"]["epoch"] > old_epoch,
+            "new_primary_degraded": backups[v].get("degraded"),
+            # a thawed old primary numbers nothing more at its old epoch
+            "old_epoch_outputs_after_thaw": sum(1 for o in streams_["graph_output"] if o["operator"] == v
+                                                and o.get("epoch") == old_epoch and o["t"] > fault_t.get("thaw", 1e18)),
+            "fenced": thawed[f"op-{v}"].get("fenced") if frozen else None}
+    # the graph is recovered when every failed operator is: the trial's figures are the slowest victim's
+    slowest = max(per_victim.values(), key=lambda r: (r["recovery_ms"] is None, r["recovery_ms"] or 0, r["detection_ms"] or 0))
+    detection = max((r["detection_ms"] for r in per_victim.values() if r["detection_ms"] is not None), default=None)
+    if any(r["detection_ms"] is None for r in per_victim.values()):
+        detection = None
+    recovery = slowest["recovery_ms"]
+    return {"victim": "+".join(victims), "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
+            "detection_ms": detection,
+            "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
-            "unlike_offline": wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
+            "error_examples": sorted({str(v[0].error)[:200] for v in answered.values() if v[0].error is not None})[:3],
+            "unlike_offline": None if noisy else wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
             "conflicts": twice + wrong + checks["graph_one_output_per_operator_seq"]["violations"],
             "invariants_ok": all(c["ok"] is not False for c in checks.values()),
             "invariants": {k: {"ok": c["ok"], "checked": c["checked"], "violations": c["violations"]} for k, c in checks.items()},
-            "promoted": group["holder"] == backup_name and group["epoch"] > epoch_before,
+            "promoted": all(r["promoted"] for r in per_victim.values()),
+            "new_primary_degraded": all(r["new_primary_degraded"] for v, r in per_victim.items() if v in graph.stateful),
+            "per_victim": per_victim, "thaw_after_fault_ms": 1000 * (fault_t["thaw"] - fault_t["t"]) if "thaw" in fault_t else None,
+            "old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in per_victim.values()),
+            "fenced": all(r["fenced"] for r in per_victim.values()) if frozen else None,
             "held_voided": frontend.get("voided"), "resent_by_frontend": frontend.get("resent"),
-            "new_primary_degraded": backup.get("degraded"),
             # other groups whose holder changed: downstream stateful operators rolled back to their backups
-            "rolled_back": sorted(g[len("graph/"):] for g, v in groups_after.items() if g != f"graph/{victim}"
+            "rolled_back": sorted(g[len("graph/"):] for g, v in groups_after.items() if g[len("graph/"):] not in victims
                                   and v["holder"] != groups_before.get(g, {}).get("holder"))}
 
 
-CASES = (  # name, victim, what, trials (quick, full)
-    ("stateful_primary_kill", "g2", "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
-    ("upstream_stateful_kill", "g1", "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
-    ("stateless_kill", "m", "SIGKILL of m (stateless MLP, first), MLP -> GRU: the hot standby takes over", (2, 10)),
+CASES = (  # name, victims, fault, graph, what, trials (quick, full)
+    ("stateful_primary_kill", "g2", "kill", gru_chain, "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
+    ("upstream_stateful_kill", "g1", "kill", gru_chain,
+     "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
+    ("stateless_kill", "m", "kill", mlp_gru, "SIGKILL of m (stateless MLP, first), MLP -> GRU: the hot standby takes over", (2, 10)),
+    ("stateful_primary_freeze", "g2", "freeze", gru_chain,
+     "SIGSTOP of g2's primary, GRU -> GRU: detected by heartbeat silence; SIGCONT after the takeover: fenced", (3, 20)),
+    ("correlated_stateless_stateful_kill", ("m", "g2"), "kill", mlp_gru_gru,
+     "SIGKILL of m (stateless) and g2's primary (stateful) together, MLP -> GRU -> GRU", (2, 10)),
+    ("correlated_adjacent_stateful_kill", ("g1", "g2"), "kill", gru_chain,
+     "SIGKILL of g1's and g2's primaries (adjacent, stateful) together, GRU -> GRU", (2, 10)),
+    ("stateful_primary_kill_noisy", "g2", "kill", noisy_chain,
+     "SIGKILL of g2's primary, GRU -> GRU with noise (every re-execution differs)", (2, 10)),
+    ("strawman_stateful_kill", "g2", "kill", strawman_chain,
+     "SIGKILL of g2's primary, GRU -> GRU with noise, strawman mode (no state shipping: re-executes on a fresh state)",
+     (2, 10)),
 )
 
 
@@ -200,39 +289,59 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
     cases: dict[str, dict] = {}
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hams-recovery-", ignore_cleanup_errors=True) as tmp:
-        for name, victim, what, counts in CASES:
+        for name, victim, fault, graph, what, counts in CASES:
             rows = []
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
                 make = lambda n, work=work: Launcher(work / "logs" / n)  # noqa: E731
                 kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
-                row = kill_trial(make, work, victim, n=240, kill_at=kill_at, seed=k)
+                row = kill_trial(make, work, victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph())
                 rows.append(row)
-                log(f"  {name} {k}: kill at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
+                log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
                     f"conflicts {row['conflicts']}, rolled back {row['rolled_back'] or '-'}, "
+                    + (f"thawed at {fmt(row['thaw_after_fault_ms'])} ms, fenced {row['fenced']}, "
+                       f"old-epoch outputs after thaw {row['old_epoch_outputs_after_thaw']}, " if fault == "freeze" else "") +
                     f"invariants {'ok' if row['invariants_ok'] else 'VIOLATED'}")
             rec = [r["recovery_ms"] for r in rows if r["recovery_ms"] is not None]
             med = lambda key, rows=rows: (float(np.median([r[key] for r in rows if r[key] is not None]))  # noqa: E731
                                           if any(r[key] is not None for r in rows) else None)
-            cases[name] = {"fault": what + ", nspb, local mode", "trials": rows,
+            mode = rows[0]["mode"]
+            cases[name] = {"fault": f"{what}, {mode}, local mode", "mode": mode, "trials": rows,
                            "recovery_median_ms": float(np.median(rec)) if rec else None,
                            "recovery_max_ms": max(rec) if rec else None,
                            "detection_median_ms": med("detection_ms"), "takeover_median_ms": med("takeover_ms"),
+                           "detection_max_ms": max((r["detection_ms"] for r in rows if r["detection_ms"] is not None), default=None),
+                           "takeover_max_ms": max((r["takeover_ms"] for r in rows if r["takeover_ms"] is not None), default=None),
                            "lost": sum(r["lost"] for r in rows), "conflicts": sum(r["conflicts"] for r in rows),
                            "invariants_ok": all(r["invariants_ok"] for r in rows),
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
+    fz, co = cases["stateful_primary_freeze"], cases["correlated_stateless_stateful_kill"]
+    adj = cases["correlated_adjacent_stateful_kill"]
+    nspb = [c for c in cases.values() if c["mode"] == "nspb"]
+    straw = [c for c in cases.values() if c["mode"] == "strawman"]
     out = {"quick": quick, "mode": "local (one host, real processes, loopback TCP)",
            "stateful_kill_median_ms": sk["recovery_median_ms"], "stateful_kill_max_ms": sk["recovery_max_ms"],
            "detection_median_ms": sk["detection_median_ms"], "takeover_median_ms": sk["takeover_median_ms"],
            "upstream_stateful_kill_median_ms": up["recovery_median_ms"],
            "upstream_stateful_kill_max_ms": up["recovery_max_ms"],
            "stateless_kill_median_ms": sl["recovery_median_ms"], "stateless_kill_max_ms": sl["recovery_max_ms"],
-           "nspb_lost": sum(c["lost"] for c in cases.values()),
-           "nspb_conflicts": sum(c["conflicts"] for c in cases.values()),
-           "invariants_ok": all(c["invariants_ok"] for c in cases.values()),
-           "not_recovered": sum(c["not_recovered"] for c in cases.values()),
+           "freeze_partition_median_ms": fz["recovery_median_ms"], "freeze_partition_max_ms": fz["recovery_max_ms"],
+           "freeze_detection_median_ms": fz["detection_median_ms"],
+           "freeze_fenced": all(r["fenced"] for r in fz["trials"]),
+           "freeze_old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in fz["trials"]),
+           "correlated_stateless_stateful_median_ms": co["recovery_median_ms"],
+           "correlated_stateless_stateful_max_ms": co["recovery_max_ms"],
+           "correlated_adjacent_stateful_median_ms": adj["recovery_median_ms"],
+           "correlated_adjacent_stateful_max_ms": adj["recovery_max_ms"],
+           "nspb_lost": sum(c["lost"] for c in nspb), "nspb_conflicts": sum(c["conflicts"] for c in nspb),
+           "invariants_ok": all(c["invariants_ok"] for c in nspb),
+           "not_recovered": sum(c["not_recovered"] for c in nspb),
+           # the strawman must show what NSPB prevents (the checker's proof that it can see a conflict)
+           "strawman_conflicts": sum(c["conflicts"] for c in straw), "strawman_lost": sum(c["lost"] for c in straw),
+           "strawman_trials_with_conflicts": sum(1 for c in straw for r in c["trials"] if r["conflicts"] > 0),
+           "strawman_trials": sum(c["n"] for c in straw),
            "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
            # the machine's load while it ran: the figures are taken under load (2 cores, shared)
            "loadavg_1m_at_end": os.getloadavg()[0]}
@@ -247,20 +356,26 @@ def cmd(args: argparse.Namespace) -> int:
     out = run(args.quick, json_path, log, trials=args.trials)
     keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "detection_median_ms", "takeover_median_ms",
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
-            "stateless_kill_max_ms", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
+            "stateless_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
+            "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
+            "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
+            "correlated_adjacent_stateful_max_ms", "strawman_conflicts", "strawman_trials_with_conflicts",
+            "strawman_trials", "strawman_lost", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
             "loadavg_1m_at_end")
     for line in loadgen.figures_table(out, keys, TARGETS):
         log(line)
     log(f"wrote {json_path} in {out['elapsed_s']:.0f} s")
-    return 0 if out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"] else 1
+    return 0 if (out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"]
+                 and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0
+                 and out["strawman_trials_with_conflicts"] == out["strawman_trials"]) else 1
 
 
 def add_parser(which: Any) -> None:
     """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after a stateful primary's SIGKILL")
+    e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
     e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 trials (a few minutes)")
-    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2 quick, 20/10/10 full)")
+    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 2 + 2 + 2 + 2 trials (several minutes)")
+    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/2/2/2/2 quick, 20/10/10/20/10/10/10/10 full)")
     e.set_defaults(func=cmd)
 
 

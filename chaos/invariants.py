@@ -224,8 +224,8 @@ class Checker:
 # --- HAMS service graphs ------------------------------------------------------------------
 # Streams from the graph processes' traces (services.graph.trace, ``load_graph_traces``):
 # "graph_release" (a reply left the frontend, with its lineage), "graph_apply" (a backup
-# applied a state, with the lineage it depended on), "graph_output" (an operator's output
-# per seq). Times are one host's monotonic clock.
+# applied a state, with the lineage it depended on and the state's epoch), "graph_output"
+# (an operator's output per seq, with its epoch and origin). Times are one host's monotonic clock.
 
 
 def load_graph_traces(trace_dir: str | Path) -> dict[str, list[dict]]:
@@ -318,12 +318,38 @@ class AppliedInAlgorithm2Order:
         return res
 
 
+class OneOutputPerOperatorSeq:
+    """HAMS's guarantee, "one output per (operator, seq) across replies and backups": no two
+    different outputs for one (operator, seq) among the outputs that counted, i.e. that
+    reached a reply (a released reply's lineage names that (operator, seq) for the output's
+    origin) or that a backup applied (an ``apply`` of that operator at the output's epoch
+    names it). An output a failed or rolled-back primary numbered but that nobody took
+    (voided at the frontend, never applied) is not an output of the graph and is not counted.
+
+    A ``graph_output`` record carries ``operator``, ``seq``, ``epoch``, ``origin``, ``output``;
+    an ``apply`` its state's ``epoch``."""
+
+    name = "graph_one_output_per_operator_seq"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if "graph_output" not in ctx.streams:
+            return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
+        released = {(e[2], e[3], rel["origin"]) for rel in ctx.streams.get("graph_release", []) for e in rel["lineage"]}
+        applied = {(e[2], e[3], a.get("epoch")) for a in ctx.streams.get("graph_apply", []) for e in a["lineage"]
+                   if e[2] == a["operator"]}
+        counted = [o for o in ctx.streams["graph_output"]
+                   if (o["operator"], o["seq"], o.get("origin")) in released
+                   or (o["operator"], o["seq"], o.get("epoch")) in applied]
+        res = UniquePerKey(self.name, key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"]).check(
+            counted, CheckContext())
+        res.detail += f" (counted {len(counted)} released or applied outputs of {len(ctx.streams['graph_output'])} traced)"
+        return res
+
+
 def graph_invariants(stateful: Iterable[str]) -> list[Invariant]:
     """The HAMS invariants: durable before release; Algorithm 2 order; one output per (operator, seq)."""
     stateful = list(stateful)
-    return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful),
-            UniquePerKey("graph_one_output_per_operator_seq", stream="graph_output",
-                         key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"])]
+    return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful), OneOutputPerOperatorSeq()]
 
 
 def graph_checks(graph_table: dict, trace_dir: str | Path) -> tuple[list[Invariant], dict[str, list[dict]]]:

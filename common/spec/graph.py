@@ -4,7 +4,7 @@ the frontend as entry and exit).
 Format::
 
     [graph]
-    mode = "nspb"            # bare | remus | nspb | s1 | s2 (services.graph.modes)
+    mode = "nspb"            # bare | remus | nspb | s1 | s2 | strawman (services.graph.modes)
     window = 1               # NSPB: states in flight to the backup (1 = HAMS §III-B)
     input_shape = [8]        # one request's input, as the frontend receives it
     edges = [["frontend", "gru1"], ["gru1", "gru2"], ["gru2", "frontend"]]
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from common.spec.tables import SpecError
 
 FRONTEND = "frontend"
-MODES = ("bare", "remus", "nspb", "s1", "s2")
+MODES = ("bare", "remus", "nspb", "s1", "s2", "strawman")
 JOINS = ("combine", "interleave")
 
 

@@ -6,7 +6,7 @@ A client's ``Predict`` (ROUTER, ``client_endpoint``) gets the next sequence numb
 ``endpoint``; its reply is held (``services.requests`` HELD) until every stateful state on
 its lineage is durable (``ReleaseGate``: the backups' ``GraphDurable`` notices), so no
 client sees an output that a failure could contradict. A stateless-only graph (or mode
-bare) holds nothing. Every request gets one answer: its output, or an error that says
+bare or strawman: no state reaches a backup) holds nothing. Every request gets one answer: its output, or an error that says
 why (bad input, overloaded, an operator's model error, timed out in the graph).
 
 Behind an interleaving join a request has several outputs (``replies_per_origin``): the
@@ -40,6 +40,7 @@ from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predi
 from common.spec.graph import FRONTEND, read_graph
 from services.base import Service
 from services.graph.lineage import ReleaseGate, join
+from services.graph.modes import MODES
 from services.graph.trace import Trace
 from services.requests import Request, State
 
@@ -55,7 +56,7 @@ class GraphFrontend(Service):
                                        self._on_client)
         self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
         self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
-        self.gate = ReleaseGate(self.graph.stateful)
+        self.gate = ReleaseGate(self.graph.stateful if MODES[self.graph.mode].ships_state else ())
         self.next_origin = 0
         self.requests: dict[int, Request] = {}  # origin -> request in the graph
         self.outputs: dict[int, np.ndarray] = {}  # origin -> held output

@@ -7,8 +7,12 @@
 | s1    | in the background                | once the backup has it     |
 | s2    | model stopped to copy            | at once                    |
 | remus | model stopped to copy            | once the backup has it     |
+| strawman | none: the frontend only keeps inputs and resends them after a failure; the replacement starts from the initial state | at once |
 
-In every mode but bare the frontend holds each reply until its lineage is durable.
+In every mode but bare and strawman the frontend holds each reply until its lineage is
+durable. ``strawman`` is HAMS's strawman (§VII-D, issue 12): a failover re-executes requests
+on a fresh state, so with non-deterministic models (``noise``) it releases outputs that
+contradict ones already released; the checker must see them.
 """
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ class Mode:
     name: str
     copy_in_background: bool
     hold_outputs: bool
+    #: the primary ships its state to the backup after each batch (all but strawman)
+    ships_state: bool = True
 
 
 MODES = {m.name: m for m in (Mode("bare", True, False), Mode("nspb", True, False), Mode("s1", True, True),
-                             Mode("s2", False, False), Mode("remus", False, True))}
+                             Mode("s2", False, False), Mode("remus", False, True),
+                             Mode("strawman", True, False, ships_state=False))}

@@ -32,7 +32,13 @@ that max_seq is durable at the new epoch (the frontend drops held outputs above 
 each predecessor up to which of its seqs the state holds (``GraphAck`` from a successor:
 resend the rest). Until a new backup exists it runs *degraded*: it declares its own
 states durable. A primary that sees another holder at a newer epoch steps down and
-releases nothing more (fencing).
+releases nothing more (fencing). A holder also numbers and sends only while the manager
+confirmed it within ``LEASE_S`` (its heartbeat answers or the feed name it the holder): a
+frozen primary (SIGSTOP) keeps its sockets open, so only the manager's silence window
+detects it; thawed, it finds its lease lapsed (checked before a batch and again before
+it numbers the batch's outputs: a freeze mid-batch re-queues the batch), sends nothing
+until the manager answers, and the answer (a newer holder) fences it: it stays fenced and says so (status ``fenced``,
+trace ``fenced``). It does not yet come back as the new primary's backup.
 
 A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
 too (the standby of a kind stands by for the first operator of that kind). When the
@@ -66,6 +72,21 @@ from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
 from services.graph.statemgr import StateManager, header_of, unpack
 from services.graph.trace import Trace
+
+
+#: a holder numbers and sends only this long after the manager last confirmed it: under
+#: the manager's silence window (``ManagerConfig``: 5 heartbeats of 30 ms = 150 ms), so a
+#: primary thawed after the manager replaced it cannot release before it learns so
+LEASE_S = 0.1
+
+
+def on_wire(seq: int) -> int:
+    """A takeover's "highest seq held" as the protocol can say it: -1 (nothing yet: the
+    backup applied no state, the strawman's always) is refused on the wire (seqs are
+    >= 0), so it goes as 0. Known hole: a seq-0 output held or unsent at that moment is
+    neither voided nor resent (only a failure within the first batch); the fix is to let
+    GraphAck/GraphDurable carry -1 (common/protocol/codec.py, outside this branch)."""
+    return max(seq, 0)
 
 
 class GraphOperator(Service):
@@ -106,6 +127,8 @@ class GraphOperator(Service):
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
         self.role_epoch = 0  # the newest epoch of my group seen (decisions older than it are stale news)
+        self.confirmed = 0.0  # when the manager last said I hold my group (the lease, LEASE_S)
+        self.fenced = False  # a newer holder of my group exists: I release nothing more
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
@@ -163,8 +186,8 @@ class GraphOperator(Service):
             return
         if op in self.epochs and op in self.succs and self.stateful:
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
-        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful:
-            self._report_taken(op, epoch, endpoint)
+        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.model is not None:
+            self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -180,16 +203,26 @@ class GraphOperator(Service):
         if epoch < self.role_epoch:
             return
         self.role_epoch = epoch
+        if holder == self.name:
+            self.confirmed = time.monotonic()
         if holder == self.name and self.backup is not None:
             self.take_over(epoch)
         elif holder == self.name and self.standby and self.model is None:
             self.take_over_stateless(epoch)
-        elif holder not in (None, self.name) and self.model is not None and self.stateful:
+        elif holder not in (None, self.name) and self.model is not None and self.assignment.role in ("primary", "stateless"):
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
             self.held.clear()
             self.outputs.clear()
-            self.log.warning("stale primary: stepped down", holder=holder, epoch=epoch)
+            self.fenced = True
+            self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
+            self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
+
+    def leased(self) -> bool:
+        """May I number and send? Without a manager always; with one, a holder only while
+        the manager confirmed it within ``LEASE_S`` (a thawed primary waits for its word)."""
+        return self.manager is None or self.backup is not None or self.standby \
+            or time.monotonic() - self.confirmed < LEASE_S
 
     def take_over(self, epoch: int) -> None:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
@@ -212,12 +245,12 @@ class GraphOperator(Service):
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self.peers.send(self.config.peers[target], msg)
-        note = GraphDurable(self.op, epoch, max_seq)
+        note = GraphDurable(self.op, epoch, on_wire(max_seq))
         succs = [n for n in self.succs if n != FRONTEND]
         for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed.get(p, -1))))
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
@@ -257,10 +290,10 @@ class GraphOperator(Service):
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
         from it, and its predecessors the highest of their seqs on those outputs."""
-        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
+        self.peers.send(endpoint, GraphAck(op, epoch, on_wire(self.took.get(op, -1))))
         before = self.took_before.get(op, {})
         for p in self.graph.predecessors(op):
-            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
+            self.peers.send(self.config.peers[p], GraphAck(op, epoch, on_wire(before.get(p, -1))))
 
     def _resend(self, successor: str, after: int) -> None:
         """A successor's new primary holds my outputs up to ``after``: send the rest again,
@@ -299,8 +332,10 @@ class GraphOperator(Service):
                 self._on_durable(msg)
 
     def _on_request(self, msg: GraphRequest) -> None:
-        if self.model is None:  # a backup or a standby serves nothing until promoted (HAMS II)
+        if self.model is None and not self.standby:  # a backup serves nothing until promoted (HAMS II)
             return
+        # a standby keeps what reaches it: it is addressed as the new holder by a peer that read
+        # its promotion first (the frontend's resend); it computes once its own promotion arrives
         if msg.sender not in self.preds or tuple(msg.input.shape) != self._shapes[msg.sender]:
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
@@ -380,7 +415,7 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
-            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, degraded=self.degraded,
+            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
@@ -388,8 +423,11 @@ class GraphOperator(Service):
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
-        super().tick(0 if (self.queue and timeout is None) else timeout)
-        if self.queue and self.model is not None and not self.numbering:
+        def can_step() -> bool:
+            return bool(self.queue) and self.model is not None and not self.numbering and self.leased()
+
+        super().tick(0 if (can_step() and timeout is None) else timeout)
+        if can_step():
             self._guarded("step", self.step, None)
 
     def step(self, _=None) -> None:
@@ -405,6 +443,9 @@ class GraphOperator(Service):
         pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
         if pad > 0:
             time.sleep(pad)  # the experiments' model service time
+        if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
+            self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
+            return
         t1 = time.perf_counter()
         first = self.next_seq
         sends, lineages = [], []
@@ -416,7 +457,8 @@ class GraphOperator(Service):
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
             if self.trace:
-                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch, output=out)
+                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
+                                 origin=r.origin, output=out)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
                 self.outputs[self.next_seq] = msg
@@ -434,7 +476,7 @@ class GraphOperator(Service):
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
-        if self.stateful and not self.degraded:
+        if self.stateful and not self.degraded and self.mode.ships_state:
             self._wait_for_update()
         t3 = time.perf_counter()
         self.model.update(batch, outputs)
@@ -442,7 +484,7 @@ class GraphOperator(Service):
         self.update_s += time.perf_counter() - t3
         if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
             self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
-        elif self.stateful:
+        elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
@@ -494,7 +536,7 @@ class GraphOperator(Service):
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    degraded=self.degraded, takeovers=self.takeovers,
+                    degraded=self.degraded, takeovers=self.takeovers, fenced=self.fenced,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),

@@ -24,6 +24,7 @@ A ``GraphBatch`` is the rows of one batch: ``inputs`` (numpy, stacked on axis 0)
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,11 +111,17 @@ class LeNet(StatelessOperator):
 
 class GRU(StatefulOperator):
     """Stateful inference: a GRU cell with one hidden state per stream (a request carries
-    its stream id). Rows of one stream in one batch are applied in order."""
+    its stream id). Rows of one stream in one batch are applied in order.
 
-    def __init__(self, input_shape, output_shape, seed: int = 0, streams: int = 64, **options):
+    ``noise`` > 0: every new hidden state (the output and the state) gets Gaussian noise of
+    that scale from a generator seeded by the OS, so no two runs, and no re-execution,
+    compute the same values (the non-determinism of GPU kernels, made visible: issue 12)."""
+
+    def __init__(self, input_shape, output_shape, seed: int = 0, streams: int = 64, noise: float = 0.0, **options):
         super().__init__(input_shape, output_shape, seed)
         self.streams = streams
+        self.noise = noise
+        self.noise_rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little")) if noise else None
         self.cell = torch.nn.GRUCell(int(np.prod(input_shape)), int(np.prod(output_shape)))
         self._pending: tuple[list[int], torch.Tensor] | None = None
 
@@ -138,6 +145,8 @@ class GRU(StatefulOperator):
         for rows in rounds:
             h = torch.stack([hidden.get(streams[i], self.state["hidden"][streams[i]]) for i in rows])
             new = self.cell(x[rows], h)
+            if self.noise_rng is not None:
+                new = new + self.noise * torch.randn(new.shape, generator=self.noise_rng)
             for j, i in enumerate(rows):
                 out[i] = hidden[streams[i]] = new[j]
         self._pending = (list(hidden), torch.stack(list(hidden.values())))

@@ -117,10 +117,11 @@ def _trace():
     """A correct run: g1's backup applies seq 0, then g2's applies its seq 0 (which depends
     on g1 seq 0), then the reply leaves."""
     lin = [["frontend", 0, "g1", 0], ["g1", 0, "g2", 0]]
-    return {"graph_apply": [{"operator": "g1", "last_seq": 0, "lineage": [lin[0]], "t": 1.0},
-                            {"operator": "g2", "last_seq": 0, "lineage": lin, "t": 2.0}],
+    return {"graph_apply": [{"operator": "g1", "last_seq": 0, "epoch": 1, "lineage": [lin[0]], "t": 1.0},
+                            {"operator": "g2", "last_seq": 0, "epoch": 1, "lineage": lin, "t": 2.0}],
             "graph_release": [{"origin": 0, "lineage": lin, "t": 3.0}],
-            "graph_output": [{"operator": "g1", "seq": 0, "output": [1.0]}, {"operator": "g2", "seq": 0, "output": [2.0]}]}
+            "graph_output": [{"operator": "g1", "seq": 0, "epoch": 1, "origin": 0, "output": [1.0]},
+                             {"operator": "g2", "seq": 0, "epoch": 1, "origin": 0, "output": [2.0]}]}
 
 
 def _graph_results(streams):
@@ -154,10 +155,44 @@ def test_a_backup_applying_before_its_dependency_fails_algorithm2_order():
 
 def test_two_outputs_for_one_operator_seq_fail_but_a_repeat_does_not():
     streams = _trace()
-    streams["graph_output"].append({"operator": "g1", "seq": 0, "output": [1.0]})
+    streams["graph_output"].append({"operator": "g1", "seq": 0, "epoch": 1, "origin": 0, "output": [1.0]})
     assert _graph_results(streams)["graph_one_output_per_operator_seq"].ok is True
-    streams["graph_output"].append({"operator": "g1", "seq": 0, "output": [5.0]})
+    streams["graph_output"].append({"operator": "g1", "seq": 0, "epoch": 2, "origin": 0, "output": [5.0]})
     assert _graph_results(streams)["graph_one_output_per_operator_seq"].ok is False
+
+
+def _rolled_back_trace():
+    """g2's old primary (epoch 1) numbered seq 1 for origin 1; g2 was rolled back, the
+    frontend voided that output; g2's new primary (epoch 2) numbered seq 1 for origin 2 and
+    seq 2 for origin 1, and those replies left."""
+    streams = _trace()
+    streams["graph_output"] += [{"operator": "g2", "seq": 1, "epoch": 1, "origin": 1, "output": [7.0]},  # voided
+                                {"operator": "g2", "seq": 1, "epoch": 2, "origin": 2, "output": [8.0]},
+                                {"operator": "g2", "seq": 2, "epoch": 2, "origin": 1, "output": [7.0]}]
+    streams["graph_release"] += [{"origin": 2, "lineage": [["frontend", 2, "g1", 2], ["g1", 2, "g2", 1]], "t": 4.0},
+                                 {"origin": 1, "lineage": [["frontend", 1, "g1", 1], ["g1", 1, "g2", 2]], "t": 4.0}]
+    return streams
+
+
+def test_an_output_nobody_took_is_not_an_output_of_the_graph():
+    result = _graph_results(_rolled_back_trace())["graph_one_output_per_operator_seq"]
+    assert result.ok is True and result.checked == 4, result.detail  # the voided one is not counted
+
+
+def test_two_different_released_outputs_for_one_operator_seq_are_flagged():
+    streams = _rolled_back_trace()
+    # the voided output reached a reply after all: two different g2 seq-1 outputs left the graph
+    streams["graph_release"].append({"origin": 1, "lineage": [["frontend", 1, "g1", 1], ["g1", 1, "g2", 1]], "t": 5.0})
+    result = _graph_results(streams)["graph_one_output_per_operator_seq"]
+    assert result.ok is False and result.violations == 1 and result.examples == [{"key": "('g2', 1)"}]
+
+
+def test_an_output_a_backup_applied_counts_even_if_no_reply_shows_it():
+    streams = _rolled_back_trace()
+    # g2's backup applied the epoch-1 state holding seq 1: that output is the graph's, and the re-run contradicts it
+    streams["graph_apply"].append({"operator": "g2", "last_seq": 1, "epoch": 1, "lineage": [["g1", 1, "g2", 1]], "t": 3.5})
+    result = _graph_results(streams)["graph_one_output_per_operator_seq"]
+    assert result.ok is False and result.violations == 1
 
 
 def test_graph_invariants_without_traces_are_unchecked_not_passed():
