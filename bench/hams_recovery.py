@@ -187,7 +187,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             if i == kill_at:
                 fault_t["t"] = time.monotonic()
                 for v in victims:
-                    run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL)
+                    run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL, wait=False)
             elif frozen and "thaw" not in fault_t and i > kill_at and (i % 5 == 0 and taken_over() or i == n - 1):
                 fault_t["thaw"] = time.monotonic()  # the backup was promoted (or the load ends): thaw the old primary
                 for name in frozen:

@@ -77,12 +77,15 @@ class Launcher:
         self.procs[svc.name] = proc
         return proc
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    def kill(self, name: str, sig: int = signal.SIGKILL, wait: bool = True) -> None:
+        """Send ``sig``; for SIGKILL/SIGTERM wait for the exit unless ``wait`` is False (a
+        load generator that kills mid-stream must not pause for the reaping: a torch
+        process takes ~35 ms to go; ``stop`` reaps it)."""
         proc = self.procs[name]
         self.killed.add(name)
         if proc.poll() is None:
             os.kill(proc.pid, sig)
-            if sig in (signal.SIGKILL, signal.SIGTERM):
+            if wait and sig in (signal.SIGKILL, signal.SIGTERM):
                 proc.wait(10)
 
     def wait_status(self, endpoint: str, predicate=lambda info: True, timeout_s: float = 30.0) -> dict:
