@@ -20,7 +20,8 @@ sends ``Configure`` to the worker and fills the new number of slots at once. An 
 ``Configure(model=M, slots=, threads=)`` on the ROUTER (``keel serf set``, SERF's
 profiler) applies it to every worker of M. With ``serf = {M = PROFILE}`` the dispatcher
 runs SERF's configurator (``services.serf.configurator``) every heartbeat: M's arrival
-rate, the reference table, hysteresis and a hold time, then ``configure``; its state is in
+rate (counted over a window), the reference table, hysteresis and a hold time, then
+``configure``; the profile is checked against the service times of each ``Done``; its state is in
 ``status()["serf"]`` and the ``serf_*`` metrics.
 
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
@@ -110,8 +111,11 @@ class Dispatcher(Service):
                 ("arrival_rate", "arrival rate per worker SERF reads (req/s)"),
                 ("slots", "requests at once of the model's workers"), ("threads", "torch threads per request"),
                 ("predicted_seconds", "Eq. 13 mean latency of the current configuration at the current rate"),
-                ("observed_seconds", "mean latency in the dispatcher (queue + service), EWMA"))}
+                ("observed_seconds", "mean latency in the dispatcher (queue + service), EWMA"),
+                ("service_ratio", "service time measured serving / profiled, running configuration, last 2 s"))}
             self.m_serf_switches = self.metrics.counter("serf_switches_total", "configuration switches", ["model"])
+            self.m_serf_corrections = self.metrics.counter(
+                "serf_profile_corrections_total", "profile entries rescaled to the service times measured serving", ["model"])
         #: with a manager: active only while the manager's log names this dispatcher the
         #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
         self.active, self.fence_epoch, self.manager = True, 0, None
@@ -167,7 +171,7 @@ class Dispatcher(Service):
         kind = (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
         for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, inputs):
             append(Query(qid, now + budget_ms / 1000.0, reply_to, row, now, kind))
-        queue.arrived += len(msg.qids)
+        queue.arrive(len(msg.qids), now)
 
     def _on_answered(self, msg: Answered) -> None:
         limit = self.cfg.answered_limit
@@ -274,6 +278,9 @@ class Dispatcher(Service):
             now = time.monotonic()
             for q in held.held:
                 self.serf.observe(worker.model, (now - q.enqueued) * 1000.0)
+            # the profile check: batches it still holds, this one included
+            self.serf.observe_service(worker.model, (worker.slots, worker.threads), len(worker.inflight) + 1,
+                                      msg.service_ms, held.sent_at, now)
         if msg.ok:
             worker.profile.observe(held.size, msg.service_ms)
         self.queues[worker.model].batching.observe(worker, held.size, msg.service_ms, msg.ok)
@@ -310,10 +317,17 @@ class Dispatcher(Service):
             if current is None:
                 continue
             workers = self.by_model[model]
-            choice = self.serf.decide(model, self.queues[model].rate, current, len(workers), now)
+            corrected = self.serf.check(model, current, now)
+            if corrected is not None:
+                self.log.warning("serf profile corrected from serving", model=model, **corrected)
+                self.m_serf_corrections.labels(model=model).inc()
+            estimate = self.queues[model].arrival_rate(now)
+            if estimate is None:  # no arrivals yet, or too recent to count
+                continue
+            rate, window_s = estimate
+            choice = self.serf.decide(model, rate, current, len(workers), now, spread=self.serf.spread(rate, window_s))
             if choice is not None:
-                self.log.info("serf switch", model=model, rate=round(self.queues[model].rate, 2),
-                              to=list(choice), previous=list(current))
+                self.log.info("serf switch", model=model, rate=round(rate, 2), to=list(choice), previous=list(current))
                 for w in list(workers):
                     self.configure(w.name, slots=choice[0], threads=choice[1])
                 self.m_serf_switches.labels(model=model).inc()
@@ -326,6 +340,9 @@ class Dispatcher(Service):
                 m["predicted_seconds"].labels(model=model).set(plan.predicted_ms / 1000.0)
             if plan.observed_ms is not None:
                 m["observed_seconds"].labels(model=model).set(plan.observed_ms / 1000.0)
+            ratio = plan.service_ratio(now)
+            if ratio is not None:
+                m["service_ratio"].labels(model=model).set(ratio)
 
     # ------------------------------------------------------------------ dispatch
 

@@ -25,6 +25,7 @@ Example
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ from typing import Any
 import numpy as np
 
 from common.config import BatchPolicy
+
+#: the windows SERF's arrival rate is counted over (``ModelQueue.arrival_rate``), and how
+#: far back a queue keeps its arrivals (the longest)
+RATE_WINDOWS_S = (0.5, 1.0, 2.0, 4.0)
+ARRIVAL_WINDOW_S = RATE_WINDOWS_S[-1]
 
 
 @dataclass(slots=True)
@@ -66,6 +72,50 @@ class ModelQueue:
     arrived: int = 0
     rate: float = 0.0
     rate_at: float = 0.0
+    #: (when, rows) of each arrival within the last ``ARRIVAL_WINDOW_S`` (SERF's rate)
+    arrivals: deque = field(default_factory=deque)
+    first_arrival: float | None = None
+    step_at: float = float("-inf")  # the last step in the arrival rate seen (``arrival_rate``)
+
+    def arrive(self, rows: int, now: float) -> None:
+        if self.first_arrival is None:
+            self.first_arrival = now
+        self.arrived += rows
+        self.arrivals.append((now, rows))
+        self._forget(now)
+
+    def arrival_rate(self, now: float, windows: tuple[float, ...] = RATE_WINDOWS_S, z: float = 4.0
+                     ) -> tuple[float, float] | None:
+        """SERF's arrival rate: (rows per second, over how many seconds), counted over the
+        longest of ``windows`` (ascending) in which arrivals look steady: each shorter
+        window's rate is within ``z`` Poisson standard errors of the rate over the rest of
+        the longer one. A step is seen within the shortest windows; a steady load is
+        counted over the longest. Once a step is seen, no window reaches back past it
+        (arrivals before it would hold the estimate between the two rates). 0 before the
+        first arrival; None until that is the shortest window old."""
+        self._forget(now)
+        if self.first_arrival is None:
+            return 0.0, windows[-1]
+        if now - self.first_arrival < windows[0]:
+            return None
+        counts = [sum(n for t, n in self.arrivals if t > now - w) for w in windows]
+        use = 0
+        for k in range(1, len(windows)):
+            if now - max(self.first_arrival, self.step_at) < windows[k]:
+                break
+            pooled = counts[k] / windows[k]
+            steady = all(abs(counts[j] / windows[j] - (counts[k] - counts[j]) / (windows[k] - windows[j]))
+                         <= z * math.sqrt(max(pooled, 1.0 / windows[k]) * (1 / windows[j] + 1 / (windows[k] - windows[j])))
+                         for j in range(k))
+            if not steady:  # a step: count from within the window that saw it on
+                self.step_at = now - windows[use]
+                break
+            use = k
+        return counts[use] / windows[use], windows[use]
+
+    def _forget(self, now: float) -> None:
+        while self.arrivals and self.arrivals[0][0] <= now - ARRIVAL_WINDOW_S:
+            self.arrivals.popleft()
 
     def update_rate(self, now: float, alpha: float = 0.3) -> None:
         if self.rate_at and now > self.rate_at:

@@ -13,6 +13,22 @@ first grid rate >= it, and asks for a switch when
   ``hysteresis`` (a fraction) faster than it (so a rate near a crossing does not flap), and
 - the last switch is at least ``hold_s`` old (minimum hold time).
 
+The arrival rate is the dispatcher's count of the model's arrivals over the longest of
+0.5, 1, 2 and 4 s in which they look steady (``ModelQueue.arrival_rate``): a step is seen
+within 0.5-1 s (the queue's EWMA took 2-2.25 s to see a step down to a fifth), a steady load
+is counted over 4 s. A switch is made only if Eq. 13 averaged over the estimate and
+``NOISE_Z`` standard errors of its count either side (``spread``) is lower by the
+hysteresis, or the current configuration cannot carry the load there; with the hold time
+this keeps Poisson noise from flapping.
+
+The profile is checked against serving (``observe_service``): every ``Done`` gives the
+worker's service time and how many batches it held (i), as a ratio to the profiled
+S_(i,t) of the running configuration. When the median ratio over the last ``CHECK_WINDOW_S``
+(at least ``CHECK_MIN_SAMPLES``) stays off 1 by more than ``check_threshold`` for
+``check_sustain_s``, that configuration's tuples are rescaled by it and the table rebuilt
+(a profile taken in a burst of other work, or a machine that got slower or faster since).
+Only the running configuration is corrected: the others were not observed.
+
 ``observe`` takes each query's latency inside Keel as the dispatcher sees it (queue wait +
 service, from its receipt to the batch's Done) into an EWMA: the "observed" beside the
 "predicted" (Eq. 13 for the current configuration at the current rate, without the
@@ -31,6 +47,8 @@ Example
 from __future__ import annotations
 
 import bisect
+import math
+import statistics
 import time
 from collections import deque
 
@@ -38,6 +56,13 @@ from services.serf.profile import Profile
 
 #: arrival rates in a reference table
 GRID = 200
+#: standard errors of the window's count a switch must hold across (``spread``)
+NOISE_Z = 1.5
+#: the profile check: window (s), samples it needs, how far off (a fraction) for how long (s)
+CHECK_WINDOW_S = 2.0
+CHECK_MIN_SAMPLES = 20
+CHECK_THRESHOLD = 0.2
+CHECK_SUSTAIN_S = 3.0
 
 
 class ModelPlan:
@@ -45,11 +70,7 @@ class ModelPlan:
 
     def __init__(self, profile: Profile):
         self.profile = profile
-        t0 = time.perf_counter()
-        top = max(profile.capacity(c) for c in profile.configurations())
-        self.rates = [top * (k + 1) / GRID for k in range(GRID)]
-        self.table = profile.table(self.rates)
-        self.table_ms = (time.perf_counter() - t0) * 1000.0
+        self.build()
         self.rate = 0.0
         self.predicted_ms: float | None = None
         self.observed_ms: float | None = None
@@ -58,6 +79,30 @@ class ModelPlan:
         #: the recent switches (wall time, from, to, rate per worker), oldest first
         self.switch_log: deque[dict] = deque(maxlen=64)
         self.switched_at = float("-inf")
+        #: the profile check: (when, observed / profiled service time) of the running
+        #: configuration since the last switch, when the mean went off, the corrections
+        self.ratios: deque[tuple[float, float]] = deque()
+        self.ratios_of: tuple[int, int] | None = None
+        self.off_since: float | None = None
+        self.corrections = 0
+        self.last_correction: dict | None = None
+
+    def build(self) -> None:
+        """The reference table over ``GRID`` rates up to the most any configuration carries."""
+        t0 = time.perf_counter()
+        top = max(self.profile.capacity(c) for c in self.profile.configurations())
+        self.rates = [top * (k + 1) / GRID for k in range(GRID)]
+        self.table = self.profile.table(self.rates)
+        self.table_ms = (time.perf_counter() - t0) * 1000.0
+
+    def service_ratio(self, now: float) -> float | None:
+        """Median observed / profiled service time over the last ``CHECK_WINDOW_S`` (a
+        median: a burst counts only once it is half the window)."""
+        while self.ratios and self.ratios[0][0] <= now - CHECK_WINDOW_S:
+            self.ratios.popleft()
+        if len(self.ratios) < CHECK_MIN_SAMPLES:
+            return None
+        return statistics.median(r for _, r in self.ratios)
 
     def best(self, rate: float) -> tuple[int, int]:
         """The table's best configuration at the first grid rate >= ``rate`` (beyond the
@@ -70,15 +115,20 @@ class ModelPlan:
 
 
 class Configurator:
-    def __init__(self, profiles: dict[str, Profile], hysteresis: float = 0.05, hold_s: float = 1.0, alpha: float = 0.1):
+    def __init__(self, profiles: dict[str, Profile], hysteresis: float = 0.05, hold_s: float = 1.0, alpha: float = 0.1,
+                 check_threshold: float = CHECK_THRESHOLD, check_sustain_s: float = CHECK_SUSTAIN_S):
         self.models = {m: ModelPlan(p) for m, p in profiles.items()}
         self.hysteresis, self.hold_s, self.alpha = hysteresis, hold_s, alpha
+        self.check_threshold, self.check_sustain_s = check_threshold, check_sustain_s
+        self.noise_z = NOISE_Z
 
     def decide(self, model: str, rate: float, current: tuple[int, int] | None, workers: int,
-               now: float) -> tuple[int, int] | None:
-        """The configuration to switch ``model``'s workers to now, or None to stay."""
+               now: float, spread: float = 0.0) -> tuple[int, int] | None:
+        """The configuration to switch ``model``'s workers to now, or None to stay.
+        ``spread`` (req/s, of ``rate``): how far the estimate may be off by chance
+        (``_better``)."""
         plan = self.models[model]
-        per_worker = rate / max(1, workers)
+        per_worker, spread = rate / max(1, workers), spread / max(1, workers)
         plan.rate = per_worker
         best = plan.best(per_worker)
         if current is not None:
@@ -86,17 +136,77 @@ class Configurator:
                 if current in plan.profile.configurations() else None
         if best == current or now - plan.switched_at < self.hold_s:
             return None
-        if current is not None and current in plan.profile.configurations():
-            now_ms, best_ms = plan.profile.predict_ms(current, per_worker), plan.profile.predict_ms(best, per_worker)
-            if now_ms is not None and best_ms is not None and best_ms > (1.0 - self.hysteresis) * now_ms:
-                return None
+        if current is not None and current in plan.profile.configurations() and \
+                not self._better(plan.profile, best, current, per_worker, spread):
+            return None
         plan.switches += 1
         plan.switched_at = now
+        plan.ratios.clear()
+        plan.off_since = None
         plan.last_switch = {"from": list(current) if current else None, "to": list(best), "rate": round(per_worker, 2),
                             "wall": time.time()}
         plan.switch_log.append(plan.last_switch)
         plan.predicted_ms = plan.profile.predict_ms(best, per_worker, path=False)
         return best
+
+    def _better(self, profile: Profile, best: tuple[int, int], current: tuple[int, int], rate: float,
+                spread: float) -> bool:
+        """Is ``best`` worth a switch from ``current``? Eq. 13 averaged over where the rate
+        may be (rate -+ spread, weights 1/4, 1/2, 1/4) at least ``hysteresis`` lower; at
+        once where only the current one is unstable, never where only the best is."""
+        mean_now = mean_best = 0.0
+        for r, weight in ((max(0.0, rate - spread), 0.25), (rate, 0.5), (rate + spread, 0.25)):
+            now_ms, best_ms = profile.predict_ms(current, r), profile.predict_ms(best, r)
+            if now_ms is None and best_ms is None:
+                continue
+            if now_ms is None:
+                return True
+            if best_ms is None:
+                return False
+            mean_now, mean_best = mean_now + weight * now_ms, mean_best + weight * best_ms
+        return mean_best <= (1.0 - self.hysteresis) * mean_now
+
+    def spread(self, rate: float, window_s: float) -> float:
+        """``noise_z`` standard errors of a Poisson count over ``window_s`` at ``rate`` (req/s)."""
+        return self.noise_z * math.sqrt(max(rate, 1.0 / window_s) / window_s)
+
+    def observe_service(self, model: str, config: tuple[int, int], running: int, service_ms: float, sent_at: float,
+                        now: float) -> None:
+        """One batch's service time on a worker in ``config`` that held ``running`` batches
+        (itself included) when it finished; batches sent before the last switch ran in
+        the previous configuration and are not counted."""
+        plan = self.models.get(model)
+        if plan is None or sent_at < plan.switched_at:
+            return
+        if config != plan.ratios_of:  # switched by someone else (``keel serf set``)
+            plan.ratios.clear()
+            plan.ratios_of = config
+        profiled = plan.profile.service_ms.get((min(max(running, 1), config[0]), config[1]))
+        if profiled:
+            plan.ratios.append((now, service_ms / profiled))
+
+    def check(self, model: str, config: tuple[int, int] | None, now: float) -> dict | None:
+        """Correct the running configuration's profile when serving has measured it off by
+        more than ``check_threshold`` for ``check_sustain_s``; what was corrected, or None."""
+        plan = self.models[model]
+        ratio = plan.service_ratio(now)
+        if config not in plan.profile.configurations() or ratio is None or abs(ratio - 1.0) <= self.check_threshold:
+            plan.off_since = None
+            return None
+        if plan.off_since is None:
+            plan.off_since = now
+        if now - plan.off_since < self.check_sustain_s:
+            return None
+        before = plan.profile.service_ms[(config[0], config[1])]
+        plan.profile.rescale(config, ratio)
+        plan.build()
+        plan.ratios.clear()
+        plan.off_since = None
+        plan.corrections += 1
+        plan.last_correction = {"configuration": list(config), "factor": round(ratio, 3),
+                                "service_ms": [round(before, 2), round(plan.profile.service_ms[config], 2)],
+                                "wall": time.time()}
+        return plan.last_correction
 
     def observe(self, model: str, latency_ms: float) -> None:
         plan = self.models.get(model)
@@ -116,5 +226,11 @@ class Configurator:
                 "last_switch": None if last is None else f"{last['from']} -> {last['to']} at {last['rate']}/s, "
                                                          f"{time.time() - last['wall']:.1f} s ago",
                 "switch_log": list(plan.switch_log),
+                "service_ratio": None if (r := plan.service_ratio(time.monotonic())) is None else round(r, 3),
+                "profile_corrections": plan.corrections,
+                "last_correction": None if plan.last_correction is None else
+                f"{'x'.join(map(str, plan.last_correction['configuration']))} x{plan.last_correction['factor']} "
+                f"({plan.last_correction['service_ms'][0]} -> {plan.last_correction['service_ms'][1]} ms), "
+                f"{time.time() - plan.last_correction['wall']:.1f} s ago",
             }
         return out

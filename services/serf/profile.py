@@ -75,6 +75,13 @@ class Profile:
             return None
         return latency(mu, rate) * 1000.0 + extra
 
+    def rescale(self, config: tuple[int, int], factor: float) -> None:
+        """Multiply the service times of ``config``'s tuples (i <= c, t) by ``factor``: what
+        the worker measured while serving corrects what profiling measured."""
+        c, t = config
+        for i in range(1, c + 1):
+            self.service_ms[(i, t)] *= factor
+
     def table(self, rates: list[float]) -> list[dict]:
         """The configuration reference table over ``rates`` (``common.queueing``), each
         latency less its configuration's hand-off (as ``predict_ms``, without the path)."""

@@ -1,0 +1,152 @@
+"""SERF while serving, without processes: the arrival rate the configurator follows (a step
+seen within a second, no flapping on Poisson noise at a steady rate) and the profile
+checked against the service times the worker measures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.scheduling.view import ModelQueue
+from services.serf.configurator import CHECK_MIN_SAMPLES, Configurator
+from services.serf.profile import Profile
+
+# resnet18 profiled back to back (notes/serf.md): threads a little faster alone, 2x1
+# carries the most; the latency curves cross near 24/s and differ by < 10% below 35/s
+RESNET = {(1, 1): 17.0, (1, 2): 14.2, (2, 1): 18.0}
+CHORE_S = 0.25  # the dispatcher's heartbeat
+
+
+def poisson(phases: list[tuple[float, float]], seed: int) -> list[float]:
+    rng, t0, out = np.random.default_rng(seed), 0.0, []
+    for rate, duration in phases:
+        t = t0 + rng.exponential(1.0 / rate)
+        while t < t0 + duration:
+            out.append(t)
+            t += rng.exponential(1.0 / rate)
+        t0 += duration
+    return out
+
+
+def serve(phases, seed, start=(2, 1)):
+    """The configurator run every chore on the queue's arrival rate; (estimates, switches)."""
+    arrivals, queue = poisson(phases, seed), ModelQueue("m", None, None)
+    conf = Configurator({"m": Profile("m", "1", 2, dict(RESNET))})
+    current, estimates, switches, i = start, [], [], 0
+    for k in range(1, int(sum(d for _, d in phases) / CHORE_S)):
+        now = k * CHORE_S
+        while i < len(arrivals) and arrivals[i] <= now:
+            queue.arrive(1, arrivals[i])
+            i += 1
+        estimate = queue.arrival_rate(now)
+        if estimate is None:
+            continue
+        estimates.append((now, estimate[0]))
+        choice = conf.decide("m", estimate[0], current, 1, now, spread=conf.spread(*estimate))
+        if choice is not None:
+            switches.append((now, choice))
+            current = choice
+    return estimates, switches
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_in_the_load_is_seen_within_a_second(seed):
+    low, high = 16.7, 77.7
+    estimates, _ = serve([(low, 10), (high, 10), (low, 10)], seed)
+    for step, new in ((10.0, high), (20.0, low)):
+        after = [r for t, r in estimates if step + 1.0 <= t < step + 3.0]
+        assert all(abs(r - new) < 0.5 * new for r in after), (step, after)  # within 1 s, and it stays
+    # a steady load is counted over the longest window: within 25% of the rate every chore
+    steady = [r for t, r in estimates if 5.0 <= t < 10.0]
+    assert all(abs(r - low) < 0.25 * low for r in steady), steady
+
+
+def test_the_queue_ewma_it_replaces_took_two_seconds_to_see_a_step_down():
+    # the estimator before (an EWMA with alpha 0.3 per 0.25 s): the same step down takes > 2 s
+    queue, arrivals = ModelQueue("m", None, None), poisson([(77.7, 10), (16.7, 5)], 0)
+    seen, i = None, 0
+    for k in range(1, 60):
+        now = k * CHORE_S
+        while i < len(arrivals) and arrivals[i] <= now:
+            queue.arrive(1, arrivals[i])
+            i += 1
+        queue.update_rate(now)
+        if now > 10.0 and seen is None and queue.rate < 1.5 * 16.7:
+            seen = now - 10.0
+    assert seen is not None and seen >= 1.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_switches_follow_the_steps_within_the_bound(seed):
+    _, switches = serve([(16.7, 10), (77.7, 10), (16.7, 10), (77.7, 10)], seed)
+    assert [c for _, c in switches] == [(1, 2), (2, 1), (1, 2), (2, 1)], switches
+    for (t, _), step in zip(switches[1:], (10.0, 20.0, 30.0)):
+        assert step < t <= step + 2.0, switches
+
+
+@pytest.mark.parametrize("rate", [10.0, 16.7, 23.0, 30.0, 40.0, 77.7])
+def test_no_flapping_on_poisson_noise_at_a_steady_rate(rate):
+    for seed in range(3):
+        _, switches = serve([(rate, 60)], seed)
+        assert len(switches) <= 2, (seed, switches)  # the first choice, at most one back
+
+
+def test_the_rate_waits_for_a_first_window():
+    queue = ModelQueue("m", None, None)
+    assert queue.arrival_rate(1.0) == (0.0, 4.0)  # idle
+    queue.arrive(3, 1.0)
+    assert queue.arrival_rate(1.25) is None  # 0.25 s of arrivals: not a rate yet
+    queue.arrive(3, 1.25)
+    assert queue.arrival_rate(1.5) == (6.0, 0.5)  # (1.0, 1.5]
+
+
+def served(conf: Configurator, config, service_ms, start: float, seconds: float, running: int = 1) -> list:
+    """Done every 20 ms with ``service_ms``; the corrections ``check`` made."""
+    out, t = [], start
+    while t < start + seconds:
+        conf.observe_service("m", config, running, service_ms, t - 0.03, t)
+        t += 0.02
+        if round(t * 50) % 12 == 0:  # a chore every 0.24 s
+            corrected = conf.check("m", config, t)
+            if corrected:
+                out.append(corrected)
+    return out
+
+
+def test_a_profile_off_for_a_sustained_window_is_corrected():
+    # 2x1 profiled in a burst of other work at 60 ms; serving measures 19 ms (after3)
+    p = Profile("m", "1", 2, {(1, 1): 31.0, (1, 2): 26.5, (2, 1): 60.3})
+    conf = Configurator({"m": p}, hold_s=0.0)
+    assert conf.models["m"].best(20.0) == (1, 2)
+    fixes = served(conf, (2, 1), 19.0, start=0.0, seconds=8.0, running=2)
+    assert len(fixes) == 1  # once: measured against the corrected profile it is on
+    assert fixes[0]["configuration"] == [2, 1] and fixes[0]["factor"] == pytest.approx(19.0 / 60.3, rel=1e-3)
+    assert p.service_ms[(2, 1)] == pytest.approx(19.0) and p.service_ms[(1, 1)] == pytest.approx(31.0 * 19.0 / 60.3)
+    assert p.service_ms[(1, 2)] == 26.5  # not observed: left as profiled
+    plan = conf.models["m"]
+    assert plan.best(20.0) != (1, 2)  # the table was rebuilt: 1x2 (unobserved, 26.5 ms) is no longer best
+    st = conf.status({"m": (2, 1)})["m"]
+    assert st["profile_corrections"] == 1 and "2x1 x0.315 (60.3 -> 19.0 ms)" in st["last_correction"]
+
+
+def test_a_short_burst_or_noise_is_not_a_correction():
+    p = Profile("m", "1", 2, dict(RESNET))
+    conf = Configurator({"m": p})
+    rng = np.random.default_rng(1)
+    t = 0.0
+    for _ in range(500):  # 10 s at +-10%
+        conf.observe_service("m", (1, 2), 1, 14.2 * rng.uniform(0.9, 1.1), t - 0.03, t)
+        t += 0.02
+        assert conf.check("m", (1, 2), t) is None
+    assert served(conf, (1, 2), 40.0, start=t, seconds=2.0) == []  # a 2 s burst: shorter than the sustain
+    assert served(conf, (1, 2), 14.2, start=t + 2.0, seconds=5.0) == []
+    assert p.service_ms == RESNET and conf.models["m"].corrections == 0
+
+
+def test_batches_of_the_configuration_before_a_switch_are_not_counted():
+    conf = Configurator({"m": Profile("m", "1", 2, dict(RESNET))}, hold_s=0.0)
+    assert conf.decide("m", 77.7, (1, 2), 1, now=10.0) == (2, 1)
+    for k in range(CHECK_MIN_SAMPLES * 2):
+        conf.observe_service("m", (2, 1), 1, 50.0, sent_at=9.9, now=10.0 + k * 0.01)  # sent before the switch
+    assert conf.models["m"].service_ratio(10.5) is None
+    conf.observe_service("m", (2, 1), 2, 36.0, sent_at=10.1, now=10.6)
+    assert list(r for _, r in conf.models["m"].ratios) == [2.0]
