@@ -5,7 +5,8 @@ The model is the builtin "sleep" one (its service time is set and the CPU idles)
 what is asserted does not depend on how loaded the machine is: the profile finds the
 sleep time for every tuple, and the configurator, given a profile in which threads help
 one request and two requests at once carry more load, picks threads at a light load and
-concurrency at a heavy one, live, with every query answered."""
+concurrency at a heavy one, live, with every query answered; a profile that the service
+times measured while serving contradict is corrected."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,9 +67,10 @@ def test_one_request_tuples_are_profiled_spaced(tmp_path, launcher):
 
 def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
     # threads help one request (12 vs 20 ms), two at once carry more (2 x 47.6/s vs 83/s)
+    # (the sleep is 20 ms, as profiled for 1x1 and 2x1: serving finds no error to correct)
     fake = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
     path = serf_profile.save(fake, tmp_path / "profile.json")
-    spec = _spec(tmp_path, fixed_ms=5.0, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
+    spec = _spec(tmp_path, fixed_ms=20.0, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
     launcher("serf").start_spec(spec)
     dispatcher = spec.service("dispatcher").config.worker_endpoint
 
@@ -82,6 +84,7 @@ def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
     heavy = serf()
     assert heavy["configuration"] == "2x1", heavy
     assert heavy["switches"] >= 2 and "-> [2, 1]" in heavy["last_switch"]
+    assert heavy["profile_corrections"] == 0 and heavy["last_correction"] is None, heavy
     assert heavy["observed_ms"] is not None and heavy["predicted_ms"] is not None
     s = summarize(records)
     assert s["lost"] == 0 and all(r.source == Source.MODEL for r in records)
@@ -89,3 +92,26 @@ def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
     assert (worker["slots"], worker["threads"]) == (2, 1)
     # the load is gone: back to threads after the hold time
     assert wait_until(lambda: serf().get("configuration") == "1x2", 15.0), serf()
+
+
+def test_a_profile_that_serving_contradicts_is_corrected_live(tmp_path, launcher, client):
+    # profiled in a burst of other work: 2x1 at 21 ms a request; serving measures the 5 ms sleep
+    fake = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
+    path = serf_profile.save(fake, tmp_path / "profile.json")
+    spec = _spec(tmp_path, fixed_ms=5.0, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
+    launcher("serf").start_spec(spec)
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+
+    def serf() -> dict:
+        return (transport.request_status(dispatcher, 2.0) or {}).get("serf", {}).get("m", {})
+
+    assert wait_until(lambda: serf().get("configuration") == "1x2", 10.0), serf()
+    c = client(spec.client_endpoints[0], timeout_ms=10_000.0)
+    inputs = np.arange(16 * DIM, dtype=np.float32).reshape(16, DIM)
+    records = open_loop(c, "m", inputs, rate=78.0, count=470, seed=4, duration_s=7.0)
+    assert summarize(records)["lost"] == 0 and all(r.source == Source.MODEL for r in records)
+    st = serf()
+    # 2x1 (the heavy load's pick) served at about a quarter of its profiled time for > 3 s
+    assert st["profile_corrections"] >= 1 and st["last_correction"].startswith("2x1 x0."), st
+    # corrected, 2x1 is as fast as one request with both threads: idle does not go back to 1x2
+    assert not wait_until(lambda: serf().get("configuration") == "1x2", 2.0), serf()
