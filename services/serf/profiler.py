@@ -9,7 +9,8 @@ time and its SCV with i running:
 
 - i >= 2: a closed loop keeps exactly i requests per worker in flight (the requests of a
   tuple with several running meet when the queue is busy: back to back);
-- i = 1: one request at a time with a pause of ``gap_s`` before each (``spaced``), as
+- i = 1: one request at a time with a pause of ``gap_s`` before each (``spaced``; at
+  least ``MIN_SAMPLES``, then until the mean's standard error is ``REL_SE`` of it), as
   open-loop arrivals find a worker at the light loads where one request runs alone. Back
   to back is not how they find it: torch's second thread has gone to sleep by the next
   arrival, and waking it costs most of what it gains (resnet18 on 3x32x32, measured here:
@@ -36,6 +37,7 @@ Example
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -51,6 +53,9 @@ from services.serf.profile import Profile, stamp, tuples
 #: open-loop arrivals at the light loads where one request runs alone (15-30% of
 #: capacity: 40-70 ms for resnet18 here)
 GAP_S = 0.05
+#: spaced tuples stop once sqrt(SCV / n) <= REL_SE, after at least MIN_SAMPLES requests
+REL_SE = 0.015
+MIN_SAMPLES = 8
 
 
 class ProfileError(RuntimeError):
@@ -113,32 +118,44 @@ def service_between(before: dict, after: dict, i: int) -> tuple[int, float, floa
     return k, mean, var / mean ** 2 if mean > 0 else 0.0
 
 
-def spaced(client: Client, model: str, inputs: np.ndarray, count: int, gap_s: float) -> list[float]:
-    """``count`` requests one at a time, each after a pause of ``gap_s``: their latencies (ms)."""
+def spaced(client: Client, model: str, inputs: np.ndarray, count: int, gap_s: float,
+           enough: Callable[[int], bool] = lambda n: False) -> list[float]:
+    """Up to ``count`` requests one at a time, each after a pause of ``gap_s``, until
+    ``enough(requests so far)``: their latencies (ms)."""
     lat: list[float] = []
-    for _ in range(count):
+    while len(lat) < count and not enough(len(lat)):
         time.sleep(gap_s)
         lat += closed_loop(client, model, inputs, 1, 1)
     return lat
 
 
 def measure(client: Client, dispatcher: str, workers: list[str], model: str, inputs: np.ndarray, i: int, t: int,
-            warmup: int, samples: int, gap_s: float = 0.0) -> tuple[float, float, float]:
-    """(mean service ms, SCV, mean client latency ms) of tuple (i, t): i requests per
-    worker in flight, or (``gap_s`` > 0, one worker) one at a time with pauses."""
+            warmup: int, samples: int, gap_s: float = 0.0) -> tuple[float, float, float, int]:
+    """(mean service ms, SCV, mean client latency ms, service times counted) of tuple
+    (i, t): i requests per worker in flight, or (``gap_s`` > 0, one worker) one at a time
+    with pauses, stopping after ``MIN_SAMPLES`` once the mean's standard error is within
+    ``REL_SE`` of it (the spaced requests are most of profiling's time)."""
     set_configuration(dispatcher, model, i, t)
     n = len(workers) * i
     closed_loop(client, model, inputs, n, max(warmup, n))
     # the last warm-up Done may still be on its way to the counters: let it land
     time.sleep(0.02)
     before = service_counters(workers)
-    lat = spaced(client, model, inputs, samples, gap_s) if gap_s > 0 and n == 1 \
+
+    def enough(done: int) -> bool:  # the mean's standard error is within REL_SE of it
+        if done < MIN_SAMPLES:
+            return False
+        k, _, scv = service_between(before, service_counters(workers), i)
+        # (the last reply can reach the client before its service time reaches the counters)
+        return k >= done - 1 and math.sqrt(scv / k) <= REL_SE
+
+    lat = spaced(client, model, inputs, samples, gap_s, enough) if gap_s > 0 and n == 1 \
         else closed_loop(client, model, inputs, n, samples)
     time.sleep(0.02)
     k, mean, scv = service_between(before, service_counters(workers), i)
     if k <= 0:
         raise ProfileError(f"no service times counted with {i} running for tuple ({i}, {t})")
-    return mean, scv, float(np.mean(lat))
+    return mean, scv, float(np.mean(lat)), k
 
 
 def handoff_ms(client: Client, workers: list[str], model: str, inputs: np.ndarray, slots: int, count: int) -> float:
@@ -179,8 +196,8 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
     service, scv, samples_of, path_ms, handoff = {}, {}, {}, 0.0, {}
     with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
         for i, t in tuples(cores):
-            mean, v, lat = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap_s)
-            service[(i, t)], scv[(i, t)], samples_of[(i, t)] = mean, v, samples
+            mean, v, lat, k = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap_s)
+            service[(i, t)], scv[(i, t)], samples_of[(i, t)] = mean, v, k
             log(f"  ({i}, {t}): {mean:7.2f} ms service, SCV {v:.3f}, {lat:7.2f} ms at the client")
             if (i, t) == (1, cores):
                 path_ms = max(0.0, lat - mean)

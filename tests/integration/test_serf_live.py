@@ -43,7 +43,10 @@ def test_profile_through_the_real_path(tmp_path, launcher):
     assert sorted(p.service_ms) == [(1, 1), (1, 2), (2, 1)] and p.configurations() == [(1, 1), (1, 2), (2, 1)]
     for ms in p.service_ms.values():  # the sleep, plus a little of the worker's own time
         assert 19.5 <= ms <= 60.0
-    assert p.profiling_s > 0 and p.path_ms >= 0 and p.samples[(2, 1)] == 10
+    assert p.profiling_s > 0 and p.path_ms >= 0 and 0 < p.samples[(2, 1)] <= 10
+    # one request at a time: the sleep's service time hardly varies, so the fewest samples do
+    from services.serf.profiler import MIN_SAMPLES
+    assert MIN_SAMPLES - 1 <= p.samples[(1, 1)] < 10 and MIN_SAMPLES - 1 <= p.samples[(1, 2)] < 10, p.samples
     # a slot idles between requests while a queue waits (Done -> dispatcher -> Batch)
     # (its size moves with the machine's load: 4.5 and 11.3 ms at load average 6; the
     # experiment reports it, the test asserts it is measured per number of slots)
