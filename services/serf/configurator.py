@@ -4,22 +4,20 @@ configuration out, switched live.
 Per model with a profile (``services.serf.profile``): the configuration reference table is
 built once at start over a grid of arrival rates per worker (``GRID`` rates up to the most
 any configuration carries; ``table_ms`` says how long it took). Every chore the
-configurator reads the model's arrival rate (the dispatcher queue's EWMA, divided over its
-workers: each worker is one serving unit), looks up the table's best configuration at the
-first grid rate >= it, and asks for a switch when
+configurator reads the model's arrival rate (divided over its workers: each worker is one
+serving unit), looks up the table's best configuration at the first grid rate >= it, and
+asks for a switch when
 
 - the best differs from the current configuration,
-- the current one is unstable at this rate, or Eq. 13 predicts the best at least
-  ``hysteresis`` (a fraction) faster than it (so a rate near a crossing does not flap), and
+- the current one is unstable near this rate, or Eq. 13 averaged over the rate and
+  ``NOISE_Z`` standard errors of its count either side (``spread``) predicts the best at
+  least ``hysteresis`` (a fraction) faster (so noise near a crossing does not flap), and
 - the last switch is at least ``hold_s`` old (minimum hold time).
 
 The arrival rate is the dispatcher's count of the model's arrivals over the longest of
 0.5, 1, 2 and 4 s in which they look steady (``ModelQueue.arrival_rate``): a step is seen
-within 0.5-1 s (the queue's EWMA took 2-2.25 s to see a step down to a fifth), a steady load
-is counted over 4 s. A switch is made only if Eq. 13 averaged over the estimate and
-``NOISE_Z`` standard errors of its count either side (``spread``) is lower by the
-hysteresis, or the current configuration cannot carry the load there; with the hold time
-this keeps Poisson noise from flapping.
+within 0.5-1 s (the queue's EWMA, used before, took 2-2.25 s to see a step down to a
+fifth), a steady load is counted over 4 s.
 
 The profile is checked against serving (``observe_service``): every ``Done`` gives the
 worker's service time and how many batches it held (i), as a ratio to the profiled
