@@ -21,8 +21,8 @@ fifth), a steady load is counted over 4 s.
 
 The profile is checked against serving (``observe_service``): every ``Done`` gives the
 worker's service time and how many batches it held (i), as a ratio to the profiled
-S_(i,t) of the running configuration. When the median ratio over the last ``CHECK_WINDOW_S``
-(at least ``CHECK_MIN_SAMPLES``) stays off 1 by more than ``check_threshold`` for
+S_(i,t) of the running configuration. When the median ratio of the last ``CHECK_SAMPLES``
+(none older than ``CHECK_MAX_AGE_S``) stays off 1 by more than ``check_threshold`` for
 ``check_sustain_s``, that configuration's tuples are rescaled by it and the table rebuilt
 (a profile taken in a burst of other work, or a machine that got slower or faster since).
 Only the running configuration is corrected: the others were not observed.
@@ -56,9 +56,10 @@ from services.serf.profile import Profile
 GRID = 200
 #: standard errors of the window's count a switch must hold across (``spread``)
 NOISE_Z = 1.5
-#: the profile check: window (s), samples it needs, how far off (a fraction) for how long (s)
-CHECK_WINDOW_S = 2.0
-CHECK_MIN_SAMPLES = 20
+#: the profile check: the last CHECK_SAMPLES service times (none older than CHECK_MAX_AGE_S),
+#: how far off (a fraction) for how long (s)
+CHECK_SAMPLES = 20
+CHECK_MAX_AGE_S = 10.0
 CHECK_THRESHOLD = 0.2
 CHECK_SUSTAIN_S = 3.0
 
@@ -79,7 +80,7 @@ class ModelPlan:
         self.switched_at = float("-inf")
         #: the profile check: (when, observed / profiled service time) of the running
         #: configuration since the last switch, when the mean went off, the corrections
-        self.ratios: deque[tuple[float, float]] = deque()
+        self.ratios: deque[tuple[float, float]] = deque(maxlen=CHECK_SAMPLES)
         self.ratios_of: tuple[int, int] | None = None
         self.off_since: float | None = None
         self.corrections = 0
@@ -94,11 +95,11 @@ class ModelPlan:
         self.table_ms = (time.perf_counter() - t0) * 1000.0
 
     def service_ratio(self, now: float) -> float | None:
-        """Median observed / profiled service time over the last ``CHECK_WINDOW_S`` (a
-        median: a burst counts only once it is half the window)."""
-        while self.ratios and self.ratios[0][0] <= now - CHECK_WINDOW_S:
+        """Median observed / profiled service time of the last ``CHECK_SAMPLES`` (a median:
+        a burst counts only once it is half of them); None until there are that many."""
+        while self.ratios and self.ratios[0][0] <= now - CHECK_MAX_AGE_S:
             self.ratios.popleft()
-        if len(self.ratios) < CHECK_MIN_SAMPLES:
+        if len(self.ratios) < CHECK_SAMPLES:
             return None
         return statistics.median(r for _, r in self.ratios)
 

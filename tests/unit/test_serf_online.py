@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from services.scheduling.view import ModelQueue
-from services.serf.configurator import CHECK_MIN_SAMPLES, Configurator
+from services.serf.configurator import CHECK_SAMPLES, Configurator
 from services.serf.profile import Profile
 
 # resnet18 profiled back to back (notes/serf.md): threads a little faster alone, 2x1
@@ -145,8 +145,20 @@ def test_a_short_burst_or_noise_is_not_a_correction():
 def test_batches_of_the_configuration_before_a_switch_are_not_counted():
     conf = Configurator({"m": Profile("m", "1", 2, dict(RESNET))}, hold_s=0.0)
     assert conf.decide("m", 77.7, (1, 2), 1, now=10.0) == (2, 1)
-    for k in range(CHECK_MIN_SAMPLES * 2):
+    for k in range(CHECK_SAMPLES * 2):
         conf.observe_service("m", (2, 1), 1, 50.0, sent_at=9.9, now=10.0 + k * 0.01)  # sent before the switch
     assert conf.models["m"].service_ratio(10.5) is None
     conf.observe_service("m", (2, 1), 2, 36.0, sent_at=10.1, now=10.6)
     assert list(r for _, r in conf.models["m"].ratios) == [2.0]
+
+
+def test_a_light_load_is_checked_too():
+    # 6 requests a second (a light phase): 20 service times take 3.3 s, and they are enough
+    p = Profile("m", "1", 2, dict(RESNET))
+    conf = Configurator({"m": p})
+    t, fixes = 0.0, []
+    while t < 12.0:
+        conf.observe_service("m", (1, 2), 1, 0.75 * 14.2, t - 0.03, t)
+        t += 1 / 6
+        fixes += [f for f in [conf.check("m", (1, 2), t)] if f]
+    assert len(fixes) == 1 and p.service_ms[(1, 2)] == pytest.approx(0.75 * 14.2)
