@@ -112,7 +112,7 @@ class Dispatcher(Service):
                 ("slots", "requests at once of the model's workers"), ("threads", "torch threads per request"),
                 ("predicted_seconds", "Eq. 13 mean latency of the current configuration at the current rate"),
                 ("observed_seconds", "mean latency in the dispatcher (queue + service), EWMA"),
-                ("service_ratio", "service time measured serving / profiled, running configuration, last 2 s"))}
+                ("service_ratio", "service time measured serving / profiled, running configuration, median of the last 20"))}
             self.m_serf_switches = self.metrics.counter("serf_switches_total", "configuration switches", ["model"])
             self.m_serf_corrections = self.metrics.counter(
                 "serf_profile_corrections_total", "profile entries rescaled to the service times measured serving", ["model"])
