@@ -158,12 +158,16 @@ def mlp_gru_gru(max_batch: int = 4) -> dict:
 
 def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str | tuple[str, ...] = "g2", n: int = 240,
                kill_at: int = 80, gap_s: float = 0.004, seed: int = 0, fault: str = "kill",
-               table: dict | None = None) -> dict[str, Any]:
+               table: dict | None = None, rejoin: bool = False) -> dict[str, Any]:
     """One trial: after ``kill_at`` of ``n`` requests, SIGKILL (``fault="kill"``) the
     primary of ``victim`` (one operator, or several together: a correlated failure), or
     SIGSTOP it (``fault="freeze"``: its sockets stay open, only the manager's heartbeat
     silence detects it) and SIGCONT it once the manager has promoted its backup: the thawed
-    old primary must be fenced and release nothing."""
+    old primary must be fenced and release nothing. ``rejoin`` (one stateful victim, a
+    kill): once the backup was promoted, the killed primary's process is started again as a
+    new member of the group (``joiner``, standing in for a standby host); once the new
+    primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
+    too: the second failover promotes the joiner, and must lose and contradict nothing."""
     from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
@@ -183,7 +187,35 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             groups = probe.call("snapshot")["groups"]
             return all(groups[f"graph/{v}"]["epoch"] > groups_before[f"graph/{v}"]["epoch"] for v in victims)
 
+        joiner = f"op-{victims[0]}-r1"
+
+        def start_joiner() -> None:
+            import dataclasses
+
+            from common.spec.topology import ServiceLaunch
+
+            v = victims[0]
+            old, primary = by_name[f"op-{v}"].config, by_name[f"op-{v}-backup"].config
+            port = free_port_block(4)
+            config = dataclasses.replace(old, name=joiner, role="backup", epoch=probe.call("snapshot")["groups"][f"graph/{v}"]["epoch"],
+                                         endpoint=f"tcp://127.0.0.1:{port}", status_endpoint=f"tcp://127.0.0.1:{port + 1}",
+                                         peers={**old.peers, v: primary.endpoint}, trace_path=str(trace_dir / f"{joiner}.jsonl"))
+            by_name[joiner] = ServiceLaunch(joiner, "graph_operator", "local", config)
+            fault_t["rejoin"] = time.monotonic()
+            run.start(by_name[joiner])
+
+        def brought_up() -> bool:
+            new = transport.request_status(by_name[f"op-{victims[0]}-backup"].config.status_endpoint, 0.2) or {}
+            mine = transport.request_status(by_name[joiner].config.status_endpoint, 0.2) or {}
+            return new.get("degraded") is False and mine.get("max_applied_seq", -1) >= 0
+
         def on_sent(i: int) -> None:
+            if rejoin and i > kill_at and i % 5 == 0:
+                if "rejoin" not in fault_t and taken_over():
+                    start_joiner()
+                elif "rejoin" in fault_t and "second" not in fault_t and i % 25 == 0 and brought_up():
+                    fault_t["second"] = time.monotonic()  # the new primary dies too: the joiner must hold it all
+                    run.kill(f"op-{victims[0]}-backup", signal.SIGKILL, wait=False)
             if i == kill_at:
                 fault_t["t"] = time.monotonic()
                 for v in victims:
@@ -196,6 +228,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
         groups_after = probe.call("snapshot")["groups"]
         backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
+        if "second" in fault_t:
+            backup_of = {victims[0]: joiner}  # the group's holder at the end
         backups = {v: transport.request_status(by_name[backup_of[v]].config.status_endpoint) for v in victims}
         frontend = transport.request_status(by_name["graph-frontend"].config.client_endpoint)
         thawed = {}
@@ -258,6 +292,11 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "per_victim": per_victim, "thaw_after_fault_ms": 1000 * (fault_t["thaw"] - fault_t["t"]) if "thaw" in fault_t else None,
             "old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in per_victim.values()),
             "fenced": all(r["fenced"] for r in per_victim.values()) if frozen else None,
+            "rejoined_after_ms": 1000 * (fault_t["second"] - fault_t["rejoin"]) if "second" in fault_t else None,
+            "second_failover": "second" in fault_t,
+            "second_recovery_ms": (1000 * (min((o["t"] for o in streams_["graph_output"] if o["operator"] == victims[0]
+                                                and o["t"] > fault_t["second"]), default=float("nan")) - fault_t["second"])
+                                   if "second" in fault_t else None),
             "held_voided": frontend.get("voided"), "resent_by_frontend": frontend.get("resent"),
             # other groups whose holder changed: downstream stateful operators rolled back to their backups
             "rolled_back": sorted(g[len("graph/"):] for g, v in groups_after.items() if g[len("graph/"):] not in victims

@@ -95,6 +95,8 @@ class GraphFrontend(Service):
             if endpoint and value.get("epoch", 0) > self.group_epochs.get(op, 0):
                 if op in self.group_epochs and op in self.graph.successors(FRONTEND):
                     self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
+                if op in self.group_epochs and op in self.graph.stateful:
+                    self.config.peers[f"{op}.backup"] = endpoint  # GC notices: the new primary passes them on
                 self.group_epochs[op] = value.get("epoch", 0)
                 self.config.peers[op] = endpoint
                 pending = self.resend_after.get(op)

@@ -70,7 +70,7 @@ from services.graph import lineage as lin
 from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, header_of, unpack
+from services.graph.statemgr import StateManager, header_of, pack, unpack
 from services.graph.trace import Trace
 
 
@@ -134,6 +134,11 @@ class GraphOperator(Service):
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
         self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
         self.standby = self.assignment.role == "standby"
+        self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
+        # a backup started at a manager epoch (> the spec's 1) joins a running group whose
+        # primary runs degraded: it asks for the primary's whole state (§IV-E)
+        self.catching_up = self.assignment.role == "backup" and config.epoch > 1 and bool(config.manager_endpoints)
+        self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
@@ -173,9 +178,12 @@ class GraphOperator(Service):
                                    on_change=self._on_manager_change, me=me, on_role=self._on_role,
                                    may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
         if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
-            self.manager.watch(self.peers.get(self.config.peers[self.op]), f"op-{self.op}")
+            holder = self.manager.holder(f"graph/{self.op}")[0] if self.catching_up else None
+            self.manager.watch(self.peers.get(self.config.peers[self.op]), holder or f"op-{self.op}")
         for key, value in list(self.manager.feed.values.items()):
             self._on_manager_change(key, value)
+        if self.catching_up:
+            self.every(0.1, self._ask_for_state)
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
@@ -188,6 +196,10 @@ class GraphOperator(Service):
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
         if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.model is not None:
             self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
+        if op in self.epochs and op != self.op and op in self.graph.stateful:
+            self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
+        if op == self.op:
+            self.holders_seen.add(holder)
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -264,6 +276,40 @@ class GraphOperator(Service):
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
 
+    def _ask_for_state(self, _now: float) -> None:
+        """A joining backup asks the group's primary for its whole state until it arrives."""
+        if self.catching_up and self.backup is not None:
+            self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup.epoch, 0))
+
+    def _bring_up_backup(self) -> None:
+        """HAMS §IV-E: a new backup joined my group (a member that never held it): ship it my
+        whole state (the model's tensors, the outputs saved for a resend, with their lineage,
+        what I took from each predecessor, the durability I know), then every batch's state
+        as before: I leave degraded mode (Algorithm 2 runs at the backup again)."""
+        group = f"graph/{self.op}"
+        joined = [v for k, v in self.manager.feed.values.items() if k.startswith("service/") and v.get("group") == group
+                  and v.get("name") not in self.holders_seen and (v.get("endpoints") or {}).get("inbox")]
+        if not joined:
+            return  # its registration has not reached my feed yet: it asks again
+        endpoint = joined[-1]["endpoints"]["inbox"]
+        self.config.peers[f"{self.op}.backup"] = endpoint
+        seqs = sorted(self.outputs)
+        last = self.next_seq - 1
+        meta = {"whole": True, "origins": [self.outputs[s].origin for s in seqs], "streams": [self.outputs[s].stream for s in seqs],
+                "consumed": dict(self.consumed), "durable": dict(self.own.durable.seqs)}
+        blob = pack(self.model.state_arrays(), {s: self.outputs[s].input for s in seqs}, meta)
+        lineage = lin.join(self.outputs[s].lineage for s in seqs)
+        self.peers.send(endpoint, GraphState(self.op, self.assignment.epoch, seqs[0] if seqs else last, last, lineage, blob))
+        self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
+                                     send=lambda st: self.peers.send(self.config.peers[f"{self.op}.backup"], st),
+                                     ctx=self.ctx, backup_endpoint=endpoint)
+        self.degraded, self.own, self.relaying = False, None, True
+        self.trace.write("backup_joined", operator=self.op, epoch=self.assignment.epoch, backup=joined[-1].get("name"),
+                         last_seq=last)
+        self.trace.flush()
+        self.log.warning("a backup joined: whole state shipped, no longer degraded", operator=self.op,
+                         backup=joined[-1].get("name"), last_seq=last, outputs=len(seqs))
+
     def _roll_back(self, pred: str, max_seq: int) -> None:
         """My state took ``pred``'s outputs above its new primary's max_seq: step down and
         have the manager promote my backup (its state never took them)."""
@@ -324,6 +370,9 @@ class GraphOperator(Service):
                     self.resend_after[msg.operator] = (msg.epoch, msg.seq)
                 else:
                     self._resend(msg.operator, msg.seq)
+            elif (isinstance(msg, GraphAck) and msg.operator == self.op and self.degraded and self.model is not None
+                  and msg.epoch == self.assignment.epoch):
+                self._bring_up_backup()  # a member joined my group and asks for my whole state
             elif isinstance(msg, GraphAck) and self.statemgr is not None and msg.operator == self.op:
                 if msg.epoch == self.assignment.epoch:
                     self.statemgr.on_ack(msg.seq)
@@ -366,6 +415,16 @@ class GraphOperator(Service):
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
+        if self.catching_up and msg.epoch == self.backup.epoch and header_of(msg.blob).get("whole"):
+            header = header_of(msg.blob)  # the primary's whole state: Algorithm 2 goes on from it
+            self.backup.max_applied_seq = msg.first_seq - 1
+            for op, seq in header["durable"].items():
+                self.backup.durable.notify(op, seq)
+            self.consumed.update(header["consumed"])
+            self.catching_up = False
+            self.trace.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
+            self.log.warning("joined as backup: the primary's whole state", operator=self.op, epoch=msg.epoch,
+                             last_seq=msg.last_seq, outputs=len(header["seqs"]))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
         applied = self.backup.receive(shipped)
         self._notify(applied)  # the frontend first: a held reply may be waiting on this state
@@ -390,6 +449,8 @@ class GraphOperator(Service):
                     self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
 
     def _on_durable(self, msg: GraphDurable) -> None:
+        if self.relaying and msg.operator != self.op:  # others send my backup's notices to the holder: pass them on
+            self.peers.send(self.config.peers[f"{self.op}.backup"], msg)
         if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
             self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
             if self.backup is not None:
@@ -406,7 +467,7 @@ class GraphOperator(Service):
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
-        elif self.own is not None and msg.operator != self.op:
+        elif self.own is not None and self.degraded and msg.operator != self.op:
             self._notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
@@ -417,6 +478,8 @@ class GraphOperator(Service):
         for state in applied:
             self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
+            if self.degraded:  # the only record of this durability: on disk before the notice (a kill loses the buffer)
+                self.trace.flush()
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
                 self.peers.send(self.config.peers[target], note)
@@ -450,6 +513,8 @@ class GraphOperator(Service):
         first = self.next_seq
         sends, lineages = [], []
         for r, out in zip(rows, outputs):
+            if self.stateful:
+                self.consumed[r.sender] = max(self.consumed.get(r.sender, -1), r.seq)  # what my state holds
             lineage = [e for e in r.lineage if e.seq >= 0]
             lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
                         for e in r.lineage if e.seq < 0]  # a combined join's other inputs

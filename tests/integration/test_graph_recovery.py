@@ -89,3 +89,18 @@ def test_strawman_reexecution_shows_conflicts_the_checker_detects(launcher, tmp_
     assert row["lost"] == 0 and row["answered_twice"] == 0, row
     assert row["output_conflicts"] > 0, row["invariants"]
     assert row["invariants"]["graph_one_output_per_operator_seq"]["ok"] is False
+
+
+def test_new_backup_joins_after_failover_and_holds_everything_at_a_second_failover(launcher, tmp_path):
+    """HAMS §IV-E, a backup again after a failover: g2's primary is SIGKILLed, its backup
+    takes over (degraded: no backup); the killed operator's process is started again as a
+    new member of the group, the new primary ships it its whole state and then every
+    batch's (no longer degraded); then the new primary is SIGKILLed too. The joiner takes
+    over: nothing lost, answered twice or unlike offline (it was really up to date)."""
+    row = kill_trial(launcher, tmp_path, "g2", n=2000, kill_at=80, seed=17, rejoin=True)
+    print({k: row[k] for k in ("recovery_ms", "rejoined_after_ms", "second_recovery_ms", "lost", "held_voided")})
+    assert row["second_failover"], row  # the joiner was brought up to date while the load ran
+    assert row["promoted"], row  # the joiner holds the group at the end
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["second_recovery_ms"] is not None and row["second_recovery_ms"] == row["second_recovery_ms"], row
