@@ -236,6 +236,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         if frozen:  # the thawed old primary: fenced, and says so
             wait_until(lambda: all(transport.request_status(by_name[f].config.status_endpoint).get("fenced") for f in frozen),
                        timeout_s=5.0)
+            wait_until(lambda: all(transport.request_status(by_name[f].config.status_endpoint).get("max_applied_seq", -1) >= 0
+                                   for f in frozen), timeout_s=5.0)  # and rejoined as the new primary's backup
             thawed = {f: transport.request_status(by_name[f].config.status_endpoint) for f in frozen}
     finally:
         for name in frozen:  # never leave a stopped process behind
@@ -259,7 +261,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     checks = {r.name: r.to_dict() for r in Checker(graph_invariants(graph.stateful)).run([], CheckContext(streams=streams_))}
     per_victim = {}
     for v in victims:
-        takeover = [t for t in streams_.get("graph_takeover", []) if t["operator"] == v]
+        takeover = sorted((t for t in streams_.get("graph_takeover", []) if t["operator"] == v), key=lambda t: t["t"])
         first_new = min((o["t"] for o in streams_["graph_output"]
                          if o["operator"] == v and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
         old_epoch = groups_before[f"graph/{v}"]["epoch"]
@@ -271,7 +273,10 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             # a thawed old primary numbers nothing more at its old epoch
             "old_epoch_outputs_after_thaw": sum(1 for o in streams_["graph_output"] if o["operator"] == v
                                                 and o.get("epoch") == old_epoch and o["t"] > fault_t.get("thaw", 1e18)),
-            "fenced": thawed[f"op-{v}"].get("fenced") if frozen else None}
+            "fenced": thawed[f"op-{v}"].get("fenced") if frozen else None,
+            # the thawed old primary overwrote its state with the new primary's: its backup now (§IV-E)
+            "rejoined_as_backup": (thawed[f"op-{v}"].get("assignment") == "backup"
+                                   and thawed[f"op-{v}"].get("max_applied_seq", -1) >= 0) if frozen else None}
     # the graph is recovered when every failed operator is: the trial's figures are the slowest victim's
     slowest = max(per_victim.values(), key=lambda r: (r["recovery_ms"] is None, r["recovery_ms"] or 0, r["detection_ms"] or 0))
     detection = max((r["detection_ms"] for r in per_victim.values() if r["detection_ms"] is not None), default=None)
@@ -292,6 +297,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "per_victim": per_victim, "thaw_after_fault_ms": 1000 * (fault_t["thaw"] - fault_t["t"]) if "thaw" in fault_t else None,
             "old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in per_victim.values()),
             "fenced": all(r["fenced"] for r in per_victim.values()) if frozen else None,
+            "rejoined_as_backup": all(r["rejoined_as_backup"] for r in per_victim.values()) if frozen else None,
             "rejoined_after_ms": 1000 * (fault_t["second"] - fault_t["rejoin"]) if "second" in fault_t else None,
             "second_failover": "second" in fault_t,
             "second_recovery_ms": (1000 * (min((o["t"] for o in streams_["graph_output"] if o["operator"] == victims[0]

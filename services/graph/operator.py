@@ -182,8 +182,8 @@ class GraphOperator(Service):
             self.manager.watch(self.peers.get(self.config.peers[self.op]), holder or f"op-{self.op}")
         for key, value in list(self.manager.feed.values.items()):
             self._on_manager_change(key, value)
-        if self.catching_up:
-            self.every(0.1, self._ask_for_state)
+        if self.stateful:
+            self.every(0.1, self._ask_for_state)  # only while catching up (a joiner, a fenced old primary)
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
@@ -215,13 +215,14 @@ class GraphOperator(Service):
         if epoch < self.role_epoch:
             return
         self.role_epoch = epoch
-        if holder == self.name:
+        me = self.member
+        if holder == me:
             self.confirmed = time.monotonic()
-        if holder == self.name and self.backup is not None:
+        if holder == me and self.backup is not None:
             self.take_over(epoch)
-        elif holder == self.name and self.standby and self.model is None:
+        elif holder == me and self.standby and self.model is None:
             self.take_over_stateless(epoch)
-        elif holder not in (None, self.name) and self.model is not None and self.assignment.role in ("primary", "stateless"):
+        elif holder not in (None, me) and self.model is not None and self.assignment.role in ("primary", "stateless"):
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
             self.held.clear()
@@ -229,6 +230,32 @@ class GraphOperator(Service):
             self.fenced = True
             self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
             self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
+            if self.stateful and self.manager is not None:
+                self._rejoin(holder, epoch)
+
+    @property
+    def member(self) -> str:
+        """My name in the manager's group (a fenced primary rejoins under a new one)."""
+        return self.manager.me["name"] if self.manager is not None and self.manager.me else self.name
+
+    def _rejoin(self, holder: str, epoch: int) -> None:
+        """HAMS §IV-E: "the old primary can immediately work as a backup by overwriting its
+        state with the new primary's". Fenced, I join the group again as a new member (a new
+        name: the new primary ships only to a member that never held the group) and ask the
+        holder for its whole state, like a backup started after a failover."""
+        if self.statemgr is not None:
+            self.statemgr.close()
+            self.statemgr = None
+        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.assignment.role, self.assignment.epoch = "backup", epoch
+        self.kept, self.consumed, self.took, self.took_before = OrderedDict(), {}, {}, {}
+        self.catching_up = True
+        self.manager.me = {**self.manager.me, "name": f"{self.name}~{epoch}"}
+        self.manager.registered = False  # registers the new name at its next heartbeat
+        endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")
+        if endpoint:
+            self.config.peers[self.op] = endpoint
+            self.manager.watch(self.peers.get(endpoint), holder)
 
     def leased(self) -> bool:
         """May I number and send? Without a manager always; with one, a holder only while
@@ -315,7 +342,7 @@ class GraphOperator(Service):
         have the manager promote my backup (its state never took them)."""
         group = f"graph/{self.op}"
         others = [v["name"] for k, v in self.manager.feed.values.items()
-                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.name]
+                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.member]
         self.model = None
         self.queue.clear()
         self.held.clear()
@@ -357,7 +384,7 @@ class GraphOperator(Service):
                     and msg.epoch > self.role_epoch):
                 # Addressed to the group's new holder: a successor read my promotion in the
                 # feed before I did. Dropping its word left me waiting to number for ever.
-                self._on_role(self.name, msg.epoch)
+                self._on_role(self.member, msg.epoch)
             if isinstance(msg, GraphRequest):
                 self._on_request(msg)
             elif isinstance(msg, GraphState) and self.backup is not None:

@@ -56,6 +56,7 @@ def test_frozen_stateful_primary_is_replaced_by_heartbeat_silence_and_fenced_whe
     print({k: row[k] for k in ("detection_ms", "recovery_ms", "thaw_after_fault_ms", "fenced", "held_voided")})
     assert row["promoted"] and row["thaw_after_fault_ms"] is not None, row
     assert row["fenced"] is True and row["old_epoch_outputs_after_thaw"] == 0, row
+    assert row["rejoined_as_backup"] is True, row  # §IV-E: it overwrote its state with the new primary's
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row
