@@ -86,6 +86,18 @@ def noisy_chain() -> dict:
     return gru_chain(noise=0.01)
 
 
+def fig6_chain(mode: str = "nspb", noise: float = 0.0) -> dict:
+    """HAMS Fig. 6: GRU -> GRU -> GRU, g2's state delivery to its backup delayed (30 ms,
+    the spec's ``state_delay_ms`` hook), so g3's primary takes g2 outputs its backup has not
+    applied; g2's primary and g3's backup then die together."""
+    options = {"noise": noise} if noise else {}
+    gru = lambda i, o, **kw: {"kind": "gru", "input_shape": [i], "output_shape": [o], "max_batch": 4,  # noqa: E731
+                              "options": options, **kw}
+    return {"mode": mode, "window": 2, "input_shape": [4],
+            "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "g3"], ["g3", "frontend"]],
+            "operators": {"g1": gru(4, 6), "g2": gru(6, 5, state_delay_ms=30.0), "g3": gru(5, 3)}}
+
+
 def strawman_chain() -> dict:
     """HAMS's strawman: only the frontend keeps inputs; a failover re-executes on a fresh state."""
     return gru_chain(mode="strawman", noise=0.01)
@@ -158,7 +170,7 @@ def mlp_gru_gru(max_batch: int = 4) -> dict:
 
 def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str | tuple[str, ...] = "g2", n: int = 240,
                kill_at: int = 80, gap_s: float = 0.004, seed: int = 0, fault: str = "kill",
-               table: dict | None = None, rejoin: bool = False) -> dict[str, Any]:
+               table: dict | None = None, rejoin: bool = False, also_kill: tuple[str, ...] = ()) -> dict[str, Any]:
     """One trial: after ``kill_at`` of ``n`` requests, SIGKILL (``fault="kill"``) the
     primary of ``victim`` (one operator, or several together: a correlated failure), or
     SIGSTOP it (``fault="freeze"``: its sockets stay open, only the manager's heartbeat
@@ -167,7 +179,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     kill): once the backup was promoted, the killed primary's process is started again as a
     new member of the group (``joiner``, standing in for a standby host); once the new
     primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
-    too: the second failover promotes the joiner, and must lose and contradict nothing."""
+    too: the second failover promotes the joiner, and must lose and contradict nothing.
+    ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup)."""
     from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
@@ -220,6 +233,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                 fault_t["t"] = time.monotonic()
                 for v in victims:
                     run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL, wait=False)
+                for name in also_kill:
+                    run.kill(name, signal.SIGKILL, wait=False)
             elif frozen and "thaw" not in fault_t and i > kill_at and (i % 5 == 0 and taken_over() or i == n - 1):
                 fault_t["thaw"] = time.monotonic()  # the backup was promoted (or the load ends): thaw the old primary
                 for name in frozen:
@@ -303,6 +318,9 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "second_recovery_ms": (1000 * (min((o["t"] for o in streams_["graph_output"] if o["operator"] == victims[0]
                                                 and o["t"] > fault_t["second"]), default=float("nan")) - fault_t["second"])
                                    if "second" in fault_t else None),
+            "also_killed": list(also_kill),
+            # primaries that lost their backup too and rolled back to their previous state (Fig. 6)
+            "rolled_back_in_place": sorted({t["operator"] for t in streams_.get("graph_takeover", []) if t.get("rollback")}),
             "held_voided": frontend.get("voided"), "resent_by_frontend": frontend.get("resent"),
             # other groups whose holder changed: downstream stateful operators rolled back to their backups
             "rolled_back": sorted(g[len("graph/"):] for g, v in groups_after.items() if g[len("graph/"):] not in victims

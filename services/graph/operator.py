@@ -138,6 +138,10 @@ class GraphOperator(Service):
         # a backup started at a manager epoch (> the spec's 1) joins a running group whose
         # primary runs degraded: it asks for the primary's whole state (§IV-E)
         self.catching_up = self.assignment.role == "backup" and config.epoch > 1 and bool(config.manager_endpoints)
+        self.late: deque[tuple[float, GraphState]] = deque()  # states held back (spec state_delay_ms)
+        if self.spec.state_delay_ms:
+            self.every(0.002, self._deliver_late)
+        self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
         self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.trace = Trace(config.trace_path)
         if self.trace:
@@ -165,6 +169,8 @@ class GraphOperator(Service):
         self.manager = None
         if config.manager_endpoints:
             self._link_manager()
+            if self.statemgr is not None:
+                self._watch_backup()
 
     # --- the manager (HAMS II) -----------------------------------------------------------
     def _link_manager(self) -> None:
@@ -303,6 +309,19 @@ class GraphOperator(Service):
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
 
+    def _deliver_late(self, now: float) -> None:
+        while self.late and self.late[0][0] <= now and self.backup is not None:
+            self._on_state(self.late.popleft()[1])
+
+    def _watch_backup(self) -> None:
+        """A stateful primary notes when its socket to its backup disconnects (the backup died)."""
+        monitor = self.peers.get(self.config.peers[f"{self.op}.backup"]).get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+        def on_event(sock: zmq.Socket) -> None:
+            if transport.disconnect_seen(sock):
+                self.backup_lost = True
+        self.add_socket(monitor, on_event)
+
     def _ask_for_state(self, _now: float) -> None:
         """A joining backup asks the group's primary for its whole state until it arrives."""
         if self.catching_up and self.backup is not None:
@@ -343,12 +362,17 @@ class GraphOperator(Service):
         group = f"graph/{self.op}"
         others = [v["name"] for k, v in self.manager.feed.values.items()
                   if k.startswith("service/") and v.get("group") == group and v.get("name") != self.member]
-        self.model = None
+        in_place = self.backup_lost and self.statemgr is not None
+        if not in_place:
+            self.model = None
+            self.outputs.clear()
         self.queue.clear()
         self.held.clear()
-        self.outputs.clear()
         self.log.warning("rolling back: my state took outputs of a failed predecessor", predecessor=pred,
-                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1])
+                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1], backup_lost=self.backup_lost)
+        if in_place:
+            self._roll_back_in_place(pred, max_seq)
+            return
         if not others or self.degraded:
             self.log.error("no backup to roll back to", operator=self.op)
             return
@@ -359,6 +383,63 @@ class GraphOperator(Service):
         except Exception as exc:  # the manager unreachable: the backup is promoted when my heartbeats stop
             result = {"status": "failed", "error": str(exc)}
         self.log.warning("rollback decided", result=result)
+
+    def _roll_back_in_place(self, pred: str, max_seq: int) -> None:
+        """HAMS §IV-E, Fig. 6: ``pred``'s primary and my backup died together; I roll back to
+        my previous state: the newest state I shipped (kept until durable) that took none of
+        ``pred``'s outputs above ``max_seq``, at a new epoch (the manager's compare-and-set on
+        my own group), and go on from it degraded, as a promoted backup would."""
+        good = [st for st in self.statemgr.saved.values()
+                if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
+        group = f"graph/{self.op}"
+        if not good:
+            self.model = None
+            self.outputs.clear()
+            self.log.error("no consistent saved state to roll back to", operator=self.op)
+            return
+        state = good[-1]
+        current = self.epochs.get(self.op, 0)
+        try:
+            result = self.manager.client.call("promote", {"group": group, "name": self.member, "epoch": current,
+                                                          "expected_epoch": current,
+                                                          "reason": f"rollback in place: {pred} recovered at {max_seq}"})
+        except Exception as exc:
+            result = {"status": "failed", "error": str(exc)}
+        if result.get("status") != "ok":
+            self.model = None
+            self.outputs.clear()
+            self.log.error("rollback in place refused", result=result)
+            return
+        epoch = result["epoch"]
+        self.statemgr.close()
+        self.statemgr = None
+        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
+                                                    **self.spec.options)
+        self.model.start()
+        self.model.load_state(unpack(state.blob)[0])
+        self.assignment.epoch, self.role_epoch, self.confirmed = epoch, epoch, time.monotonic()
+        self.next_seq = state.last_seq + 1
+        for seq in [s for s in self.outputs if s > state.last_seq]:
+            del self.outputs[seq]  # numbered after the state I go on from: re-run, never released
+        self.consumed = {p: max([e.predecessor_seq for e in state.lineage if e.operator == self.op and e.predecessor == p],
+                                default=-1) for p in self.preds}
+        self.took = dict(self.consumed)
+        self.taken = {p: set() for p in self.preds}
+        self.own = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.own.max_applied_seq = state.last_seq
+        self.degraded, self.takeovers = True, self.takeovers + 1
+        # the only copy of this state now: it counts as applied (the invariants' record, on disk first)
+        self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=epoch, degraded=True,
+                         lineage=[e.to_json() for e in state.lineage])
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=state.last_seq, rollback=True)
+        self.trace.flush()
+        note = GraphDurable(self.op, epoch, on_wire(state.last_seq))
+        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + \
+                [n for n in self.succs if n != FRONTEND]:
+            self.peers.send(self.config.peers[target], note)
+        for p in self.preds:
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed[p])))
+        self.log.warning("rolled back in place (backup lost too)", operator=self.op, epoch=epoch, last_seq=state.last_seq)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
@@ -387,6 +468,8 @@ class GraphOperator(Service):
                 self._on_role(self.member, msg.epoch)
             if isinstance(msg, GraphRequest):
                 self._on_request(msg)
+            elif isinstance(msg, GraphState) and self.backup is not None and self.spec.state_delay_ms:
+                self.late.append((time.monotonic() + self.spec.state_delay_ms / 1000, msg))  # Fig. 6's slow delivery
             elif isinstance(msg, GraphState) and self.backup is not None:
                 self._on_state(msg)
             elif isinstance(msg, GraphAck) and msg.operator == self.op and self.numbering:
@@ -505,8 +588,7 @@ class GraphOperator(Service):
         for state in applied:
             self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
-            if self.degraded:  # the only record of this durability: on disk before the notice (a kill loses the buffer)
-                self.trace.flush()
+            self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
                 self.peers.send(self.config.peers[target], note)

@@ -105,3 +105,20 @@ def test_new_backup_joins_after_failover_and_holds_everything_at_a_second_failov
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["second_recovery_ms"] is not None and row["second_recovery_ms"] == row["second_recovery_ms"], row
+
+
+def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(launcher, tmp_path):
+    """HAMS Fig. 6: GRU -> GRU -> GRU, g2's state delivery to its backup delayed (spec hook
+    ``state_delay_ms``), so g3's primary has taken g2 outputs that g2's backup never applied;
+    g2's primary and g3's backup are SIGKILLed together. g2's backup takes over at its
+    max_seq; g3's primary, its backup gone, rolls back to its previous state (the newest
+    shipped state that took nothing of g2 above max_seq) at a new epoch and re-runs what g2
+    resends. Nothing lost, answered twice or unlike offline; the invariants hold."""
+    from bench.hams_recovery import fig6_chain
+
+    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",))
+    print({k: row[k] for k in ("recovery_ms", "rolled_back_in_place", "held_voided", "lost", "invariants")})
+    assert row["promoted"], row
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["recovery_ms"] is not None, row
