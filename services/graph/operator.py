@@ -392,12 +392,15 @@ class GraphOperator(Service):
         good = [st for st in self.statemgr.saved.values()
                 if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
         group = f"graph/{self.op}"
-        if not good:
+        if good:
+            last, tensors, lineage = good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
+        elif not self.mode.ships_state:  # the strawman keeps no state: it goes on from a fresh one
+            last, tensors, lineage = -1, {}, []
+        else:
             self.model = None
             self.outputs.clear()
             self.log.error("no consistent saved state to roll back to", operator=self.op)
             return
-        state = good[-1]
         current = self.epochs.get(self.op, 0)
         try:
             result = self.manager.client.call("promote", {"group": group, "name": self.member, "epoch": current,
@@ -416,30 +419,32 @@ class GraphOperator(Service):
         self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
                                                     **self.spec.options)
         self.model.start()
-        self.model.load_state(unpack(state.blob)[0])
+        if tensors:
+            self.model.load_state(tensors)
         self.assignment.epoch, self.role_epoch, self.confirmed = epoch, epoch, time.monotonic()
-        self.next_seq = state.last_seq + 1
-        for seq in [s for s in self.outputs if s > state.last_seq]:
+        self.next_seq = last + 1
+        for seq in [s for s in self.outputs if s > last]:
             del self.outputs[seq]  # numbered after the state I go on from: re-run, never released
-        self.consumed = {p: max([e.predecessor_seq for e in state.lineage if e.operator == self.op and e.predecessor == p],
+        self.consumed = {p: max([e.predecessor_seq for e in lineage if e.operator == self.op and e.predecessor == p],
                                 default=-1) for p in self.preds}
         self.took = dict(self.consumed)
         self.taken = {p: set() for p in self.preds}
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.own.max_applied_seq = state.last_seq
+        self.own.max_applied_seq = last
         self.degraded, self.takeovers = True, self.takeovers + 1
         # the only copy of this state now: it counts as applied (the invariants' record, on disk first)
-        self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=epoch, degraded=True,
-                         lineage=[e.to_json() for e in state.lineage])
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=state.last_seq, rollback=True)
+        if last >= 0:
+            self.trace.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
+                             lineage=[e.to_json() for e in lineage])
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
         self.trace.flush()
-        note = GraphDurable(self.op, epoch, on_wire(state.last_seq))
+        note = GraphDurable(self.op, epoch, on_wire(last))
         for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + \
                 [n for n in self.succs if n != FRONTEND]:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
             self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed[p])))
-        self.log.warning("rolled back in place (backup lost too)", operator=self.op, epoch=epoch, last_seq=state.last_seq)
+        self.log.warning("rolled back in place (backup lost too)", operator=self.op, epoch=epoch, last_seq=last)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
