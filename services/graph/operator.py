@@ -202,6 +202,10 @@ class GraphOperator(Service):
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
         if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.model is not None:
             self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
+        if op in self.epochs and op in self.preds and self.taken is not None and self.model is not None:
+            # I took over, and so did my predecessor (both failed together): my ack may have gone
+            # to its dead primary; its new one waits for it before it sends me anything
+            self.peers.send(endpoint, GraphAck(self.op, self.assignment.epoch, on_wire(self.consumed.get(op, -1))))
         if op in self.epochs and op != self.op and op in self.graph.stateful:
             self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
         if op == self.op:
