@@ -307,6 +307,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "detection_ms": detection,
             "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
+            # answers the client was told came from a primary without a backup (Reply.degraded)
+            "degraded_replies": sum(1 for v in answered.values() if v[0].error is None and v[0].degraded),
             "error_examples": sorted({str(v[0].error)[:200] for v in answered.values() if v[0].error is not None})[:3],
             "unlike_offline": None if noisy else wrong, "output_conflicts": checks["graph_one_output_per_operator_seq"]["violations"],
             "conflicts": twice + wrong + checks["graph_one_output_per_operator_seq"]["violations"],
@@ -373,7 +375,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
                 rows.append(row)
                 log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
-                    f"conflicts {row['conflicts']}, rolled back {row['rolled_back'] or '-'}, "
+                    f"conflicts {row['conflicts']}, degraded replies {row['degraded_replies']}, rolled back {row['rolled_back'] or '-'}, "
                     + (f"thawed at {fmt(row['thaw_after_fault_ms'])} ms, fenced {row['fenced']}, "
                        f"old-epoch outputs after thaw {row['old_epoch_outputs_after_thaw']}, " if fault == "freeze" else "") +
                     f"invariants {'ok' if row['invariants_ok'] else 'VIOLATED'}")
@@ -388,6 +390,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
                            "detection_max_ms": max((r["detection_ms"] for r in rows if r["detection_ms"] is not None), default=None),
                            "takeover_max_ms": max((r["takeover_ms"] for r in rows if r["takeover_ms"] is not None), default=None),
                            "lost": sum(r["lost"] for r in rows), "conflicts": sum(r["conflicts"] for r in rows),
+                           "degraded_replies": sum(r["degraded_replies"] for r in rows),
                            "invariants_ok": all(r["invariants_ok"] for r in rows),
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]

@@ -78,6 +78,8 @@ class GraphFrontend(Service):
         self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited
         self.resent = 0
         self.resend_after: dict[str, tuple[int, int]] = {}  # operator -> (its new epoch, origin it holds up to)
+        self.degraded: set[int] = set()  # origins whose output a primary without a backup computed (Reply.degraded)
+        self.counts["degraded"] = 0
         self.manager = None
         if config.manager_endpoints:
             from common.control import ManagerLink
@@ -152,6 +154,10 @@ class GraphFrontend(Service):
                     continue
                 del self.arriving[msg.origin]
                 output = parts[max(parts)].input
+                if any(m.degraded for m in parts.values()):
+                    self.degraded.add(msg.origin)
+                else:
+                    self.degraded.discard(msg.origin)  # a re-run after a void: its own word
                 lineage = join(m.lineage for m in parts.values())
                 self.lineages[msg.origin] = lineage
                 if self.gate.hold(msg.origin, lineage):
@@ -202,6 +208,11 @@ class GraphFrontend(Service):
             self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
         self.inputs.pop(origin, None)
+        if origin in self.degraded:
+            self.degraded.discard(origin)
+            if reply.error is None:
+                reply.degraded = True
+                self.counts["degraded"] += 1
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
         if self.trace and reply.error is None:

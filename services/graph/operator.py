@@ -79,6 +79,10 @@ from services.graph.trace import Trace
 #: primary thawed after the manager replaced it cannot release before it learns so
 LEASE_S = 0.1
 
+#: a primary whose backup disconnected waits this long for a predecessor's takeover note (Fig. 6:
+#: roll back to a state that took nothing above its max_seq) before it goes on alone
+BACKUP_GRACE_S = 0.2
+
 
 def on_wire(seq: int) -> int:
     """A takeover's "highest seq held" as the protocol can say it: -1 (nothing yet: the
@@ -322,9 +326,17 @@ class GraphOperator(Service):
         monitor = self.peers.get(self.config.peers[f"{self.op}.backup"]).get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
         def on_event(sock: zmq.Socket) -> None:
-            if transport.disconnect_seen(sock):
-                self.backup_lost = True
+            if transport.disconnect_seen(sock) and not self.backup_lost:
+                self.backup_lost = time.monotonic()
         self.add_socket(monitor, on_event)
+        self.every(0.05, self._on_backup_lost)
+
+    def _on_backup_lost(self, now: float) -> None:
+        """My backup died and no predecessor's takeover made me roll back within a grace
+        (its detection, ~100 ms): go on alone from my newest shipped state, degraded, at a
+        new epoch (my states no longer reach a backup: the window would stall every batch)."""
+        if self.backup_lost and self.statemgr is not None and self.model is not None and now - self.backup_lost > BACKUP_GRACE_S:
+            self._roll_back_in_place(None, -1)
 
     def _ask_for_state(self, _now: float) -> None:
         """A joining backup asks the group's primary for its whole state until it arrives."""
@@ -393,6 +405,7 @@ class GraphOperator(Service):
         my previous state: the newest state I shipped (kept until durable) that took none of
         ``pred``'s outputs above ``max_seq``, at a new epoch (the manager's compare-and-set on
         my own group), and go on from it degraded, as a promoted backup would."""
+        self.statemgr.wait_copy()  # the newest batch's state is saved once copied
         good = [st for st in self.statemgr.saved.values()
                 if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
         group = f"graph/{self.op}"
@@ -409,7 +422,8 @@ class GraphOperator(Service):
         try:
             result = self.manager.client.call("promote", {"group": group, "name": self.member, "epoch": current,
                                                           "expected_epoch": current,
-                                                          "reason": f"rollback in place: {pred} recovered at {max_seq}"})
+                                                          "reason": f"rollback in place: {pred} recovered at {max_seq}"
+                                                          if pred else "backup lost: goes on alone"})
         except Exception as exc:
             result = {"status": "failed", "error": str(exc)}
         if result.get("status") != "ok":
@@ -529,7 +543,8 @@ class GraphOperator(Service):
             lineage = lin.join([m.lineage for m in ins])
             lineage += [lin.LineageEntry(m.sender, m.seq, "?", -1) for m in ins[1:]]  # numbered in step()
             self.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
-                                           np.concatenate([m.input for m in ins], axis=-1)))
+                                           np.concatenate([m.input for m in ins], axis=-1),
+                                           degraded=True if any(m.degraded for m in ins) else None))
 
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
@@ -638,7 +653,8 @@ class GraphOperator(Service):
                         for e in r.lineage if e.seq < 0]  # a combined join's other inputs
             lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
             lineages.extend(lineage)
-            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
+            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out,
+                               degraded=True if (self.degraded or r.degraded) else None)  # the client is told
             if self.trace:
                 self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
                                  origin=r.origin, output=out)
