@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 def test_stateful_primary_sigkill_loses_nothing_and_conflicts_nothing(launcher, tmp_path):
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=11)
     assert row["promoted"] and row["new_primary_degraded"], row
-    assert 0 < row["degraded_replies"] <= 240 - 80, row  # the client is told: no backup behind these answers
+    assert 0 < row["degraded_replies"] < 240, row  # the client is told: no backup behind these answers
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert all(c["checked"] > 0 for c in row["invariants"].values()), row["invariants"]
