@@ -173,6 +173,8 @@ class GraphFrontend(Service):
                 else:
                     self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphDurable):
+                if msg.epoch < self.epochs.get(msg.operator, 1):
+                    continue  # an older incarnation's word (a backup whose primary rolled back in place)
                 if msg.epoch > self.epochs.get(msg.operator, 1):  # 1: the spec's epoch (HAMS I)
                     self._void(msg.operator, msg.epoch, msg.seq)
                 for origin in self.gate.on_notify(msg.operator, msg.seq):

@@ -228,8 +228,15 @@ class GraphOperator(Service):
         epoch than one already seen (a lagging replica's answer) changes nothing."""
         if epoch < self.role_epoch:
             return
-        self.role_epoch = epoch
+        previous, self.role_epoch = self.role_epoch, epoch
         me = self.member
+        if (holder not in (None, me) and self.backup is not None and not self.catching_up and previous
+                and epoch > previous and self.manager is not None):
+            # my primary rolled back in place at a new epoch: my states are of its old one
+            self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+            self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
+            self.log.warning("my primary moved to a new epoch: catching up again", holder=holder, epoch=epoch)
+            return
         if holder == me:
             self.confirmed = time.monotonic()
         if holder == me and self.backup is not None:
@@ -378,7 +385,7 @@ class GraphOperator(Service):
         group = f"graph/{self.op}"
         others = [v["name"] for k, v in self.manager.feed.values.items()
                   if k.startswith("service/") and v.get("group") == group and v.get("name") != self.member]
-        in_place = self.backup_lost and self.statemgr is not None
+        in_place = self.statemgr is not None and self._saved_without(pred, max_seq) is not None
         if not in_place:
             self.model = None
             self.outputs.clear()
@@ -400,24 +407,32 @@ class GraphOperator(Service):
             result = {"status": "failed", "error": str(exc)}
         self.log.warning("rollback decided", result=result)
 
-    def _roll_back_in_place(self, pred: str, max_seq: int) -> None:
-        """HAMS §IV-E, Fig. 6: ``pred``'s primary and my backup died together; I roll back to
-        my previous state: the newest state I shipped (kept until durable) that took none of
-        ``pred``'s outputs above ``max_seq``, at a new epoch (the manager's compare-and-set on
-        my own group), and go on from it degraded, as a promoted backup would."""
+    def _saved_without(self, pred: str | None, max_seq: int):
+        """(last seq, tensors, lineage) of the newest state I shipped that took nothing of
+        ``pred`` above ``max_seq``; a fresh state under the strawman (it keeps none); None."""
         self.statemgr.wait_copy()  # the newest batch's state is saved once copied
         good = [st for st in self.statemgr.saved.values()
                 if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
-        group = f"graph/{self.op}"
         if good:
-            last, tensors, lineage = good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
-        elif not self.mode.ships_state:  # the strawman keeps no state: it goes on from a fresh one
-            last, tensors, lineage = -1, {}, []
-        else:
+            return good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
+        return (-1, {}, []) if not self.mode.ships_state else None
+
+    def _roll_back_in_place(self, pred: str, max_seq: int) -> None:
+        """HAMS §IV-E, Fig. 6: ``pred`` recovered at ``max_seq`` and my state took its outputs
+        above it (or, ``pred`` None, my backup died): I roll back to my previous state, the
+        newest state I shipped (kept until durable) that took none of them, at a new epoch
+        (the manager's compare-and-set on my own group), and go on from it degraded, as a
+        promoted backup would; a live backup catches up again (its states are of my old
+        epoch). Done in place whenever such a state exists: my backup may be dead without my
+        knowing yet (Fig. 6: its disconnect can come after the takeover note)."""
+        group = f"graph/{self.op}"
+        good = self._saved_without(pred, max_seq)
+        if good is None:
             self.model = None
             self.outputs.clear()
             self.log.error("no consistent saved state to roll back to", operator=self.op)
             return
+        last, tensors, lineage = good
         current = self.epochs.get(self.op, 0)
         try:
             result = self.manager.client.call("promote", {"group": group, "name": self.member, "epoch": current,
@@ -462,7 +477,7 @@ class GraphOperator(Service):
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
             self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed[p])))
-        self.log.warning("rolled back in place (backup lost too)", operator=self.op, epoch=epoch, last_seq=last)
+        self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
