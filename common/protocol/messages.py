@@ -45,6 +45,10 @@ class Reply:
     #: and its confidence (the share of the application's models that agree with it)
     models: list[str] | None = None
     confidence: float | None = None
+    #: a HAMS graph's answer computed while a stateful operator on its lineage ran without
+    #: a backup (after a failover, until a new backup caught up): still exactly once and
+    #: consistent, but one more failure there could not be masked
+    degraded: bool | None = None
 
 
 @dataclass(slots=True)
@@ -247,6 +251,8 @@ class GraphRequest:
     lineage: list[LineageEntry]
     input: np.ndarray
     error: str | None = None
+    #: computed by (or from an input computed by) a primary running degraded (no backup)
+    degraded: bool | None = None
 
 
 @dataclass(slots=True)

@@ -17,6 +17,8 @@ Format::
     pad_ms = 5.0             # pad each batch's service time (experiments)
     join = "combine"         # an operator with several inputs: "combine" | "interleave"
     options = {}             # passed to the operator's constructor
+    state_delay_ms = 0.0     # test hook: the backup takes each shipped state this much late
+                             # (a slow state delivery: HAMS Fig. 6's delayed O2)
 
 ``trace_dir`` (optional, in ``[graph]``): every graph process writes its trace there
 (``services.graph.trace``) for the chaos harness's HAMS invariants.
@@ -58,6 +60,7 @@ class OperatorSpec:
     pad_ms: float = 0.0
     join: str = "combine"
     options: dict = field(default_factory=dict)
+    state_delay_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ class GraphSpec:
                 "edges": [list(e) for e in self.edges],
                 "operators": {n: {"kind": o.kind, "input_shape": list(o.input_shape),
                                   "output_shape": list(o.output_shape), "max_batch": o.max_batch,
-                                  "pad_ms": o.pad_ms, "join": o.join, "options": o.options}
+                                  "pad_ms": o.pad_ms, "join": o.join, "options": o.options,
+                                  **({"state_delay_ms": o.state_delay_ms} if o.state_delay_ms else {})}
                               for n, o in self.operators.items()}}
 
 
@@ -169,7 +173,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         op = OperatorSpec(name, kind, _shape(raw.pop("input_shape", None), f"{key}.input_shape"),
                           _shape(raw.pop("output_shape", None), f"{key}.output_shape"), stateful,
                           raw.pop("max_batch", 8), float(raw.pop("pad_ms", 0.0)), raw.pop("join", "combine"),
-                          dict(raw.pop("options", {})))
+                          dict(raw.pop("options", {})), float(raw.pop("state_delay_ms", 0.0)))
         if type(op.max_batch) is not int or not 1 <= op.max_batch <= 1024:
             raise GraphError(f"{key}.max_batch: must be an int in 1..1024")
         if op.join not in JOINS:

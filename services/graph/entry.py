@@ -78,6 +78,8 @@ class GraphFrontend(Service):
         self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited
         self.resent = 0
         self.resend_after: dict[str, tuple[int, int]] = {}  # operator -> (its new epoch, origin it holds up to)
+        self.degraded: set[int] = set()  # origins whose output a primary without a backup computed (Reply.degraded)
+        self.counts["degraded"] = 0
         self.manager = None
         if config.manager_endpoints:
             from common.control import ManagerLink
@@ -95,6 +97,8 @@ class GraphFrontend(Service):
             if endpoint and value.get("epoch", 0) > self.group_epochs.get(op, 0):
                 if op in self.group_epochs and op in self.graph.successors(FRONTEND):
                     self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
+                if op in self.group_epochs and op in self.graph.stateful:
+                    self.config.peers[f"{op}.backup"] = endpoint  # GC notices: the new primary passes them on
                 self.group_epochs[op] = value.get("epoch", 0)
                 self.config.peers[op] = endpoint
                 pending = self.resend_after.get(op)
@@ -150,6 +154,10 @@ class GraphFrontend(Service):
                     continue
                 del self.arriving[msg.origin]
                 output = parts[max(parts)].input
+                if any(m.degraded for m in parts.values()):
+                    self.degraded.add(msg.origin)
+                else:
+                    self.degraded.discard(msg.origin)  # a re-run after a void: its own word
                 lineage = join(m.lineage for m in parts.values())
                 self.lineages[msg.origin] = lineage
                 if self.gate.hold(msg.origin, lineage):
@@ -165,6 +173,8 @@ class GraphFrontend(Service):
                 else:
                     self._resend(msg.operator, msg.seq)
             elif isinstance(msg, GraphDurable):
+                if msg.epoch < self.epochs.get(msg.operator, 1):
+                    continue  # an older incarnation's word (a backup whose primary rolled back in place)
                 if msg.epoch > self.epochs.get(msg.operator, 1):  # 1: the spec's epoch (HAMS I)
                     self._void(msg.operator, msg.epoch, msg.seq)
                 for origin in self.gate.on_notify(msg.operator, msg.seq):
@@ -200,6 +210,11 @@ class GraphFrontend(Service):
             self.hold_s += time.perf_counter() - held
         req = self.requests.pop(origin)
         self.inputs.pop(origin, None)
+        if origin in self.degraded:
+            self.degraded.discard(origin)
+            if reply.error is None:
+                reply.degraded = True
+                self.counts["degraded"] += 1
         req.to(State.ANSWERED)
         lineage = self.lineages.pop(origin, None)
         if self.trace and reply.error is None:

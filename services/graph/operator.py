@@ -70,7 +70,7 @@ from services.graph import lineage as lin
 from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, header_of, unpack
+from services.graph.statemgr import StateManager, header_of, pack, unpack
 from services.graph.trace import Trace
 
 
@@ -78,6 +78,10 @@ from services.graph.trace import Trace
 #: the manager's silence window (``ManagerConfig``: 5 heartbeats of 30 ms = 150 ms), so a
 #: primary thawed after the manager replaced it cannot release before it learns so
 LEASE_S = 0.1
+
+#: a primary whose backup disconnected waits this long for a predecessor's takeover note (Fig. 6:
+#: roll back to a state that took nothing above its max_seq) before it goes on alone
+BACKUP_GRACE_S = 0.2
 
 
 def on_wire(seq: int) -> int:
@@ -134,6 +138,15 @@ class GraphOperator(Service):
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
         self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
         self.standby = self.assignment.role == "standby"
+        self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
+        # a backup started at a manager epoch (> the spec's 1) joins a running group whose
+        # primary runs degraded: it asks for the primary's whole state (§IV-E)
+        self.catching_up = self.assignment.role == "backup" and config.epoch > 1 and bool(config.manager_endpoints)
+        self.late: deque[tuple[float, GraphState]] = deque()  # states held back (spec state_delay_ms)
+        if self.spec.state_delay_ms:
+            self.every(0.002, self._deliver_late)
+        self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
+        self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
@@ -160,6 +173,8 @@ class GraphOperator(Service):
         self.manager = None
         if config.manager_endpoints:
             self._link_manager()
+            if self.statemgr is not None:
+                self._watch_backup()
 
     # --- the manager (HAMS II) -----------------------------------------------------------
     def _link_manager(self) -> None:
@@ -173,9 +188,12 @@ class GraphOperator(Service):
                                    on_change=self._on_manager_change, me=me, on_role=self._on_role,
                                    may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
         if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
-            self.manager.watch(self.peers.get(self.config.peers[self.op]), f"op-{self.op}")
+            holder = self.manager.holder(f"graph/{self.op}")[0] if self.catching_up else None
+            self.manager.watch(self.peers.get(self.config.peers[self.op]), holder or f"op-{self.op}")
         for key, value in list(self.manager.feed.values.items()):
             self._on_manager_change(key, value)
+        if self.stateful:
+            self.every(0.1, self._ask_for_state)  # only while catching up (a joiner, a fenced old primary)
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
@@ -188,6 +206,14 @@ class GraphOperator(Service):
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
         if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.model is not None:
             self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
+        if op in self.epochs and op in self.preds and self.taken is not None and self.model is not None:
+            # I took over, and so did my predecessor (both failed together): my ack may have gone
+            # to its dead primary; its new one waits for it before it sends me anything
+            self.peers.send(endpoint, GraphAck(self.op, self.assignment.epoch, on_wire(self.consumed.get(op, -1))))
+        if op in self.epochs and op != self.op and op in self.graph.stateful:
+            self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
+        if op == self.op:
+            self.holders_seen.add(holder)
         self.epochs[op] = epoch
         self.config.peers[op] = endpoint  # where op's inputs, acks and GC notices go from now on
         if op == self.op:
@@ -202,14 +228,22 @@ class GraphOperator(Service):
         epoch than one already seen (a lagging replica's answer) changes nothing."""
         if epoch < self.role_epoch:
             return
-        self.role_epoch = epoch
-        if holder == self.name:
+        previous, self.role_epoch = self.role_epoch, epoch
+        me = self.member
+        if (holder not in (None, me) and self.backup is not None and not self.catching_up and previous
+                and epoch > previous and self.manager is not None):
+            # my primary rolled back in place at a new epoch: my states are of its old one
+            self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+            self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
+            self.log.warning("my primary moved to a new epoch: catching up again", holder=holder, epoch=epoch)
+            return
+        if holder == me:
             self.confirmed = time.monotonic()
-        if holder == self.name and self.backup is not None:
+        if holder == me and self.backup is not None:
             self.take_over(epoch)
-        elif holder == self.name and self.standby and self.model is None:
+        elif holder == me and self.standby and self.model is None:
             self.take_over_stateless(epoch)
-        elif holder not in (None, self.name) and self.model is not None and self.assignment.role in ("primary", "stateless"):
+        elif holder not in (None, me) and self.model is not None and self.assignment.role in ("primary", "stateless"):
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
             self.held.clear()
@@ -217,6 +251,32 @@ class GraphOperator(Service):
             self.fenced = True
             self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
             self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
+            if self.stateful and self.manager is not None:
+                self._rejoin(holder, epoch)
+
+    @property
+    def member(self) -> str:
+        """My name in the manager's group (a fenced primary rejoins under a new one)."""
+        return self.manager.me["name"] if self.manager is not None and self.manager.me else self.name
+
+    def _rejoin(self, holder: str, epoch: int) -> None:
+        """HAMS §IV-E: "the old primary can immediately work as a backup by overwriting its
+        state with the new primary's". Fenced, I join the group again as a new member (a new
+        name: the new primary ships only to a member that never held the group) and ask the
+        holder for its whole state, like a backup started after a failover."""
+        if self.statemgr is not None:
+            self.statemgr.close()
+            self.statemgr = None
+        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.assignment.role, self.assignment.epoch = "backup", epoch
+        self.kept, self.consumed, self.took, self.took_before = OrderedDict(), {}, {}, {}
+        self.catching_up = True
+        self.manager.me = {**self.manager.me, "name": f"{self.name}~{epoch}"}
+        self.manager.registered = False  # registers the new name at its next heartbeat
+        endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")
+        if endpoint:
+            self.config.peers[self.op] = endpoint
+            self.manager.watch(self.peers.get(endpoint), holder)
 
     def leased(self) -> bool:
         """May I number and send? Without a manager always; with one, a holder only while
@@ -264,18 +324,78 @@ class GraphOperator(Service):
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
 
+    def _deliver_late(self, now: float) -> None:
+        while self.late and self.late[0][0] <= now and self.backup is not None:
+            self._on_state(self.late.popleft()[1])
+
+    def _watch_backup(self) -> None:
+        """A stateful primary notes when its socket to its backup disconnects (the backup died)."""
+        monitor = self.peers.get(self.config.peers[f"{self.op}.backup"]).get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+        def on_event(sock: zmq.Socket) -> None:
+            if transport.disconnect_seen(sock) and not self.backup_lost:
+                self.backup_lost = time.monotonic()
+        self.add_socket(monitor, on_event)
+        self.every(0.05, self._on_backup_lost)
+
+    def _on_backup_lost(self, now: float) -> None:
+        """My backup died and no predecessor's takeover made me roll back within a grace
+        (its detection, ~100 ms): go on alone from my newest shipped state, degraded, at a
+        new epoch (my states no longer reach a backup: the window would stall every batch)."""
+        if self.backup_lost and self.statemgr is not None and self.model is not None and now - self.backup_lost > BACKUP_GRACE_S:
+            self._roll_back_in_place(None, -1)
+
+    def _ask_for_state(self, _now: float) -> None:
+        """A joining backup asks the group's primary for its whole state until it arrives."""
+        if self.catching_up and self.backup is not None:
+            self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup.epoch, 0))
+
+    def _bring_up_backup(self) -> None:
+        """HAMS §IV-E: a new backup joined my group (a member that never held it): ship it my
+        whole state (the model's tensors, the outputs saved for a resend, with their lineage,
+        what I took from each predecessor, the durability I know), then every batch's state
+        as before: I leave degraded mode (Algorithm 2 runs at the backup again)."""
+        group = f"graph/{self.op}"
+        joined = [v for k, v in self.manager.feed.values.items() if k.startswith("service/") and v.get("group") == group
+                  and v.get("name") not in self.holders_seen and (v.get("endpoints") or {}).get("inbox")]
+        if not joined:
+            return  # its registration has not reached my feed yet: it asks again
+        endpoint = joined[-1]["endpoints"]["inbox"]
+        self.config.peers[f"{self.op}.backup"] = endpoint
+        seqs = sorted(self.outputs)
+        last = self.next_seq - 1
+        meta = {"whole": True, "origins": [self.outputs[s].origin for s in seqs], "streams": [self.outputs[s].stream for s in seqs],
+                "consumed": dict(self.consumed), "durable": dict(self.own.durable.seqs)}
+        blob = pack(self.model.state_arrays(), {s: self.outputs[s].input for s in seqs}, meta)
+        lineage = lin.join(self.outputs[s].lineage for s in seqs)
+        self.peers.send(endpoint, GraphState(self.op, self.assignment.epoch, seqs[0] if seqs else last, last, lineage, blob))
+        self.statemgr = StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
+                                     send=lambda st: self.peers.send(self.config.peers[f"{self.op}.backup"], st),
+                                     ctx=self.ctx, backup_endpoint=endpoint)
+        self.degraded, self.own, self.relaying = False, None, True
+        self.trace.write("backup_joined", operator=self.op, epoch=self.assignment.epoch, backup=joined[-1].get("name"),
+                         last_seq=last)
+        self.trace.flush()
+        self.log.warning("a backup joined: whole state shipped, no longer degraded", operator=self.op,
+                         backup=joined[-1].get("name"), last_seq=last, outputs=len(seqs))
+
     def _roll_back(self, pred: str, max_seq: int) -> None:
         """My state took ``pred``'s outputs above its new primary's max_seq: step down and
         have the manager promote my backup (its state never took them)."""
         group = f"graph/{self.op}"
         others = [v["name"] for k, v in self.manager.feed.values.items()
-                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.name]
-        self.model = None
+                  if k.startswith("service/") and v.get("group") == group and v.get("name") != self.member]
+        in_place = self.statemgr is not None and self._saved_without(pred, max_seq) is not None
+        if not in_place:
+            self.model = None
+            self.outputs.clear()
         self.queue.clear()
         self.held.clear()
-        self.outputs.clear()
         self.log.warning("rolling back: my state took outputs of a failed predecessor", predecessor=pred,
-                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1])
+                         max_seq=max_seq, took=self.took.get(pred), backup=others[:1], backup_lost=self.backup_lost)
+        if in_place:
+            self._roll_back_in_place(pred, max_seq)
+            return
         if not others or self.degraded:
             self.log.error("no backup to roll back to", operator=self.op)
             return
@@ -286,6 +406,78 @@ class GraphOperator(Service):
         except Exception as exc:  # the manager unreachable: the backup is promoted when my heartbeats stop
             result = {"status": "failed", "error": str(exc)}
         self.log.warning("rollback decided", result=result)
+
+    def _saved_without(self, pred: str | None, max_seq: int):
+        """(last seq, tensors, lineage) of the newest state I shipped that took nothing of
+        ``pred`` above ``max_seq``; a fresh state under the strawman (it keeps none); None."""
+        self.statemgr.wait_copy()  # the newest batch's state is saved once copied
+        good = [st for st in self.statemgr.saved.values()
+                if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
+        if good:
+            return good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
+        return (-1, {}, []) if not self.mode.ships_state else None
+
+    def _roll_back_in_place(self, pred: str, max_seq: int) -> None:
+        """HAMS §IV-E, Fig. 6: ``pred`` recovered at ``max_seq`` and my state took its outputs
+        above it (or, ``pred`` None, my backup died): I roll back to my previous state, the
+        newest state I shipped (kept until durable) that took none of them, at a new epoch
+        (the manager's compare-and-set on my own group), and go on from it degraded, as a
+        promoted backup would; a live backup catches up again (its states are of my old
+        epoch). Done in place whenever such a state exists: my backup may be dead without my
+        knowing yet (Fig. 6: its disconnect can come after the takeover note)."""
+        group = f"graph/{self.op}"
+        good = self._saved_without(pred, max_seq)
+        if good is None:
+            self.model = None
+            self.outputs.clear()
+            self.log.error("no consistent saved state to roll back to", operator=self.op)
+            return
+        last, tensors, lineage = good
+        current = self.epochs.get(self.op, 0)
+        try:
+            result = self.manager.client.call("promote", {"group": group, "name": self.member, "epoch": current,
+                                                          "expected_epoch": current,
+                                                          "reason": f"rollback in place: {pred} recovered at {max_seq}"
+                                                          if pred else "backup lost: goes on alone"})
+        except Exception as exc:
+            result = {"status": "failed", "error": str(exc)}
+        if result.get("status") != "ok":
+            self.model = None
+            self.outputs.clear()
+            self.log.error("rollback in place refused", result=result)
+            return
+        epoch = result["epoch"]
+        self.statemgr.close()
+        self.statemgr = None
+        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
+                                                    **self.spec.options)
+        self.model.start()
+        if tensors:
+            self.model.load_state(tensors)
+        self.assignment.epoch, self.role_epoch, self.confirmed = epoch, epoch, time.monotonic()
+        self.next_seq = last + 1
+        for seq in [s for s in self.outputs if s > last]:
+            del self.outputs[seq]  # numbered after the state I go on from: re-run, never released
+        self.consumed = {p: max([e.predecessor_seq for e in lineage if e.operator == self.op and e.predecessor == p],
+                                default=-1) for p in self.preds}
+        self.took = dict(self.consumed)
+        self.taken = {p: set() for p in self.preds}
+        self.own = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.own.max_applied_seq = last
+        self.degraded, self.takeovers = True, self.takeovers + 1
+        # the only copy of this state now: it counts as applied (the invariants' record, on disk first)
+        if last >= 0:
+            self.trace.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
+                             lineage=[e.to_json() for e in lineage])
+        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
+        self.trace.flush()
+        note = GraphDurable(self.op, epoch, on_wire(last))
+        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + \
+                [n for n in self.succs if n != FRONTEND]:
+            self.peers.send(self.config.peers[target], note)
+        for p in self.preds:
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed[p])))
+        self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
@@ -311,9 +503,11 @@ class GraphOperator(Service):
                     and msg.epoch > self.role_epoch):
                 # Addressed to the group's new holder: a successor read my promotion in the
                 # feed before I did. Dropping its word left me waiting to number for ever.
-                self._on_role(self.name, msg.epoch)
+                self._on_role(self.member, msg.epoch)
             if isinstance(msg, GraphRequest):
                 self._on_request(msg)
+            elif isinstance(msg, GraphState) and self.backup is not None and self.spec.state_delay_ms:
+                self.late.append((time.monotonic() + self.spec.state_delay_ms / 1000, msg))  # Fig. 6's slow delivery
             elif isinstance(msg, GraphState) and self.backup is not None:
                 self._on_state(msg)
             elif isinstance(msg, GraphAck) and msg.operator == self.op and self.numbering:
@@ -324,6 +518,9 @@ class GraphOperator(Service):
                     self.resend_after[msg.operator] = (msg.epoch, msg.seq)
                 else:
                     self._resend(msg.operator, msg.seq)
+            elif (isinstance(msg, GraphAck) and msg.operator == self.op and self.degraded and self.model is not None
+                  and msg.epoch == self.assignment.epoch):
+                self._bring_up_backup()  # a member joined my group and asks for my whole state
             elif isinstance(msg, GraphAck) and self.statemgr is not None and msg.operator == self.op:
                 if msg.epoch == self.assignment.epoch:
                     self.statemgr.on_ack(msg.seq)
@@ -361,11 +558,22 @@ class GraphOperator(Service):
             lineage = lin.join([m.lineage for m in ins])
             lineage += [lin.LineageEntry(m.sender, m.seq, "?", -1) for m in ins[1:]]  # numbered in step()
             self.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
-                                           np.concatenate([m.input for m in ins], axis=-1)))
+                                           np.concatenate([m.input for m in ins], axis=-1),
+                                           degraded=True if any(m.degraded for m in ins) else None))
 
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
+        if self.catching_up and msg.epoch == self.backup.epoch and header_of(msg.blob).get("whole"):
+            header = header_of(msg.blob)  # the primary's whole state: Algorithm 2 goes on from it
+            self.backup.max_applied_seq = msg.first_seq - 1
+            for op, seq in header["durable"].items():
+                self.backup.durable.notify(op, seq)
+            self.consumed.update(header["consumed"])
+            self.catching_up = False
+            self.trace.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
+            self.log.warning("joined as backup: the primary's whole state", operator=self.op, epoch=msg.epoch,
+                             last_seq=msg.last_seq, outputs=len(header["seqs"]))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
         applied = self.backup.receive(shipped)
         self._notify(applied)  # the frontend first: a held reply may be waiting on this state
@@ -390,6 +598,8 @@ class GraphOperator(Service):
                     self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
 
     def _on_durable(self, msg: GraphDurable) -> None:
+        if self.relaying and msg.operator != self.op:  # others send my backup's notices to the holder: pass them on
+            self.peers.send(self.config.peers[f"{self.op}.backup"], msg)
         if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
             self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
             if self.backup is not None:
@@ -406,7 +616,7 @@ class GraphOperator(Service):
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
             self._notify(self.backup.on_notify(msg.operator, msg.seq))
-        elif self.own is not None and msg.operator != self.op:
+        elif self.own is not None and self.degraded and msg.operator != self.op:
             self._notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
             self.statemgr.on_durable(msg.seq)
@@ -417,6 +627,7 @@ class GraphOperator(Service):
         for state in applied:
             self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                              lineage=[e.to_json() for lineage in state.lineages for e in lineage])
+            self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
             for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
                 self.peers.send(self.config.peers[target], note)
@@ -450,12 +661,15 @@ class GraphOperator(Service):
         first = self.next_seq
         sends, lineages = [], []
         for r, out in zip(rows, outputs):
+            if self.stateful:
+                self.consumed[r.sender] = max(self.consumed.get(r.sender, -1), r.seq)  # what my state holds
             lineage = [e for e in r.lineage if e.seq >= 0]
             lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
                         for e in r.lineage if e.seq < 0]  # a combined join's other inputs
             lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
             lineages.extend(lineage)
-            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out)
+            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out,
+                               degraded=True if (self.degraded or r.degraded) else None)  # the client is told
             if self.trace:
                 self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
                                  origin=r.origin, output=out)

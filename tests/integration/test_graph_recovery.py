@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 def test_stateful_primary_sigkill_loses_nothing_and_conflicts_nothing(launcher, tmp_path):
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=11)
     assert row["promoted"] and row["new_primary_degraded"], row
+    assert 0 < row["degraded_replies"] < 240, row  # the client is told: no backup behind these answers
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert all(c["checked"] > 0 for c in row["invariants"].values()), row["invariants"]
@@ -56,6 +57,7 @@ def test_frozen_stateful_primary_is_replaced_by_heartbeat_silence_and_fenced_whe
     print({k: row[k] for k in ("detection_ms", "recovery_ms", "thaw_after_fault_ms", "fenced", "held_voided")})
     assert row["promoted"] and row["thaw_after_fault_ms"] is not None, row
     assert row["fenced"] is True and row["old_epoch_outputs_after_thaw"] == 0, row
+    assert row["rejoined_as_backup"] is True, row  # §IV-E: it overwrote its state with the new primary's
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row
@@ -89,3 +91,35 @@ def test_strawman_reexecution_shows_conflicts_the_checker_detects(launcher, tmp_
     assert row["lost"] == 0 and row["answered_twice"] == 0, row
     assert row["output_conflicts"] > 0, row["invariants"]
     assert row["invariants"]["graph_one_output_per_operator_seq"]["ok"] is False
+
+
+def test_new_backup_joins_after_failover_and_holds_everything_at_a_second_failover(launcher, tmp_path):
+    """HAMS §IV-E, a backup again after a failover: g2's primary is SIGKILLed, its backup
+    takes over (degraded: no backup); the killed operator's process is started again as a
+    new member of the group, the new primary ships it its whole state and then every
+    batch's (no longer degraded); then the new primary is SIGKILLed too. The joiner takes
+    over: nothing lost, answered twice or unlike offline (it was really up to date)."""
+    row = kill_trial(launcher, tmp_path, "g2", n=2000, kill_at=80, seed=17, rejoin=True)
+    print({k: row[k] for k in ("recovery_ms", "rejoined_after_ms", "second_recovery_ms", "lost", "held_voided")})
+    assert row["second_failover"], row  # the joiner was brought up to date while the load ran
+    assert row["promoted"], row  # the joiner holds the group at the end
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["second_recovery_ms"] is not None and row["second_recovery_ms"] == row["second_recovery_ms"], row
+
+
+def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(launcher, tmp_path):
+    """HAMS Fig. 6: GRU -> GRU -> GRU, g2's state delivery to its backup delayed (spec hook
+    ``state_delay_ms``), so g3's primary has taken g2 outputs that g2's backup never applied;
+    g2's primary and g3's backup are SIGKILLed together. g2's backup takes over at its
+    max_seq; g3's primary, its backup gone, rolls back to its previous state (the newest
+    shipped state that took nothing of g2 above max_seq) at a new epoch and re-runs what g2
+    resends. Nothing lost, answered twice or unlike offline; the invariants hold."""
+    from bench.hams_recovery import fig6_chain
+
+    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",))
+    print({k: row[k] for k in ("recovery_ms", "rolled_back_in_place", "held_voided", "lost", "invariants")})
+    assert row["promoted"], row
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["recovery_ms"] is not None, row
