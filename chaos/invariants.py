@@ -322,7 +322,7 @@ class OneOutputPerOperatorSeq:
     """HAMS's guarantee, "one output per (operator, seq) across replies and backups": no two
     different outputs for one (operator, seq) among the outputs that counted, i.e. that
     reached a reply (a released reply's lineage names that (operator, seq) for the output's
-    origin) or that a backup applied (an ``apply`` of that operator at the output's epoch
+    origin, and it is the newest such output made before the release) or that a backup applied (an ``apply`` of that operator at the output's epoch
     names it). An output a failed or rolled-back primary numbered but that nobody took
     (voided at the frontend, never applied) is not an output of the graph and is not counted.
 
@@ -334,12 +334,21 @@ class OneOutputPerOperatorSeq:
     def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
         if "graph_output" not in ctx.streams:
             return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
-        released = {(e[2], e[3], rel["origin"]) for rel in ctx.streams.get("graph_release", []) for e in rel["lineage"]}
+        # the output a reply carried: the newest one for its (operator, seq, origin) made
+        # before the release (an older one, voided at a takeover and re-run, did not reach it)
+        made: dict[tuple, list[dict]] = {}
+        for o in sorted(ctx.streams["graph_output"], key=lambda o: o.get("t", 0.0)):
+            made.setdefault((o["operator"], o["seq"], o.get("origin")), []).append(o)
+        reached: dict[int, dict] = {}
+        for rel in ctx.streams.get("graph_release", []):
+            for e in rel["lineage"]:
+                before = [o for o in made.get((e[2], e[3], rel["origin"]), []) if o.get("t", 0.0) <= rel["t"]]
+                if before:
+                    reached[id(before[-1])] = before[-1]
         applied = {(e[2], e[3], a.get("epoch")) for a in ctx.streams.get("graph_apply", []) for e in a["lineage"]
                    if e[2] == a["operator"]}
         counted = [o for o in ctx.streams["graph_output"]
-                   if (o["operator"], o["seq"], o.get("origin")) in released
-                   or (o["operator"], o["seq"], o.get("epoch")) in applied]
+                   if id(o) in reached or (o["operator"], o["seq"], o.get("epoch")) in applied]
         res = UniquePerKey(self.name, key=lambda r: (r["operator"], r["seq"]), value=lambda r: r["output"]).check(
             counted, CheckContext())
         res.detail += f" (counted {len(counted)} released or applied outputs of {len(ctx.streams['graph_output'])} traced)"

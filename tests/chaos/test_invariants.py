@@ -187,6 +187,24 @@ def test_two_different_released_outputs_for_one_operator_seq_are_flagged():
     assert result.ok is False and result.violations == 1 and result.examples == [{"key": "('g2', 1)"}]
 
 
+def test_a_voided_output_re_run_for_the_same_request_is_not_counted_twice():
+    """HAMS Fig. 6, found in a quiet hams-recovery run: g2's old primary numbered seq 1 for
+    origin 1 (its backup died, nothing applied it); g1 failed, g2 rolled back in place and
+    re-ran origin 1 with the same seq, in a batch of another size (the last float bit
+    differs); the frontend voided the first and released the second. Only the output the
+    reply carried, the newest made before the release, counts."""
+    streams = _trace()
+    lin = [["frontend", 1, "g1", 1], ["g1", 1, "g2", 1]]
+    streams["graph_output"] += [{"operator": "g2", "seq": 1, "epoch": 1, "origin": 1, "output": [7.0], "t": 3.1},
+                                {"operator": "g2", "seq": 1, "epoch": 3, "origin": 1, "output": [7.000001], "t": 3.5}]
+    streams["graph_release"].append({"origin": 1, "lineage": lin, "t": 3.6})
+    result = _graph_results(streams)["graph_one_output_per_operator_seq"]
+    assert result.ok is True and result.checked == 3, result.detail
+    # had the first left before the re-run, the two would conflict
+    streams["graph_release"].append({"origin": 1, "lineage": lin, "t": 3.2})
+    assert _graph_results(streams)["graph_one_output_per_operator_seq"].ok is False
+
+
 def test_an_output_a_backup_applied_counts_even_if_no_reply_shows_it():
     streams = _rolled_back_trace()
     # g2's backup applied the epoch-1 state holding seq 1: that output is the graph's, and the re-run contradicts it
