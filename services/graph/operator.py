@@ -336,6 +336,7 @@ class GraphOperator(Service):
             if transport.disconnect_seen(sock) and not self.backup_lost:
                 self.backup_lost = time.monotonic()
         self.add_socket(monitor, on_event)
+        self.backup_monitor = (monitor, on_event)  # also watched while an update waits for the window
         self.every(0.05, self._on_backup_lost)
 
     def _on_backup_lost(self, now: float) -> None:
@@ -690,8 +691,8 @@ class GraphOperator(Service):
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
-        if self.stateful and not self.degraded and self.mode.ships_state:
-            self._wait_for_update()
+        if self.stateful and not self.degraded and self.mode.ships_state and not self._wait_for_update():
+            return  # rolled back (or stepped down) while waiting: this batch is re-run from its resent inputs
         t3 = time.perf_counter()
         self.model.update(batch, outputs)
         self.update_wait_s += t3 - t2
@@ -733,14 +734,30 @@ class GraphOperator(Service):
                                                                           np.zeros(0, np.float32), error=errors[id(r)]))
         return good, batch, outputs
 
-    def _wait_for_update(self) -> None:
-        """NSPB: the update of this batch waits for the previous copy and the window."""
+    def _wait_for_update(self) -> bool:
+        """NSPB: the update of this batch waits for the previous copy and the window. While
+        it waits, the inbox and the backup's disconnect are served: a predecessor's takeover
+        or my backup's death (its acks never come: the window would hold for ever) may roll
+        me back. False if that happened (the model was replaced or stepped down): the batch
+        is abandoned, its inputs come again by lineage."""
+        model = self.model
         self.statemgr.wait_copy()
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        monitor, on_event = getattr(self, "backup_monitor", (None, None))
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         deadline = time.monotonic() + 30
-        while not self.statemgr.ready_for_update() and self.running is not False and time.monotonic() < deadline:
-            if self.inbox.poll(50):
+        while self.model is model and self.statemgr is not None and not self.statemgr.ready_for_update() \
+                and self.running is not False and time.monotonic() < deadline:
+            ready = dict(poller.poll(50))
+            if self.inbox in ready:
                 self._on_inbox(self.inbox)
-        # past the deadline the backup is gone: HAMS II's manager promotes or replaces it
+            if monitor is not None and monitor in ready:
+                on_event(monitor)
+            if self.model is model and self.statemgr is not None:
+                self._on_backup_lost(time.monotonic())
+        return self.model is model and self.statemgr is not None
 
     def _release_held(self, seq: int) -> None:
         for last in [s for s in self.held if s <= seq]:
