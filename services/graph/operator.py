@@ -146,6 +146,9 @@ class GraphOperator(Service):
         if self.spec.state_delay_ms:
             self.every(0.002, self._deliver_late)
         self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
+        self.backup_monitor = (None, None)  # (socket, handler) of that disconnect, once watched
+        self.update_poller = zmq.Poller()  # what an update waiting for the window serves (made once)
+        self.update_poller.register(self.inbox, zmq.POLLIN)
         self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.trace = Trace(config.trace_path)
         if self.trace:
@@ -337,6 +340,7 @@ class GraphOperator(Service):
                 self.backup_lost = time.monotonic()
         self.add_socket(monitor, on_event)
         self.backup_monitor = (monitor, on_event)  # also watched while an update waits for the window
+        self.update_poller.register(monitor, zmq.POLLIN)
         self.every(0.05, self._on_backup_lost)
 
     def _on_backup_lost(self, now: float) -> None:
@@ -742,15 +746,11 @@ class GraphOperator(Service):
         is abandoned, its inputs come again by lineage."""
         model = self.model
         self.statemgr.wait_copy()
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        monitor, on_event = getattr(self, "backup_monitor", (None, None))
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
+        monitor, on_event = self.backup_monitor
         deadline = time.monotonic() + 30
         while self.model is model and self.statemgr is not None and not self.statemgr.ready_for_update() \
                 and self.running is not False and time.monotonic() < deadline:
-            ready = dict(poller.poll(50))
+            ready = dict(self.update_poller.poll(50))
             if self.inbox in ready:
                 self._on_inbox(self.inbox)
             if monitor is not None and monitor in ready:
