@@ -68,18 +68,25 @@ def test_one_request_tuples_are_profiled_spaced(tmp_path, launcher):
     assert 19.5 <= p.service_ms[(1, 2)] <= 60.0 and p.path_ms > 0
 
 
-def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
-    # threads help one request (12 vs 20 ms), two at once carry more (2 x 47.6/s vs 83/s)
-    # (the sleep is 20 ms, as profiled for 1x1 and 2x1: serving finds no error to correct)
+def _configured_cluster(tmp_path, launcher, fixed_ms: float):
+    """A cluster whose dispatcher runs the configurator on a made-up profile (1x2 best
+    idle, 2x1 best loaded); returns the spec and a reader of the dispatcher's SERF status."""
     fake = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
     path = serf_profile.save(fake, tmp_path / "profile.json")
-    spec = _spec(tmp_path, fixed_ms=20.0, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
+    spec = _spec(tmp_path, fixed_ms=fixed_ms, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
     launcher("serf").start_spec(spec)
     dispatcher = spec.service("dispatcher").config.worker_endpoint
 
     def serf() -> dict:
         return (transport.request_status(dispatcher, 2.0) or {}).get("serf", {}).get("m", {})
 
+    return spec, serf
+
+
+def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
+    # threads help one request (12 vs 20 ms), two at once carry more (2 x 47.6/s vs 83/s)
+    # (the sleep is 20 ms, as profiled for 1x1 and 2x1: serving finds no error to correct)
+    spec, serf = _configured_cluster(tmp_path, launcher, fixed_ms=20.0)
     assert wait_until(lambda: serf().get("configuration") == "1x2", 10.0), serf()  # idle: threads
     c = client(spec.client_endpoints[0], timeout_ms=10_000.0)
     inputs = np.arange(16 * DIM, dtype=np.float32).reshape(16, DIM)
@@ -99,15 +106,7 @@ def test_the_configurator_follows_the_load_live(tmp_path, launcher, client):
 
 def test_a_profile_that_serving_contradicts_is_corrected_live(tmp_path, launcher, client):
     # profiled in a burst of other work: 2x1 at 21 ms a request; serving measures the 5 ms sleep
-    fake = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
-    path = serf_profile.save(fake, tmp_path / "profile.json")
-    spec = _spec(tmp_path, fixed_ms=5.0, dispatcher={"serf": {"m": str(path)}, "serf_hold_s": 0.5})
-    launcher("serf").start_spec(spec)
-    dispatcher = spec.service("dispatcher").config.worker_endpoint
-
-    def serf() -> dict:
-        return (transport.request_status(dispatcher, 2.0) or {}).get("serf", {}).get("m", {})
-
+    spec, serf = _configured_cluster(tmp_path, launcher, fixed_ms=5.0)
     assert wait_until(lambda: serf().get("configuration") == "1x2", 10.0), serf()
     c = client(spec.client_endpoints[0], timeout_ms=10_000.0)
     inputs = np.arange(16 * DIM, dtype=np.float32).reshape(16, DIM)
