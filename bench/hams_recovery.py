@@ -108,6 +108,14 @@ def strawman_chain() -> dict:
     return gru_chain(mode="strawman", noise=0.01)
 
 
+def ls_chain(checkpoint_every: int = 150, noise: float = 0.01, max_batch: int = 1) -> dict:
+    """The paper's Lineage Stash baseline: GRU -> GRU, no state shipped per batch, a
+    checkpoint every ``checkpoint_every`` batches; a failover loads it and replays.
+    ``max_batch`` 1: a batch is one input, so the replay's batches are the logged ones
+    (the seq order the lineage carries; batch boundaries of larger batches are not logged)."""
+    return {**gru_chain(max_batch=max_batch, mode="ls", noise=noise), "checkpoint_every": checkpoint_every}
+
+
 def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path):
     """A manager group and the graph's processes, each stateful primary made its group's
     holder before its backup starts. Returns (managers, graph, launcher, services by name,
@@ -285,6 +293,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         first_new = min((o["t"] for o in streams_["graph_output"]
                          if o["operator"] == v and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
         old_epoch = groups_before[f"graph/{v}"]["epoch"]
+        before = max((o["seq"] for o in streams_["graph_output"] if o["operator"] == v and o["t"] < fault_t["t"]), default=-1)
         per_victim[v] = {
             "detection_ms": 1000 * (takeover[0]["t"] - fault_t["t"]) if takeover else None,
             "recovery_ms": 1000 * (first_new - fault_t["t"]) if first_new is not None else None,
@@ -295,6 +304,13 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                                                 and o.get("epoch") == old_epoch and o["t"] > fault_t.get("thaw", 1e18)),
             "fenced": thawed[f"op-{v}"].get("fenced") if frozen else None,
             # the thawed old primary overwrote its state with the new primary's: its backup now (§IV-E)
+            # ls: the recovered operator's first output above its highest seq before the fault (after the
+            # replay), and how many of its outputs came after its latest checkpoint (what it replays)
+            "replayed_ms": 1000 * (min((o["t"] for o in streams_["graph_output"] if o["operator"] == v and takeover
+                                        and o.get("epoch") == takeover[0]["epoch"] and o["seq"] > before), default=float("nan"))
+                                   - fault_t["t"]),
+            "outputs_since_checkpoint": before - max((c["last_seq"] for c in streams_.get("graph_checkpoint", [])
+                                                      if c["operator"] == v and c["t"] < fault_t["t"]), default=-1),
             "rejoined_as_backup": (thawed[f"op-{v}"].get("assignment") == "backup"
                                    and thawed[f"op-{v}"].get("max_applied_seq", -1) >= 0) if frozen else None}
     # the graph is recovered when every failed operator is: the trial's figures are the slowest victim's
@@ -322,6 +338,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "rejoined_as_backup": all(r["rejoined_as_backup"] for r in per_victim.values()) if frozen else None,
             "rejoined_after_ms": 1000 * (fault_t["second"] - fault_t["rejoin"]) if "second" in fault_t else None,
             "second_failover": "second" in fault_t,
+            "replayed_ms": slowest["replayed_ms"], "outputs_since_checkpoint": slowest["outputs_since_checkpoint"],
             "second_recovery_ms": (1000 * (min((o["t"] for o in streams_["graph_output"] if o["operator"] == victims[0]
                                                 and o["t"] > fault_t["second"]), default=float("nan")) - fault_t["second"])
                                    if "second" in fault_t else None),
@@ -355,16 +372,21 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("strawman_stateful_kill", "g2", "kill", strawman_chain,
      "SIGKILL of g2's primary, GRU -> GRU with noise, strawman mode (no state shipping: re-executes on a fresh state)",
      (2, 10)),
+    ("ls_stateful_kill", "g2", "kill", lambda: ls_chain(checkpoint_every=40),
+     "SIGKILL of g2's primary, GRU -> GRU with noise, ls mode (Lineage Stash: checkpoint every 40 batches, replay)",
+     (3, 10)),
 )
 
 
-def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
+def run(quick: bool, json_path: Path, log, trials: int | None = None, only: set[str] | None = None) -> dict:
     rng = random.Random(1)
     t0 = time.time()
     cases: dict[str, dict] = {}
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hams-recovery-", ignore_cleanup_errors=True) as tmp:
         for name, victim, fault, graph, what, counts in CASES:
+            if only and name not in only:
+                continue
             rows = []
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
@@ -393,6 +415,21 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
                            "degraded_replies": sum(r["degraded_replies"] for r in rows),
                            "invariants_ok": all(r["invariants_ok"] for r in rows),
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
+    ls_ = [c for c in cases.values() if c["mode"] == "ls"]
+    ls_out = {"ls_conflicts": sum(c["conflicts"] for c in ls_), "ls_lost": sum(c["lost"] for c in ls_),
+              "ls_kill_median_ms": float(np.median(r)) if (r := [t["replayed_ms"] for c in ls_ for t in c["trials"]
+                                                                if t["replayed_ms"] == t["replayed_ms"]]) else None,
+              "ls_kill_max_ms": max(r) if r else None,
+              # recovery grows with what ls replays; nspb's does not grow with how long the graph ran
+              "ls_recovery_by_batches_since_checkpoint": [[t["outputs_since_checkpoint"], t["replayed_ms"]]
+                                                          for c in ls_ for t in c["trials"]],
+              "nspb_recovery_by_kill_at": [[t["kill_at"], t["recovery_ms"]] for t in
+                                           cases.get("stateful_primary_kill", {}).get("trials", [])]}
+    if only:  # a selection of cases (--cases): their rows and the ls figures
+        out = {"quick": quick, "cases": cases, **ls_out, "trials": sum(c["n"] for c in cases.values()),
+               "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0]}
+        loadgen.write_json(json_path, out)
+        return out
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
     fz, co = cases["stateful_primary_freeze"], cases["correlated_stateless_stateful_kill"]
     adj, fig6 = cases["correlated_adjacent_stateful_kill"], cases["fig6_kill"]
@@ -422,7 +459,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None) -> dict:
            "strawman_conflicts": sum(c["conflicts"] for c in straw), "strawman_lost": sum(c["lost"] for c in straw),
            "strawman_trials_with_conflicts": sum(1 for c in straw for r in c["trials"] if r["conflicts"] > 0),
            "strawman_trials": sum(c["n"] for c in straw),
-           "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
+           **ls_out, "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
            # the machine's load while it ran: the figures are taken under load (2 cores, shared)
            "loadavg_1m_at_end": os.getloadavg()[0]}
     loadgen.write_json(json_path, out)
@@ -433,7 +470,14 @@ def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-recovery-quick.json" if args.quick else "runs/hams-recovery.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
     log("HAMS recovery: SIGKILLs under open load, manager-driven failover (local mode, figures under load)")
-    out = run(args.quick, json_path, log, trials=args.trials)
+    only = set(args.cases.split(",")) if args.cases else None
+    out = run(args.quick, json_path, log, trials=args.trials, only=only)
+    if only:
+        for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
+                                                "ls_recovery_by_batches_since_checkpoint", "trials",
+                                                "loadavg_1m_at_end"), TARGETS):
+            log(line)
+        return 0
     keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "detection_median_ms", "takeover_median_ms",
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
             "stateless_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
@@ -441,7 +485,8 @@ def cmd(args: argparse.Namespace) -> int:
             "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
             "correlated_adjacent_stateful_max_ms", "fig6_median_ms", "fig6_max_ms", "fig6_trials", "fig6_rolled_back_in_place",
             "strawman_fig6_conflicts", "strawman_conflicts", "strawman_trials_with_conflicts",
-            "strawman_trials", "strawman_lost", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
+            "strawman_trials", "strawman_lost", "ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
+            "ls_recovery_by_batches_since_checkpoint", "nspb_recovery_by_kill_at", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
             "loadavg_1m_at_end")
     for line in loadgen.figures_table(out, keys, TARGETS):
         log(line)
@@ -457,6 +502,7 @@ def add_parser(which: Any) -> None:
     e.add_argument("--json", help="write the figures here")
     e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 2 + 2 + 2 + 3 + 2 + 2 trials (several minutes)")
     e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/2/2/2/3/2/2 quick, 20/10/10/20/10/10/10/50/10/10 full)")
+    e.add_argument("--cases", help="only these cases, comma-separated (e.g. ls_stateful_kill): their rows and the ls figures")
     e.set_defaults(func=cmd)
 
 

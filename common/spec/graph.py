@@ -4,7 +4,9 @@ the frontend as entry and exit).
 Format::
 
     [graph]
-    mode = "nspb"            # bare | remus | nspb | s1 | s2 | strawman (services.graph.modes)
+    mode = "nspb"            # bare | remus | nspb | s1 | s2 | strawman | ls (services.graph.modes)
+    checkpoint_every = 150   # ls: batches between checkpoints of a stateful operator's whole state
+    checkpoint_dir = "..."   # ls (optional): the global storage; the trace_dir when left out
     window = 1               # NSPB: states in flight to the backup (1 = HAMS §III-B)
     input_shape = [8]        # one request's input, as the frontend receives it
     edges = [["frontend", "gru1"], ["gru1", "gru2"], ["gru2", "frontend"]]
@@ -39,9 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.spec.tables import SpecError
+from services.graph.modes import MODES
 
 FRONTEND = "frontend"
-MODES = ("bare", "remus", "nspb", "s1", "s2", "strawman")
 JOINS = ("combine", "interleave")
 
 
@@ -74,6 +76,9 @@ class GraphSpec:
     order: list[str]
     #: where the processes write their traces (None: no traces)
     trace_dir: str | None = None
+    #: ls: batches between checkpoints; where they are written (None: the trace_dir)
+    checkpoint_every: int = 150
+    checkpoint_dir: str | None = None
 
     @property
     def stateful(self) -> frozenset[str]:
@@ -125,6 +130,8 @@ class GraphSpec:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "window": self.window, "input_shape": list(self.input_shape),
+                "checkpoint_every": self.checkpoint_every,
+                **({"checkpoint_dir": self.checkpoint_dir} if self.checkpoint_dir else {}),
                 "edges": [list(e) for e in self.edges],
                 "operators": {n: {"kind": o.kind, "input_shape": list(o.input_shape),
                                   "output_shape": list(o.output_shape), "max_batch": o.max_batch,
@@ -150,6 +157,13 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     window = table.pop("window", 1)
     if type(window) is not int or window < 1:
         raise GraphError(f"{prefix}.window: must be an int >= 1, got {window!r}")
+    checkpoint_every = table.pop("checkpoint_every", 150)
+    if type(checkpoint_every) is not int or checkpoint_every < 1:
+        raise GraphError(f"{prefix}.checkpoint_every: must be an int >= 1 (batches between ls checkpoints), "
+                         f"got {checkpoint_every!r}")
+    checkpoint_dir = table.pop("checkpoint_dir", None)
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, str):
+        raise GraphError(f"{prefix}.checkpoint_dir: must be a path")
     input_shape = _shape(table.pop("input_shape", None), f"{prefix}.input_shape")
     trace_dir = table.pop("trace_dir", None)
     if trace_dir is not None and not isinstance(trace_dir, str):
@@ -196,7 +210,8 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     if not edges:
         raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
     order = _topological(operators, edges, prefix)
-    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir)
+    graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir, checkpoint_every,
+                      checkpoint_dir)
     _check_shapes(graph, prefix)
     return graph
 
@@ -274,6 +289,10 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
         return f"tcp://{address}:{next(port)}"
 
     table = graph.to_dict()
+    if graph.mode == "ls":  # the checkpoints' global storage: every process of the graph reads the same place
+        table["checkpoint_dir"] = graph.checkpoint_dir or trace_dir
+        if not table["checkpoint_dir"]:
+            raise GraphError("graph.checkpoint_dir: mode 'ls' needs a checkpoint_dir (or a trace_dir) for its checkpoints")
     peers = {FRONTEND: ep()}
     client = ep()
     plan = []

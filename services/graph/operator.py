@@ -55,6 +55,7 @@ Every operator drops an input whose seq it already took from that sender (resend
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict, deque
 
@@ -70,7 +71,7 @@ from services.graph import lineage as lin
 from services.graph.assignment import Assignment
 from services.graph.modes import MODES
 from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, header_of, pack, unpack
+from services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
 from services.graph.trace import Trace
 
 
@@ -153,6 +154,9 @@ class GraphOperator(Service):
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
+        # ls (Lineage Stash): my checkpoints in global storage; since the last, how many batches
+        self.since_checkpoint = 0
+        self.stash_seen: dict[str, tuple[float, int]] = {}  # successor -> (its checkpoint's mtime, my seq it holds)
         self.backup = None
         self.model = None
         self.statemgr = None
@@ -295,8 +299,16 @@ class GraphOperator(Service):
         self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
                                                     **self.spec.options)
         self.model.start()
+        checkpoint = read_checkpoint(self.checkpoint_path(self.op)) if self.mode.checkpoints else None
+        if checkpoint is not None:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
+            state, meta = checkpoint
+            max_seq = meta["last_seq"]
+            self.consumed = dict(meta["consumed"])  # the predecessors resend by lineage what came after
         if state:
             self.model.load_state(state)
+        if self.mode.checkpoints:
+            self.trace.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
+                             load_ms=round(1000 * (time.monotonic() - t0), 3))
         self.assignment.role, self.assignment.epoch = "primary", epoch
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
@@ -316,6 +328,36 @@ class GraphOperator(Service):
             self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed.get(p, -1))))
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
+
+    def checkpoint_path(self, op: str) -> str:
+        """ls: where ``op``'s checkpoint lies in the global storage (every process reads the same place)."""
+        return os.path.join(self.graph.checkpoint_dir, f"checkpoint-{op}.bin")
+
+    def _checkpoint(self, last: int) -> None:
+        """ls: every ``checkpoint_every`` batches, my whole state (tensors, what I took per
+        predecessor, my output seq) to global storage; predecessors free what it holds."""
+        t0 = time.monotonic()
+        write_checkpoint(self.checkpoint_path(self.op), self.model.state_arrays(),
+                         {"last_seq": last, "consumed": dict(self.consumed), "epoch": self.assignment.epoch})
+        self.since_checkpoint = 0
+        self.trace.write("checkpoint", operator=self.op, epoch=self.assignment.epoch, last_seq=last,
+                         consumed=dict(self.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
+
+    def _stashed(self) -> int:
+        """ls: the highest of my seqs every stateful successor's latest checkpoint holds
+        (the causal log below it is no longer needed; -1: keep all)."""
+        held = []
+        for succ in (n for n in self.succs if n in self.graph.stateful):
+            path = self.checkpoint_path(succ)
+            try:
+                mtime = os.stat(path).st_mtime
+            except FileNotFoundError:
+                return -1
+            if self.stash_seen.get(succ, (None,))[0] != mtime:
+                checkpoint = read_checkpoint(path)
+                self.stash_seen[succ] = (mtime, checkpoint[1]["consumed"].get(self.op, -1) if checkpoint else -1)
+            held.append(self.stash_seen[succ][1])
+        return min(held, default=self.next_seq)
 
     def take_over_stateless(self, epoch: int) -> None:
         """HAMS §IV-E, a stateless operator: the hot standby serves it, numbering on once
@@ -614,8 +656,10 @@ class GraphOperator(Service):
                 return
         if msg.operator == FRONTEND:
             self.released_origin = max(self.released_origin, msg.seq)
+            stashed = self._stashed() if self.mode.checkpoints else None  # ls: kept until a successor checkpoints
             for saved in (self.outputs, self.kept):
-                for seq in [s for s, m in saved.items() if m.origin <= self.released_origin]:
+                for seq in [s for s, m in saved.items() if m.origin <= self.released_origin
+                            and (stashed is None or s <= stashed)]:
                     del saved[seq]  # its reply left the graph: no resend will need it
             for origin in [o for o in self.joining if o <= self.released_origin]:
                 del self.joining[origin]  # answered already (another branch's error): the join never completes
@@ -703,6 +747,14 @@ class GraphOperator(Service):
         self.update_s += time.perf_counter() - t3
         if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
             self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
+        if self.stateful and self.mode.checkpoints:
+            if self.takeovers:  # ls: the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
+                # its outputs count for the checker as a backup's applied state would
+                self.trace.write("apply", operator=self.op, last_seq=last, epoch=self.assignment.epoch, degraded=True,
+                                 replay=True, lineage=[e.to_json() for e in lineages if e.operator == self.op])
+            self.since_checkpoint += 1
+            if self.since_checkpoint >= self.graph.checkpoint_every:
+                self._checkpoint(last)
         elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,

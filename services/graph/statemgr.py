@@ -15,6 +15,7 @@ never unpickles. Packing reads the model's tensors directly and is the state's o
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -172,3 +173,23 @@ def transport_send(sock, msg) -> None:
     from common import transport
 
     transport.try_send(sock, msg)
+
+
+def write_checkpoint(path: str, state: dict[str, np.ndarray], meta: dict) -> None:
+    """ls (Lineage Stash): the whole state to global storage, atomically (a tmp file, then a
+    rename: a reader finds the previous checkpoint or this one, never half of one)."""
+    blob = pack(state, {}, meta)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(np.ascontiguousarray(blob, dtype=np.uint8).tobytes())
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict] | None:
+    """``write_checkpoint``'s (state, meta); None if no checkpoint was written yet."""
+    try:
+        with open(path, "rb") as f:
+            blob = np.frombuffer(f.read(), dtype=np.uint8)
+    except FileNotFoundError:
+        return None
+    return unpack(blob)[0], header_of(blob)
