@@ -28,11 +28,28 @@ def test_chain_loads_with_roles_from_the_spec():
     (dict(input_shape=[5]), "shape mismatch"),
     (dict(mode="fast"), "graph.mode"),
     (dict(window=0), "graph.window"),
+    (dict(mode="ls", checkpoint_every=0), r"graph.checkpoint_every: must be an int >= 1"),
+    (dict(mode="ls", checkpoint_every=2.5), r"graph.checkpoint_every: must be an int >= 1"),
+    (dict(mode="ls", checkpoint_dir=3), "graph.checkpoint_dir: must be a path"),
     (dict(edges=[["frontend", "a"], ["a", "frontend"], ["b", "frontend"]]), "has no input"),
 ])
 def test_bad_graphs_are_clear_errors(change, message):
     with pytest.raises(GraphError, match=message):
         read_graph(chain(**change))
+
+
+def test_ls_mode_checkpoints_every_150_batches_unless_told_and_needs_a_place_for_them(tmp_path):
+    from common.spec.graph import MODES, graph_services
+    from services.graph import modes
+
+    assert MODES is modes.MODES and MODES["ls"].checkpoints and not MODES["ls"].ships_state  # one list of modes
+    g = read_graph(chain(mode="ls"))
+    assert g.checkpoint_every == 150 and read_graph(g.to_dict()).checkpoint_every == 150
+    assert read_graph(chain(mode="ls", checkpoint_every=7)).checkpoint_every == 7
+    with pytest.raises(GraphError, match="graph.checkpoint_dir: mode 'ls' needs"):
+        graph_services(g, 20000)  # neither a checkpoint_dir nor a trace_dir: nowhere to checkpoint
+    services, _ = graph_services(g, 20000, trace_dir=str(tmp_path))
+    assert {s.config.graph["checkpoint_dir"] for s in services} == {str(tmp_path)}  # every process, the same storage
 
 
 def test_join_shapes_and_unknown_kind():
