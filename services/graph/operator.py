@@ -342,6 +342,7 @@ class GraphOperator(Service):
         self.since_checkpoint = 0
         self.trace.write("checkpoint", operator=self.op, epoch=self.assignment.epoch, last_seq=last,
                          consumed=dict(self.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
+        self.trace.flush()
 
     def _stashed(self) -> int:
         """ls: the highest of my seqs every stateful successor's latest checkpoint holds
@@ -733,6 +734,8 @@ class GraphOperator(Service):
         if self.stateful and self.mode.hold_outputs:
             self.held[last] = sends
         else:
+            if self.trace and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
+                self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
             for target, msg in sends:
                 if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
                     self.peers.send(self.config.peers[target], msg)
