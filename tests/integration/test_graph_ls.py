@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def test_ls_deterministic_replay_loses_nothing(launcher, tmp_path):
-    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=120, seed=21, table=ls_chain(checkpoint_every=30, noise=0.0))
+    # one input a batch: checkpoints at seqs 39, 79, 119, 159; the kill after request 150 falls between two
+    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=150, seed=21, table=ls_chain(checkpoint_every=40, noise=0.0))
     assert row["promoted"] and row["mode"] == "ls" and not row["noisy"], row
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0, row["invariants"]
