@@ -49,6 +49,8 @@ socket and registers again on a fresh one, backing off exponentially.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 import traceback
 
@@ -72,6 +74,8 @@ class Worker(Service):
     def __init__(self, cfg: WorkerConfig):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
+        if cfg.omp_spincount and "torch" not in sys.modules:  # libgomp reads it once, when torch loads it
+            os.environ["GOMP_SPINCOUNT"] = str(cfg.omp_spincount)
         self.predictor = build_predictor(cfg)
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads

@@ -164,3 +164,26 @@ def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("5.00", "75.00"))]
     assert [line[-1] for line in lines] == ["1x2", "2x1"]
     assert build_parser().parse_args(["experiment", "serf", "--quick"]).quick
+
+
+def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the worker sets it first (a
+    builtin worker here, in a fresh process: torch is not loaded, the setting is there when it is)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from common.config import WorkerConfig; from services.worker import Worker; "
+            "w = Worker(WorkerConfig(name='w-spin', model='m', builtin='sleep', dispatcher_endpoint='tcp://127.0.0.1:9', "
+            "omp_spincount=10_000_000)); "
+            "assert 'torch' not in sys.modules; print('spin', os.environ.get('GOMP_SPINCOUNT')); w.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"})
+    assert "spin 10000000" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])
+
+
+def test_a_negative_omp_spincount_is_refused_with_its_name():
+    from common.config import ConfigError, WorkerConfig
+
+    with pytest.raises(ConfigError, match="omp_spincount"):
+        WorkerConfig(name="w", model="m", omp_spincount=-1).validate()
