@@ -134,6 +134,24 @@ def test_executors_set_torch_threads_on_the_computing_thread():
         ex.close()
 
 
+def test_one_batch_at_a_time_always_goes_to_the_same_executor():
+    """Each executor has its own OpenMP team; one that slept is slow to wake: with batches
+    one at a time the first executor takes them all, whatever others exist."""
+    names: list[str] = []
+    ex = Executors(lambda job: names.append(threading.current_thread().name), None)
+    try:
+        ex.ensure(3)
+        for _ in range(6):
+            ex.submit(Job(None, [0], 0.0, None))
+            deadline, finished = time.monotonic() + 5.0, []
+            while not finished and time.monotonic() < deadline:
+                finished = ex.done()
+                time.sleep(0.002)
+        assert names == ["executor-0"] * 6
+    finally:
+        ex.close()
+
+
 def test_a_process_without_torch_does_not_import_it_to_set_threads():
     """A Python container's worker never imports torch (seconds on a first batch); the
     setting is applied once torch is there."""
