@@ -205,3 +205,27 @@ def test_a_negative_omp_spincount_is_refused_with_its_name():
 
     with pytest.raises(ConfigError, match="omp_spincount"):
         WorkerConfig(name="w", model="m", omp_spincount=-1).validate()
+
+
+def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_theirs(tmp_path):
+    """Only executors compute; a multi-threaded OpenMP team on the loop's thread too would put
+    more OpenMP threads than cores in the process and libgomp would then cut every team's spin."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from common.modelstore import ModelStore
+
+    from common.architectures import build
+
+    arch_config = {"in_features": 4, "n_classes": 2, "hidden": [3]}
+    ModelStore(tmp_path).save("lin", build("mlp", **arch_config), arch="mlp", arch_config=arch_config, input_shape=[4],
+                              output_size=2)
+    code = ("import torch; from common.config import WorkerConfig; from services.worker import Worker; "
+            f"w = Worker(WorkerConfig(name='w-threads', model='lin', store={str(tmp_path)!r}, torch_threads=2, "
+            "dispatcher_endpoint='tcp://127.0.0.1:9')); "
+            "print('threads', torch.get_num_threads(), w.executors.torch_threads); w.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert "threads 1 2" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])
