@@ -52,10 +52,6 @@ from common.queueing import latency, simulate, utilisation
 from services.serf.profiler import profile_model, service_between, service_counters, set_configuration
 
 CORES = 2
-#: torch's OpenMP threads spin ~0.1 s for the next request before they sleep (WorkerConfig.
-#: omp_spincount): with libgomp's default a second thread sleeps between requests spaced
-#: more than a few ms and 2 threads lose to 1 at light load, so no load ever favoured threads
-OMP_SPINCOUNT = 10_000_000
 LOADS = (0.10, 0.20, 0.30, 0.40, 0.55, 0.65, 0.75, 0.85)
 QUICK_LOADS = (0.10, 0.30, 0.55, 0.85)
 MODELS = {
@@ -92,7 +88,7 @@ def cluster(store: str, model: str, serf: str | None = None):
                     "run_dir": f"runs/serf/{model}"},
         "frontend": {"cache_size": 0},
         "dispatcher": dispatcher,
-        "worker": {"torch_threads": CORES, "omp_spincount": OMP_SPINCOUNT},
+        "worker": {"torch_threads": CORES},
         "models": {model: _model_table(model)},
     })
 
