@@ -1,5 +1,7 @@
 """``keel experiment hams-recovery``: how fast a HAMS service graph recovers, and whether it
-loses or contradicts anything (HAMS §IV-E, §VII-D), on real processes in local mode.
+loses or contradicts anything (HAMS §IV-E, §VII-D), on real processes, in netns mode (every
+process on a network namespace of its own, host faults; ``--netns auto`` when the machine
+allows it) or in local mode (every process on loopback, ``--netns off``).
 
 The graph is GRU -> GRU (NSPB, W=2) with the manager group (three Raft replicas) that
 detects failures and promotes backups. Per trial: a fresh cluster, open-loop load at a
@@ -18,7 +20,9 @@ Cases (``CASES``): SIGKILL of the last stateful primary (g2), of the first (g1: 
 back when it took lost outputs), of a stateless operator (its hot standby takes over);
 SIGSTOP of g2's primary (a freeze: its sockets stay open, so only the manager's heartbeat
 silence detects it), SIGCONT once the backup was promoted (the thawed primary must be
-fenced and number nothing more at its old epoch); the correlated cases: a stateless and a
+fenced and number nothing more at its old epoch); in netns mode, a partition of g2's
+primary's host (healed once the backup was promoted: fenced by epoch, it rejoins as
+backup); the correlated cases: a stateless and a
 stateful operator killed together (m and g2 of MLP -> GRU -> GRU), and two adjacent
 stateful primaries (g1 and g2). A correlated trial's times are its slowest victim's. With
 noise (GRUs whose every run differs) under NSPB, and under the ``strawman`` mode (no state
@@ -26,12 +30,12 @@ shipping: the replacement re-executes on a fresh state), where the checker must 
 conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). HAMS Fig. 6
 (``fig6_chain``): GRU -> GRU -> GRU, g2's state delivery to its backup delayed 30 ms (the
 spec's ``state_delay_ms`` hook, at the backup), then g2's primary and g3's backup killed
-together: g3's primary rolls back in place; the same fault under the strawman. The
-partition, netns and ls cases of the issue do not run yet
-(docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
+together: g3's primary rolls back in place; the same fault under the strawman. JSON keys
+(``mode``: which mode ran): ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
 ``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
 ``stateless_kill_median_ms``, ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
-(freeze only), ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
+(freeze and partition trials), ``freeze_median_ms``, ``freeze_max_ms``, ``partition_trials``,
+``partition_fenced``, ``partition_old_epoch_outputs_after_heal``, ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
 ``correlated_stateless_stateful_median_ms`` / ``_max_ms``,
 ``correlated_adjacent_stateful_median_ms`` / ``_max_ms``, ``fig6_median_ms``, ``fig6_max_ms``,
 ``fig6_trials``, ``fig6_rolled_back_in_place``, ``strawman_fig6_conflicts``, ``strawman_conflicts``, ``nspb_lost``,
@@ -523,8 +527,8 @@ def add_parser(which: Any) -> None:
     """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
     e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 2 + 2 + 2 + 3 + 2 + 2 trials (several minutes)")
-    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/2/2/2/3/2/2 quick, 20/10/10/20/10/10/10/50/10/10 full)")
+    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 3 + 2 + 2 + 2 + 3 + 2 + 2 trials (several minutes; the partition case in netns mode only)")
+    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/3/2/2/2/3/2/2 quick, 20/10/10/20/20/10/10/10/50/10/10 full)")
     e.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
                    help="netns mode (a network namespace per process, host faults, the partition case): "
                         "auto = when the machine allows it (root with ip netns)")
