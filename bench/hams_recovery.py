@@ -197,7 +197,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
     too: the second failover promotes the joiner, and must lose and contradict nothing.
     ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup)."""
-    from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
+    from chaos.invariants import CheckContext, Checker, InvariantResult, graph_invariants, load_graph_traces
+    from chaos.manager import replicas_equal
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
     trace_dir = workdir / "trace"
@@ -303,6 +304,9 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                                 and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
     streams_ = load_graph_traces(str(trace_dir))
     checks = {r.name: r.to_dict() for r in Checker(graph_invariants(graph.stateful)).run([], CheckContext(streams=streams_))}
+    equal, finals = replicas_equal(workdir / "journal")  # the final states the replicas wrote at shutdown
+    checks["manager_replicas_equal"] = InvariantResult("manager_replicas_equal", equal, checked=finals,
+                                                       violations=int(not equal), detail=f"{finals} final states").to_dict()
     per_victim = {}
     for v in victims:
         takeover = sorted((t for t in streams_.get("graph_takeover", []) if t["operator"] == v), key=lambda t: t["t"])
