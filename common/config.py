@@ -261,12 +261,9 @@ class WorkerConfig:
     max_batch: int = 64
     torch_threads: int = 1
     #: how long torch's OpenMP threads spin waiting for the next parallel region before they
-    #: sleep (libgomp's GOMP_SPINCOUNT, in spin iterations; 0 = libgomp's default). With the
-    #: default, a worker's second thread sleeps between requests that come more than a few ms
-    #: apart and waking it costs more than it gives (small ResNet-18 in an executor thread,
-    #: spaced 50-150 ms: 13.7-14.7 ms with 2 threads against 11.4-13.6 ms with 1); with
-    #: 10_000_000 (~0.1 s of spinning after each request, then sleep) 2 threads take 9.0-9.6 ms.
-    #: Read once, when the worker first loads torch (SERF: ``keel experiment serf`` sets it for its torch models)
+    #: sleep (libgomp's GOMP_SPINCOUNT, in spin iterations; 0 = libgomp's default). Set
+    #: before the worker first loads torch. Off by default: in the SERF quick runs a longer
+    #: spin made the spaced profile faster than the open-loop service (README, SERF)
     omp_spincount: int = 0
     #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
     #: without a GPU refuses "cuda" at start with a clear error
