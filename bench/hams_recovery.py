@@ -17,7 +17,9 @@ use) gives, per trial:
   run of the deterministic GRUs), and the HAMS invariants' verdicts.
 
 Cases (``CASES``): SIGKILL of the last stateful primary (g2), of the first (g1: g2 rolls
-back when it took lost outputs), of a stateless operator (its hot standby takes over);
+back when it took lost outputs), of g2's backup (its primary's window stalls; after a grace
+it goes on alone from its newest shipped state, rolled back in place at a new epoch), of a
+stateless operator (its hot standby takes over);
 SIGSTOP of g2's primary (a freeze: its sockets stay open, so only the manager's heartbeat
 silence detects it), SIGCONT once the backup was promoted (the thawed primary must be
 fenced and number nothing more at its old epoch); in netns mode, a partition of g2's
@@ -30,10 +32,12 @@ shipping: the replacement re-executes on a fresh state), where the checker must 
 conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). HAMS Fig. 6
 (``fig6_chain``): GRU -> GRU -> GRU, g2's state delivery to its backup delayed 30 ms (the
 spec's ``state_delay_ms`` hook, at the backup), then g2's primary and g3's backup killed
-together: g3's primary rolls back in place; the same fault under the strawman. JSON keys
+together: g3's primary rolls back in place (a trial's recovery is the slower of g2's takeover
+and g3's roll-back); the same fault under the strawman. JSON keys
 (``mode``: which mode ran): ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
 ``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
-``stateless_kill_median_ms``, ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
+``stateless_kill_median_ms``, ``backup_kill_median_ms``, ``backup_kill_max_ms``,
+``freeze_partition_median_ms``, ``freeze_partition_max_ms``
 (freeze and partition trials), ``freeze_median_ms``, ``freeze_max_ms``, ``partition_trials``,
 ``partition_fenced``, ``partition_old_epoch_outputs_after_heal``, ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
 ``correlated_stateless_stateful_median_ms`` / ``_max_ms``,
@@ -196,13 +200,17 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     new member of the group (``joiner``, standing in for a standby host); once the new
     primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
     too: the second failover promotes the joiner, and must lose and contradict nothing.
-    ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup)."""
+    ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup);
+    an operator whose backup is among them recovers too (its primary goes on alone from its
+    newest shipped state, rolled back in place at a new epoch): it counts as a victim for the
+    times, and ``victim`` may be empty (only a backup killed)."""
     from chaos.invariants import CheckContext, Checker, InvariantResult, graph_invariants, load_graph_traces
     from chaos.manager import replicas_equal
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
+    lone = [n[len("op-"):-len("-backup")] for n in also_kill if n.startswith("op-") and n.endswith("-backup")]
     trace_dir = workdir / "trace"
-    table = table or (GRAPHS.get(victims[0]) or gru_chain)()
+    table = table or ((GRAPHS.get(victims[0]) if victims else None) or gru_chain)()
     ctx = zmq.Context()  # made on this thread: inside the client host in netns mode (run_trial)
     ask_status = functools.partial(transport.request_status, ctx=ctx)
     try:
@@ -227,7 +235,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             groups = probe.call("snapshot")["groups"]
             return all(groups[f"graph/{v}"]["epoch"] > groups_before[f"graph/{v}"]["epoch"] for v in victims)
 
-        joiner = f"op-{victims[0]}-r1"
+        joiner = f"op-{victims[0]}-r1" if victims else None
 
         def start_joiner() -> None:
             import dataclasses
@@ -275,7 +283,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
         if "second" in fault_t:
             backup_of = {victims[0]: joiner}  # the group's holder at the end
-        backups = {v: ask_status(by_name[backup_of[v]].config.status_endpoint) for v in victims}
+        backup_of.update({v: f"op-{v}" for v in lone})  # its primary goes on: the group's holder at a new epoch
+        backups = {v: ask_status(by_name[backup_of[v]].config.status_endpoint) or {} for v in (*victims, *lone)}
         frontend = ask_status(by_name["graph-frontend"].config.client_endpoint)
         thawed = {}
         if frozen:  # the thawed old primary: fenced, and says so
@@ -308,7 +317,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     checks["manager_replicas_equal"] = InvariantResult("manager_replicas_equal", equal, checked=finals,
                                                        violations=int(not equal), detail=f"{finals} final states").to_dict()
     per_victim = {}
-    for v in victims:
+    for v in (*victims, *lone):
         takeover = sorted((t for t in streams_.get("graph_takeover", []) if t["operator"] == v), key=lambda t: t["t"])
         first_new = min((o["t"] for o in streams_["graph_output"]
                          if o["operator"] == v and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
@@ -331,7 +340,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     if any(r["detection_ms"] is None for r in per_victim.values()):
         detection = None
     recovery = slowest["recovery_ms"]
-    return {"victim": "+".join(victims), "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
+    return {"victim": "+".join(victims) or "-",  "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
             "detection_ms": detection,
             "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
@@ -367,6 +376,9 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("stateful_primary_kill", "g2", "kill", gru_chain, "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
     ("upstream_stateful_kill", "g1", "kill", gru_chain,
      "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
+    ("stateful_backup_kill", (), "kill", gru_chain,
+     "SIGKILL of g2's backup, GRU -> GRU: its primary's window stalls; it goes on alone from its newest shipped "
+     "state, rolled back in place at a new epoch (degraded)", (2, 10)),
     ("stateless_kill", "m", "kill", mlp_gru, "SIGKILL of m (stateless MLP, first), MLP -> GRU: the hot standby takes over", (2, 10)),
     ("stateful_primary_freeze", "g2", "freeze", gru_chain,
      "SIGSTOP of g2's primary, GRU -> GRU: detected by heartbeat silence; SIGCONT after the takeover: fenced", (3, 20)),
@@ -388,6 +400,10 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
      "SIGKILL of g2's primary, GRU -> GRU with noise, strawman mode (no state shipping: re-executes on a fresh state)",
      (2, 10)),
 )
+
+
+#: more processes killed with the victims, per case
+ALSO_KILL = {"fig6_kill": ("op-g3-backup",), "stateful_backup_kill": ("op-g2-backup",)}
 
 
 def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
@@ -437,7 +453,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
                 work = Path(tmp) / f"{name}-{k}"
                 kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
                 row = run_trial(use_netns, work, victim=victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph(),
-                                also_kill=("op-g3-backup",) if name.endswith("fig6_kill") else ())
+                                also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()))
                 rows.append(row)
                 log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
@@ -460,6 +476,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
                            "invariants_ok": all(r["invariants_ok"] for r in rows),
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
+    bk = cases["stateful_backup_kill"]
     fz, co = cases["stateful_primary_freeze"], cases["correlated_stateless_stateful_kill"]
     adj, fig6 = cases["correlated_adjacent_stateful_kill"], cases["fig6_kill"]
     nspb = [c for c in cases.values() if c["mode"] == "nspb"]
@@ -474,6 +491,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
            "upstream_stateful_kill_median_ms": up["recovery_median_ms"],
            "upstream_stateful_kill_max_ms": up["recovery_max_ms"],
            "stateless_kill_median_ms": sl["recovery_median_ms"], "stateless_kill_max_ms": sl["recovery_max_ms"],
+           "backup_kill_median_ms": bk["recovery_median_ms"], "backup_kill_max_ms": bk["recovery_max_ms"],
            "freeze_partition_median_ms": float(np.median(cut_rec)) if cut_rec else None,
            "freeze_partition_max_ms": max(cut_rec) if cut_rec else None,
            "freeze_median_ms": fz["recovery_median_ms"], "freeze_max_ms": fz["recovery_max_ms"],
@@ -510,7 +528,7 @@ def cmd(args: argparse.Namespace) -> int:
     out = run(args.quick, json_path, log, trials=args.trials, netns=args.netns)
     keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "detection_median_ms", "takeover_median_ms",
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
-            "stateless_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
+            "stateless_kill_max_ms", "backup_kill_median_ms", "backup_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
             "freeze_median_ms", "freeze_max_ms", "partition_trials", "partition_fenced", "partition_old_epoch_outputs_after_heal",
             "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
             "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
@@ -531,8 +549,9 @@ def add_parser(which: Any) -> None:
     """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
     e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 3 + 2 + 2 + 2 + 3 + 2 + 2 trials (several minutes; the partition case in netns mode only)")
-    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/3/2/2/2/3/2/2 quick, 20/10/10/20/20/10/10/10/50/10/10 full)")
+    e.add_argument("--quick", action="store_true", help=f"{' + '.join(str(c[-1][0]) for c in CASES)} trials (several minutes; the partition case in netns mode only)")
+    e.add_argument("--trials", type=int, help=f"trials per case (default: {'/'.join(str(c[-1][0]) for c in CASES)} quick, "
+                                                    f"{'/'.join(str(c[-1][1]) for c in CASES)} full)")
     e.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
                    help="netns mode (a network namespace per process, host faults, the partition case): "
                         "auto = when the machine allows it (root with ip netns)")
