@@ -1,5 +1,7 @@
 """``keel experiment hams-recovery``: how fast a HAMS service graph recovers, and whether it
-loses or contradicts anything (HAMS §IV-E, §VII-D), on real processes in local mode.
+loses or contradicts anything (HAMS §IV-E, §VII-D), on real processes, in netns mode (every
+process on a network namespace of its own, host faults; ``--netns auto`` when the machine
+allows it) or in local mode (every process on loopback, ``--netns off``).
 
 The graph is GRU -> GRU (NSPB, W=2) with the manager group (three Raft replicas) that
 detects failures and promotes backups. Per trial: a fresh cluster, open-loop load at a
@@ -15,10 +17,14 @@ use) gives, per trial:
   run of the deterministic GRUs), and the HAMS invariants' verdicts.
 
 Cases (``CASES``): SIGKILL of the last stateful primary (g2), of the first (g1: g2 rolls
-back when it took lost outputs), of a stateless operator (its hot standby takes over);
+back when it took lost outputs), of g2's backup (its primary's window stalls; after a grace
+it goes on alone from its newest shipped state, rolled back in place at a new epoch), of a
+stateless operator (its hot standby takes over);
 SIGSTOP of g2's primary (a freeze: its sockets stay open, so only the manager's heartbeat
 silence detects it), SIGCONT once the backup was promoted (the thawed primary must be
-fenced and number nothing more at its old epoch); the correlated cases: a stateless and a
+fenced and number nothing more at its old epoch); in netns mode, a partition of g2's
+primary's host (healed once the backup was promoted: fenced by epoch, it rejoins as
+backup); the correlated cases: a stateless and a
 stateful operator killed together (m and g2 of MLP -> GRU -> GRU), and two adjacent
 stateful primaries (g1 and g2). A correlated trial's times are its slowest victim's. With
 noise (GRUs whose every run differs) under NSPB, and under the ``strawman`` mode (no state
@@ -26,18 +32,21 @@ shipping: the replacement re-executes on a fresh state), where the checker must 
 conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). HAMS Fig. 6
 (``fig6_chain``): GRU -> GRU -> GRU, g2's state delivery to its backup delayed 30 ms (the
 spec's ``state_delay_ms`` hook, at the backup), then g2's primary and g3's backup killed
-together: g3's primary rolls back in place; the same fault under the strawman.
+together: g3's primary rolls back in place (a trial's recovery is the slower of g2's takeover
+and g3's roll-back); the same fault under the strawman.
 ``ls_stateful_kill``: the Lineage Stash baseline (mode ``ls``, ``ls_chain``: a checkpoint
 every 40 batches, noise): its cold standby loads the checkpoint and replays; the checker must
 find conflicts (``ls_conflicts`` > 0, ``ls_lost``; ``ls_kill_median_ms`` / ``_max_ms``: fault
 -> its first output above its highest seq before the fault, i.e. after the replay), against
 the outputs since the checkpoint (``ls_recovery_by_batches_since_checkpoint``: one input a
 batch, so outputs = batches) beside nspb's against the kill time (``nspb_recovery_by_kill_at``).
-``--cases A,B`` runs only those. The partition and netns cases of the issue do not run yet
-(docs/notes/hams2.md). JSON keys: ``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
+``--cases A,B`` runs only those. JSON keys (``mode``: which mode ran):
+``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
 ``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
-``stateless_kill_median_ms``, ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
-(freeze only), ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
+``stateless_kill_median_ms``, ``backup_kill_median_ms``, ``backup_kill_max_ms``,
+``freeze_partition_median_ms``, ``freeze_partition_max_ms``
+(freeze and partition trials), ``freeze_median_ms``, ``freeze_max_ms``, ``partition_trials``,
+``partition_fenced``, ``partition_old_epoch_outputs_after_heal``, ``freeze_fenced``, ``freeze_old_epoch_outputs_after_thaw``,
 ``correlated_stateless_stateful_median_ms`` / ``_max_ms``,
 ``correlated_adjacent_stateful_median_ms`` / ``_max_ms``, ``fig6_median_ms``, ``fig6_max_ms``,
 ``fig6_trials``, ``fig6_rolled_back_in_place``, ``strawman_fig6_conflicts``, ``strawman_conflicts``, ``nspb_lost``,
@@ -46,8 +55,10 @@ batch, so outputs = batches) beside nspb's against the kill time (``nspb_recover
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
+import secrets
 import signal
 import sys
 import tempfile
@@ -64,7 +75,7 @@ from common.spec.graph import graph_services, read_graph
 from common.waiting import wait_until
 from deploy.local import Launcher, free_port_block
 
-TARGETS = {"stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200", "stateless_kill_median_ms": "<= 100",
+TARGETS = {"partition_fenced": "== True", "partition_old_epoch_outputs_after_heal": "== 0", "stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200", "stateless_kill_median_ms": "<= 100",
            "freeze_partition_max_ms": "<= 250", "freeze_fenced": "== True", "freeze_old_epoch_outputs_after_thaw": "== 0",
            "correlated_stateless_stateful_max_ms": "<= 200", "correlated_adjacent_stateful_max_ms": "<= 150", "fig6_max_ms": "<= 400", "fig6_trials": ">= 50 (full)",
            "strawman_conflicts": "> 0", "strawman_fig6_conflicts": "> 0", "nspb_lost": "== 0", "nspb_conflicts": "== 0",
@@ -123,20 +134,25 @@ def ls_chain(checkpoint_every: int = 150, noise: float = 0.01, max_batch: int = 
     return {**gru_chain(max_batch=max_batch, mode="ls", noise=noise), "checkpoint_every": checkpoint_every}
 
 
-def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path):
+def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path,
+                ctx: zmq.Context | None = None):
     """A manager group and the graph's processes, each stateful primary made its group's
-    holder before its backup starts. Returns (managers, graph, launcher, services by name,
-    client endpoint, a manager client)."""
+    holder before its backup starts; every process at its launcher's ``address_of`` (netns
+    mode: a host each), asked from ``ctx`` (one made inside the client host in netns mode).
+    Returns (managers, graph, launcher, services by name, client endpoint, a manager client)."""
     from deploy.manager_cli import LocalGroup
 
-    managers = LocalGroup(make_launcher("managers"), journal_dir)
+    launcher = make_launcher("managers")
+    # replicas on hosts of their own (not loopback) must authenticate what they unpickle
+    secret = {} if launcher.address_of("manager-1").startswith("127.") else {"password": secrets.token_hex(16)}
+    managers = LocalGroup(launcher, journal_dir, ctx=ctx, **secret)
     managers.start()
     graph = read_graph(table)
     run = make_launcher("graph")
     try:  # a start that fails (a timeout on a loaded machine) must not leave the managers running
         managers.leader(timeout_s=30.0)
         services, client = graph_services(graph, free_port_block(64), trace_dir=str(trace_dir),
-                                          manager=(managers.endpoints, managers.publish_endpoints))
+                                          manager=(managers.endpoints, managers.publish_endpoints), address_of=run.address_of)
         probe = managers.client()
         for svc in services:
             run.start(svc)
@@ -145,7 +161,7 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
                 wait_until(lambda: probe.call("snapshot")["groups"].get(group, {}).get("holder") == svc.name, timeout_s=30.0)
         for svc in services:
             run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint,
-                            timeout_s=90)  # seven processes importing torch on a loaded machine
+                            timeout_s=90, ctx=ctx)  # seven processes importing torch on a loaded machine
         backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
         wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
     except BaseException:
@@ -200,17 +216,32 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     new member of the group (``joiner``, standing in for a standby host); once the new
     primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
     too: the second failover promotes the joiner, and must lose and contradict nothing.
-    ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup)."""
-    from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
+    ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup);
+    an operator whose backup is among them recovers too (its primary goes on alone from its
+    newest shipped state, rolled back in place at a new epoch): it counts as a victim for the
+    times, and ``victim`` may be empty (only a backup killed)."""
+    from chaos.invariants import CheckContext, Checker, InvariantResult, graph_invariants, load_graph_traces
+    from chaos.manager import replicas_equal
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
+    lone = [n[len("op-"):-len("-backup")] for n in also_kill if n.startswith("op-") and n.endswith("-backup")]
     trace_dir = workdir / "trace"
-    table = table or (GRAPHS.get(victims[0]) or gru_chain)()
-    managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir)
-    ctx = zmq.Context()
+    table = table or ((GRAPHS.get(victims[0]) if victims else None) or gru_chain)()
+    ctx = zmq.Context()  # made on this thread: inside the client host in netns mode (run_trial)
+    ask_status = functools.partial(transport.request_status, ctx=ctx)
+    try:
+        managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir, ctx)
+    except BaseException:
+        ctx.destroy(linger=0)
+        raise
     sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
     fault_t: dict[str, float] = {}
-    frozen = [f"op-{v}" for v in victims] if fault == "freeze" else []
+    # a frozen or partitioned old primary comes back once its backup was promoted: it must be fenced
+    frozen = [f"op-{v}" for v in victims] if fault in ("freeze", "partition") else []
+
+    def come_back(name: str) -> None:
+        run.heal(name) if fault == "partition" else run.kill(name, signal.SIGCONT)
+
     try:
         groups_before = probe.call("snapshot")["groups"]
         rng = np.random.default_rng(seed)
@@ -220,7 +251,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             groups = probe.call("snapshot")["groups"]
             return all(groups[f"graph/{v}"]["epoch"] > groups_before[f"graph/{v}"]["epoch"] for v in victims)
 
-        joiner = f"op-{victims[0]}-r1"
+        joiner = f"op-{victims[0]}-r1" if victims else None
 
         def start_joiner() -> None:
             import dataclasses
@@ -231,15 +262,15 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             old, primary = by_name[f"op-{v}"].config, by_name[f"op-{v}-backup"].config
             port = free_port_block(4)
             config = dataclasses.replace(old, name=joiner, role="backup", epoch=probe.call("snapshot")["groups"][f"graph/{v}"]["epoch"],
-                                         endpoint=f"tcp://127.0.0.1:{port}", status_endpoint=f"tcp://127.0.0.1:{port + 1}",
+                                         endpoint=f"tcp://{run.address_of(joiner)}:{port}", status_endpoint=f"tcp://{run.address_of(joiner)}:{port + 1}",
                                          peers={**old.peers, v: primary.endpoint}, trace_path=str(trace_dir / f"{joiner}.jsonl"))
             by_name[joiner] = ServiceLaunch(joiner, "graph_operator", "local", config)
             fault_t["rejoin"] = time.monotonic()
             run.start(by_name[joiner])
 
         def brought_up() -> bool:
-            new = transport.request_status(by_name[f"op-{victims[0]}-backup"].config.status_endpoint, 0.2) or {}
-            mine = transport.request_status(by_name[joiner].config.status_endpoint, 0.2) or {}
+            new = ask_status(by_name[f"op-{victims[0]}-backup"].config.status_endpoint, 0.2) or {}
+            mine = ask_status(by_name[joiner].config.status_endpoint, 0.2) or {}
             return new.get("degraded") is False and mine.get("max_applied_seq", -1) >= 0
 
         def on_sent(i: int) -> None:
@@ -252,33 +283,37 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             if i == kill_at:
                 fault_t["t"] = time.monotonic()
                 for v in victims:
-                    run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL, wait=False)
+                    if fault == "partition":  # cut from everyone: its sockets stay open, frames stall
+                        run.partition(f"op-{v}")
+                    else:
+                        run.kill(f"op-{v}", signal.SIGSTOP if fault == "freeze" else signal.SIGKILL, wait=False)
                 for name in also_kill:
                     run.kill(name, signal.SIGKILL, wait=False)
             elif frozen and "thaw" not in fault_t and i > kill_at and (i % 5 == 0 and taken_over() or i == n - 1):
-                fault_t["thaw"] = time.monotonic()  # the backup was promoted (or the load ends): thaw the old primary
+                fault_t["thaw"] = time.monotonic()  # the backup was promoted (or the load ends): thaw or heal
                 for name in frozen:
-                    run.kill(name, signal.SIGCONT)
+                    come_back(name)
 
         replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
         groups_after = probe.call("snapshot")["groups"]
         backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
         if "second" in fault_t:
             backup_of = {victims[0]: joiner}  # the group's holder at the end
-        backups = {v: transport.request_status(by_name[backup_of[v]].config.status_endpoint) for v in victims}
-        frontend = transport.request_status(by_name["graph-frontend"].config.client_endpoint)
+        backup_of.update({v: f"op-{v}" for v in lone})  # its primary goes on: the group's holder at a new epoch
+        backups = {v: ask_status(by_name[backup_of[v]].config.status_endpoint) or {} for v in (*victims, *lone)}
+        frontend = ask_status(by_name["graph-frontend"].config.client_endpoint)
         thawed = {}
         if frozen:  # the thawed old primary: fenced, and says so
-            wait_until(lambda: all(transport.request_status(by_name[f].config.status_endpoint).get("fenced") for f in frozen),
+            wait_until(lambda: all((ask_status(by_name[f].config.status_endpoint) or {}).get("fenced") for f in frozen),
                        timeout_s=5.0)
-            wait_until(lambda: all(transport.request_status(by_name[f].config.status_endpoint).get("max_applied_seq", -1) >= 0
+            wait_until(lambda: all((ask_status(by_name[f].config.status_endpoint) or {}).get("max_applied_seq", -1) >= 0
                                    for f in frozen), timeout_s=5.0)  # and rejoined as the new primary's backup
-            thawed = {f: transport.request_status(by_name[f].config.status_endpoint) for f in frozen}
+            thawed = {f: ask_status(by_name[f].config.status_endpoint) or {} for f in frozen}
     finally:
-        for name in frozen:  # never leave a stopped process behind
-            run.kill(name, signal.SIGCONT)
+        for name in frozen:  # never leave a stopped or cut-off process behind
+            come_back(name)
         sock.close(0)
-        ctx.term()
+        ctx.destroy(linger=0)  # the manager probes' sockets too
         run.stop()
         managers.close()
         managers.launcher.stop()  # the replicas themselves: close() only ends the probe
@@ -294,8 +329,11 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                                 and not np.allclose(answered[f"r{i}"][0].output, expected[i], atol=1e-5))
     streams_ = load_graph_traces(str(trace_dir))
     checks = {r.name: r.to_dict() for r in Checker(graph_invariants(graph.stateful)).run([], CheckContext(streams=streams_))}
+    equal, finals = replicas_equal(workdir / "journal")  # the final states the replicas wrote at shutdown
+    checks["manager_replicas_equal"] = InvariantResult("manager_replicas_equal", equal, checked=finals,
+                                                       violations=int(not equal), detail=f"{finals} final states").to_dict()
     per_victim = {}
-    for v in victims:
+    for v in (*victims, *lone):
         takeover = sorted((t for t in streams_.get("graph_takeover", []) if t["operator"] == v), key=lambda t: t["t"])
         first_new = min((o["t"] for o in streams_["graph_output"]
                          if o["operator"] == v and takeover and o.get("epoch") == takeover[0]["epoch"]), default=None)
@@ -326,7 +364,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     if any(r["detection_ms"] is None for r in per_victim.values()):
         detection = None
     recovery = slowest["recovery_ms"]
-    return {"victim": "+".join(victims), "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
+    return {"victim": "+".join(victims) or "-",  "fault": fault, "mode": graph.mode, "noisy": noisy, "requests": n, "kill_at": kill_at, "rate_rps": 1 / gap_s,
             "detection_ms": detection,
             "takeover_ms": (recovery - slowest["detection_ms"]) if recovery is not None and slowest["detection_ms"] is not None else None,
             "recovery_ms": recovery, "lost": n - len(answered) + errors, "errors": errors, "answered_twice": twice,
@@ -350,6 +388,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                                                 and o["t"] > fault_t["second"]), default=float("nan")) - fault_t["second"])
                                    if "second" in fault_t else None),
             "also_killed": list(also_kill),
+            "addresses": {name: run.address_of(name) for name in sorted(by_name)},  # one host per process in netns mode
             # primaries that lost their backup too and rolled back to their previous state (Fig. 6)
             "rolled_back_in_place": sorted({t["operator"] for t in streams_.get("graph_takeover", []) if t.get("rollback")}),
             "held_voided": frontend.get("voided"), "resent_by_frontend": frontend.get("resent"),
@@ -362,9 +401,15 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("stateful_primary_kill", "g2", "kill", gru_chain, "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
     ("upstream_stateful_kill", "g1", "kill", gru_chain,
      "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
+    ("stateful_backup_kill", (), "kill", gru_chain,
+     "SIGKILL of g2's backup, GRU -> GRU: its primary's window stalls; it goes on alone from its newest shipped "
+     "state, rolled back in place at a new epoch (degraded)", (2, 10)),
     ("stateless_kill", "m", "kill", mlp_gru, "SIGKILL of m (stateless MLP, first), MLP -> GRU: the hot standby takes over", (2, 10)),
     ("stateful_primary_freeze", "g2", "freeze", gru_chain,
      "SIGSTOP of g2's primary, GRU -> GRU: detected by heartbeat silence; SIGCONT after the takeover: fenced", (3, 20)),
+    ("stateful_primary_partition", "g2", "partition", gru_chain,
+     "g2's primary's host partitioned from every host, GRU -> GRU: detected by heartbeat silence, fenced by its "
+     "lease; healed after the takeover: fenced by epoch, rejoins as backup (netns mode only)", (3, 20)),
     ("correlated_stateless_stateful_kill", ("m", "g2"), "kill", mlp_gru_gru,
      "SIGKILL of m (stateless) and g2's primary (stateful) together, MLP -> GRU -> GRU", (2, 10)),
     ("correlated_adjacent_stateful_kill", ("g1", "g2"), "kill", gru_chain,
@@ -385,7 +430,44 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
 )
 
 
-def run(quick: bool, json_path: Path, log, trials: int | None = None, only: set[str] | None = None) -> dict:
+#: more processes killed with the victims, per case
+ALSO_KILL = {"fig6_kill": ("op-g3-backup",), "stateful_backup_kill": ("op-g2-backup",)}
+
+
+def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
+    """``kill_trial`` in local mode (every process on loopback), or in netns mode: a fresh
+    ``chaos.hosts.Cluster`` whose every process (each graph process, each manager replica)
+    runs on a host (network namespace) of its own, faults are host faults, and the harness
+    (load client, status and manager probes) runs on a thread inside the "client" host.
+    Namespaces share the filesystem (the traces) and ``time.monotonic()``."""
+    if not netns:
+        return kill_trial(lambda n: Launcher(work / "logs" / n), work, **trial)
+    from chaos.hosts import Cluster
+
+    cluster = Cluster(["client"], run_dir=work, netns=True, clean=False)
+    try:
+        return cluster_trial(cluster, work, **trial)
+    finally:
+        cluster.close()
+
+
+def cluster_trial(cluster, work: Path, **trial) -> dict[str, Any]:
+    """``kill_trial`` on ``cluster`` (which has a "client" host): each process on a host of
+    its own name, added on first use, the harness on a thread inside the client host."""
+    from chaos.hosts import HostLauncher
+    from chaos.netns import in_netns
+
+    return in_netns(cluster.host("client").ns, lambda: kill_trial(lambda n: HostLauncher(cluster), work, **trial))
+
+
+def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: bool | str = "auto",
+        only: set[str] | None = None) -> dict:
+    from chaos.hosts import resolve_netns
+
+    use_netns, why = resolve_netns(netns)
+    mode_text = ("netns (a network namespace per process, host faults)" if use_netns
+                 else "local (one host, real processes, loopback TCP)")
+    log(f"mode: {mode_text} ({why})")
     rng = random.Random(1)
     t0 = time.time()
     cases: dict[str, dict] = {}
@@ -394,25 +476,27 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, only: set[
         for name, victim, fault, graph, what, counts in CASES:
             if only and name not in only:
                 continue
+            if fault == "partition" and not use_netns:
+                log(f"  {name}: skipped, a partition needs netns mode ({why})")
+                continue
             rows = []
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
-                make = lambda n, work=work: Launcher(work / "logs" / n)  # noqa: E731
                 kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
-                row = kill_trial(make, work, victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph(),
-                                 also_kill=("op-g3-backup",) if name.endswith("fig6_kill") else ())
+                row = run_trial(use_netns, work, victim=victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph(),
+                                also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()))
                 rows.append(row)
                 log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
                     f"conflicts {row['conflicts']}, degraded replies {row['degraded_replies']}, rolled back {row['rolled_back'] or '-'}, "
                     + (f"thawed at {fmt(row['thaw_after_fault_ms'])} ms, fenced {row['fenced']}, "
-                       f"old-epoch outputs after thaw {row['old_epoch_outputs_after_thaw']}, " if fault == "freeze" else "") +
+                       f"old-epoch outputs after thaw {row['old_epoch_outputs_after_thaw']}, " if row["fenced"] is not None else "") +
                     f"invariants {'ok' if row['invariants_ok'] else 'VIOLATED'}")
             rec = [r["recovery_ms"] for r in rows if r["recovery_ms"] is not None]
             med = lambda key, rows=rows: (float(np.median([r[key] for r in rows if r[key] is not None]))  # noqa: E731
                                           if any(r[key] is not None for r in rows) else None)
             mode = rows[0]["mode"]
-            cases[name] = {"fault": f"{what}, {mode}, local mode", "mode": mode, "trials": rows,
+            cases[name] = {"fault": f"{what}, {mode}, {'netns' if use_netns else 'local'} mode", "mode": mode, "trials": rows,
                            "recovery_median_ms": float(np.median(rec)) if rec else None,
                            "recovery_max_ms": max(rec) if rec else None,
                            "detection_median_ms": med("detection_ms"), "takeover_median_ms": med("takeover_ms"),
@@ -438,17 +522,27 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, only: set[
         loadgen.write_json(json_path, out)
         return out
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
+    bk = cases["stateful_backup_kill"]
     fz, co = cases["stateful_primary_freeze"], cases["correlated_stateless_stateful_kill"]
     adj, fig6 = cases["correlated_adjacent_stateful_kill"], cases["fig6_kill"]
     nspb = [c for c in cases.values() if c["mode"] == "nspb"]
     straw = [c for c in cases.values() if c["mode"] == "strawman"]
-    out = {"quick": quick, "mode": "local (one host, real processes, loopback TCP)",
+    # freeze and partition: one figure (the issue's), over both faults' trials
+    cut = fz["trials"] + (cases["stateful_primary_partition"]["trials"] if "stateful_primary_partition" in cases else [])
+    cut_rec = [r["recovery_ms"] for r in cut if r["recovery_ms"] is not None]
+    pt = cases.get("stateful_primary_partition", {"trials": []})["trials"]
+    out = {"quick": quick, "mode": mode_text, "netns": use_netns,
            "stateful_kill_median_ms": sk["recovery_median_ms"], "stateful_kill_max_ms": sk["recovery_max_ms"],
            "detection_median_ms": sk["detection_median_ms"], "takeover_median_ms": sk["takeover_median_ms"],
            "upstream_stateful_kill_median_ms": up["recovery_median_ms"],
            "upstream_stateful_kill_max_ms": up["recovery_max_ms"],
            "stateless_kill_median_ms": sl["recovery_median_ms"], "stateless_kill_max_ms": sl["recovery_max_ms"],
-           "freeze_partition_median_ms": fz["recovery_median_ms"], "freeze_partition_max_ms": fz["recovery_max_ms"],
+           "backup_kill_median_ms": bk["recovery_median_ms"], "backup_kill_max_ms": bk["recovery_max_ms"],
+           "freeze_partition_median_ms": float(np.median(cut_rec)) if cut_rec else None,
+           "freeze_partition_max_ms": max(cut_rec) if cut_rec else None,
+           "freeze_median_ms": fz["recovery_median_ms"], "freeze_max_ms": fz["recovery_max_ms"],
+           "partition_trials": len(pt), "partition_fenced": all(r["fenced"] for r in pt) if pt else None,
+           "partition_old_epoch_outputs_after_heal": sum(r["old_epoch_outputs_after_thaw"] for r in pt),
            "freeze_detection_median_ms": fz["detection_median_ms"],
            "freeze_fenced": all(r["fenced"] for r in fz["trials"]),
            "freeze_old_epoch_outputs_after_thaw": sum(r["old_epoch_outputs_after_thaw"] for r in fz["trials"]),
@@ -476,9 +570,9 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, only: set[
 def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-recovery-quick.json" if args.quick else "runs/hams-recovery.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
-    log("HAMS recovery: SIGKILLs under open load, manager-driven failover (local mode, figures under load)")
+    log("HAMS recovery: kills, freezes and partitions under open load, manager-driven failover (figures under load)")
     only = set(args.cases.split(",")) if args.cases else None
-    out = run(args.quick, json_path, log, trials=args.trials, only=only)
+    out = run(args.quick, json_path, log, trials=args.trials, netns=args.netns, only=only)
     if only:
         for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
                                                 "ls_recovery_by_batches_since_checkpoint", "trials",
@@ -487,7 +581,8 @@ def cmd(args: argparse.Namespace) -> int:
         return 0
     keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "detection_median_ms", "takeover_median_ms",
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
-            "stateless_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
+            "stateless_kill_max_ms", "backup_kill_median_ms", "backup_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
+            "freeze_median_ms", "freeze_max_ms", "partition_trials", "partition_fenced", "partition_old_epoch_outputs_after_heal",
             "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
             "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
             "correlated_adjacent_stateful_max_ms", "fig6_median_ms", "fig6_max_ms", "fig6_trials", "fig6_rolled_back_in_place",
@@ -500,6 +595,7 @@ def cmd(args: argparse.Namespace) -> int:
     log(f"wrote {json_path} in {out['elapsed_s']:.0f} s")
     return 0 if (out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"]
                  and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0
+                 and out["partition_fenced"] is not False and out["partition_old_epoch_outputs_after_heal"] == 0
                  and out["strawman_trials_with_conflicts"] == out["strawman_trials"]
                  and out["ls_conflicts"] > 0 and out["ls_lost"] == 0) else 1
 
@@ -508,8 +604,12 @@ def add_parser(which: Any) -> None:
     """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
     e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help="3 + 2 + 2 + 3 + 2 + 2 + 2 + 3 + 2 + 2 trials (several minutes)")
-    e.add_argument("--trials", type=int, help="trials per case (default: 3/2/2/3/2/2/2/3/2/2 quick, 20/10/10/20/10/10/10/50/10/10 full)")
+    e.add_argument("--quick", action="store_true", help=f"{' + '.join(str(c[-1][0]) for c in CASES)} trials (several minutes; the partition case in netns mode only)")
+    e.add_argument("--trials", type=int, help=f"trials per case (default: {'/'.join(str(c[-1][0]) for c in CASES)} quick, "
+                                                    f"{'/'.join(str(c[-1][1]) for c in CASES)} full)")
+    e.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
+                   help="netns mode (a network namespace per process, host faults, the partition case): "
+                        "auto = when the machine allows it (root with ip netns)")
     e.add_argument("--cases", help="only these cases, comma-separated (e.g. ls_stateful_kill): their rows and the ls figures")
     e.set_defaults(func=cmd)
 

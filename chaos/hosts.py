@@ -31,6 +31,7 @@ from pathlib import Path
 
 from chaos.netns import Network, in_netns
 from chaos.resources import ChaosError, Registry, alive, clean_stale, have_netns, list_netns
+from deploy.local import Launcher
 
 #: kinds of process a host fault acts on
 HOST_KINDS = ("service", "aux", "shuffle")
@@ -75,7 +76,7 @@ def resolve_netns(netns: bool | str | None) -> tuple[bool, str]:
     can, why = have_netns()
     if netns in (None, "auto"):
         return can, why
-    if netns is True or netns == "true":
+    if netns is True or netns in ("true", "on"):
         if not can:
             raise ChaosError(f"netns mode asked for but unavailable: {why}")
         return True, why
@@ -101,7 +102,7 @@ class Cluster:
         self.all_procs: list[Proc] = []
         self.network: Network | None = None
         self.hosts: dict[str, Host] = {}
-        self.link_mbit = link_mbit
+        self.link_mbit, self.local_index = link_mbit, local_index
         try:
             if self.netns:
                 self.network = Network(self.registry, link_mbit=link_mbit, tag=tag)
@@ -123,6 +124,17 @@ class Cluster:
     @property
     def addresses(self) -> dict[str, str]:
         return {h.name: h.address for h in self.hosts.values()}
+
+    def add_host(self, name: str) -> Host:
+        """One more host (a namespace on the bridge, or the next loopback address)."""
+        with self.lock:
+            if name in self.hosts:
+                raise ChaosError(f"host {name!r} exists")
+            if self.network is not None:
+                self.hosts[name] = Host(name, self.network.add_host(name), self.network.ns[name])
+            else:
+                self.hosts[name] = Host(name, f"127.213.{self.local_index}.{len(self.hosts) + 2}", None)
+            return self.hosts[name]
 
     def host(self, name: str) -> Host:
         try:
@@ -185,12 +197,13 @@ class Cluster:
             self._reap([proc], 5.0)
 
     # ------------------------------------------------------------------ host faults
-    def kill_host(self, host: str) -> list[int]:
-        """SIGKILL every process of the host; returns their pids once all are gone."""
+    def kill_host(self, host: str, wait: bool = True) -> list[int]:
+        """SIGKILL every process of the host; returns their pids once all are gone (at once
+        unless ``wait``: a load generator that kills mid-stream must not pause)."""
         procs = self.processes(host)
         for p in procs:
             self.signal(p, signal.SIGKILL)
-        if not self._reap(procs, 5.0):
+        if wait and not self._reap(procs, 5.0):
             raise ChaosError(f"host {host}: processes {[p.pid for p in procs if p.running()]} survived SIGKILL")
         self.host(host).frozen = False
         return [p.pid for p in procs]
@@ -278,3 +291,46 @@ class Cluster:
         if self.own_registry and self.registry.path.exists() and left:
             left.append(f"state file {self.registry.path}")
         return left
+
+
+class HostLauncher(Launcher):
+    """``deploy.local.Launcher`` over a ``Cluster``: every service on a host of its own name
+    (made on first use), its signals host faults (SIGKILL: ``kill_host``, SIGSTOP:
+    ``freeze_host``, SIGCONT: ``thaw_host``), and ``partition``/``heal`` of its host. The
+    harness asks the services from inside a host of the cluster (``status_in``, or a ZeroMQ
+    context made on an ``in_netns`` thread): netns addresses have no route from the root."""
+
+    def __init__(self, cluster: Cluster):
+        super().__init__(cluster.run_dir / "logs")
+        self.cluster = cluster
+
+    def address_of(self, name: str) -> str:
+        host = self.cluster.hosts.get(name) or self.cluster.add_host(name)
+        return host.address
+
+    def log_path(self, name: str) -> Path:
+        return self.cluster.run_dir / "logs" / name / f"{name}.log"
+
+    def start(self, svc) -> subprocess.Popen:
+        self.address_of(svc.name)
+        proc = self.cluster.spawn(svc.name, svc.argv(), svc.name)
+        self.procs[svc.name] = proc.popen
+        return proc.popen
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, wait: bool = True) -> None:
+        self.killed.add(name)
+        if sig == signal.SIGKILL:
+            self.cluster.kill_host(name, wait=wait)
+        elif sig == signal.SIGSTOP:
+            self.cluster.freeze_host(name)
+        elif sig == signal.SIGCONT:
+            self.cluster.thaw_host(name)
+        else:
+            for p in self.cluster.processes(name):
+                self.cluster.signal(p, sig)
+
+    def partition(self, name: str) -> None:
+        self.cluster.partition(name)
+
+    def heal(self, name: str) -> None:
+        self.cluster.heal(name)

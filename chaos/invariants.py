@@ -235,11 +235,16 @@ def load_graph_traces(trace_dir: str | Path) -> dict[str, list[dict]]:
 
     streams: dict[str, list[dict]] = {"graph_release": [], "graph_apply": [], "graph_output": []}
     for path in sorted(Path(trace_dir).glob("*.jsonl")):
+        process = path.stem  # until the file's first ``process`` line names the writer
         for line in path.read_bytes().splitlines():
             try:
                 rec = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
+            if rec["stream"] == "process":  # a process (re)started on this path: what follows is its
+                process = f"{path.stem}:{rec['pid']}"
+                continue
+            rec["process"] = process
             streams.setdefault(f"graph_{rec['stream']}", []).append(rec)
     return streams
 
@@ -355,10 +360,37 @@ class OneOutputPerOperatorSeq:
         return res
 
 
+class OnePrimaryPerEpoch:
+    """HAMS §IV-E fencing: at each (operator, epoch) one process numbers outputs. A failover
+    or a roll-back in place takes a new epoch; a fenced old primary (thawed, healed) must
+    number nothing more at its own. The process of a record is its trace file's writer
+    (``load_graph_traces``: a process started again on one path is told apart by pid)."""
+
+    name = "graph_one_primary_per_epoch"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if "graph_output" not in ctx.streams:
+            return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
+        writers: dict[tuple, set[str]] = {}
+        for o in ctx.streams["graph_output"]:
+            writers.setdefault((o["operator"], o.get("epoch")), set()).add(o.get("process", "?"))
+        res = InvariantResult(self.name, True, checked=len(writers))
+        for (op, epoch), procs in sorted(writers.items(), key=str):
+            if len(procs) > 1:
+                res.violations += 1
+                if len(res.examples) < MAX_EXAMPLES:
+                    res.examples.append({"operator": op, "epoch": epoch, "processes": sorted(procs)})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} (operator, epoch) pairs numbered by more than one process, of {res.checked}"
+        return res
+
+
 def graph_invariants(stateful: Iterable[str]) -> list[Invariant]:
-    """The HAMS invariants: durable before release; Algorithm 2 order; one output per (operator, seq)."""
+    """The HAMS invariants: durable before release; Algorithm 2 order; one output per
+    (operator, seq); one primary per (operator, epoch)."""
     stateful = list(stateful)
-    return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful), OneOutputPerOperatorSeq()]
+    return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful), OneOutputPerOperatorSeq(),
+            OnePrimaryPerEpoch()]
 
 
 def graph_checks(graph_table: dict, trace_dir: str | Path) -> tuple[list[Invariant], dict[str, list[dict]]]:

@@ -50,6 +50,16 @@ def _finals(journal_dir: Path) -> list[dict]:
     return out
 
 
+def _one_state(states: list[dict]) -> bool:
+    return bool(states) and all(s == states[0] for s in states)
+
+
+def replicas_equal(journal_dir: Path) -> tuple[bool, int]:
+    """(whether the replicas that wrote a final state at shutdown hold one state, how many did)."""
+    states = [f["state"] for f in _finals(Path(journal_dir))]
+    return _one_state(states), len(states)
+
+
 def _promotions(log_root: Path) -> list[dict]:
     """Every "promoted: active dispatcher" line of every dispatcher log under ``log_root``."""
     out = []
@@ -91,7 +101,7 @@ def augment(exp, report: dict, json_path: Path, out_dir: Path) -> dict:
     journal_dir = Path(exp.cluster["manager"]["journal_dir"])
     finals = _finals(journal_dir)
     states = [f["state"] for f in finals]
-    equal = bool(states) and all(s == states[0] for s in states)
+    equal = _one_state(states)  # the files are read once, above
     promotions = _promotions(Path(out_dir))
     by_epoch: dict[int, set[str]] = {}
     for p in promotions:

@@ -260,6 +260,11 @@ class WorkerConfig:
     slots: int = 1
     max_batch: int = 64
     torch_threads: int = 1
+    #: how long torch's OpenMP threads spin waiting for the next parallel region before they
+    #: sleep (libgomp's GOMP_SPINCOUNT, in spin iterations; 0 = libgomp's default). Set
+    #: before the worker first loads torch. Off by default: in the SERF quick runs a longer
+    #: spin made the spaced profile faster than the open-loop service (README, SERF)
+    omp_spincount: int = 0
     #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
     #: without a GPU refuses "cuda" at start with a clear error
     device: str = "cpu"
@@ -298,6 +303,7 @@ class WorkerConfig:
         _check(self.per_query_ms >= 0, "per_query_ms", "must be >= 0", msg=costs)
         _check(self.price >= 0, "price", "must be >= 0")
         _check(1 <= self.torch_threads <= 256, "torch_threads", "must be in 1..256")
+        _check(self.omp_spincount >= 0, "omp_spincount", "must be >= 0 (0 = libgomp's default)")
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
         _check(self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit()),

@@ -185,21 +185,23 @@ class ChangeFeed:
 
 
 def replica_configs(ports: list[int], host: str = "127.0.0.1", journal_dir: str | None = None, names: list[str] | None = None,
-                    **options: Any):
-    """Configs of a manager group on ``host``: replica i uses ports[3i] (raft), ports[3i+1]
-    (control ROUTER), ports[3i+2] (PUB); ``options`` are further ManagerConfig fields."""
+                    hosts: list[str] | None = None, **options: Any):
+    """Configs of a manager group on ``host`` (or replica i on ``hosts[i]``: one emulated host
+    each): replica i uses ports[3i] (raft), ports[3i+1] (control ROUTER), ports[3i+2] (PUB);
+    ``options`` are further ManagerConfig fields."""
     from common.config import ManagerConfig
 
     n = len(ports) // 3
-    raft = [f"{host}:{ports[3 * i]}" for i in range(n)]
-    control = [f"tcp://{host}:{ports[3 * i + 1]}" for i in range(n)]
+    at = hosts or [host] * n
+    raft = [f"{at[i]}:{ports[3 * i]}" for i in range(n)]
+    control = [f"tcp://{at[i]}:{ports[3 * i + 1]}" for i in range(n)]
     names = names or [f"manager-{i + 1}" for i in range(n)]
     out = []
     for i in range(n):
         partners = {raft[j]: control[j] for j in range(n) if j != i}
         journal = f"{journal_dir}/{names[i]}.journal" if journal_dir else None
         cfg = ManagerConfig(name=names[i], raft_address=raft[i], raft_partners=partners, endpoint=control[i],
-                            publish_endpoint=f"tcp://{host}:{ports[3 * i + 2]}", journal_file=journal, **options)
+                            publish_endpoint=f"tcp://{at[i]}:{ports[3 * i + 2]}", journal_file=journal, **options)
         cfg.validate()
         out.append(cfg)
     return out

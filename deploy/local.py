@@ -70,9 +70,17 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()  # stopped on purpose: not a failure
 
+    def address_of(self, name: str) -> str:
+        """The address the service ``name`` listens on (every one on loopback here; a
+        launcher that places each service on its own host answers that host's)."""
+        return "127.0.0.1"
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
     def start(self, svc: ServiceLaunch) -> subprocess.Popen:
         """Start one service of a spec; its output goes to ``log_dir/NAME.log``."""
-        with open(self.log_dir / f"{svc.name}.log", "ab") as log:
+        with open(self.log_path(svc.name), "ab") as log:
             proc = subprocess.Popen(svc.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs[svc.name] = proc
         return proc
@@ -88,11 +96,12 @@ class Launcher:
             if wait and sig in (signal.SIGKILL, signal.SIGTERM):
                 proc.wait(10)
 
-    def wait_status(self, endpoint: str, predicate=lambda info: True, timeout_s: float = 30.0) -> dict:
-        """Poll a service's status until ``predicate(info)`` holds; raise with logs otherwise."""
+    def wait_status(self, endpoint: str, predicate=lambda info: True, timeout_s: float = 30.0, ctx=None) -> dict:
+        """Poll a service's status until ``predicate(info)`` holds; raise with logs otherwise
+        (``ctx``: the ZeroMQ context to ask from, see ``common.transport.ask``)."""
         def reached() -> dict | None:
             self.check_alive()
-            info = request_status(endpoint, 0.5)
+            info = request_status(endpoint, 0.5, ctx=ctx)
             return info if info is not None and predicate(info) else None
 
         info = wait_until(reached, timeout_s, interval_s=0.05)
@@ -107,7 +116,7 @@ class Launcher:
         for name, proc in self.procs.items():
             code = proc.poll()
             if code is not None and name not in self.killed:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                tail = self.log_path(name).read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"service {name} exited with {code}:\n{tail}")
 
     def stop(self) -> None:

@@ -35,14 +35,16 @@ class LocalGroup:
     """``n`` manager replicas as processes of ``launcher`` (journals under ``journal_dir``)."""
 
     def __init__(self, launcher: Launcher, journal_dir: str | Path, n: int = 3, ports: list[int] | None = None,
-                 **options):
-        self.launcher = launcher
+                 ctx=None, **options):
+        self.launcher, self.ctx = launcher, ctx  # ctx: the ZeroMQ context the probes ask from
         self.ports = ports or _free_ports(3 * n)
-        self.cfgs = replica_configs(self.ports, journal_dir=str(journal_dir), **options)
+        names = [f"manager-{i + 1}" for i in range(n)]  # each replica on the launcher's address for it
+        self.cfgs = replica_configs(self.ports, journal_dir=str(journal_dir), names=names,
+                                    hosts=[launcher.address_of(name) for name in names], **options)
         self.names = [c.name for c in self.cfgs]
         self.endpoints = [c.endpoint for c in self.cfgs]
         self.publish_endpoints = [c.publish_endpoint for c in self.cfgs]
-        self.probe = ManagerClient(self.endpoints)
+        self.probe = ManagerClient(self.endpoints, ctx=ctx)
 
     def close(self) -> None:
         """Close the probe's sockets (the processes are the launcher's to stop)."""
@@ -61,7 +63,7 @@ class LocalGroup:
         return proc is not None and proc.poll() is None
 
     def client(self, **kwargs) -> ManagerClient:
-        return ManagerClient(self.endpoints, **kwargs)
+        return ManagerClient(self.endpoints, **{"ctx": self.ctx, **kwargs})
 
     def infos(self, timeout_s: float = 0.3) -> list[dict | None]:
         return [self.probe.ask(e, "leader", timeout_s=timeout_s) if self.alive(i) else None

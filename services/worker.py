@@ -49,6 +49,9 @@ socket and registers again on a fresh one, backing off exponentially.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
 import time
 import traceback
 
@@ -72,7 +75,13 @@ class Worker(Service):
     def __init__(self, cfg: WorkerConfig):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
-        self.predictor = build_predictor(cfg)
+        if cfg.omp_spincount and "torch" not in sys.modules:  # libgomp reads it once, when torch loads it
+            os.environ["GOMP_SPINCOUNT"] = str(cfg.omp_spincount)
+        # the loop's thread keeps one torch thread: only executors compute, each with its own
+        # OpenMP team; a second team here would put more OpenMP threads than cores in the
+        # process, and libgomp then cuts every team's spin to ~1000 iterations (its throttled
+        # spin count), so the executors' teams sleep between requests whatever omp_spincount says
+        self.predictor = build_predictor(dataclasses.replace(cfg, torch_threads=1))
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
         self.held = 0  # batches handed to the executors and not yet answered

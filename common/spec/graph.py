@@ -39,6 +39,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from common.spec.tables import SpecError
 from services.graph.modes import MODES
@@ -272,47 +273,54 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
 
 def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
                    seed: int = 0, trace_dir: str | None = None,
-                   manager: tuple[list[str], list[str]] | None = None) -> tuple[list, str]:
+                   manager: tuple[list[str], list[str]] | None = None,
+                   address_of: Callable[[str], str] | None = None) -> tuple[list, str]:
     """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
     frontend; per stateless operator one process; per stateful operator a primary and,
     unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
     ``Assignment`` seam changes them later); unless the mode is bare, one hot standby per
-    kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes."""
+    kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes.
+    ``address_of(service name)``: where that process listens (default ``address`` for all;
+    per process when each runs on its own emulated host)."""
     from common import config as cfg
     from common.spec.topology import ServiceLaunch
 
     trace_dir = trace_dir or graph.trace_dir
     link = {"manager_endpoints": list(manager[0]), "manager_publish_endpoints": list(manager[1])} if manager else {}
     port = iter(range(base_port, base_port + 1000))
+    address_of = address_of or (lambda name: address)
 
-    def ep() -> str:
-        return f"tcp://{address}:{next(port)}"
+    def ep(name: str) -> str:
+        return f"tcp://{address_of(name)}:{next(port)}"
+
+    def service(key: str) -> str:
+        return f"op-{key.replace('.', '-')}"
 
     table = graph.to_dict()
     if graph.mode == "ls":  # the checkpoints' global storage: every process of the graph reads the same place
         table["checkpoint_dir"] = graph.checkpoint_dir or trace_dir
         if not table["checkpoint_dir"]:
             raise GraphError("graph.checkpoint_dir: mode 'ls' needs a checkpoint_dir (or a trace_dir) for its checkpoints")
-    peers = {FRONTEND: ep()}
-    client = ep()
+    peers = {FRONTEND: ep("graph-frontend")}
+    client = ep("graph-frontend")
     plan = []
     for name in graph.order:
         op = graph.operators[name]
         roles = ["primary", "backup"] if name in graph.stateful else ["primary" if op.stateful else "stateless"]
         for r in roles:
             key = f"{name}.backup" if r == "backup" else name
-            peers[key] = ep()
+            peers[key] = ep(service(key))
             plan.append((key, name, r))
     for i, kind in enumerate(graph.standby_kinds):  # a standby is named by the first operator of its kind
         first = next(n for n in graph.order if graph.operators[n].kind == kind)
-        peers[f"standby{i}"] = ep()
+        peers[f"standby{i}"] = ep(service(f"standby{i}"))
         plan.append((f"standby{i}", first, "standby"))
     services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
         client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
         trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None, **link))]
     for key, name, r in plan:
-        services.append(ServiceLaunch(f"op-{key.replace('.', '-')}", "graph_operator", host, cfg.GraphOperatorConfig(
-            name=f"op-{key.replace('.', '-')}", operator=name, role=r, epoch=1, endpoint=peers[key],
-            status_endpoint=ep(), graph=table, peers=peers, seed=seed,
+        services.append(ServiceLaunch(service(key), "graph_operator", host, cfg.GraphOperatorConfig(
+            name=service(key), operator=name, role=r, epoch=1, endpoint=peers[key],
+            status_endpoint=ep(service(key)), graph=table, peers=peers, seed=seed,
             trace_path=f"{trace_dir}/op-{key}.jsonl" if trace_dir else None, **link)))
     return services, client

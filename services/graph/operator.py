@@ -136,6 +136,10 @@ class GraphOperator(Service):
         self.fenced = False  # a newer holder of my group exists: I release nothing more
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
+        # after a roll-back in place (same inbox: predecessors that have not heard of it keep
+        # sending), per predecessor, the seq its resend starts at: a newer input that reaches
+        # me first is dropped (it comes again in that resend, in order)
+        self.resync: dict[str, int] = {}
         self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
         self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
         self.standby = self.assignment.role == "standby"
@@ -147,9 +151,6 @@ class GraphOperator(Service):
         if self.spec.state_delay_ms:
             self.every(0.002, self._deliver_late)
         self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
-        self.backup_monitor = (None, None)  # (socket, handler) of that disconnect, once watched
-        self.update_poller = zmq.Poller()  # what an update waiting for the window serves (made once)
-        self.update_poller.register(self.inbox, zmq.POLLIN)
         self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.trace = Trace(config.trace_path)
         if self.trace:
@@ -382,8 +383,6 @@ class GraphOperator(Service):
             if transport.disconnect_seen(sock) and not self.backup_lost:
                 self.backup_lost = time.monotonic()
         self.add_socket(monitor, on_event)
-        self.backup_monitor = (monitor, on_event)  # also watched while an update waits for the window
-        self.update_poller.register(monitor, zmq.POLLIN)
         self.every(0.05, self._on_backup_lost)
 
     def _on_backup_lost(self, now: float) -> None:
@@ -437,8 +436,7 @@ class GraphOperator(Service):
         if not in_place:
             self.model = None
             self.outputs.clear()
-        self.queue.clear()
-        self.held.clear()
+            self._drop_pending()
         self.log.warning("rolling back: my state took outputs of a failed predecessor", predecessor=pred,
                          max_seq=max_seq, took=self.took.get(pred), backup=others[:1], backup_lost=self.backup_lost)
         if in_place:
@@ -454,6 +452,15 @@ class GraphOperator(Service):
         except Exception as exc:  # the manager unreachable: the backup is promoted when my heartbeats stop
             result = {"status": "failed", "error": str(exc)}
         self.log.warning("rollback decided", result=result)
+
+    def _drop_pending(self, last: int = -1) -> None:
+        """A roll-back to the state at seq ``last``: inputs queued or half-joined came after
+        it (kept, they would run first, out of seq order, and again when resent), and so did
+        held sends of outputs above it."""
+        self.queue.clear()
+        self.joining.clear()
+        for seq in [s for s in self.held if s > last]:
+            del self.held[seq]
 
     def _saved_without(self, pred: str | None, max_seq: int):
         """(last seq, tensors, lineage) of the newest state I shipped that took nothing of
@@ -495,6 +502,7 @@ class GraphOperator(Service):
             self.log.error("rollback in place refused", result=result)
             return
         epoch = result["epoch"]
+        self._drop_pending(last)  # what came after the state I go on from: my acks below have it resent, in order
         self.statemgr.close()
         self.statemgr = None
         self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
@@ -510,6 +518,7 @@ class GraphOperator(Service):
                                 default=-1) for p in self.preds}
         self.took = dict(self.consumed)
         self.taken = {p: set() for p in self.preds}
+        self.resync = {p: seq + 1 for p, seq in self.consumed.items()}
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.max_applied_seq = last
         self.degraded, self.takeovers = True, self.takeovers + 1
@@ -587,6 +596,11 @@ class GraphOperator(Service):
             return  # a stray peer must not poison a batch of others' requests
         if msg.seq <= self.took.get(msg.sender, -1) and self.taken is None:
             return  # a resent input taken already (each sender's seqs arrive in order, resends aside)
+        if msg.sender in self.resync:
+            if msg.seq > self.resync[msg.sender]:
+                return  # sent before the sender heard of my roll-back: its resend carries it, in order
+            if msg.seq == self.resync[msg.sender]:
+                del self.resync[msg.sender]  # the resend (or the next new input) arrived: in order again
         if msg.lineage:  # for a predecessor's replacement (_report_taken, _roll_back)
             self.took[msg.sender] = max(msg.seq, self.took.get(msg.sender, -1))
             entry, before = msg.lineage[-1], self.took_before.setdefault(msg.sender, {})
@@ -750,6 +764,10 @@ class GraphOperator(Service):
         self.update_s += time.perf_counter() - t3
         if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
             self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
+        elif self.stateful and self.mode.ships_state:
+            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
         if self.stateful and self.mode.checkpoints:
             if self.takeovers:  # ls: the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
                 # its outputs count for the checker as a backup's applied state would
@@ -758,10 +776,6 @@ class GraphOperator(Service):
             self.since_checkpoint += 1
             if self.since_checkpoint >= self.graph.checkpoint_every:
                 self._checkpoint(last)
-        elif self.stateful and self.mode.ships_state:
-            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
-            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
@@ -795,21 +809,18 @@ class GraphOperator(Service):
 
     def _wait_for_update(self) -> bool:
         """NSPB: the update of this batch waits for the previous copy and the window. While
-        it waits, the inbox and the backup's disconnect are served: a predecessor's takeover
-        or my backup's death (its acks never come: the window would hold for ever) may roll
-        me back. False if that happened (the model was replaced or stepped down): the batch
-        is abandoned, its inputs come again by lineage."""
+        it waits the process goes on serving everything but a new batch (its inbox, its
+        heartbeats to the manager: a wait longer than the manager's silence window must not
+        read as a death, the backup's disconnect, status): a predecessor's takeover or my
+        backup's death (its acks never come: the window would hold for ever) may roll me
+        back. False if that happened (the model was replaced or stepped down): the batch is
+        abandoned, its inputs come again by lineage."""
         model = self.model
         self.statemgr.wait_copy()
-        monitor, on_event = self.backup_monitor
         deadline = time.monotonic() + 30
         while self.model is model and self.statemgr is not None and not self.statemgr.ready_for_update() \
                 and self.running is not False and time.monotonic() < deadline:
-            ready = dict(self.update_poller.poll(50))
-            if self.inbox in ready:
-                self._on_inbox(self.inbox)
-            if monitor is not None and monitor in ready:
-                on_event(monitor)
+            Service.tick(self, min(0.05, self.next_timeout()))  # the base loop: no step() inside
             if self.model is model and self.statemgr is not None:
                 self._on_backup_lost(time.monotonic())
         return self.model is model and self.statemgr is not None

@@ -1,9 +1,12 @@
 """What a graph process did, as JSON lines for the invariant checker (``chaos.invariants``):
 ``release`` (frontend: a reply left, with its lineage), ``apply`` (backup: a state applied,
 with the lineage it depended on), ``output`` (an operator's output per seq). Times are
-``time.monotonic()``, one clock for every process of a host. Off unless a path is given."""
+``time.monotonic()``, one clock for every process of a host. Off unless a path is given.
+Opening a trace writes a ``process`` line (its pid) first: a process started again on
+the same path (a joiner) appends after its own, so every later line is known to be its."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,6 +18,7 @@ class Trace:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "ab") if path else None
+        self.write("process", pid=os.getpid())
 
     def __bool__(self) -> bool:
         return self.file is not None

@@ -304,8 +304,12 @@ class Manager(Service):
             return None
         now = time.monotonic()
         window = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
+        last = self.heard.get(name, (-1e9, 0))[0]
+        # live: heard within the window, and after the holder last was (a member that fell
+        # silent before it did died first: a stalled holder must not hand over to it)
         live = [m for m, s in self.state.services.items()
-                if s["group"] == group and m != name and m in self.heard and now - self.heard[m][0] <= window]
+                if s["group"] == group and m != name and m in self.heard and now - self.heard[m][0] <= window
+                and self.heard[m][0] > last]
         if not live:
             return None
         self.heard.pop(name, None)

@@ -131,7 +131,7 @@ def _graph_results(streams):
 def test_a_correct_graph_trace_passes_the_hams_invariants():
     results = _graph_results(_trace())
     assert all(r.ok for r in results.values()), [r.detail for r in results.values()]
-    assert [r.checked for r in results.values()] == [1, 2, 2]
+    assert [r.checked for r in results.values()] == [1, 2, 2, 2]
 
 
 def test_a_reply_released_before_its_lineage_was_durable_fails():
@@ -215,4 +215,36 @@ def test_an_output_a_backup_applied_counts_even_if_no_reply_shows_it():
 
 def test_graph_invariants_without_traces_are_unchecked_not_passed():
     results = _graph_results({})
-    assert [r.ok for r in results.values()] == [None, None, None]
+    assert [r.ok for r in results.values()] == [None, None, None, None]
+
+
+def test_two_processes_numbering_at_one_operator_epoch_fail_one_primary_per_epoch():
+    streams = _trace()
+    for o in streams["graph_output"]:
+        o["process"] = "op-g1:10" if o["operator"] == "g1" else "op-g2:11"
+    # a takeover at a new epoch by another process is fine
+    streams["graph_output"].append({"operator": "g2", "seq": 1, "epoch": 2, "origin": 1, "output": [3.0],
+                                    "process": "op-g2-backup:12"})
+    assert _graph_results(streams)["graph_one_primary_per_epoch"].ok is True
+    # a fenced old primary numbering again at its old epoch is not
+    streams["graph_output"].append({"operator": "g2", "seq": 1, "epoch": 2, "origin": 1, "output": [3.0],
+                                    "process": "op-g2:11"})
+    result = _graph_results(streams)["graph_one_primary_per_epoch"]
+    assert result.ok is False and result.examples == [{"operator": "g2", "epoch": 2,
+                                                       "processes": ["op-g2-backup:12", "op-g2:11"]}]
+
+
+def test_load_graph_traces_tells_apart_two_processes_that_wrote_one_file(tmp_path):
+    import os
+
+    from chaos.invariants import load_graph_traces
+    from services.graph.trace import Trace
+
+    path = tmp_path / "op-g2.jsonl"
+    first = Trace(str(path))
+    first.write("output", operator="g2", seq=0, epoch=1, origin=0, output=[1.0])
+    first.close()
+    path.open("ab").write(b'{"stream": "process", "pid": 424242}\n'  # a process started again on the path (a joiner)
+                          b'{"stream": "output", "operator": "g2", "seq": 1, "epoch": 3, "origin": 1, "output": [2.0]}\n')
+    outs = load_graph_traces(tmp_path)["graph_output"]
+    assert [o["process"] for o in outs] == [f"op-g2:{os.getpid()}", "op-g2:424242"]

@@ -34,10 +34,12 @@ def test_fault_free_run_passes_graph_invariants(launcher, zsock, tmp_path):
     assert all(r.ok for r in results), [r.to_dict() for r in results]
     assert all(r.checked > 0 for r in results)
 
-    # each invariant can fail: a release before its apply, an apply before its dependency, two outputs for one seq
+    # each invariant can fail: a release before its apply, an apply before its dependency, two outputs for one seq,
+    # two processes numbering at one (operator, epoch)
     bad = copy.deepcopy(streams)
     bad["graph_release"][0]["t"] = -1.0
     g2 = [a for a in bad["graph_apply"] if a["operator"] == "g2"]
     g2[0]["t"] = -1.0
-    bad["graph_output"].append(dict(bad["graph_output"][0], output=[9.0] * len(bad["graph_output"][0]["output"])))
-    assert [r.ok for r in checker.run([], CheckContext(streams=bad))] == [False, False, False]
+    bad["graph_output"].append(dict(bad["graph_output"][0], output=[9.0] * len(bad["graph_output"][0]["output"]),
+                                    process="op-g1-backup:1"))
+    assert [r.ok for r in checker.run([], CheckContext(streams=bad))] == [False, False, False, False]

@@ -123,3 +123,16 @@ def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(la
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row
+
+
+def test_stateful_backup_sigkill_its_primary_goes_on_alone_in_order(launcher, tmp_path):
+    """GRU -> GRU, g2's backup SIGKILLed under load: g2's window stalls (no acks) while g1's
+    outputs keep arriving; after a grace g2 rolls back in place to its newest shipped state
+    at a new epoch and goes on degraded. What was queued (or sent by g1 before it heard of
+    the new epoch) must not run ahead of g1's resend: nothing lost, answered twice or unlike
+    offline (it was, before queued inputs were dropped and resynced by seq)."""
+    row = kill_trial(launcher, tmp_path, (), n=240, kill_at=90, seed=4, also_kill=("op-g2-backup",))
+    assert row["rolled_back_in_place"] == ["g2"] and row["promoted"] and row["new_primary_degraded"], row
+    assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+    assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+    assert row["recovery_ms"] is not None, row

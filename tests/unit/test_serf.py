@@ -134,6 +134,24 @@ def test_executors_set_torch_threads_on_the_computing_thread():
         ex.close()
 
 
+def test_one_batch_at_a_time_always_goes_to_the_same_executor():
+    """Each executor has its own OpenMP team; one that slept is slow to wake: with batches
+    one at a time the first executor takes them all, whatever others exist."""
+    names: list[str] = []
+    ex = Executors(lambda job: names.append(threading.current_thread().name), None)
+    try:
+        ex.ensure(3)
+        for _ in range(6):
+            ex.submit(Job(None, [0], 0.0, None))
+            deadline, finished = time.monotonic() + 5.0, []
+            while not finished and time.monotonic() < deadline:
+                finished = ex.done()
+                time.sleep(0.002)
+        assert names == ["executor-0"] * 6
+    finally:
+        ex.close()
+
+
 def test_a_process_without_torch_does_not_import_it_to_set_threads():
     """A Python container's worker never imports torch (seconds on a first batch); the
     setting is applied once torch is there."""
@@ -164,3 +182,50 @@ def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("5.00", "75.00"))]
     assert [line[-1] for line in lines] == ["1x2", "2x1"]
     assert build_parser().parse_args(["experiment", "serf", "--quick"]).quick
+
+
+def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the worker sets it first (a
+    builtin worker here, in a fresh process: torch is not loaded, the setting is there when it is)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from common.config import WorkerConfig; from services.worker import Worker; "
+            "w = Worker(WorkerConfig(name='w-spin', model='m', builtin='sleep', dispatcher_endpoint='tcp://127.0.0.1:9', "
+            "omp_spincount=10_000_000)); "
+            "assert 'torch' not in sys.modules; print('spin', os.environ.get('GOMP_SPINCOUNT')); w.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"})
+    assert "spin 10000000" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])
+
+
+def test_a_negative_omp_spincount_is_refused_with_its_name():
+    from common.config import ConfigError, WorkerConfig
+
+    with pytest.raises(ConfigError, match="omp_spincount"):
+        WorkerConfig(name="w", model="m", omp_spincount=-1).validate()
+
+
+def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_theirs(tmp_path):
+    """Only executors compute; a multi-threaded OpenMP team on the loop's thread too would put
+    more OpenMP threads than cores in the process and libgomp would then cut every team's spin."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from common.modelstore import ModelStore
+
+    from common.architectures import build
+
+    arch_config = {"in_features": 4, "n_classes": 2, "hidden": [3]}
+    ModelStore(tmp_path).save("lin", build("mlp", **arch_config), arch="mlp", arch_config=arch_config, input_shape=[4],
+                              output_size=2)
+    code = ("import torch; from common.config import WorkerConfig; from services.worker import Worker; "
+            f"w = Worker(WorkerConfig(name='w-threads', model='lin', store={str(tmp_path)!r}, torch_threads=2, "
+            "dispatcher_endpoint='tcp://127.0.0.1:9')); "
+            "print('threads', torch.get_num_threads(), w.executors.torch_threads); w.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert "threads 1 2" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])
