@@ -30,12 +30,13 @@ stateful primaries (g1 and g2). A correlated trial's times are its slowest victi
 noise (GRUs whose every run differs) under NSPB, and under the ``strawman`` mode (no state
 shipping: the replacement re-executes on a fresh state), where the checker must find
 conflicts (``strawman_conflicts`` > 0; not counted in the nspb figures). HAMS Fig. 6
-(``fig6_chain``): GRU -> GRU -> GRU, g2's state delivery to its backup delayed 30 ms (the
-spec's ``state_delay_ms`` hook, at the backup), then g2's primary and g3's backup killed
+(``fig6_chain``): GRU -> GRU -> GRU, g2's state delivery to its backup delayed 30 ms (in netns
+mode by the chaos delay proxy on that link, in local mode by the spec's ``state_delay_ms``
+hook at the backup), then g2's primary and g3's backup killed
 together: g3's primary rolls back in place (a trial's recovery is the slower of g2's takeover
 and g3's roll-back); the same fault under the strawman.
 ``ls_stateful_kill``: the Lineage Stash baseline (mode ``ls``, ``ls_chain``: a checkpoint
-every 40 batches, noise): its cold standby loads the checkpoint and replays; the checker must
+every 100 batches, noise): its cold standby loads the checkpoint and replays; the checker must
 find conflicts (``ls_conflicts`` > 0, ``ls_lost``; ``ls_kill_median_ms`` / ``_max_ms``: fault
 -> its first output above its highest seq before the fault, i.e. after the replay), against
 the outputs since the checkpoint (``ls_recovery_by_batches_since_checkpoint``: one input a
@@ -109,16 +110,20 @@ def noisy_chain() -> dict:
     return gru_chain(noise=0.01)
 
 
+#: HAMS Fig. 6: g2's state delivery to its backup delayed this much (ms, one way)
+FIG6_STATE_DELAY = {"g2": 30.0}
+
+
 def fig6_chain(mode: str = "nspb", noise: float = 0.0) -> dict:
-    """HAMS Fig. 6: GRU -> GRU -> GRU, g2's state delivery to its backup delayed (30 ms,
-    the spec's ``state_delay_ms`` hook), so g3's primary takes g2 outputs its backup has not
-    applied; g2's primary and g3's backup then die together."""
+    """HAMS Fig. 6: GRU -> GRU -> GRU; the trial delays g2's state delivery to its backup
+    (``FIG6_STATE_DELAY``, ``kill_trial``'s ``state_delay``), so g3's primary takes g2
+    outputs its backup has not applied; g2's primary and g3's backup then die together."""
     options = {"noise": noise} if noise else {}
     gru = lambda i, o, **kw: {"kind": "gru", "input_shape": [i], "output_shape": [o], "max_batch": 4,  # noqa: E731
                               "options": options, **kw}
     return {"mode": mode, "window": 2, "input_shape": [4],
             "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "g3"], ["g3", "frontend"]],
-            "operators": {"g1": gru(4, 6), "g2": gru(6, 5, state_delay_ms=30.0), "g3": gru(5, 3)}}
+            "operators": {"g1": gru(4, 6), "g2": gru(6, 5), "g3": gru(5, 3)}}
 
 
 def strawman_chain() -> dict:
@@ -135,10 +140,14 @@ def ls_chain(checkpoint_every: int = 150, noise: float = 0.01, max_batch: int = 
 
 
 def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path,
-                ctx: zmq.Context | None = None):
+                ctx: zmq.Context | None = None, state_delay: dict[str, float] | None = None):
     """A manager group and the graph's processes, each stateful primary made its group's
     holder before its backup starts; every process at its launcher's ``address_of`` (netns
     mode: a host each), asked from ``ctx`` (one made inside the client host in netns mode).
+    ``state_delay`` (operator -> ms, HAMS Fig. 6): that operator's state delivery to its
+    backup delayed: in netns mode its primary's link to its backup goes through the chaos
+    ``DelayProxy`` (on the backup's host), which holds every byte that long; in local mode
+    (no proxy host) the spec's ``state_delay_ms`` hook (the backup holds each state).
     Returns (managers, graph, launcher, services by name, client endpoint, a manager client)."""
     from deploy.manager_cli import LocalGroup
 
@@ -147,13 +156,18 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     secret = {} if launcher.address_of("manager-1").startswith("127.") else {"password": secrets.token_hex(16)}
     managers = LocalGroup(launcher, journal_dir, ctx=ctx, **secret)
     managers.start()
-    graph = read_graph(table)
     run = make_launcher("graph")
+    proxied = state_delay if state_delay and hasattr(run, "cluster") else None  # netns mode: a proxy host
+    if state_delay and not proxied:  # local mode: the backup holds each state (the spec's hook)
+        table = {**table, "operators": {n: {**spec, "state_delay_ms": state_delay[n]} if n in state_delay else spec
+                                        for n, spec in table["operators"].items()}}
+    graph = read_graph(table)
     try:  # a start that fails (a timeout on a loaded machine) must not leave the managers running
         managers.leader(timeout_s=30.0)
         services, client = graph_services(graph, free_port_block(64), trace_dir=str(trace_dir),
                                           manager=(managers.endpoints, managers.publish_endpoints), address_of=run.address_of)
         probe = managers.client()
+        services, start_proxies = delay_state(run, services, proxied or {})
         for svc in services:
             run.start(svc)
             if svc.role == "graph_operator" and svc.config.role in ("primary", "stateless"):
@@ -164,12 +178,39 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
                             timeout_s=90, ctx=ctx)  # seven processes importing torch on a loaded machine
         backups = [s.name for s in services if s.role == "graph_operator" and s.config.role in ("backup", "standby")]
         wait_until(lambda: all(b in probe.call("snapshot")["services"] for b in backups), timeout_s=30.0)
+        start_proxies()
     except BaseException:
         run.stop()
         managers.close()
         managers.launcher.stop()  # the replicas themselves: close() only ends the probe
         raise
     return managers, graph, run, {s.name: s for s in services}, client, probe
+
+
+def delay_state(run, services, proxied: dict[str, float]):
+    """``services`` with each ``proxied`` operator's primary sending to its backup through a
+    ``chaos.proxy.DelayProxy`` on the backup's host (``proxied[operator]`` ms one way: the
+    proxy's delay is a round trip), and a function that starts the proxies: call it once
+    the backups run (a proxy with no backup behind it would accept and close, and the
+    primary would read that as its backup's death; before it listens, connects are refused)."""
+    import dataclasses
+
+    from chaos.proxy import DelayProxy
+
+    proxies, out = [], []
+    for svc in services:
+        cfg = svc.config
+        if svc.role == "graph_operator" and cfg.role == "primary" and cfg.operator in proxied:
+            backup = next(s for s in services if s.name == f"op-{cfg.operator}-backup").config
+            address, port = backup.endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+            listen = int(port) + 1000  # the backup's host runs nothing else
+            run.address_of(backup.name)  # its host, made before the backup starts
+            proxies.append(DelayProxy(run.cluster, backup.name, [(address, listen, address, int(port))],
+                                      delay_ms=2 * proxied[cfg.operator], name="state-delay"))
+            svc = dataclasses.replace(svc, config=dataclasses.replace(
+                cfg, peers={**cfg.peers, f"{cfg.operator}.backup": f"tcp://{address}:{listen}"}))
+        out.append(svc)
+    return out, lambda: [p.start() for p in proxies]
 
 
 def open_load(sock: zmq.Socket, inputs, streams, on_sent: Callable[[int], None], gap_s: float = 0.004,
@@ -206,7 +247,8 @@ def mlp_gru_gru(max_batch: int = 4) -> dict:
 
 def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: str | tuple[str, ...] = "g2", n: int = 240,
                kill_at: int = 80, gap_s: float = 0.004, seed: int = 0, fault: str = "kill",
-               table: dict | None = None, rejoin: bool = False, also_kill: tuple[str, ...] = ()) -> dict[str, Any]:
+               table: dict | None = None, rejoin: bool = False, also_kill: tuple[str, ...] = (),
+               state_delay: dict[str, float] | None = None) -> dict[str, Any]:
     """One trial: after ``kill_at`` of ``n`` requests, SIGKILL (``fault="kill"``) the
     primary of ``victim`` (one operator, or several together: a correlated failure), or
     SIGSTOP it (``fault="freeze"``: its sockets stay open, only the manager's heartbeat
@@ -216,6 +258,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     new member of the group (``joiner``, standing in for a standby host); once the new
     primary has brought it up to date (no longer degraded), the new primary is SIGKILLed
     too: the second failover promotes the joiner, and must lose and contradict nothing.
+    ``state_delay`` (operator -> ms): that operator's state delivery to its backup delayed
+    (Fig. 6; ``start_graph``).
     ``also_kill``: more processes SIGKILLed with the victims (Fig. 6: a successor's backup);
     an operator whose backup is among them recovers too (its primary goes on alone from its
     newest shipped state, rolled back in place at a new epoch): it counts as a victim for the
@@ -230,7 +274,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     ctx = zmq.Context()  # made on this thread: inside the client host in netns mode (run_trial)
     ask_status = functools.partial(transport.request_status, ctx=ctx)
     try:
-        managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir, ctx)
+        managers, graph, run, by_name, client, probe = start_graph(make_launcher, workdir / "journal", table, trace_dir, ctx,
+                                                                   state_delay)
     except BaseException:
         ctx.destroy(linger=0)
         raise
@@ -424,8 +469,8 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("strawman_stateful_kill", "g2", "kill", strawman_chain,
      "SIGKILL of g2's primary, GRU -> GRU with noise, strawman mode (no state shipping: re-executes on a fresh state)",
      (2, 10)),
-    ("ls_stateful_kill", "g2", "kill", lambda: ls_chain(checkpoint_every=40),
-     "SIGKILL of g2's primary, GRU -> GRU with noise, ls mode (Lineage Stash: checkpoint every 40 batches, replay)",
+    ("ls_stateful_kill", "g2", "kill", lambda: ls_chain(checkpoint_every=100),
+     "SIGKILL of g2's primary, GRU -> GRU with noise, ls mode (Lineage Stash: checkpoint every 100 batches, replay)",
      (3, 10)),
 )
 
@@ -484,7 +529,8 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
                 work = Path(tmp) / f"{name}-{k}"
                 kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
                 row = run_trial(use_netns, work, victim=victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph(),
-                                also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()))
+                                also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()),
+                                state_delay=FIG6_STATE_DELAY if name.endswith("fig6_kill") else None)
                 rows.append(row)
                 log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
@@ -567,12 +613,48 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
     return out
 
 
+def plot(out: dict, path: Path) -> None:
+    """Left: each case's recovery times (one dot a trial; the targets as ticks). Right: what
+    recovery grows with: ls against the batches since its checkpoint (its replay), nspb's
+    stateful kill against how long the graph had run (the request it died at)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    names = [n for n, c in out["cases"].items() if any(r["recovery_ms"] is not None for r in c["trials"])]
+    for i, name in enumerate(names):
+        rec = [r["recovery_ms"] for r in out["cases"][name]["trials"] if r["recovery_ms"] is not None]
+        color = {"nspb": "tab:blue", "strawman": "tab:gray", "ls": "tab:red"}.get(out["cases"][name]["mode"], "k")
+        left.scatter(i + (np.linspace(-0.2, 0.2, len(rec)) if len(rec) > 1 else np.zeros(len(rec))), rec, s=10, color=color)
+    left.set_xticks(range(len(names)), [n.replace("_", " ") for n in names], rotation=35, ha="right", fontsize=8)
+    left.set_ylabel("fault -> first new output (ms)")
+    left.set_yscale("log")
+    left.set_title("recovery per trial (blue nspb, gray strawman, red ls)")
+    ls_pts = out.get("ls_recovery_by_batches_since_checkpoint") or []
+    nspb_pts = out.get("nspb_recovery_by_kill_at") or []
+    if ls_pts:
+        right.scatter(*zip(*ls_pts), color="tab:red", label="ls: vs batches since its checkpoint")
+    if nspb_pts:
+        right.scatter(*zip(*[(x, y) for x, y in nspb_pts if y is not None]), color="tab:blue",
+                      label="nspb stateful kill: vs requests served before it")
+    right.set_xlabel("batches since checkpoint (ls) / requests before the kill (nspb)")
+    right.set_ylabel("ms")
+    right.legend(fontsize=8)
+    right.set_title("what recovery grows with")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def cmd(args: argparse.Namespace) -> int:
     json_path = Path(args.json or ("runs/hams-recovery-quick.json" if args.quick else "runs/hams-recovery.json"))
     log = lambda s: print(s, flush=True)  # noqa: E731
     log("HAMS recovery: kills, freezes and partitions under open load, manager-driven failover (figures under load)")
     only = set(args.cases.split(",")) if args.cases else None
     out = run(args.quick, json_path, log, trials=args.trials, netns=args.netns, only=only)
+    plot(out, json_path.with_suffix(".png"))
+    log(f"plot: {json_path.with_suffix('.png')}")
     if only:
         for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
                                                 "ls_recovery_by_batches_since_checkpoint", "trials",

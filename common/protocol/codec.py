@@ -15,7 +15,8 @@ from common.protocol.fields import (
     Role, _is_ids, _is_int, _is_strs,
 )
 from common.protocol.messages import (
-    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, Predict, Predictions, Queries,
+    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, Predict, Predictions,
+    Queries,
 )
 
 def encode(msg: Any) -> list:
@@ -206,6 +207,10 @@ _CHECKS.update({
 
 # Per class, once: (field, its check or None, whether it may be null).
 _PLANS = {cls: tuple((name, _CHECKS.get(name), name in _NULLABLE[cls]) for name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
+# a takeover's "highest seq held" may be none yet (-1: the backup applied no state)
+_SEQ_OR_NONE = (lambda v: _is_int(v, -1, MAX_ID), f"an integer in -1..{MAX_ID} (-1: none yet)")
+for _cls in (GraphAck, GraphDurable):
+    _PLANS[_cls] = tuple((name, _SEQ_OR_NONE if name == "seq" else check, nullable) for name, check, nullable in _PLANS[_cls])
 
 
 def _check_types(msg: Any) -> None:

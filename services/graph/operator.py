@@ -85,15 +85,6 @@ LEASE_S = 0.1
 BACKUP_GRACE_S = 0.2
 
 
-def on_wire(seq: int) -> int:
-    """A takeover's "highest seq held" as the protocol can say it: -1 (nothing yet: the
-    backup applied no state, the strawman's always) is refused on the wire (seqs are
-    >= 0), so it goes as 0. Known hole: a seq-0 output held or unsent at that moment is
-    neither voided nor resent (only a failure within the first batch); the fix is to let
-    GraphAck/GraphDurable carry -1 (common/protocol/codec.py, outside this branch)."""
-    return max(seq, 0)
-
-
 class GraphOperator(Service):
     role = "graph_operator"
 
@@ -217,7 +208,7 @@ class GraphOperator(Service):
         if op in self.epochs and op in self.preds and self.taken is not None and self.model is not None:
             # I took over, and so did my predecessor (both failed together): my ack may have gone
             # to its dead primary; its new one waits for it before it sends me anything
-            self.peers.send(endpoint, GraphAck(self.op, self.assignment.epoch, on_wire(self.consumed.get(op, -1))))
+            self.peers.send(endpoint, GraphAck(self.op, self.assignment.epoch, self.consumed.get(op, -1)))
         if op in self.epochs and op != self.op and op in self.graph.stateful:
             self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
         if op == self.op:
@@ -321,12 +312,12 @@ class GraphOperator(Service):
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self.peers.send(self.config.peers[target], msg)
-        note = GraphDurable(self.op, epoch, on_wire(max_seq))
+        note = GraphDurable(self.op, epoch, max_seq)
         succs = [n for n in self.succs if n != FRONTEND]
         for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed.get(p, -1))))
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
@@ -528,21 +519,21 @@ class GraphOperator(Service):
                              lineage=[e.to_json() for e in lineage])
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
         self.trace.flush()
-        note = GraphDurable(self.op, epoch, on_wire(last))
+        note = GraphDurable(self.op, epoch, last)
         for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + \
                 [n for n in self.succs if n != FRONTEND]:
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, on_wire(self.consumed[p])))
+            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed[p]))
         self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
         from it, and its predecessors the highest of their seqs on those outputs."""
-        self.peers.send(endpoint, GraphAck(op, epoch, on_wire(self.took.get(op, -1))))
+        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
         before = self.took_before.get(op, {})
         for p in self.graph.predecessors(op):
-            self.peers.send(self.config.peers[p], GraphAck(op, epoch, on_wire(before.get(p, -1))))
+            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
 
     def _resend(self, successor: str, after: int) -> None:
         """A successor's new primary holds my outputs up to ``after``: send the rest again,

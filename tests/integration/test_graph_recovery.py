@@ -115,9 +115,10 @@ def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(la
     max_seq; g3's primary, its backup gone, rolls back to its previous state (the newest
     shipped state that took nothing of g2 above max_seq) at a new epoch and re-runs what g2
     resends. Nothing lost, answered twice or unlike offline; the invariants hold."""
-    from bench.hams_recovery import fig6_chain
+    from bench.hams_recovery import FIG6_STATE_DELAY, fig6_chain
 
-    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",))
+    row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",),
+                     state_delay=FIG6_STATE_DELAY)
     print({k: row[k] for k in ("recovery_ms", "rolled_back_in_place", "held_voided", "lost", "invariants")})
     assert row["promoted"], row
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row

@@ -7,7 +7,7 @@ import pytest
 
 from common import protocol
 from common.protocol.fields import LineageEntry
-from common.protocol.messages import GraphRequest, GraphState
+from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from services.graph.assignment import Assignment
 from services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator, operator_class
 from services.graph.statemgr import StateManager, pack, unpack
@@ -35,6 +35,15 @@ def test_graph_request_fields_are_checked_at_the_edge():
     assert protocol.decode(good).seq == 1
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(protocol.encode(GraphRequest("a", -1, 1, 0, [], np.zeros(2, np.float32))))
+
+
+def test_a_takeover_may_say_it_holds_no_seq_yet():
+    """-1 (a backup that applied no state) travels as itself: sent as 0 it hid seq 0 from the
+    resend and the void (a request lost when a primary failed before its first state)."""
+    for cls in (GraphAck, GraphDurable):
+        assert protocol.decode(protocol.encode(cls("g1", 2, -1))).seq == -1
+        with pytest.raises(protocol.ProtocolError):
+            protocol.decode(protocol.encode(cls("g1", 2, -2)))
 
 
 def test_window_counts_states_in_flight():
