@@ -216,7 +216,9 @@ class ManagerLink:
       every ``interval_s``, or as often as the manager's answers ask (its
       ``heartbeat_interval_s``, so its silence window always holds several heartbeats);
       each answer gives ``on_role(holder, epoch)``: the group's holder
-      and epoch, so a process that was frozen or cut off learns it is stale.
+      and epoch, so a process that was frozen or cut off learns it is stale. With ``ready``
+      (a callable), each heartbeat says whether this member could take over now: one still
+      catching up on its primary's state is never promoted (HAMS §IV-E).
     * ``watch(sock, name)``: a ZeroMQ socket-monitor disconnect on ``sock`` (immediate when
       the peer's process dies) is reported to every replica as a suspicion of ``name``.
 
@@ -225,8 +227,9 @@ class ManagerLink:
 
     def __init__(self, service, endpoints: list[str], publish_endpoints: list[str], on_change=None,
                  me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2,
-                 may_register=None):
+                 may_register=None, ready=None):
         self.service, self.me, self.on_role, self.may_register = service, me, on_role, may_register
+        self.ready = ready
         self.epoch = 0  # the highest group epoch this service has seen (reported to the manager)
         self.registered = False
         self.client = ManagerClient(endpoints, ctx=zmq.Context(), attempt_s=attempt_s)
@@ -246,7 +249,10 @@ class ManagerLink:
         me = self.me
         if not self.registered and (self.may_register is None or self.may_register()):
             self._to_all(protocol.Control(op="register", args={**me, "epoch": self.epoch}))
-        self._to_all(protocol.Control(op="heartbeat", args={"name": me["name"], "epoch": self.epoch}))
+        args = {"name": me["name"], "epoch": self.epoch}
+        if self.ready is not None:
+            args["ready"] = bool(self.ready())
+        self._to_all(protocol.Control(op="heartbeat", args=args))
 
     def _to_all(self, msg: protocol.Control) -> None:
         for dealer in self.dealers:

@@ -185,6 +185,7 @@ class GraphOperator(Service):
         primary_first = self.backup is not None or self.standby  # the spec's primary takes the role first
         self.manager = ManagerLink(self, self.config.manager_endpoints, self.config.manager_publish_endpoints,
                                    on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                                   ready=lambda: not self.catching_up,
                                    may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
         if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
             holder = self.manager.holder(f"graph/{self.op}")[0] if self.catching_up else None

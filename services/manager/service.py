@@ -84,6 +84,8 @@ class Manager(Service):
         self.heard: dict[str, tuple[float, int]] = {}
         #: group -> epoch a replacement was proposed at (one proposal per epoch and replica)
         self.proposed: dict[str, int] = {}
+        self.unready: set[str] = set()  # members whose last heartbeat said they cannot take over yet
+        self.said_unready: dict[str, int] = {}  # group -> epoch at which "no member ready" was logged
         #: service name -> (monotonic time of the first report, why, reporter)
         self.suspected: dict[str, tuple[float, str, str]] = {}
         self.every(cfg.heartbeat_interval_s, self._detect)
@@ -196,7 +198,7 @@ class Manager(Service):
         if op == "status":
             return self.status()
         if op == "heartbeat":
-            return self._heartbeat(_str(args, "name"), _int(args, "epoch"))
+            return self._heartbeat(_str(args, "name"), _int(args, "epoch"), args.get("ready", True) is not False)
         if op == "suspect":
             return self.suspect(_str(args, "name"), str(args.get("why", "reported")), _str(args, "reporter"))
         if op == "transfer":
@@ -250,8 +252,12 @@ class Manager(Service):
 
     # -- failure detection (HAMS §IV-E: the leader decides, once, in the log) ------------------
 
-    def _heartbeat(self, name: str, epoch: int) -> dict:
+    def _heartbeat(self, name: str, epoch: int, ready: bool = True) -> dict:
         self.heard[name] = (time.monotonic(), epoch)
+        if ready:
+            self.unready.discard(name)
+        else:
+            self.unready.add(name)  # e.g. a new backup still taking its primary's state
         svc = self.state.services.get(name)
         if svc is None:
             return {"status": "unknown", "interval_s": self.cfg.heartbeat_interval_s}
@@ -306,11 +312,17 @@ class Manager(Service):
         window = self.cfg.heartbeat_interval_s * self.cfg.heartbeat_liveness
         last = self.heard.get(name, (-1e9, 0))[0]
         # live: heard within the window, and after the holder last was (a member that fell
-        # silent before it did died first: a stalled holder must not hand over to it)
+        # silent before it did died first: a stalled holder must not hand over to it), and
+        # ready (a member still taking the holder's state would take over with half of it)
         live = [m for m, s in self.state.services.items()
                 if s["group"] == group and m != name and m in self.heard and now - self.heard[m][0] <= window
-                and self.heard[m][0] > last]
+                and self.heard[m][0] > last and m not in self.unready]
         if not live:
+            if self.said_unready.get(group) != grp["epoch"] and any(
+                    s["group"] == group and m in self.unready for m, s in self.state.services.items()):
+                self.said_unready[group] = grp["epoch"]
+                self.log.warning("no member ready to take over", service=name, why=why, group=group,
+                                 unready=sorted(self.unready))
             return None
         self.heard.pop(name, None)
         self.proposed[group] = grp["epoch"]

@@ -41,9 +41,10 @@ class Heartbeats:
     the latest answers are kept. (A service outside Keel's processes: what is tested is the
     manager's reaction.)"""
 
-    def __init__(self, g: LocalGroup, name: str, interval_s: float = 0.03):
+    def __init__(self, g: LocalGroup, name: str, interval_s: float = 0.03, ready: bool = True):
         self.g, self.name, self.interval_s = g, name, interval_s
         self.epoch = 0
+        self.ready = ready  # what each heartbeat says: could this member take over now
         self.answers: list[dict] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -54,7 +55,8 @@ class Heartbeats:
         try:
             while not self.stop.is_set():
                 for e in self.g.endpoints:
-                    answer = client.ask(e, "heartbeat", {"name": self.name, "epoch": self.epoch}, timeout_s=0.05)
+                    answer = client.ask(e, "heartbeat", {"name": self.name, "epoch": self.epoch, "ready": self.ready},
+                                        timeout_s=0.05)
                     if answer and answer.get("status") == "ok":
                         self.answers.append(answer)
                 self.stop.wait(self.interval_s)
@@ -132,6 +134,33 @@ def test_a_silent_holder_is_replaced_and_learns_it_is_stale(group, wait):
         # d1 comes back with its old epoch: the answer tells it to step down.
         answer = client.call("heartbeat", {"name": "d1", "epoch": d1.epoch})
         assert answer["stale"] is True and answer["holder"] == "d2" and answer["role"] == "standby"
+    finally:
+        d1.close()
+        d2.close()
+        client.close()
+    assert g.wait_equal()
+
+
+def test_a_member_not_ready_is_never_promoted_and_a_ready_one_is(group, wait):
+    # d2 is still taking d1's state (a new backup catching up): d1's death must not hand the
+    # group to it; once d2 says it is ready, d1's next failure does.
+    g = group()
+    client = g.client()
+    d1, d2 = Heartbeats(g, "d1"), Heartbeats(g, "d2", ready=False)
+    try:
+        _register(client, "d1")
+        _register(client, "d2")
+        wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
+        d1.close()
+        time.sleep(1.0)  # many silence windows (heartbeat_interval_s x liveness is well under this)
+        snap = client.call("snapshot")
+        assert snap["groups"]["dispatcher"]["holder"] == "d1"
+        assert [d["holder"] for d in snap["decisions"]] == ["d1"]
+
+        d2.ready = True
+        snap = wait(lambda: (s := client.call("snapshot"))["groups"]["dispatcher"]["holder"] == "d2" and s,
+                    timeout_s=10.0, what="d2 promoted once ready")
+        assert snap["decisions"][-1]["reason"].startswith("d1 suspected: silent")
     finally:
         d1.close()
         d2.close()
