@@ -40,9 +40,11 @@ every 100 batches, noise): its cold standby loads the checkpoint and replays; th
 find conflicts (``ls_conflicts`` > 0, ``ls_lost``; ``ls_kill_median_ms`` / ``_max_ms``: fault
 -> its first output above its highest seq before the fault, i.e. after the replay), against
 the outputs since the checkpoint (``ls_recovery_by_batches_since_checkpoint``: one input a
-batch, so outputs = batches) beside nspb's against the kill time (``nspb_recovery_by_kill_at``).
-``--cases A,B`` runs only those. JSON keys (``mode``: which mode ran):
-``stateful_kill_median_ms``, ``stateful_kill_max_ms``,
+batch, so outputs = batches) beside nspb's against the kill time (``nspb_recovery_by_kill_at``:
+``stateful_primary_kill`` and ``stateful_primary_kill_late``, the same fault after 5-10 s of
+load); each with its least-squares slope (``ls_growth_ms_per_1000_batches``,
+``nspb_growth_ms_per_1000_requests``). ``--cases A,B`` runs only those. JSON keys (``mode``: which mode ran):
+``stateful_kill_median_ms``, ``stateful_kill_max_ms``, ``stateful_kill_late_median_ms`` / ``_max_ms``,
 ``detection_median_ms``, ``takeover_median_ms``, ``upstream_stateful_kill_median_ms``,
 ``stateless_kill_median_ms``, ``backup_kill_median_ms``, ``backup_kill_max_ms``,
 ``freeze_partition_median_ms``, ``freeze_partition_max_ms``
@@ -80,7 +82,8 @@ TARGETS = {"partition_fenced": "== True", "partition_old_epoch_outputs_after_hea
            "freeze_partition_max_ms": "<= 250", "freeze_fenced": "== True", "freeze_old_epoch_outputs_after_thaw": "== 0",
            "correlated_stateless_stateful_max_ms": "<= 200", "correlated_adjacent_stateful_max_ms": "<= 150", "fig6_max_ms": "<= 400", "fig6_trials": ">= 50 (full)",
            "strawman_conflicts": "> 0", "strawman_fig6_conflicts": "> 0", "nspb_lost": "== 0", "nspb_conflicts": "== 0",
-           "ls_conflicts": "> 0", "ls_lost": "== 0"}
+           "ls_conflicts": "> 0", "ls_lost": "== 0", "stateful_kill_late_median_ms": "<= 100",
+           "stateful_kill_late_max_ms": "<= 200", "nspb_growth_ms_per_1000_requests": "~0 (ls's grows)"}
 
 
 def mlp_gru(max_batch: int = 4) -> dict:
@@ -444,6 +447,9 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
 
 CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("stateful_primary_kill", "g2", "kill", gru_chain, "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
+    ("stateful_primary_kill_late", "g2", "kill", gru_chain,
+     "SIGKILL of g2's primary after 5-10 s of load (1,200-2,400 requests), GRU -> GRU: recovery must not grow "
+     "with how long the graph ran", (1, 5)),
     ("upstream_stateful_kill", "g1", "kill", gru_chain,
      "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
     ("stateful_backup_kill", (), "kill", gru_chain,
@@ -477,6 +483,19 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
 
 #: more processes killed with the victims, per case
 ALSO_KILL = {"fig6_kill": ("op-g3-backup",), "stateful_backup_kill": ("op-g2-backup",)}
+#: the request the fault lands at, drawn from this range (default 60-160 of 240 requests):
+#: randomized timing, the fault lands anywhere in a batch's life; each trial runs 80 more
+KILL_AT = {"stateful_primary_kill_late": (1200, 2400)}
+
+
+def growth_per_1000(points: list) -> float | None:
+    """The least-squares slope of recovery (ms) per 1,000 units of x, over ``[x, ms]``
+    points (None where a trial did not recover, or fewer than 3 points)."""
+    pts = [(x, y) for x, y in points if x is not None and y is not None and y == y]
+    if len(pts) < 3 or len({x for x, _ in pts}) < 2:
+        return None
+    x, y = np.array(pts, dtype=float).T
+    return float(1000 * np.polyfit(x, y, 1)[0])
 
 
 def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
@@ -527,8 +546,8 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
             rows = []
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
-                kill_at = rng.randint(60, 160)  # randomized timing: the fault lands anywhere in a batch's life
-                row = run_trial(use_netns, work, victim=victim, n=240, kill_at=kill_at, seed=k, fault=fault, table=graph(),
+                kill_at = rng.randint(*KILL_AT.get(name, (60, 160)))
+                row = run_trial(use_netns, work, victim=victim, n=max(240, kill_at + 80), kill_at=kill_at, seed=k, fault=fault, table=graph(),
                                 also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()),
                                 state_delay=FIG6_STATE_DELAY if name.endswith("fig6_kill") else None)
                 rows.append(row)
@@ -560,8 +579,11 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
               # recovery grows with what ls replays; nspb's does not grow with how long the graph ran
               "ls_recovery_by_batches_since_checkpoint": [[t["outputs_since_checkpoint"], t["replayed_ms"]]
                                                           for c in ls_ for t in c["trials"]],
-              "nspb_recovery_by_kill_at": [[t["kill_at"], t["recovery_ms"]] for t in
-                                           cases.get("stateful_primary_kill", {}).get("trials", [])]}
+              "nspb_recovery_by_kill_at": [[t["kill_at"], t["recovery_ms"]] for name in
+                                           ("stateful_primary_kill", "stateful_primary_kill_late")
+                                           for t in cases.get(name, {}).get("trials", [])]}
+    ls_out["ls_growth_ms_per_1000_batches"] = growth_per_1000(ls_out["ls_recovery_by_batches_since_checkpoint"])
+    ls_out["nspb_growth_ms_per_1000_requests"] = growth_per_1000(ls_out["nspb_recovery_by_kill_at"])
     if only:  # a selection of cases (--cases): their rows and the ls figures
         out = {"quick": quick, "cases": cases, **ls_out, "trials": sum(c["n"] for c in cases.values()),
                "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0]}
@@ -579,6 +601,8 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
     pt = cases.get("stateful_primary_partition", {"trials": []})["trials"]
     out = {"quick": quick, "mode": mode_text, "netns": use_netns,
            "stateful_kill_median_ms": sk["recovery_median_ms"], "stateful_kill_max_ms": sk["recovery_max_ms"],
+           "stateful_kill_late_median_ms": cases["stateful_primary_kill_late"]["recovery_median_ms"],
+           "stateful_kill_late_max_ms": cases["stateful_primary_kill_late"]["recovery_max_ms"],
            "detection_median_ms": sk["detection_median_ms"], "takeover_median_ms": sk["takeover_median_ms"],
            "upstream_stateful_kill_median_ms": up["recovery_median_ms"],
            "upstream_stateful_kill_max_ms": up["recovery_max_ms"],
@@ -634,13 +658,13 @@ def plot(out: dict, path: Path) -> None:
     ls_pts = out.get("ls_recovery_by_batches_since_checkpoint") or []
     nspb_pts = out.get("nspb_recovery_by_kill_at") or []
     if ls_pts:
-        right.scatter(*zip(*ls_pts), color="tab:red", label="ls: vs batches since its checkpoint")
-    if nspb_pts:
-        right.scatter(*zip(*[(x, y) for x, y in nspb_pts if y is not None]), color="tab:blue",
-                      label="nspb stateful kill: vs requests served before it")
-    right.set_xlabel("batches since checkpoint (ls) / requests before the kill (nspb)")
-    right.set_ylabel("ms")
-    right.legend(fontsize=8)
+        right.scatter(*zip(*ls_pts), color="tab:red")
+    right.set_xlabel("batches since its checkpoint (ls, red)", color="tab:red")
+    right.set_ylabel("fault -> first new output (ms)")
+    if nspb_pts:  # on a top axis: nspb's x is how long the graph ran (requests), not batches
+        top = right.twiny()
+        top.scatter(*zip(*[(x, y) for x, y in nspb_pts if y is not None]), color="tab:blue", marker="s")
+        top.set_xlabel("requests served before the kill (nspb stateful kill, blue)", color="tab:blue")
     right.set_title("what recovery grows with")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -657,11 +681,13 @@ def cmd(args: argparse.Namespace) -> int:
     log(f"plot: {json_path.with_suffix('.png')}")
     if only:
         for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
-                                                "ls_recovery_by_batches_since_checkpoint", "trials",
+                                                "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches",
+                                                "nspb_recovery_by_kill_at", "nspb_growth_ms_per_1000_requests", "trials",
                                                 "loadavg_1m_at_end"), TARGETS):
             log(line)
         return 0
-    keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "detection_median_ms", "takeover_median_ms",
+    keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "stateful_kill_late_median_ms", "stateful_kill_late_max_ms",
+            "detection_median_ms", "takeover_median_ms",
             "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
             "stateless_kill_max_ms", "backup_kill_median_ms", "backup_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
             "freeze_median_ms", "freeze_max_ms", "partition_trials", "partition_fenced", "partition_old_epoch_outputs_after_heal",
@@ -670,7 +696,8 @@ def cmd(args: argparse.Namespace) -> int:
             "correlated_adjacent_stateful_max_ms", "fig6_median_ms", "fig6_max_ms", "fig6_trials", "fig6_rolled_back_in_place",
             "strawman_fig6_conflicts", "strawman_conflicts", "strawman_trials_with_conflicts",
             "strawman_trials", "strawman_lost", "ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
-            "ls_recovery_by_batches_since_checkpoint", "nspb_recovery_by_kill_at", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
+            "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches", "nspb_recovery_by_kill_at",
+            "nspb_growth_ms_per_1000_requests", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
             "loadavg_1m_at_end")
     for line in loadgen.figures_table(out, keys, TARGETS):
         log(line)
