@@ -232,8 +232,10 @@ class GraphOperator(Service):
         me = self.member
         if (holder not in (None, me) and self.backup is not None and not self.catching_up and previous
                 and epoch > previous and self.manager is not None):
-            # my primary rolled back in place at a new epoch: my states are of its old one
+            # my primary rolled back in place at a new epoch: my states are of its old one; my
+            # notices (its window's acks) carry the new epoch, or it ignores them and stalls
             self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+            self.assignment.epoch = epoch
             self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
             self.log.warning("my primary moved to a new epoch: catching up again", holder=holder, epoch=epoch)
             return

@@ -137,3 +137,26 @@ def test_stateful_backup_sigkill_its_primary_goes_on_alone_in_order(launcher, tm
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row
+
+
+def test_upstream_kill_with_a_late_backup_its_successor_rolls_back_and_its_live_backup_catches_up(launcher, tmp_path):
+    """GRU -> GRU, g1's state delivery delayed (so g2 has taken g1 outputs that g1's backup
+    never applied), then g1's primary SIGKILLed alone. g2 rolls back in place to its newest
+    shipped state at a new epoch; its backup is alive, sees its primary at the new epoch,
+    catches up from the whole state and must ack at that epoch (it acked at its old one: the
+    primary's window never moved again and every later request was lost). Whether g2 took
+    anything above g1's max_seq depends on where the kill lands (g2's own window holds it
+    within W batches of g1's durability), so up to three trials run until one rolls back;
+    every trial must lose and contradict nothing."""
+    rolled = []
+    for k in range(3):
+        row = kill_trial(launcher, tmp_path / str(k), "g1", n=240, kill_at=90 + 7 * k, seed=3 + k,
+                         state_delay={"g1": 30.0})
+        print({k: row[k] for k in ("recovery_ms", "rolled_back_in_place", "held_voided", "lost")})
+        assert row["promoted"], row
+        assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
+        assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
+        rolled += row["rolled_back_in_place"]
+        if rolled:
+            break
+    assert rolled == ["g2"]  # the path under test ran
