@@ -119,6 +119,7 @@ class GraphOperator(Service):
         self.degraded = False  # promoted and no backup yet: it runs Algorithm 2 on its own states
         self.own: lin.Backup | None = None  # that Algorithm 2 (degraded only)
         self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
+        self.early_acks: dict[str, tuple[int, int]] = {}  # the same, come while I was still the backup
         self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
@@ -321,6 +322,9 @@ class GraphOperator(Service):
             self.peers.send(self.config.peers[target], note)
         for p in self.preds:
             self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+        for successor, (its_epoch, after) in self.early_acks.items():
+            self._on_successor_ack(successor, its_epoch, after)
+        self.early_acks = {}
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
                          resent=len(self.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
 
@@ -538,6 +542,12 @@ class GraphOperator(Service):
         for p in self.graph.predecessors(op):
             self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
 
+    def _on_successor_ack(self, successor: str, epoch: int, after: int) -> None:
+        if epoch > self.epochs.get(successor, 0):  # its promotion has not reached my feed yet
+            self.resend_after[successor] = (epoch, after)
+        else:
+            self._resend(successor, after)
+
     def _resend(self, successor: str, after: int) -> None:
         """A successor's new primary holds my outputs up to ``after``: send the rest again,
         in seq order (a stateful successor's state depends on the order)."""
@@ -565,10 +575,11 @@ class GraphOperator(Service):
                 self.next_seq = max(self.next_seq, msg.seq + 1)  # a successor's highest: number on from there
                 self.numbering = False  # one successor's word (several successors: not yet, docs/notes/hams2.md)
             elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.model is not None:
-                if msg.epoch > self.epochs.get(msg.operator, 0):  # its promotion has not reached my feed yet
-                    self.resend_after[msg.operator] = (msg.epoch, msg.seq)
-                else:
-                    self._resend(msg.operator, msg.seq)
+                self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
+            elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.backup is not None:
+                # a successor and I failed together, and its takeover's ack reached me before my
+                # own promotion did: kept for it (dropped, I waited for it for ever: nothing went on)
+                self.early_acks[msg.operator] = (msg.epoch, msg.seq)
             elif (isinstance(msg, GraphAck) and msg.operator == self.op and self.degraded and self.model is not None
                   and msg.epoch == self.assignment.epoch):
                 self._bring_up_backup()  # a member joined my group and asks for my whole state
