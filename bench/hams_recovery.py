@@ -646,15 +646,19 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    names = [n for n, c in out["cases"].items() if any(r["recovery_ms"] is not None for r in c["trials"])]
+    def recovery(case: dict) -> list[float]:  # ls: until its replay is done (its first output above the fault)
+        key = "replayed_ms" if case["mode"] == "ls" else "recovery_ms"
+        return [r[key] for r in case["trials"] if r.get(key) is not None and r[key] == r[key]]
+
+    names = [n for n, c in out["cases"].items() if recovery(c)]
     for i, name in enumerate(names):
-        rec = [r["recovery_ms"] for r in out["cases"][name]["trials"] if r["recovery_ms"] is not None]
+        rec = recovery(out["cases"][name])
         color = {"nspb": "tab:blue", "strawman": "tab:gray", "ls": "tab:red"}.get(out["cases"][name]["mode"], "k")
         left.scatter(i + (np.linspace(-0.2, 0.2, len(rec)) if len(rec) > 1 else np.zeros(len(rec))), rec, s=10, color=color)
     left.set_xticks(range(len(names)), [n.replace("_", " ") for n in names], rotation=35, ha="right", fontsize=8)
     left.set_ylabel("fault -> first new output (ms)")
     left.set_yscale("log")
-    left.set_title("recovery per trial (blue nspb, gray strawman, red ls)")
+    left.set_title("recovery per trial (blue nspb, gray strawman, red ls: until its replay is done)")
     ls_pts = out.get("ls_recovery_by_batches_since_checkpoint") or []
     nspb_pts = out.get("nspb_recovery_by_kill_at") or []
     if ls_pts:
