@@ -498,6 +498,13 @@ def growth_per_1000(points: list) -> float | None:
     return float(1000 * np.polyfit(x, y, 1)[0])
 
 
+def recovery_times(case: dict) -> list[float]:
+    """A case's recovery per recovered trial: fault -> first new output; for ls, until its
+    replay is done (its first output above its highest seq before the fault)."""
+    key = "replayed_ms" if case["mode"] == "ls" else "recovery_ms"
+    return [t[key] for t in case["trials"] if t.get(key) is not None and t[key] == t[key]]
+
+
 def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
     """``kill_trial`` in local mode (every process on loopback), or in netns mode: a fresh
     ``chaos.hosts.Cluster`` whose every process (each graph process, each manager replica)
@@ -573,8 +580,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
                            "not_recovered": len(rows) - len(rec), "n": len(rows)}
     ls_ = [c for c in cases.values() if c["mode"] == "ls"]
     ls_out = {"ls_conflicts": sum(c["conflicts"] for c in ls_), "ls_lost": sum(c["lost"] for c in ls_),
-              "ls_kill_median_ms": float(np.median(r)) if (r := [t["replayed_ms"] for c in ls_ for t in c["trials"]
-                                                                if t["replayed_ms"] == t["replayed_ms"]]) else None,
+              "ls_kill_median_ms": float(np.median(r)) if (r := [x for c in ls_ for x in recovery_times(c)]) else None,
               "ls_kill_max_ms": max(r) if r else None,
               # recovery grows with what ls replays; nspb's does not grow with how long the graph ran
               "ls_recovery_by_batches_since_checkpoint": [[t["outputs_since_checkpoint"], t["replayed_ms"]]
@@ -646,13 +652,9 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    def recovery(case: dict) -> list[float]:  # ls: until its replay is done (its first output above the fault)
-        key = "replayed_ms" if case["mode"] == "ls" else "recovery_ms"
-        return [r[key] for r in case["trials"] if r.get(key) is not None and r[key] == r[key]]
-
-    names = [n for n, c in out["cases"].items() if recovery(c)]
+    names = [n for n, c in out["cases"].items() if recovery_times(c)]
     for i, name in enumerate(names):
-        rec = recovery(out["cases"][name])
+        rec = recovery_times(out["cases"][name])
         color = {"nspb": "tab:blue", "strawman": "tab:gray", "ls": "tab:red"}.get(out["cases"][name]["mode"], "k")
         left.scatter(i + (np.linspace(-0.2, 0.2, len(rec)) if len(rec) > 1 else np.zeros(len(rec))), rec, s=10, color=color)
     left.set_xticks(range(len(names)), [n.replace("_", " ") for n in names], rotation=35, ha="right", fontsize=8)

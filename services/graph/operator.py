@@ -233,11 +233,8 @@ class GraphOperator(Service):
         me = self.member
         if (holder not in (None, me) and self.backup is not None and not self.catching_up and previous
                 and epoch > previous and self.manager is not None):
-            # my primary rolled back in place at a new epoch: my states are of its old one; my
-            # notices (its window's acks) carry the new epoch, or it ignores them and stalls
-            self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
-            self.assignment.epoch = epoch
-            self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
+            # my primary rolled back in place at a new epoch: my states are of its old one
+            self._catch_up(epoch)
             self.log.warning("my primary moved to a new epoch: catching up again", holder=holder, epoch=epoch)
             return
         if holder == me:
@@ -262,6 +259,14 @@ class GraphOperator(Service):
         """My name in the manager's group (a fenced primary rejoins under a new one)."""
         return self.manager.me["name"] if self.manager is not None and self.manager.me else self.name
 
+    def _catch_up(self, epoch: int) -> None:
+        """Become a backup at ``epoch`` that waits for the holder's whole state: nothing of
+        an older epoch is kept, and my notices (the holder's window acks) carry ``epoch``
+        (the holder ignores acks of another epoch: its window would never move)."""
+        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
+        self.assignment.role, self.assignment.epoch = "backup", epoch
+        self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
+
     def _rejoin(self, holder: str, epoch: int) -> None:
         """HAMS §IV-E: "the old primary can immediately work as a backup by overwriting its
         state with the new primary's". Fenced, I join the group again as a new member (a new
@@ -270,10 +275,8 @@ class GraphOperator(Service):
         if self.statemgr is not None:
             self.statemgr.close()
             self.statemgr = None
-        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.assignment.role, self.assignment.epoch = "backup", epoch
-        self.kept, self.consumed, self.took, self.took_before = OrderedDict(), {}, {}, {}
-        self.catching_up = True
+        self._catch_up(epoch)
+        self.took, self.took_before = {}, {}
         self.manager.me = {**self.manager.me, "name": f"{self.name}~{epoch}"}
         self.manager.registered = False  # registers the new name at its next heartbeat
         endpoint = ((self.manager.feed.values.get(f"service/{holder}") or {}).get("endpoints") or {}).get("inbox")

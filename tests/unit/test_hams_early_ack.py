@@ -26,6 +26,7 @@ def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():
                               peers={"frontend": g2_endpoint, "g1": g2_endpoint, "g1.backup": g2_endpoint,
                                      "g2": g2_endpoint, "g2.backup": g2_endpoint})
     op = GraphOperator(cfg)
+    sender = ctx.socket(zmq.PUSH)
     try:
         # g1's backup kept outputs 0-4 (applied states); its feed already shows g2's new epoch
         for seq in range(5):
@@ -34,7 +35,6 @@ def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():
         op.epochs["g2"] = 4
         op.awaiting.add("g2")  # what the feed's new g2 epoch does: hold new outputs until g2's ack
         # g2's new primary acks (it holds my outputs up to 1) before my own promotion reaches me
-        sender = ctx.socket(zmq.PUSH)
         sender.connect(transport.endpoint_of(op.inbox))
         transport.send(sender, GraphAck("g2", 4, 1))
         deadline = time.monotonic() + 5
@@ -49,7 +49,7 @@ def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():
                 seqs.append(msg.seq)
         # every saved output once at the takeover, then those above g2's ack again, in order
         assert seqs[-3:] == [2, 3, 4] and sorted(seqs) == [0, 1, 2, 2, 3, 3, 4, 4], seqs
-        sender.close(0)
     finally:
+        sender.close(0)
         op.shutdown()
         g2.close(0)

@@ -2,6 +2,7 @@
 recovery-growth figure of hams-recovery."""
 import pytest
 
+from bench.hams_recovery import growth_per_1000
 from bench.hams_timeline import events
 
 
@@ -24,8 +25,6 @@ def test_events_split_old_and_new_epoch_and_measure_from_the_fault():
 
 
 def test_recovery_growth_is_the_least_squares_slope_per_thousand():
-    from bench.hams_recovery import growth_per_1000
-
     # ls-like: replay grows 0.5 ms a batch -> 500 ms per 1,000; a trial that never recovered is left out
     assert growth_per_1000([[0, 20.0], [40, 40.0], [100, 70.0], [60, None]]) == pytest.approx(500.0)
     assert growth_per_1000([[100, 80.0], [2000, 80.0], [1200, 80.0]]) == pytest.approx(0.0, abs=1e-9)
