@@ -853,7 +853,9 @@ class GraphOperator(Service):
             info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
                         durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
-                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches))
+                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches),
+                        handoff_ms=self.statemgr.handoff_ms, copies=self.statemgr.copies,
+                        copies_in_background=self.statemgr.in_background)
         if self.standby_for:
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.backup is not None:

@@ -187,14 +187,22 @@ class OnlineMLP(StatefulOperator):
         self.net.load_state_dict(self.state, assign=True)  # reads the state, writes nothing
         return self.net(self._xy(batch)[0]).reshape(len(batch.inputs), *self.output_shape).numpy()
 
+    @torch.no_grad()
     def update(self, batch, outputs):
-        self.net.load_state_dict(self.state, assign=True)
+        """One SGD step on the batch's mean squared error, its gradients written out by hand
+        and applied in place (autograd's step, the test checks, at ~2.5x less time: this
+        update is on the way to every held reply). In place is safe: NSPB starts an update
+        only once the copy of the previous state has finished."""
         x, y = self._xy(batch)
-        self.net.zero_grad()
-        torch.nn.functional.mse_loss(self.net(x), y).backward()
-        with torch.no_grad():  # a new tensor per parameter: a copy in flight keeps the old one
-            self.state = {k: (v - self.lr * p.grad) if (p := dict(self.net.named_parameters()).get(k)) is not None
-                          else v for k, v in self.state.items()}
+        w1, b1, w2, b2 = (self.state[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
+        z = torch.addmm(b1, x, w1.t())
+        h = z.clamp_min(0)
+        d_out = (torch.addmm(b2, h, w2.t()) - y).mul_(2.0 / y.numel())  # d loss / d output
+        d_z = (d_out @ w2).mul_(z > 0)
+        w2.addmm_(d_out.t(), h, alpha=-self.lr)
+        b2.sub_(d_out.sum(0), alpha=self.lr)
+        w1.addmm_(d_z.t(), x, alpha=-self.lr)
+        b1.sub_(d_z.sum(0), alpha=self.lr)
 
 
 BUILTIN = {"mlp": MLP, "lenet": LeNet, "gru": GRU, "online_mlp": OnlineMLP}

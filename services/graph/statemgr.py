@@ -2,7 +2,12 @@
 
 On the primary it copies the state after batch n out of the model *while batch n+1
 computes* (NSPB: a thread; torch releases the GIL while it copies), packs it with the
-batch's requests' lineage and outputs, and ships it to the backup; ``ready_for_update``
+batch's requests' lineage and outputs, and ships it to the backup. Handing a copy to the
+thread has a cost of its own (the thread's wake-up and the GIL: 0.3-0.5 ms at the median on
+a busy 2-core machine, more than copying a MiB), and a held reply waits for it; so NSPB
+copies in place when its copies have cost less than the hand-off (the model stops for less
+than the hand-off would delay durability) and in the background when they cost more, and
+sends one copy in ``PROBE_EVERY`` to the thread to keep the hand-off's cost measured; ``ready_for_update``
 says when the update of batch n+1 may start: the copy of state n has finished and fewer
 than W states are in flight (W=1: state n was delivered, §III-B). In the stop-to-copy
 modes (S2, Remus) the copy happens in place, with the model stopped. Shipped states are
@@ -30,6 +35,11 @@ from common.protocol.messages import GraphState
 
 
 _ALIGN = 64
+#: one copy in this many goes to the thread even when copying in place is cheaper, so the
+#: hand-off's cost follows the machine's load
+PROBE_EVERY = 32
+#: weight of the newest copy and hand-off in their running means
+_EWMA = 0.2
 
 
 def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dict | None = None) -> np.ndarray:
@@ -104,13 +114,21 @@ class StateManager:
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
         self.copy_s = 0.0  # all copies' time
+        self.copy_ms_avg = 0.0  # running mean of a copy's time
+        self.handoff_ms = 0.0  # running mean of a hand-off: submitted -> the copying thread starts
+        self.copies = self.in_background = 0
+        self._submitted = 0.0
 
     def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry],
               on_loop: bool = False, meta: dict | None = None) -> None:
         t0 = time.perf_counter()
+        if not on_loop:
+            wake_ms = (t0 - self._submitted) * 1000
+            self.handoff_ms = wake_ms if self.in_background == 1 else (1 - _EWMA) * self.handoff_ms + _EWMA * wake_ms
         state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs, meta))
         self.copy_ms = (time.perf_counter() - t0) * 1000
         self.copy_s += self.copy_ms / 1000
+        self.copy_ms_avg = self.copy_ms if self.copies == 1 else (1 - _EWMA) * self.copy_ms_avg + _EWMA * self.copy_ms
         with self.lock:
             self.in_flight[last] = time.monotonic()
             self.saved[last] = state
@@ -127,12 +145,16 @@ class StateManager:
         """Copy and ship the state after a batch: at once (stop to copy) or in the background.
 
         ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
-        thread hand-off on the way to durability (which a held reply waits for). The two
-        sockets may deliver states out of order; the backup applies them in batch order."""
-        if self.pool is None or idle:
+        thread hand-off on the way to durability (which a held reply waits for). Copies that
+        have cost less than the hand-off are made at once too (the module's docstring). The
+        two sockets may deliver states out of order; the backup applies them in batch order."""
+        self.copies += 1
+        if self.pool is None or idle or (self.copy_ms_avg <= self.handoff_ms and self.copies % PROBE_EVERY):
             self.wait_copy()
             self._copy(state_arrays, outputs, first, last, lineage, on_loop=True, meta=meta)
         else:
+            self.in_background += 1
+            self._submitted = time.perf_counter()
             self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage, False, meta)
 
     def wait_copy(self) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import zmq
 
 from common import protocol
 from common.protocol.fields import LineageEntry
 from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from services.graph.assignment import Assignment
 from services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator, operator_class
-from services.graph.statemgr import StateManager, pack, unpack
+from services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
 
 
 def test_assignment_changes_only_to_a_newer_epoch():
@@ -58,6 +60,37 @@ def test_window_counts_states_in_flight():
     assert list(mgr.saved) == [1]  # the newest durable state is kept until the next one (§IV-C)
 
 
+def test_nspb_copies_in_place_when_that_costs_less_than_the_hand_off():
+    ctx = zmq.Context()
+    backup = ctx.socket(zmq.PULL)
+    port = backup.bind_to_random_port("tcp://127.0.0.1")
+    sent = []
+    mgr = StateManager("g", 1, window=8, in_background=True, send=sent.append, ctx=ctx,
+                       backup_endpoint=f"tcp://127.0.0.1:{port}")
+    try:
+        state = lambda: {"x": np.zeros(4)}  # noqa: E731
+        mgr.start(state, {}, 0, 0, [])  # nothing measured yet: in place
+        mgr.start(state, {}, 1, 1, [])  # a copy's cost known, the hand-off's not: to the thread
+        mgr.wait_copy()
+        assert [m.last_seq for m in sent] == [0] and mgr.in_background == 1 and mgr.handoff_ms > 0
+        assert backup.poll(5000) and protocol.decode(backup.recv_multipart()).last_seq == 1
+        mgr.handoff_ms = 1e6  # a hand-off dearer than any copy: in place, but one in PROBE_EVERY
+        for seq in range(2, 2 + PROBE_EVERY):
+            mgr.start(state, {}, seq, seq, [])
+            mgr.wait_copy()
+        assert mgr.in_background == 2 and len(sent) == 1 + PROBE_EVERY - 1
+        mgr.handoff_ms, mgr.copy_ms_avg = 0.0, 1.0  # copies dearer than the hand-off: the thread
+        mgr.start(state, {}, 99, 99, [])
+        mgr.wait_copy()
+        assert mgr.in_background == 3
+        mgr.start(state, {}, 100, 100, [], idle=True)  # no batch waiting: in place whatever the costs
+        assert sent[-1].last_seq == 100
+    finally:
+        mgr.close()
+        backup.close(0)
+        ctx.term()
+
+
 def test_compute_reads_state_update_writes_it():
     for op in (GRU((4,), (3,)), OnlineMLP((5,), (2,))):
         op.start()
@@ -67,6 +100,19 @@ def test_compute_reads_state_update_writes_it():
         assert all(np.array_equal(before[k], v) for k, v in op.copy_state().items())
         op.update(batch, out)
         assert any(not np.array_equal(before[k], v) for k, v in op.copy_state().items())
+
+
+def test_online_mlp_update_is_autograds_sgd_step():
+    op = OnlineMLP((7,), (2,), hidden=16)
+    op.start()
+    ref = {k: v.clone().requires_grad_() for k, v in op.state.items()}
+    batch = GraphBatch(np.random.default_rng(1).normal(size=(3, 7)).astype(np.float32), [0, 1, 2])
+    op.update(batch, None)
+    x, y = (torch.from_numpy(batch.inputs[:, :5]), torch.from_numpy(batch.inputs[:, 5:]))
+    out = torch.relu(x @ ref["0.weight"].T + ref["0.bias"]) @ ref["2.weight"].T + ref["2.bias"]
+    torch.nn.functional.mse_loss(out, y).backward()
+    for k, v in ref.items():
+        assert torch.allclose(op.state[k], v.detach() - op.lr * v.grad, atol=1e-6), k
 
 
 class Counter(StatefulOperator):
