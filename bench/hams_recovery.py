@@ -75,6 +75,7 @@ import zmq
 from common import loadgen, protocol, transport
 from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
+from common.steal import StealMeter
 from common.waiting import wait_until
 from deploy.local import Launcher, free_port_block
 
@@ -540,7 +541,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
                  else "local (one host, real processes, loopback TCP)")
     log(f"mode: {mode_text} ({why})")
     rng = random.Random(1)
-    t0 = time.time()
+    t0, steal = time.time(), StealMeter()
     cases: dict[str, dict] = {}
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hams-recovery-", ignore_cleanup_errors=True) as tmp:
@@ -592,7 +593,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
     ls_out["nspb_growth_ms_per_1000_requests"] = growth_per_1000(ls_out["nspb_recovery_by_kill_at"])
     if only:  # a selection of cases (--cases): their rows and the ls figures
         out = {"quick": quick, "cases": cases, **ls_out, "trials": sum(c["n"] for c in cases.values()),
-               "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0]}
+               "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0], "steal": steal.fraction()}
         loadgen.write_json(json_path, out)
         return out
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
@@ -638,7 +639,7 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
            "strawman_trials": sum(c["n"] for c in straw),
            **ls_out, "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
            # the machine's load while it ran: the figures are taken under load (2 cores, shared)
-           "loadavg_1m_at_end": os.getloadavg()[0]}
+           "loadavg_1m_at_end": os.getloadavg()[0], "steal": steal.fraction()}
     loadgen.write_json(json_path, out)
     return out
 
@@ -689,7 +690,7 @@ def cmd(args: argparse.Namespace) -> int:
         for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
                                                 "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches",
                                                 "nspb_recovery_by_kill_at", "nspb_growth_ms_per_1000_requests", "trials",
-                                                "loadavg_1m_at_end"), TARGETS):
+                                                "loadavg_1m_at_end", "steal"), TARGETS):
             log(line)
         return 0
     keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "stateful_kill_late_median_ms", "stateful_kill_late_max_ms",
@@ -704,7 +705,7 @@ def cmd(args: argparse.Namespace) -> int:
             "strawman_trials", "strawman_lost", "ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
             "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches", "nspb_recovery_by_kill_at",
             "nspb_growth_ms_per_1000_requests", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
-            "loadavg_1m_at_end")
+            "loadavg_1m_at_end", "steal")
     for line in loadgen.figures_table(out, keys, TARGETS):
         log(line)
     log(f"wrote {json_path} in {out['elapsed_s']:.0f} s")

@@ -45,6 +45,7 @@ import numpy as np
 from common.client import Client
 from common.loadgen import figures_table, open_loop, schedule, summarize, write_json
 from common.spec import load_spec
+from common.steal import StealMeter
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block
 from services.serf import profile as serf_profile
@@ -159,8 +160,9 @@ def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, l
         cap = p.capacity(config)
         for k, load in enumerate(loads):
             rate = load * cap
-            before = service_counters(workers)
+            before, meter = service_counters(workers), StealMeter()
             records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
+            stolen = meter.fraction()
             inrun = inrun_prediction(p, config, rate, before, service_counters(workers))
             measured, predicted = mean_after_warmup(records), p.predict_ms(config, rate)
             err = abs(predicted - measured) / measured
@@ -174,11 +176,12 @@ def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, l
             points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": len(records),
                            "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                            "error": round(err, 4), "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
-                           "inrun_error": None if err_inrun is None else round(err_inrun, 4), "lost": s["lost"]} | noise)
+                           "inrun_error": None if err_inrun is None else round(err_inrun, 4), "lost": s["lost"],
+                           "steal": None if stolen is None else round(stolen, 4)} | noise)
             log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {len(records):4d} req): predicted "
                 f"{predicted:7.2f} ms, measured {measured:8.2f} ms, error {err:6.1%} (sampling: SE {noise['se_ms']:.2f} ms, "
                 f"{noise['noise_error']:.1%}; replayed arrivals {replay:.2f} ms, error {noise['replay_error']:.1%}); in-run service times: "
-                + ("unstable" if inrun is None else f"{inrun:8.2f} ms, error {err_inrun:6.1%}"))
+                + ("unstable" if inrun is None else f"{inrun:8.2f} ms, error {err_inrun:6.1%}") + f"; steal {stolen or 0:.0%}")
     return points, time.time() - t0
 
 
@@ -363,9 +366,12 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         log(f"-- {model}: cluster up ({time.time() - t:.1f} s); profiling")
         dispatcher = spec.service("dispatcher").config.worker_endpoint
         version = next(s.config.version for s in spec.services if s.role == "worker")
+        meter = StealMeter()
         p = profile_model(spec, model, CORES, inputs=inputs, version=version, log=log)
+        profile_steal = meter.fraction()
         path = serf_profile.save(p, serf_profile.where(model, p.version, store))
-        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms); saved {path}")
+        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms, steal "
+            f"{profile_steal or 0:.0%}); saved {path}")
         from services.serf.configurator import ModelPlan
 
         table_ms = ModelPlan(p).table_ms
@@ -377,7 +383,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
     inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]
     return {
-        "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3), "table_ms": round(table_ms, 3),
+        "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3),
+        "profiling_steal": profile_steal, "table_ms": round(table_ms, 3),
         "points": points, "mean_error": round(float(errors.mean()), 4),
         "p90_error": round(float(np.percentile(errors, 90)), 4), "max_error": round(float(errors.max()), 4),
         "inrun_mean_error": round(float(inrun.mean()), 4) if len(inrun) else None,
@@ -395,7 +402,7 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
         models: list[str] | None = None) -> dict:
     models = models or (["sleep", "resnet18"] if quick else list(MODELS))
     t0 = time.time()
-    load_before = os.getloadavg()
+    load_before, meter = os.getloadavg(), StealMeter()
     ensure_models(store, models)
     out: dict[str, Any] = {"quick": quick, "cores": CORES, "models": {}}
     for model in models:
@@ -423,6 +430,8 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
                          "switch_s": m["step"]["adaptive"]["switch_s"]}
                       for name, m in out["models"].items()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        # CPU time the hypervisor took (common.steal): over the run, and at its worst load point
+        "steal": meter.fraction(), "steal_max_point": max((pt["steal"] or 0.0 for m in ms for pt in m["points"]), default=None),
         "elapsed_s": round(time.time() - t0, 1),
     })
     keys = ["mean_error", "p90_error", "max_error", "best_pick_rate", "profiling_s", "exhaustive_over_profiling",
@@ -435,7 +444,8 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
     log("-- all models")
     for line in figures_table(out, keys, TARGETS):
         log(line)
-    log(f"(2-core machine shared with other work: load average {out['load_average']}; {out['elapsed_s']} s)")
+    log(f"(2-core machine shared with other work: load average {out['load_average']}; steal {out['steal'] or 0:.0%} over "
+        f"the run, {out['steal_max_point'] or 0:.0%} at its worst load point; {out['elapsed_s']} s)")
     if json_path:
         png = Path(json_path).with_suffix(".png")
         plot(out, png)

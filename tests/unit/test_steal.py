@@ -1,0 +1,38 @@
+"""The steal meter: the hypervisor's share of CPU time between two reads of /proc/stat."""
+from __future__ import annotations
+
+import pytest
+
+from common import steal
+
+
+def write(path, steal_ticks: int, busy: int, idle: int) -> None:
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice
+    path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 {steal_ticks} 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\n")
+
+
+def test_fraction_is_stolen_over_all_ticks_since_the_start(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(steal, "PROC_STAT", str(stat))
+    write(stat, 100, 1000, 1000)
+    meter = steal.StealMeter()
+    write(stat, 130, 1060, 1010)  # +30 stolen of +100 in all
+    assert meter.fraction() == pytest.approx(0.30)
+    meter.reset()
+    assert meter.fraction() is None  # no time has passed
+
+
+def test_no_steal_field_or_no_file_reads_as_unknown(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(steal, "PROC_STAT", str(stat))
+    stat.write_text("cpu  1 2 3 4\n")
+    assert steal.StealMeter().fraction() is None
+    monkeypatch.setattr(steal, "PROC_STAT", str(tmp_path / "absent"))
+    assert steal.StealMeter().fraction() is None
+
+
+def test_this_machine_reads():
+    meter = steal.StealMeter()
+    sum(i * i for i in range(200_000))
+    got = meter.fraction()
+    assert got is None or 0.0 <= got <= 1.0
