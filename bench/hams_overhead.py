@@ -28,15 +28,13 @@ import numpy as np
 import zmq
 
 from common import loadgen, protocol, transport
-from common.steal import STEAL_MAX, StealMeter
+from common.steal import STEAL_MAX, StealMeter, least_starved
 from common.protocol.messages import Predict
 from common.spec.graph import graph_services, read_graph
 from deploy.local import Launcher, free_port_block
 
 MODES = ("bare", "nspb", "s1", "s2", "remus")
 MAX_RATE = 400.0  # requests/s one Python client sends on time on a small machine
-#: times a cell measured above common.steal.STEAL_MAX is taken again; the least starved is kept
-STEAL_RETRIES = 2
 
 
 #: states in flight to the backup: 2 lets the update of batch n+1 start once state n is
@@ -165,19 +163,13 @@ def run(quick: bool, json_path: Path, log, reps: int | None = None) -> dict:
             rate = 0.5 * batch * 1000.0 / (pad_ms * depth)  # half of bare's capacity (one operator busy at a time)
             order = MODES[cell % len(MODES):] + MODES[:cell % len(MODES)]  # no mode always runs first
             for mode in order:  # interleaved: every mode sees the same machine state
-                attempts = []
-                for attempt in range(1 + STEAL_RETRIES):  # a cell the hypervisor starved is taken again
-                    res = run_cell(name, table, mode, rate, duration, Path(tmp), seed=rep)
-                    attempts.append(res)
-                    stolen = res["steal"] or 0.0
-                    again = stolen > STEAL_MAX and attempt < STEAL_RETRIES
-                    log(f"  rep {rep} {name:16s} b={batch:<3d} {mode:6s} p50 {res['p50_ms']:.2f} ms p99 {res['p99_ms']:.2f} ms "
-                        f"{res['throughput_rps']:.0f} rps (mean batch {res['mean_batch'] or 0:.1f}, steal {stolen:.0%})"
-                        + (" -> again" if again else ""))
-                    if not again:
-                        break
-                    retaken += 1
-                cells.setdefault((name, mode, batch), []).append(min(attempts, key=lambda r: r["steal"] or 0.0))
+                res, stolen, takes = least_starved(  # a cell the hypervisor starved is taken again
+                    lambda: run_cell(name, table, mode, rate, duration, Path(tmp), seed=rep), steal_of=lambda r: r["steal"],
+                    log=log, what=f"rep {rep} {name} b={batch} {mode}")
+                retaken += takes - 1
+                cells.setdefault((name, mode, batch), []).append(res)
+                log(f"  rep {rep} {name:16s} b={batch:<3d} {mode:6s} p50 {res['p50_ms']:.2f} ms p99 {res['p99_ms']:.2f} ms "
+                    f"{res['throughput_rps']:.0f} rps (mean batch {res['mean_batch'] or 0:.1f}, steal {stolen or 0:.0%})")
     rows = []
     for (name, mode, batch), runs in cells.items():
         med = lambda k: float(np.median([r[k] for r in runs if r[k] is not None])) if any(r[k] is not None for r in runs) else None  # noqa: E731
@@ -216,7 +208,7 @@ def run(quick: bool, json_path: Path, log, reps: int | None = None) -> dict:
            # the machine's load while it ran: figures taken beside other work are not comparable
            "loadavg_1m_at_end": os.getloadavg()[0],
            # CPU time the hypervisor took while cells ran (common.steal): cells above
-           # STEAL_MAX were taken again, up to STEAL_RETRIES times
+           # STEAL_MAX were taken again, up to STEAL_RETRIES times (the least starved kept)
            "steal_max": max(r["steal_max"] for r in rows), "cells_retaken": retaken,
            "cells_over_steal_max": sum(1 for runs in cells.values() for r in runs if (r["steal"] or 0.0) > STEAL_MAX),
            "rows": rows}

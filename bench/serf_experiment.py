@@ -45,7 +45,7 @@ import numpy as np
 from common.client import Client
 from common.loadgen import figures_table, open_loop, schedule, summarize, write_json
 from common.spec import load_spec
-from common.steal import StealMeter
+from common.steal import StealMeter, least_starved
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block
 from services.serf import profile as serf_profile
@@ -154,16 +154,21 @@ def sampling_noise(p, config, rate: float, n: int, reps: int = 200) -> dict:
 def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads) -> tuple[list[dict], float]:
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
-    points, t0 = [], time.time()
+    points, exhaustive_s = [], 0.0  # measuring every (configuration, load) once: the kept takes' time
     for config in p.configurations():
         set_configuration(dispatcher, model, *config)
         cap = p.capacity(config)
         for k, load in enumerate(loads):
             rate = load * cap
-            before, meter = service_counters(workers), StealMeter()
-            records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
-            stolen = meter.fraction()
-            inrun = inrun_prediction(p, config, rate, before, service_counters(workers))
+            def one_load():
+                t, before = time.time(), service_counters(workers)
+                records, s = run_load(client, model, inputs, rate, seconds, count, seed=100 + k)
+                return before, service_counters(workers), records, s, time.time() - t
+
+            (before, after, records, s, took), stolen, takes = least_starved(
+                one_load, log=log, what=f"{config[0]}x{config[1]} at {load:.0%}")
+            inrun = inrun_prediction(p, config, rate, before, after)
+            exhaustive_s += took
             measured, predicted = mean_after_warmup(records), p.predict_ms(config, rate)
             err = abs(predicted - measured) / measured
             err_inrun = None if inrun is None else abs(inrun - measured) / measured
@@ -177,12 +182,12 @@ def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, l
                            "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                            "error": round(err, 4), "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
                            "inrun_error": None if err_inrun is None else round(err_inrun, 4), "lost": s["lost"],
-                           "steal": None if stolen is None else round(stolen, 4)} | noise)
+                           "steal": None if stolen is None else round(stolen, 4), "takes": takes} | noise)
             log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {len(records):4d} req): predicted "
                 f"{predicted:7.2f} ms, measured {measured:8.2f} ms, error {err:6.1%} (sampling: SE {noise['se_ms']:.2f} ms, "
                 f"{noise['noise_error']:.1%}; replayed arrivals {replay:.2f} ms, error {noise['replay_error']:.1%}); in-run service times: "
                 + ("unstable" if inrun is None else f"{inrun:8.2f} ms, error {err_inrun:6.1%}") + f"; steal {stolen or 0:.0%}")
-    return points, time.time() - t0
+    return points, exhaustive_s
 
 
 def best_pick(client, dispatcher, model, p, inputs, seconds, count, log) -> list[dict]:
@@ -196,7 +201,8 @@ def best_pick(client, dispatcher, model, p, inputs, seconds, count, log) -> list
             if pred is None or rate > 0.95 * p.capacity(config):
                 continue  # unstable by its profile: a queue that grows for ever is not a candidate
             set_configuration(dispatcher, model, *config)
-            records, _ = run_load(client, model, inputs, rate, seconds, count, seed=200 + k)
+            records = least_starved(lambda: run_load(client, model, inputs, rate, seconds, count, seed=200 + k)[0],
+                                    log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]
             measured["x".join(map(str, config))], predicted["x".join(map(str, config))] = mean_after_warmup(records), pred
         ranked = sorted(measured, key=measured.get)
         pick = min(predicted, key=predicted.get) if predicted else None
@@ -291,11 +297,14 @@ def run_fixed(store, model, p, inputs, offsets, starts, phase_s, configs, log, w
                 mean_rate = len(offsets) / (len(starts) * phase_s)  # the arrivals are the offsets
                 # polled as the adaptive run is (ten status requests a second to the
                 # dispatcher on the request path): the same observer's cost in both
-                with StatusPoller(dispatcher, model):
-                    records, s = run_load(client, model, inputs, mean_rate, 0, 0, seed=301, offsets=offsets)
+                def one_run():
+                    with StatusPoller(dispatcher, model):
+                        return run_load(client, model, inputs, mean_rate, 0, 0, seed=301, offsets=offsets)
+
                 name = "x".join(map(str, config))
+                (records, s), stolen, takes = least_starved(one_run, log=log, what=f"fixed {name}")
                 fixed[name] = {"phases_ms": phase_means(records, starts, phase_s), "mean_ms": mean_after_warmup(records),
-                               "lost": s["lost"], "series": _series(records)}
+                               "lost": s["lost"], "series": _series(records), "steal": stolen, "takes": takes}
                 log(f"   fixed {name}: phases " + ", ".join(f"{v:.1f}" for v in fixed[name]["phases_ms"])
                     + f" ms; overall {fixed[name]['mean_ms']:.1f} ms")
     return fixed
@@ -311,14 +320,17 @@ def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir)
         launcher.start_spec(spec, timeout_s=180.0)
         dispatcher = spec.service("dispatcher").config.worker_endpoint
         with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
-            warm(client, dispatcher, model, p, inputs)
-            # the warm-up ends on (1, CORES): the configurator's pick for its light load
-            # (after the hold time), as each fixed run starts in its configuration
-            run_load(client, model, inputs, low, 1.5, 1000, seed=2)
-            with StatusPoller(dispatcher, model) as poller:
-                t0 = time.time()
-                records, s = run_load(client, model, inputs, high, 0, 0, seed=301, offsets=offsets)
-            status = request_status(dispatcher, 2.0) or {}
+            def one_run():
+                warm(client, dispatcher, model, p, inputs)
+                # the warm-up ends on (1, CORES): the configurator's pick for its light load
+                # (after the hold time), as each fixed run starts in its configuration
+                run_load(client, model, inputs, low, 1.5, 1000, seed=2)
+                with StatusPoller(dispatcher, model) as poller:
+                    t0 = time.time()
+                    records, s = run_load(client, model, inputs, high, 0, 0, seed=301, offsets=offsets)
+                return records, s, poller, t0, request_status(dispatcher, 2.0) or {}
+
+            (records, s, poller, t0, status), stolen, takes = least_starved(one_run, log=log, what="adaptive")
     origin = records[0].sent if records else t0
     serf_status = (status.get("serf") or {}).get(model) or {}
     adaptive = {"phases_ms": phase_means(records, starts, phase_s), "mean_ms": mean_after_warmup(records),
@@ -329,7 +341,7 @@ def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir)
                 "decisions": [{"t": round(d["wall"] - origin, 3), "from": d["from"], "to": d["to"], "rate": d["rate"]}
                               for d in serf_status.get("switch_log", [])],
                 "configurations": [(round(t - origin, 2), c, r) for t, c, r in poller.seen],
-                "serf_status": serf_status}
+                "serf_status": serf_status, "steal": stolen, "takes": takes}
     log("   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
         + f" ms; overall {adaptive['mean_ms']:.1f} ms; switches after steps {adaptive['switch_s']} s; decisions "
         + ", ".join(f"{d['t']:.2f} s {d['from']}->{d['to']} at {d['rate']}/s" for d in adaptive["decisions"]))
@@ -366,9 +378,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         log(f"-- {model}: cluster up ({time.time() - t:.1f} s); profiling")
         dispatcher = spec.service("dispatcher").config.worker_endpoint
         version = next(s.config.version for s in spec.services if s.role == "worker")
-        meter = StealMeter()
-        p = profile_model(spec, model, CORES, inputs=inputs, version=version, log=log)
-        profile_steal = meter.fraction()
+        p, profile_steal, profile_takes = least_starved(
+            lambda: profile_model(spec, model, CORES, inputs=inputs, version=version, log=log), log=log, what="profile")
         path = serf_profile.save(p, serf_profile.where(model, p.version, store))
         log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms, steal "
             f"{profile_steal or 0:.0%}); saved {path}")
@@ -384,7 +395,7 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
     counted = [r for r in picks if r["counts"]]
     return {
         "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3),
-        "profiling_steal": profile_steal, "table_ms": round(table_ms, 3),
+        "profiling_steal": profile_steal, "profiling_takes": profile_takes, "table_ms": round(table_ms, 3),
         "points": points, "mean_error": round(float(errors.mean()), 4),
         "p90_error": round(float(np.percentile(errors, 90)), 4), "max_error": round(float(errors.max()), 4),
         "inrun_mean_error": round(float(inrun.mean()), 4) if len(inrun) else None,

@@ -36,3 +36,13 @@ def test_this_machine_reads():
     sum(i * i for i in range(200_000))
     got = meter.fraction()
     assert got is None or 0.0 <= got <= 1.0
+
+
+def test_a_starved_measurement_is_taken_again_and_the_least_starved_kept():
+    steals = iter([0.5, 0.3, 0.4])
+    results = iter(["a", "b", "c"])
+    said = []
+    got = steal.least_starved(lambda: next(results), steal_of=lambda r: next(steals), log=said.append, what="x")
+    assert got == ("b", 0.3, 3) and len(said) == 2  # three takes, all starved: the least starved kept
+    assert steal.least_starved(lambda: "q", steal_of=lambda r: 0.01) == ("q", 0.01, 1)  # not starved: once
+    assert steal.least_starved(lambda: "u", steal_of=lambda r: None) == ("u", None, 1)  # unknown: once
