@@ -9,6 +9,11 @@ re-run cells taken above ``STEAL_MAX``.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 PROC_STAT = "/proc/stat"
 #: a cell measured while more than this fraction of the CPU time was stolen is re-run
 STEAL_MAX = 0.10
@@ -47,20 +52,49 @@ class StealMeter:
 STEAL_RETRIES = 2
 
 
+#: how long a starved measurement waits, at most, for the hypervisor to stop stealing
+QUIET_WAIT_S = 120.0
+
+
+def probe(seconds: float = 1.0) -> float | None:
+    """The steal while every core is kept busy for ``seconds`` (an idle guest asks for
+    nothing, so nothing is stolen from it: only demand shows the neighbours)."""
+    meter = StealMeter()
+    burners = [subprocess.Popen([sys.executable, "-c", f"import time\nt = time.time() + {seconds}\nwhile time.time() < t: pass"])
+               for _ in range(os.cpu_count() or 1)]
+    for b in burners:
+        b.wait()
+    return meter.fraction()
+
+
+def wait_for_quiet(limit_s: float = QUIET_WAIT_S, every_s: float = 5.0) -> tuple[float, float | None]:
+    """Probe until the steal is at most ``STEAL_MAX`` or ``limit_s`` passed: (waited, last probe)."""
+    t0 = time.monotonic()
+    while True:
+        stolen = probe()
+        if stolen is None or stolen <= STEAL_MAX or time.monotonic() - t0 >= limit_s:
+            return time.monotonic() - t0, stolen
+        time.sleep(every_s)
+
+
 def least_starved(measure, steal_of=None, retries: int = STEAL_RETRIES, log=None, what: str = ""):
     """Take ``measure()`` until the hypervisor stole at most ``STEAL_MAX`` of the CPU time
-    while it ran, at most ``1 + retries`` times, and keep the least starved take. The steal
-    is ``steal_of(result)`` when given (a measurement that meters its own window), else
-    metered around the whole call. Returns (result, its steal or None, takes)."""
+    while it ran, at most ``1 + retries`` times, and keep the least starved take; before a
+    take again, wait (up to ``QUIET_WAIT_S``) for a probe to read quiet: the bursts seen
+    here last a minute or more. The steal is ``steal_of(result)`` when given (a measurement
+    that meters its own window), else metered around the whole call. Returns (result, its
+    steal or None, takes)."""
     takes = []
     for take in range(1 + retries):
         meter = StealMeter()
         result = measure()
         stolen = steal_of(result) if steal_of else meter.fraction()
         takes.append((stolen or 0.0, take, result, stolen))
-        if (stolen or 0.0) <= STEAL_MAX:
+        if (stolen or 0.0) <= STEAL_MAX or take == retries:
             break
-        if log and take < retries:
-            log(f"   {what}: {stolen:.0%} of the CPU time stolen while it ran; taken again")
+        waited, now = wait_for_quiet()
+        if log:
+            log(f"   {what}: {stolen:.0%} of the CPU time stolen while it ran; waited {waited:.0f} s for quiet "
+                f"(probe {now or 0:.0%}), taken again")
     _, _, result, stolen = min(takes, key=lambda t: t[:2])
     return result, stolen, len(takes)

@@ -1,6 +1,8 @@
 """The steal meter: the hypervisor's share of CPU time between two reads of /proc/stat."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from common import steal
@@ -38,11 +40,19 @@ def test_this_machine_reads():
     assert got is None or 0.0 <= got <= 1.0
 
 
-def test_a_starved_measurement_is_taken_again_and_the_least_starved_kept():
+def test_a_starved_measurement_is_taken_again_and_the_least_starved_kept(monkeypatch):
+    waits = []
+    monkeypatch.setattr(steal, "wait_for_quiet", lambda: waits.append(1) or (0.0, 0.0))
     steals = iter([0.5, 0.3, 0.4])
     results = iter(["a", "b", "c"])
     said = []
     got = steal.least_starved(lambda: next(results), steal_of=lambda r: next(steals), log=said.append, what="x")
-    assert got == ("b", 0.3, 3) and len(said) == 2  # three takes, all starved: the least starved kept
+    assert got == ("b", 0.3, 3) and len(said) == 2 and len(waits) == 2  # all starved: the least starved kept
     assert steal.least_starved(lambda: "q", steal_of=lambda r: 0.01) == ("q", 0.01, 1)  # not starved: once
     assert steal.least_starved(lambda: "u", steal_of=lambda r: None) == ("u", None, 1)  # unknown: once
+
+
+def test_the_probe_keeps_the_cores_busy_and_reads_a_fraction():
+    t0 = time.monotonic()
+    got = steal.probe(0.3)
+    assert time.monotonic() - t0 >= 0.3 and (got is None or 0.0 <= got <= 1.0)
