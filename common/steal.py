@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from common.waiting import wait_until
+
 PROC_STAT = "/proc/stat"
 #: a cell measured while more than this fraction of the CPU time was stolen is re-run
 STEAL_MAX = 0.10
@@ -69,12 +71,15 @@ def probe(seconds: float = 1.0) -> float | None:
 
 def wait_for_quiet(limit_s: float = QUIET_WAIT_S, every_s: float = 5.0) -> tuple[float, float | None]:
     """Probe until the steal is at most ``STEAL_MAX`` or ``limit_s`` passed: (waited, last probe)."""
-    t0 = time.monotonic()
-    while True:
-        stolen = probe()
-        if stolen is None or stolen <= STEAL_MAX or time.monotonic() - t0 >= limit_s:
-            return time.monotonic() - t0, stolen
-        time.sleep(every_s)
+    t0, last = time.monotonic(), None
+
+    def quiet() -> bool:
+        nonlocal last
+        last = probe()
+        return last is None or last <= STEAL_MAX
+
+    wait_until(quiet, timeout_s=limit_s, interval_s=every_s)
+    return time.monotonic() - t0, last
 
 
 def least_starved(measure, steal_of=None, retries: int = STEAL_RETRIES, log=None, what: str = ""):
@@ -86,7 +91,7 @@ def least_starved(measure, steal_of=None, retries: int = STEAL_RETRIES, log=None
     steal or None, takes)."""
     takes = []
     for take in range(1 + retries):
-        meter = StealMeter()
+        meter = None if steal_of else StealMeter()
         result = measure()
         stolen = steal_of(result) if steal_of else meter.fraction()
         takes.append((stolen or 0.0, take, result, stolen))

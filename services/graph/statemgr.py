@@ -7,8 +7,8 @@ thread has a cost of its own (the thread's wake-up and the GIL: 0.3-0.5 ms at th
 a busy 2-core machine, more than copying a MiB), and a held reply waits for it; so NSPB
 copies in place when its copies have cost less than the hand-off (the model stops for less
 than the hand-off would delay durability) and in the background when they cost more, and
-sends one copy in ``PROBE_EVERY`` to the thread to keep the hand-off's cost measured; ``ready_for_update``
-says when the update of batch n+1 may start: the copy of state n has finished and fewer
+sends one copy in ``PROBE_EVERY`` to the thread to keep the hand-off's cost measured.
+``ready_for_update`` says when the update of batch n+1 may start: the copy of state n has finished and fewer
 than W states are in flight (W=1: state n was delivered, §III-B). In the stop-to-copy
 modes (S2, Remus) the copy happens in place, with the model stopped. Shipped states are
 kept until the backup says the next is applied (§IV-C), then freed.
@@ -40,6 +40,10 @@ _ALIGN = 64
 PROBE_EVERY = 32
 #: weight of the newest copy and hand-off in their running means
 _EWMA = 0.2
+
+
+def _running_mean(mean: float, x: float, first: bool) -> float:
+    return x if first else (1 - _EWMA) * mean + _EWMA * x
 
 
 def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dict | None = None) -> np.ndarray:
@@ -123,12 +127,11 @@ class StateManager:
               on_loop: bool = False, meta: dict | None = None) -> None:
         t0 = time.perf_counter()
         if not on_loop:
-            wake_ms = (t0 - self._submitted) * 1000
-            self.handoff_ms = wake_ms if self.in_background == 1 else (1 - _EWMA) * self.handoff_ms + _EWMA * wake_ms
+            self.handoff_ms = _running_mean(self.handoff_ms, (t0 - self._submitted) * 1000, self.in_background == 1)
         state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs, meta))
         self.copy_ms = (time.perf_counter() - t0) * 1000
         self.copy_s += self.copy_ms / 1000
-        self.copy_ms_avg = self.copy_ms if self.copies == 1 else (1 - _EWMA) * self.copy_ms_avg + _EWMA * self.copy_ms
+        self.copy_ms_avg = _running_mean(self.copy_ms_avg, self.copy_ms, self.copies == 1)
         with self.lock:
             self.in_flight[last] = time.monotonic()
             self.saved[last] = state

@@ -56,3 +56,13 @@ def test_the_probe_keeps_the_cores_busy_and_reads_a_fraction():
     t0 = time.monotonic()
     got = steal.probe(0.3)
     assert time.monotonic() - t0 >= 0.3 and (got is None or 0.0 <= got <= 1.0)
+
+
+def test_wait_for_quiet_probes_until_quiet_or_the_limit(monkeypatch):
+    readings = iter([0.5, 0.3, 0.05, 0.0])
+    monkeypatch.setattr(steal, "probe", lambda: next(readings))
+    waited, last = steal.wait_for_quiet(limit_s=5.0, every_s=0.01)
+    assert last == 0.05 and waited < 5.0
+    monkeypatch.setattr(steal, "probe", lambda: 0.9)
+    waited, last = steal.wait_for_quiet(limit_s=0.05, every_s=0.01)
+    assert last == 0.9 and waited >= 0.05
