@@ -229,3 +229,26 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
             "print('threads', torch.get_num_threads(), w.executors.torch_threads); w.shutdown()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert "threads 1 2" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])
+
+
+def test_the_experiment_projects_a_stable_point_by_its_standard_error():
+    from bench.serf_experiment import STABLE_SE, stable_requests
+
+    # a mean of 100 requests with an SE of 3% needs 4x the requests for 1.5%, / 0.9 for the warm-up
+    assert STABLE_SE == 0.015
+    assert stable_requests(se_ms=3.0, n=100, mean_ms=100.0) == 445
+    # already precise: the warm-up and one request
+    assert stable_requests(se_ms=0.01, n=100, mean_ms=100.0) == 11
+
+
+def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
+    from bench.serf_experiment import oracle_mean
+
+    # two phases of 1 s, the same arrivals: "a" is best in the first, "b" in the second
+    fixed = {"a": {"phases_ms": [10.0, 50.0], "series": [[0.1 * k, 10.0] for k in range(10)]
+                   + [[1 + 0.1 * k, 50.0] for k in range(10)]},
+             "b": {"phases_ms": [20.0, 30.0], "series": [[0.1 * k, 20.0] for k in range(10)]
+                   + [[1 + 0.1 * k, 30.0] for k in range(10)]}}
+    mean, picks = oracle_mean(fixed, [0.0, 1.0], 1.0)
+    assert picks == ["a", "b"]
+    assert mean == pytest.approx((8 * 10.0 + 10 * 30.0) / 18)  # the first 10% (2 requests) dropped
