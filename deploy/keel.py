@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.hams_timeline import add_parser as add_hams_timeline
     from bench.kairos_experiment import add_parser as add_kairos_experiment
     from bench.selection_experiment import add_parser as add_selection_experiment
+    from bench.serf_drift import add_parser as add_serf_drift
     from bench.serf_experiment import add_parser as add_serf_experiment
     from chaos.cli import add_parser as add_chaos
     from chaos.parm_tail import add_parser as add_parm_tail
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_hams_timeline(which)
     add_selection_experiment(which)
     add_serf_experiment(which)
+    add_serf_drift(which)
     add_kairos(sub)
     add_model(sub)
     add_keys(sub)

@@ -252,3 +252,16 @@ def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
     mean, picks = oracle_mean(fixed, [0.0, 1.0], 1.0)
     assert picks == ["a", "b"]
     assert mean == pytest.approx((8 * 10.0 + 10 * 30.0) / 18)  # the first 10% (2 requests) dropped
+
+
+def test_the_drift_swing_is_the_move_of_one_prediction_between_two_profiles():
+    from bench.serf_drift import swings
+
+    a = Profile("m", "1", cores=1, service_ms={(1, 1): 20.0})
+    same = Profile("m", "1", cores=1, service_ms={(1, 1): 20.0})
+    slower = Profile("m", "1", cores=1, service_ms={(1, 1): 25.0})  # unstable at 85% of a's capacity
+    assert swings([(0, a, 0), (1, same, 0)]) == {"55%": [0.0], "85%": [0.0]}
+    moved = swings([(0, a, 0), (1, slower, 0)])
+    rate = 0.55 * a.capacity((1, 1))
+    assert moved["55%"] == [pytest.approx(slower.predict_ms((1, 1), rate) / a.predict_ms((1, 1), rate) - 1)]
+    assert moved["85%"] == [1.0]
