@@ -37,8 +37,10 @@ over the point's arrival rate (SERF §V-D's "T", which it puts at >= 5,000 reque
 
 The step load's ``oracle_over_best_single_fixed`` is the bound on any configurator: each
 phase served by the fixed configuration measured best in it (the fixed runs' own requests),
-over the whole run, against the best single fixed configuration. All figures are measured on a 2-core machine shared with
-other work (the load average is recorded): they are figures under load.
+over the whole run, against the best single fixed configuration.
+
+All figures are measured on a 2-core machine shared with other work (the load average
+and the hypervisor's steal are recorded): they are figures under load.
 """
 from __future__ import annotations
 
