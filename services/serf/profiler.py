@@ -53,8 +53,11 @@ from services.serf.profile import Profile, stamp, tuples
 #: open-loop arrivals at the light loads where one request runs alone (15-30% of
 #: capacity: 40-70 ms for resnet18 here)
 GAP_S = 0.05
-#: spaced tuples stop once sqrt(SCV / n) <= REL_SE, after at least MIN_SAMPLES requests
-REL_SE = 0.015
+#: spaced tuples stop once sqrt(SCV / n) <= REL_SE, after at least MIN_SAMPLES requests.
+#: 3%: the same model profiled again 15 s later moves by 6-17% (CV over eight profiles,
+#: ``keel experiment serf-drift``), so a tighter mean buys nothing; at 1.5% widemlp's
+#: one-thread tuple ran to its 20-request cap and profiling took 5.0-6.2 s
+REL_SE = 0.03
 MIN_SAMPLES = 8
 
 
