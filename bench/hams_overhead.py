@@ -212,9 +212,7 @@ def run(quick: bool, json_path: Path, log, reps: int | None = None) -> dict:
            "steal_max": max(r["steal_max"] for r in rows), "cells_retaken": retaken,
            "cells_over_steal_max": sum(1 for runs in cells.values() for r in runs if (r["steal"] or 0.0) > STEAL_MAX),
            "rows": rows}
-    out["plot"] = str(json_path.with_suffix(".png"))
-    loadgen.write_json(json_path, out)
-    plot(out, Path(out["plot"]))
+    loadgen.write_json_and_plot(json_path, out, plot)
     return out
 
 

@@ -82,9 +82,7 @@ def run(json_path: Path, kill_at: int, seed: int) -> dict:
     out = {"victim": "g2", "kill_at": kill_at, **{k: row[k] for k in ("detection_ms", "takeover_ms", "recovery_ms",
                                                                       "lost", "conflicts", "invariants_ok")},
            **events(streams, fault_t, "g2")}
-    out["plot"] = str(json_path.with_suffix(".png"))
-    loadgen.write_json(json_path, out)
-    plot(out, Path(out["plot"]))
+    loadgen.write_json_and_plot(json_path, out, plot)
     return out
 
 

@@ -67,7 +67,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench.kairos_sim import allowable_throughput, oracle_search, oracle_throughput, simulate, tune_drs
-from common.loadgen import write_json
+from common.loadgen import write_json_and_plot
 from services.scheduling.kairos import (ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size,
                                         solve_timing)
 
@@ -360,10 +360,7 @@ def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root
     out["solve_timing"] = timing
     out["lost"] = sum(m["lost"] for m in out["models"].values())
     out["elapsed_s"] = time.time() - t0
-    png = json_path.with_suffix(".png")
-    plot(out, png)
-    out["plot"] = str(png)
-    write_json(json_path, out)
+    write_json_and_plot(json_path, out, plot)
     return out
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.kairos_sim import allowable_throughput, bisect_rate, simulate
 from common.client import Client
-from common.loadgen import open_loop, summarize, write_json
+from common.loadgen import open_loop, summarize, write_json_and_plot
 from common.spec import load_spec
 from common.transport import request_status
 from deploy.local import Launcher, free_port_block, wait_until
@@ -198,10 +198,7 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
         out["models"][model] = m
     out["lost"] = sum(m["lost"] for m in out["models"].values())
     out["elapsed_s"] = round(time.time() - t0, 1)
-    png = json_path.with_suffix(".png")
-    plot_cdfs(out, png)
-    out["plot"] = str(png)
-    write_json(json_path, out)
+    write_json_and_plot(json_path, out, plot_cdfs)
     return out
 
 

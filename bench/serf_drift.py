@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from common.loadgen import figures_table, write_json
+from common.loadgen import figures_table, write_json_and_plot
 from common.steal import StealMeter
 
 LOADS = (0.55, 0.85)
@@ -135,10 +135,7 @@ def run(json_path: str | None, model: str = "resnet18", windows: int = 8, pause:
         f"minute of profiling changes; steal {out['steal'] or 0:.0%} over the run, {out['steal_max_window']:.0%} at most "
         f"in a window; {out['elapsed_s']} s)")
     if json_path:
-        png = Path(json_path).with_suffix(".png")
-        plot(out, png)
-        out["plot"] = str(png)
-        write_json(json_path, out)
+        png = write_json_and_plot(json_path, out, plot)
         log(f"wrote {json_path} and {png}")
     return out
 

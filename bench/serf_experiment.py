@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from common.client import Client
-from common.loadgen import figures_table, open_loop, schedule, summarize, write_json
+from common.loadgen import figures_table, open_loop, schedule, summarize, write_json_and_plot
 from common.spec import load_spec
 from common.steal import StealMeter, least_starved
 from common.transport import request_status
@@ -68,6 +68,8 @@ CORES = 2
 #: a point measured "stable" once its mean's standard error is this fraction of it (a 95%
 #: interval of +-3%: what judging a 3% prediction error needs)
 STABLE_SE = 0.015
+#: the share of a run's first requests left out of its mean (the queue starts empty)
+WARMUP = 0.1
 LOADS = (0.10, 0.20, 0.30, 0.40, 0.55, 0.65, 0.75, 0.85)
 QUICK_LOADS = (0.10, 0.30, 0.55, 0.85)
 MODELS = {
@@ -133,7 +135,7 @@ def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, second
 
 
 def mean_after_warmup(records) -> float:
-    lat = [r.latency_ms for r in records[int(0.1 * len(records)):] if r.latency_ms is not None and not r.error_code]
+    lat = [r.latency_ms for r in records[int(WARMUP * len(records)):] if r.latency_ms is not None and not r.error_code]
     return float(np.mean(lat)) if lat else float("nan")
 
 
@@ -159,7 +161,7 @@ def sampling_noise(p, config, rate: float, n: int, reps: int = 200) -> dict:
     bias included), and Eq. 13 against a 20,000-request simulation (Cosmetatos'
     approximation for c > 1; at 85% load that simulation's own noise is +-5%)."""
     mu = p.mu(config)
-    runs = np.array([simulate(mu, rate, n=n, seed=1000 + r, warmup=0.1) for r in range(reps)]) * 1000.0
+    runs = np.array([simulate(mu, rate, n=n, seed=1000 + r, warmup=WARMUP) for r in range(reps)]) * 1000.0
     long_run = simulate(mu, rate, n=20_000, seed=7) * 1000.0
     eq13 = latency(mu, rate) * 1000.0
     own = eq13 - p.handoff_ms.get(config[0], 0.0) + p.path_ms  # the predicted latency
@@ -171,9 +173,9 @@ def sampling_noise(p, config, rate: float, n: int, reps: int = 200) -> dict:
 def stable_requests(se_ms: float, n: int, mean_ms: float) -> int:
     """Requests a run needs for its mean's standard error to be ``STABLE_SE`` of ``mean_ms``,
     from the standard error ``se_ms`` that runs of ``n`` requests give (1/sqrt(n));
-    at least ``n`` / 10 + 1 (a warm-up and one request)."""
+    the warm-up (``WARMUP``) added; at least the warm-up and one request."""
     need = n * (se_ms / (STABLE_SE * mean_ms)) ** 2 if mean_ms > 0 else float(n)
-    return max(int(math.ceil(need / 0.9)), n // 10 + 1)  # / 0.9: the warm-up's 10% dropped
+    return max(int(math.ceil(need / (1 - WARMUP))), int(WARMUP * n) + 1)
 
 
 def predicted_vs_measured(client, spec, model, p, inputs, seconds, count, log, loads) -> tuple[list[dict], float]:
@@ -372,9 +374,9 @@ def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir)
     log("   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
         + f" ms; overall {adaptive['mean_ms']:.1f} ms; switches after steps {adaptive['switch_s']} s; decisions "
         + ", ".join(f"{d['t']:.2f} s {d['from']}->{d['to']} at {d['rate']}/s" for d in adaptive["decisions"]))
-    best_phase = [min(f["phases_ms"][i] for f in fixed.values()) for i in range(len(starts))]
-    best_single = min(f["mean_ms"] for f in fixed.values())
     oracle, oracle_picks = oracle_mean(fixed, starts, phase_s)
+    best_phase = [fixed[name]["phases_ms"][i] for i, name in enumerate(oracle_picks)]
+    best_single = min(f["mean_ms"] for f in fixed.values())
     log(f"   oracle (each phase's best fixed: {', '.join(oracle_picks)}): {oracle:.1f} ms, "
         f"{oracle / best_single:.3f} x the best single fixed")
     # the machine moves from minute to minute (shared): the best single fixed
@@ -396,13 +398,13 @@ def step_load(store, model, p, inputs, phase_s, profile_path, log, launcher_dir)
 def oracle_mean(fixed: dict[str, dict], starts: list[float], phase_s: float) -> tuple[float, list[str]]:
     """The bound on any configurator under the step load: each phase's requests as the fixed
     configuration measured best in that phase served them (the runs share their arrivals),
-    their mean after the first 10% (as ``mean_after_warmup``); and the configuration per phase."""
+    their mean after the first ``WARMUP`` (as ``mean_after_warmup``); and the configuration per phase."""
     picks, lat = [], []
     for i, s in enumerate(starts):
         name = min(fixed, key=lambda k: fixed[k]["phases_ms"][i])
         picks.append(name)
         lat += [ms for t, ms in fixed[name]["series"] if s <= t < s + phase_s]
-    return (float(np.mean(lat[int(0.1 * len(lat)):])) if lat else float("nan")), picks
+    return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), picks
 
 
 def _series(records) -> list[list[float]]:
@@ -509,10 +511,7 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
     log(f"(2-core machine shared with other work: load average {out['load_average']}; steal {out['steal'] or 0:.0%} over "
         f"the run, {out['steal_max_point'] or 0:.0%} at its worst load point; {out['elapsed_s']} s)")
     if json_path:
-        png = Path(json_path).with_suffix(".png")
-        plot(out, png)
-        out["plot"] = str(png)
-        write_json(json_path, out)
+        png = write_json_and_plot(json_path, out, plot)
         log(f"wrote {json_path} and {png}")
     return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,16 @@ def write_json(path: str | Path, report: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
     return path
+
+
+def write_json_and_plot(path: str | Path, report: dict, plot: Callable[[dict, Path], None]) -> Path:
+    """``write_json`` with the report's plot beside it (``path`` as .png, drawn by
+    ``plot(report, png)``, named in the report as ``plot``); returns the plot's path."""
+    png = Path(path).with_suffix(".png")
+    report["plot"] = str(png)
+    write_json(path, report)
+    plot(report, png)
+    return png
 
 
 def figures_table(figures: dict, keys: Iterable[str], targets: dict[str, str] | None = None) -> list[str]:

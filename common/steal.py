@@ -19,6 +19,10 @@ from common.waiting import wait_until
 PROC_STAT = "/proc/stat"
 #: a cell measured while more than this fraction of the CPU time was stolen is re-run
 STEAL_MAX = 0.10
+#: times a measurement taken above STEAL_MAX is taken again
+STEAL_RETRIES = 2
+#: how long a starved measurement waits, at most, for the hypervisor to stop stealing
+QUIET_WAIT_S = 120.0
 
 
 def _ticks() -> tuple[int, int] | None:
@@ -48,14 +52,6 @@ class StealMeter:
         if self.start is None or end is None or end[1] <= self.start[1]:
             return None
         return (end[0] - self.start[0]) / (end[1] - self.start[1])
-
-
-#: times a measurement taken above STEAL_MAX is taken again
-STEAL_RETRIES = 2
-
-
-#: how long a starved measurement waits, at most, for the hypervisor to stop stealing
-QUIET_WAIT_S = 120.0
 
 
 def probe(seconds: float = 1.0) -> float | None:
