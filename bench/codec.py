@@ -11,7 +11,7 @@ and, with ``--json PATH``, written as JSON. Timings only; tests never assert on 
 
 Example
 -------
-$ python -m bench.codec --json runs/bench_codec.json
+$ python -m keel.bench.codec --json runs/bench_codec.json
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from common.codec import add_encode, subtract_decode
-from common.loadgen import write_json
+from keel.common.codec import add_encode, subtract_decode
+from keel.common.loadgen import write_json
 
 KS = (2, 3, 4)
 QUERY_SHAPE = (3, 224, 224)
@@ -97,8 +97,8 @@ def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.codec [--json PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m bench.codec", description=__doc__.splitlines()[0])
+    """``python -m keel.bench.codec [--json PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m keel.bench.codec", description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     run(args.json)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.client import Client
-from common.loadgen import figures_table, open_loop, summarize, write_json
-from common.spec import ClusterSpec, load_spec
-from common.transport import request_status
-from deploy.local import Launcher, free_port_block
+from keel.common.client import Client
+from keel.common.loadgen import figures_table, open_loop, summarize, write_json
+from keel.common.spec import ClusterSpec, load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import Launcher, free_port_block
 
 SLO_P99_MS = 20.0
 SHAPE = [64]

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from common.client import Client
-from common.loadgen import figures_table, schedule, write_json
-from common.progress import bar
-from common.spec import load_spec
-from deploy.local import Launcher, free_port, free_port_block
+from keel.common.client import Client
+from keel.common.loadgen import figures_table, schedule, write_json
+from keel.common.progress import bar
+from keel.common.spec import load_spec
+from keel.deploy.local import Launcher, free_port, free_port_block
 
 SLO_P99_MS = 20.0
 DIM = 8
@@ -136,9 +136,9 @@ def _max_rate(url: str, start: float, step: float, limit: float, seconds: float,
 
 def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
     """(p50 us, SLO-bounded rate) of bench.core's no-op cluster, with CURVE when ``keys``."""
-    from bench.core import _latency
-    from bench.core import _max_rate as core_rate
-    from common import curve
+    from keel.bench.core import _latency
+    from keel.bench.core import _max_rate as core_rate
+    from keel.common import curve
 
     with Launcher(Path("runs/bench-gateway") / ("curve" if keys else "plain")) as launcher:
         spec = load_spec({
@@ -192,7 +192,7 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
         out["gateway_throughput_rps"], out["gateway_ramp"] = _max_rate(url, 100, 1.25, 20000, seconds, log)
     import tempfile
 
-    from common import curve
+    from keel.common import curve
 
     with tempfile.TemporaryDirectory(prefix="keel-bench-keys-") as keys:
         curve.generate(keys)

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common import loadgen, protocol, transport
-from common.steal import STEAL_MAX, StealMeter, least_starved
-from common.protocol.messages import Predict
-from common.spec.graph import graph_services, read_graph
-from deploy.local import Launcher, free_port_block
+from keel.common import loadgen, protocol, transport
+from keel.common.steal import STEAL_MAX, StealMeter, least_starved
+from keel.common.protocol.messages import Predict
+from keel.common.spec.graph import graph_services, read_graph
+from keel.deploy.local import Launcher, free_port_block
 
 MODES = ("bare", "nspb", "s1", "s2", "remus")
 MAX_RATE = 400.0  # requests/s one Python client sends on time on a small machine
@@ -220,7 +220,7 @@ def hold_breakdown(graph_name: str = "gru_gru", batch: int = 64, duration_s: flo
     """Where a held reply's time goes, from one nspb cell's traces: per reply, the last
     stateful operator's output -> its backup applying that state (update, copy, ship,
     Algorithm 2) -> the frontend releasing the reply (the notice's hop)."""
-    from chaos.invariants import load_graph_traces
+    from keel.chaos.invariants import load_graph_traces
 
     pad_ms = 10.0
     with tempfile.TemporaryDirectory(prefix="hams-hold-") as tmp:

@@ -72,12 +72,12 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from common import loadgen, protocol, transport
-from common.protocol.messages import Predict
-from common.spec.graph import graph_services, read_graph
-from common.steal import StealMeter
-from common.waiting import wait_until
-from deploy.local import Launcher, free_port_block
+from keel.common import loadgen, protocol, transport
+from keel.common.protocol.messages import Predict
+from keel.common.spec.graph import graph_services, read_graph
+from keel.common.steal import StealMeter
+from keel.common.waiting import wait_until
+from keel.deploy.local import Launcher, free_port_block
 
 TARGETS = {"partition_fenced": "== True", "partition_old_epoch_outputs_after_heal": "== 0", "stateful_kill_median_ms": "<= 100", "stateful_kill_max_ms": "<= 200", "stateless_kill_median_ms": "<= 100",
            "freeze_partition_max_ms": "<= 250", "freeze_fenced": "== True", "freeze_old_epoch_outputs_after_thaw": "== 0",
@@ -153,7 +153,7 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     ``DelayProxy`` (on the backup's host), which holds every byte that long; in local mode
     (no proxy host) the spec's ``state_delay_ms`` hook (the backup holds each state).
     Returns (managers, graph, launcher, services by name, client endpoint, a manager client)."""
-    from deploy.manager_cli import LocalGroup
+    from keel.deploy.manager_group import LocalGroup
 
     launcher = make_launcher("managers")
     # replicas on hosts of their own (not loopback) must authenticate what they unpickle
@@ -199,7 +199,7 @@ def delay_state(run, services, proxied: dict[str, float]):
     primary would read that as its backup's death; before it listens, connects are refused)."""
     import dataclasses
 
-    from chaos.proxy import DelayProxy
+    from keel.chaos.proxy import DelayProxy
 
     proxies, out = [], []
     for svc in services:
@@ -268,8 +268,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     an operator whose backup is among them recovers too (its primary goes on alone from its
     newest shipped state, rolled back in place at a new epoch): it counts as a victim for the
     times, and ``victim`` may be empty (only a backup killed)."""
-    from chaos.invariants import CheckContext, Checker, InvariantResult, graph_invariants, load_graph_traces
-    from chaos.manager import replicas_equal
+    from keel.chaos.invariants import CheckContext, Checker, InvariantResult, graph_invariants, load_graph_traces
+    from keel.chaos.manager import replicas_equal
 
     victims = (victim,) if isinstance(victim, str) else tuple(victim)
     lone = [n[len("op-"):-len("-backup")] for n in also_kill if n.startswith("op-") and n.endswith("-backup")]
@@ -305,7 +305,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         def start_joiner() -> None:
             import dataclasses
 
-            from common.spec.topology import ServiceLaunch
+            from keel.common.spec.topology import ServiceLaunch
 
             v = victims[0]
             old, primary = by_name[f"op-{v}"].config, by_name[f"op-{v}-backup"].config
@@ -366,7 +366,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         run.stop()
         managers.close()
         managers.launcher.stop()  # the replicas themselves: close() only ends the probe
-    from services.graph.operators import run_offline
+    from keel.services.graph.operators import run_offline
 
     expected = run_offline(graph, inputs, streams)[0]
     answered = {k: v for k, v in replies.items() if len(v) >= 1}
@@ -514,7 +514,7 @@ def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
     Namespaces share the filesystem (the traces) and ``time.monotonic()``."""
     if not netns:
         return kill_trial(lambda n: Launcher(work / "logs" / n), work, **trial)
-    from chaos.hosts import Cluster
+    from keel.chaos.hosts import Cluster
 
     cluster = Cluster(["client"], run_dir=work, netns=True, clean=False)
     try:
@@ -526,15 +526,15 @@ def run_trial(netns: bool, work: Path, **trial) -> dict[str, Any]:
 def cluster_trial(cluster, work: Path, **trial) -> dict[str, Any]:
     """``kill_trial`` on ``cluster`` (which has a "client" host): each process on a host of
     its own name, added on first use, the harness on a thread inside the client host."""
-    from chaos.hosts import HostLauncher
-    from chaos.netns import in_netns
+    from keel.chaos.hosts import HostLauncher
+    from keel.chaos.netns import in_netns
 
     return in_netns(cluster.host("client").ns, lambda: kill_trial(lambda n: HostLauncher(cluster), work, **trial))
 
 
 def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: bool | str = "auto",
         only: set[str] | None = None) -> dict:
-    from chaos.hosts import resolve_netns
+    from keel.chaos.hosts import resolve_netns
 
     use_netns, why = resolve_netns(netns)
     mode_text = ("netns (a network namespace per process, host faults)" if use_netns

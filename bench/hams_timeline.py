@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import loadgen
-from deploy.local import Launcher
+from keel.common import loadgen
+from keel.deploy.local import Launcher
 
 
 def events(streams: dict[str, list[dict]], fault_t: float, victim: str) -> dict[str, Any]:
@@ -68,8 +68,8 @@ def plot(out: dict, path: Path, window_ms: tuple[float, float] = (-40.0, 120.0))
 
 
 def run(json_path: Path, kill_at: int, seed: int) -> dict:
-    from bench.hams_recovery import kill_trial
-    from chaos.invariants import load_graph_traces
+    from keel.bench.hams_recovery import kill_trial
+    from keel.chaos.invariants import load_graph_traces
 
     with tempfile.TemporaryDirectory(prefix="hams-timeline-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)

@@ -10,7 +10,7 @@ budget (instance.json, $2.5/h):
   the QoS target, by bisection, ``bench.kairos_sim.allowable_throughput``) of Kairos
   (§5.1) and of each baseline of §6 — FCFS-base (Ribbon's distribution), DRS (DeepRecSys,
   threshold tuned by hill climbing, ``tune_drs``) and CLKWRK (Clockwork) — on both pools,
-  with the paper's batch-size mix (``sample_batch_sizes``) and the measured profiles as
+  with the paper's batch-size mix (``sample_batchsample_sizes``) and the measured profiles as
   service times (interpolated per batch size, no noise);
 - ORCL (§6, ``oracle_throughput``) on the planned pool (``oracle_rps``) and, as §7 defines
   it, the largest over every pool of the space within the budget (``oracle_space_rps``,
@@ -66,9 +66,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.kairos_sim import allowable_throughput, oracle_search, oracle_throughput, simulate, tune_drs
-from common.loadgen import write_json_and_plot
-from services.scheduling.kairos import (ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size,
+from keel.bench.kairos_sim import (allowable_throughput, latency_table, oracle_search, oracle_throughput, pool_dict,
+                                   sample_sizes, simulate, tune_drs)
+from keel.common.loadgen import write_json_and_plot
+from keel.services.scheduling.kairos import (ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size,
                                         solve_timing)
 
 POLICIES = ("kairos", "kairos_urgent", "fcfs_base", "drs", "clockwork")
@@ -123,26 +124,11 @@ class UrgentKairos(KairosPolicy):
         return cost
 
 
-def latency_table(prof, model: str, types: list[str]) -> Callable[[str, int], float]:
-    """The profile as a lookup by integer batch size (1..1000): ``(type, size) -> ms``."""
-    tab = {t: prof.latency_ms(t, model, np.arange(0, 1001)) for t in types}
-    return lambda t, s: float(tab[t][min(1000, max(1, int(s)))])
-
-
-def _sizes(rng: np.random.Generator, n: int) -> np.ndarray:
-    from common.kairos.profiles import sample_batch_sizes
-    return sample_batch_sizes(n, rng)
-
-
-def _pool_dict(types: list[str], counts) -> dict[str, int]:
-    return {t: int(n) for t, n in zip(types, counts) if n}
-
-
 def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config, figures,
                log: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     """Allowable throughput of every policy on ``pool``; ->(rates, details)."""
     def rate(factory) -> float:
-        return allowable_throughput(factory, pool, qos_ms, lat, _sizes, rel_tol=cfg.rel_tol, n=cfg.n, seed=cfg.seed)
+        return allowable_throughput(factory, pool, qos_ms, lat, sample_sizes, rel_tol=cfg.rel_tol, n=cfg.n, seed=cfg.seed)
 
     aux = [t for t in pool if t != base]
     threshold = None
@@ -165,7 +151,7 @@ def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config,
         t0 = time.time()
         rates[name] = rate(factories[name])
         # one more run at the rate found: its fraction over QoS, and nothing lost
-        r = simulate(factories[name](), pool, lat, max(rates[name], 1e-3), _sizes, qos_ms, n=cfg.n, seed=cfg.seed)
+        r = simulate(factories[name](), pool, lat, max(rates[name], 1e-3), sample_sizes, qos_ms, n=cfg.n, seed=cfg.seed)
         detail["over_qos"][name] = r.over_qos
         detail["max_ms"][name] = float(np.nanmax(r.latencies_ms))
         # the latency CDF at that rate, as 201 quantiles (0, 0.5, ..., 100%) of the queries after the warm-up
@@ -178,18 +164,18 @@ def pool_rates(pool: dict[str, int], lat, qos_ms: float, base: str, cfg: Config,
 
 def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], budget: float | None = None) -> dict:
     """Everything the experiment reports for one model (see the module docstring)."""
-    from common.kairos.planner import derive, plan_pools
-    from common.kairos.profiles import BASE_TYPE, QOS_MS
+    from keel.common.kairos.planner import derive, plan_pools
+    from keel.common.kairos.profiles import BASE_TYPE, QOS_MS
 
     qos = QOS_MS[model]
     plan = plan_pools(prof, model, budget=budget)
     figures, _ = derive(prof, model)
     lat = latency_table(prof, model, plan.types)
-    pool = _pool_dict(plan.types, plan.pick.counts)
-    homo = _pool_dict(plan.types, plan.homogeneous.counts)
+    pool = pool_dict(plan.types, plan.pick.counts)
+    homo = pool_dict(plan.types, plan.homogeneous.counts)
     log(f"  {model}: pick {pool} (${plan.pick.cost:.3f}/h, {plan.pick_rule}), homogeneous {homo} "
         f"(${plan.homogeneous.cost:.3f}/h), QoS {qos} ms")
-    pools = [_pool_dict(plan.types, p.counts) for p in plan.ranked]
+    pools = [pool_dict(plan.types, p.counts) for p in plan.ranked]
     per_seed = []
     for seed in range(cfg.seed, cfg.seed + cfg.seeds):
         c = replace(cfg, seed=seed)
@@ -197,11 +183,11 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
         rates, detail = pool_rates(pool, lat, qos, BASE_TYPE, c, figures, log)
         log(f"   homogeneous pool (seed {seed}):")
         h_rates, h_detail = pool_rates(homo, lat, qos, BASE_TYPE, c, figures, log)
-        oracle = oracle_throughput(pool, lat, _sizes, qos, BASE_TYPE, n=c.n, seed=seed)
-        space_rps, space_pool = oracle_search(pools, lat, _sizes, qos, BASE_TYPE, n=c.n, seed=seed)
+        oracle = oracle_throughput(pool, lat, sample_sizes, qos, BASE_TYPE, n=c.n, seed=seed)
+        space_rps, space_pool = oracle_search(pools, lat, sample_sizes, qos, BASE_TYPE, n=c.n, seed=seed)
         per_seed.append({"seed": seed, "rates": rates, "homogeneous_rates": h_rates, "oracle_rps": oracle,
                          "oracle_space_rps": space_rps, "oracle_space_pool": space_pool,
-                         "oracle_homogeneous_rps": oracle_throughput(homo, lat, _sizes, qos, BASE_TYPE, n=c.n,
+                         "oracle_homogeneous_rps": oracle_throughput(homo, lat, sample_sizes, qos, BASE_TYPE, n=c.n,
                                                                      seed=seed),
                          "drs_threshold": detail["drs_threshold"], "lost": detail["lost"] + h_detail["lost"],
                          "detail": detail, "h_detail": h_detail})
@@ -222,12 +208,12 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
     plus_cfg = Config(n=cfg.plus_n, rel_tol=cfg.plus_tol, seed=cfg.seed)
 
     def evaluate(p) -> float:
-        return allowable_throughput(lambda: KairosPolicy(lat, feature_size), _pool_dict(plan.types, p.counts), qos,
-                                    lat, _sizes, rel_tol=plus_cfg.rel_tol, n=plus_cfg.n, seed=plus_cfg.seed)
+        return allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool_dict(plan.types, p.counts), qos,
+                                    lat, sample_sizes, rel_tol=plus_cfg.rel_tol, n=plus_cfg.n, seed=plus_cfg.seed)
 
     plus = plan_pools(prof, model, budget=budget, evaluate=evaluate).kairos_plus
     log(f"   Kairos+: {plus['evaluated']} of {plus['space']} pools evaluated ({time.time() - t0:.1f} s), best "
-        f"{_pool_dict(plan.types, plus['best'].counts)} at {plus['qps']:.1f} q/s")
+        f"{pool_dict(plan.types, plus['best'].counts)} at {plus['qps']:.1f} q/s")
     best_baseline = max(rates["drs"], rates["clockwork"])
     ratio = ratios(model, rates["kairos"], best_homo, best_baseline, oracle)
     ratio["vs_homogeneous_scaled"] = _row(rates["kairos"] / best_homo_scaled, TARGETS.get(model, 1.6))
@@ -257,7 +243,7 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
         "lost": sum(r["lost"] for r in per_seed),
         "plan_ms": plan.plan_ms,
         "kairos_plus": {"evaluated": plus["evaluated"], "space": plus["space"], "qps": plus["qps"],
-                        "best": _pool_dict(plan.types, plus["best"].counts), "n": plus_cfg.n,
+                        "best": pool_dict(plan.types, plus["best"].counts), "n": plus_cfg.n,
                         "rel_tol": plus_cfg.rel_tol},
         "ratios": ratio,
     }
@@ -345,7 +331,7 @@ def plot(out: dict, path: Path) -> None:
 def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root: str | Path | None = None,
                    budget: float | None = None, log: Callable[[str], None] = print) -> dict:
     """Run every model, write the JSON and the PNG (``json_path`` with ``.png``); -> figures."""
-    from common.kairos.profiles import Profiles
+    from keel.common.kairos.profiles import Profiles
 
     t0 = time.time()
     prof = Profiles.load(profile_root)
@@ -387,7 +373,7 @@ def cmd(args: argparse.Namespace) -> int:
 def cmd_live(args: argparse.Namespace) -> int:
     """``--live``: Kairos on a live cluster of the planned pool vs the simulation
     (``bench.kairos_live``); rm2 alone unless ``--models``."""
-    from bench.kairos_live import run_live
+    from keel.bench.kairos_live import run_live
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else ["rm2"]
     json_path = Path(args.json or ("runs/kairos-live-quick.json" if args.quick else "runs/kairos-live.json"))

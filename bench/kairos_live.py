@@ -35,13 +35,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.kairos_sim import allowable_throughput, bisect_rate, simulate
-from common.client import Client
-from common.loadgen import open_loop, summarize, write_json_and_plot
-from common.spec import load_spec
-from common.transport import request_status
-from deploy.local import Launcher, free_port_block, wait_until
-from services.scheduling.kairos import KairosPolicy, feature_size
+from keel.bench.kairos_sim import (allowable_throughput, bisect_rate, latency_table, pool_dict, sample_sizes,
+                                   simulate)
+from keel.common.client import Client
+from keel.common.loadgen import open_loop, summarize, write_json_and_plot
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import Launcher, free_port_block, wait_until
+from keel.services.scheduling.kairos import KairosPolicy, feature_size
 
 WARMUP = 0.1  # the first 10% of arrivals are left out of the 1% count, as in the simulator
 TARGET = 0.01
@@ -90,7 +91,7 @@ def _idle(endpoint: str, timeout_s: float = 30.0) -> bool:
 
 def live_inputs(seed: int = 0, n_inputs: int = 4096) -> np.ndarray:
     """The queries' batch sizes (the paper's mix), one a row: what ``open_loop`` picks from."""
-    from common.kairos.profiles import sample_batch_sizes
+    from keel.common.kairos.profiles import sample_batch_sizes
 
     return sample_batch_sizes(n_inputs, np.random.default_rng(seed)).astype(np.float32).reshape(-1, 1)
 
@@ -99,7 +100,7 @@ def same_sequence(inputs: np.ndarray, n: int, seed: int = 0):
     """The simulator's ``sizes`` giving the batch sizes ``open_loop`` sends (its rows come
     from ``schedule``'s second generator; its arrivals are the simulator's with the same
     seed), so the simulation and the live run serve the very same queries."""
-    from common.loadgen import schedule
+    from keel.common.loadgen import schedule
 
     sizes = inputs[schedule(1.0, n, seed, len(inputs))[1], 0].astype(int)
     return lambda rng, k: sizes[:k]
@@ -165,9 +166,8 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
     """Per model: the planned pool, Kairos's simulated allowable throughput on it (the
     same trial size and seed) and the live one; JSON and the latency CDF plot."""
 
-    from bench.kairos_experiment import _pool_dict, _sizes, latency_table  # noqa: F401
-    from common.kairos.planner import plan_pools
-    from common.kairos.profiles import QOS_MS, Profiles
+    from keel.common.kairos.planner import plan_pools
+    from keel.common.kairos.profiles import QOS_MS, Profiles
 
     n, rel_tol = (2000, 0.04) if quick else (3000, 0.03)
     prof = Profiles.load(profile_root)
@@ -175,7 +175,7 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
     t0 = time.time()
     for model in models:
         plan = plan_pools(prof, model, budget=budget)
-        pool = _pool_dict(plan.types, plan.pick.counts)
+        pool = pool_dict(plan.types, plan.pick.counts)
         qos = QOS_MS[model]
         lat = latency_table(prof, model, plan.types)
         # the simulation on the very queries the live run sends (arrivals and sizes), and
@@ -183,7 +183,7 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
         seq = same_sequence(live_inputs(0), n, 0)
         sim = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, qos, lat, seq,
                                    rel_tol=rel_tol, n=n, seed=0)
-        own = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, qos, lat, _sizes,
+        own = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, qos, lat, sample_sizes,
                                    rel_tol=rel_tol, n=n, seed=0)
         r = simulate(KairosPolicy(lat, feature_size), pool, lat, sim, seq, qos, n=n, seed=0)
         log(f"-- {model}: pool {pool} (${plan.pick.cost:.3f}/h), QoS {qos} ms x scale {scale}; simulated "

@@ -19,7 +19,7 @@ paper's accounting; the dispatcher would drop it), so no query is ever lost.
 
 Example
 -------
->>> from services.scheduling.kairos import KairosPolicy, feature_size
+>>> from keel.services.scheduling.kairos import KairosPolicy, feature_size
 >>> lat = lambda t, s: {"gpu": 5 + 0.1 * s, "cpu": 1.0 * s}[t]
 >>> sizes = lambda rng, n: rng.integers(1, 100, n)
 >>> r = simulate(KairosPolicy(lat, feature_size), {"gpu": 1, "cpu": 2}, lat, 50.0, sizes, 60.0, n=200)
@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.config import BatchPolicy
-from services.scheduling.batching import FixedBatch
-from services.scheduling.view import Inflight, ModelQueue, Query, WorkerState
+from keel.common.config import BatchPolicy
+from keel.common.kairos.profiles import sample_batch_sizes
+from keel.services.scheduling.batching import FixedBatch
+from keel.services.scheduling.view import Inflight, ModelQueue, Query, WorkerState
 
 Sizes = Callable[[np.random.Generator, int], np.ndarray]
 MODEL = "sim"
@@ -254,3 +255,19 @@ def tune_drs(score: Callable[[int], float], candidates: list[int], start: int | 
         if top[0] <= best:
             return cands[i]
         best, i = top
+
+
+def latency_table(prof, model: str, types: list[str]) -> Callable[[str, int], float]:
+    """The profile as a lookup by integer batch size (1..1000): ``(type, size) -> ms``."""
+    tab = {t: prof.latency_ms(t, model, np.arange(0, 1001)) for t in types}
+    return lambda t, s: float(tab[t][min(1000, max(1, int(s)))])
+
+
+def sample_sizes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` request batch sizes from the authors' size mix."""
+    return sample_batch_sizes(n, rng)
+
+
+def pool_dict(types: list[str], counts) -> dict[str, int]:
+    """A pool as instance type -> count, leaving out types it has none of."""
+    return {t: int(n) for t, n in zip(types, counts) if n}

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.control import ManagerClient
-from common.loadgen import figures_table, write_json
-from deploy.local import Launcher
-from deploy.manager_cli import LocalGroup
+from keel.common.control import ManagerClient
+from keel.common.loadgen import figures_table, write_json
+from keel.deploy.local import Launcher
+from keel.deploy.manager_group import LocalGroup
 
 TARGETS = {"commit_p50_ms": 2.0, "failover_median_s": 0.5, "failover_max_s": 1.0}
 

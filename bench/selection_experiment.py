@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from bench import selection_models as sm
-from common.loadgen import write_json
-from services.selection.policies import Exp3, Exp4
+from keel.bench import selection_models as sm
+from keel.common.loadgen import write_json
+from keel.services.selection.policies import Exp3, Exp4
 
 TRANSFORMS = {
     "identity": lambda x: x,
@@ -84,7 +84,7 @@ def _fig8_figures(prefix: str, chosen, y, outputs, best: int, degrade: tuple[int
 
 
 def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
-    from training.datasets import load
+    from keel.training.datasets import load
 
     t0 = time.perf_counter()
     data = load("digits")
@@ -168,7 +168,7 @@ def run_experiment(quick: bool, log, live: bool = True) -> dict[str, Any]:
     live_figures: dict[str, Any] = {"straggler_p99_ms": None, "straggler_deadline_ms": 20.0,
                                     "straggler_accuracy_drop": None}
     if live:
-        from bench.selection_live import run_live
+        from keel.bench.selection_live import run_live
 
         n_live, live_degrade = (4_000, (1_000, 2_000)) if quick else (n, degrade)
         seq, y_live, live_outputs, wrong_live = sm.fig8_stream(test_scores, y_test, n_live, live_degrade, best,

@@ -99,9 +99,9 @@ def start_cluster(models: list, names: list[str], best: int, root: Path, launche
                   exp4_eta: float) -> tuple[Any, str]:
     """A store of the models as Python containers, and a started cluster serving them with
     three applications: ``exp3``, ``exp4`` (Fig. 8) and ``straggle`` (Exp4, 20 ms deadline)."""
-    from common.modelstore import ModelStore
-    from common.spec import load_spec
-    from deploy.local import free_port_block
+    from keel.common.modelstore import ModelStore
+    from keel.common.spec import load_spec
+    from keel.deploy.local import free_port_block
 
     store = ModelStore(root / "store")
     for i, (model, name) in enumerate(zip(models, names)):
@@ -205,8 +205,8 @@ def run_live(models: list, names: list[str], best: int, data, y_seq_idx: np.ndar
              degrade: tuple[int, int], quick: bool, log, exp3: dict | None = None,
              exp4_eta: float = 0.3) -> dict[str, Any]:
     """Fig. 8 and the stragglers through a live cluster (see the module docstring)."""
-    from common.client import Client
-    from deploy.local import Launcher
+    from keel.common.client import Client
+    from keel.deploy.local import Launcher
 
     x_test, y_test = data
     n = len(y_seq_idx)

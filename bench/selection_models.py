@@ -52,7 +52,7 @@ def train(kind: str, hidden: int, n: int | None, seed: int, x: np.ndarray, y: np
     import torch
     import torch.nn.functional as F
 
-    from common.architectures import build, config_for
+    from keel.common.architectures import build, config_for
 
     torch.set_num_threads(1)  # tiny batches: more threads only contend (2 shared cores)
     torch.manual_seed(seed)
@@ -94,7 +94,7 @@ def fig8_stream(scores_: np.ndarray, y: np.ndarray, n: int, degrade: tuple[int, 
 
 def choose_members(val_scores: np.ndarray, y_val: np.ndarray, names: list[str], replay) -> tuple[list[int], float, dict]:
     """The five candidates (indices) and Exp4's eta by the rule of the module docstring."""
-    from services.selection.policies import Exp4
+    from keel.services.selection.policies import Exp4
 
     rng = np.random.default_rng(7)
     pick = rng.integers(0, len(y_val), 2000)
@@ -117,7 +117,7 @@ def choose_members(val_scores: np.ndarray, y_val: np.ndarray, names: list[str], 
 
 def choose_exp3(val_scores: np.ndarray, y_val: np.ndarray, names: list[str], replay) -> tuple[float, float, dict]:
     """Exp3's (eta, gamma) from ``EXP3_GRID``: the lowest error on Fig. 8 over validation queries."""
-    from services.selection.policies import Exp3
+    from keel.services.selection.policies import Exp3
 
     best = int(np.argmax((val_scores.argmax(-1) == y_val[:, None]).mean(0)))
     _, y, outputs, _ = fig8_stream(val_scores, y_val, 10_000, (2_500, 5_000), best, np.random.default_rng(8))

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from common.loadgen import figures_table, write_json_and_plot
-from common.steal import StealMeter
+from keel.common.loadgen import figures_table, write_json_and_plot
+from keel.common.steal import StealMeter
 
 LOADS = (0.55, 0.85)
 
@@ -34,8 +34,8 @@ def outside_keel(model: str, windows: int, pause: float, log, per_window: int = 
     """The forward's time (ms) per window: mean, median, and the window's steal."""
     import torch
 
-    from bench.serf_experiment import MODELS
-    from common.architectures import build
+    from keel.bench.serf_experiment import MODELS
+    from keel.common.architectures import build
 
     m = MODELS[model]
     torch.set_num_threads(1)
@@ -62,9 +62,9 @@ def outside_keel(model: str, windows: int, pause: float, log, per_window: int = 
 
 def profiles(store: str, model: str, windows: int, pause: float, log) -> list:
     """SERF profiles of ``model`` taken ``windows`` times on one cluster."""
-    from bench.serf_experiment import cluster, ensure_models, inputs_for
-    from deploy.local import Launcher
-    from services.serf.profiler import profile_model
+    from keel.bench.serf_experiment import cluster, ensure_models, inputs_for
+    from keel.deploy.local import Launcher
+    from keel.services.serf.profiler import profile_model
 
     ensure_models(store, [model])
     spec, inputs, out = cluster(store, model), inputs_for(model), []

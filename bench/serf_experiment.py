@@ -54,15 +54,15 @@ from typing import Any
 
 import numpy as np
 
-from common.client import Client
-from common.loadgen import figures_table, open_loop, schedule, summarize, write_json_and_plot
-from common.spec import load_spec
-from common.steal import StealMeter, least_starved
-from common.transport import request_status
-from deploy.local import Launcher, free_port_block
-from services.serf import profile as serf_profile
-from common.queueing import latency, simulate, utilisation
-from services.serf.profiler import profile_model, service_between, service_counters, set_configuration
+from keel.common.client import Client
+from keel.common.loadgen import figures_table, open_loop, schedule, summarize, write_json_and_plot
+from keel.common.spec import load_spec
+from keel.common.steal import StealMeter, least_starved
+from keel.common.transport import request_status
+from keel.deploy.local import Launcher, free_port_block
+from keel.services.serf import profile as serf_profile
+from keel.common.queueing import latency, simulate, utilisation
+from keel.services.serf.profiler import profile_model, service_between, service_counters, set_configuration
 
 CORES = 2
 #: a point measured "stable" once its mean's standard error is this fraction of it (a 95%
@@ -86,8 +86,8 @@ TARGETS = {"mean_error": "<= 0.03", "p90_error": "<= 0.08", "max_error": "<= 0.1
 
 def ensure_models(store: str, names: list[str]) -> None:
     """The experiment's models in ``store`` (built once; weights random, ParM init)."""
-    from common.architectures import build
-    from common.modelstore import ModelStore
+    from keel.common.architectures import build
+    from keel.common.modelstore import ModelStore
 
     mstore = ModelStore(store)
     for name in names:
@@ -429,7 +429,7 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         path = serf_profile.save(p, serf_profile.where(model, p.version, store))
         log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms, steal "
             f"{profile_steal or 0:.0%}); saved {path}")
-        from services.serf.configurator import ModelPlan
+        from keel.services.serf.configurator import ModelPlan
 
         table_ms = ModelPlan(p).table_ms
         with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:

@@ -3,8 +3,8 @@
 The Python API (what ``keel chaos run`` does, piece by piece, for experiments that need
 their own loop, such as ParM's tail-latency sweeps)::
 
-    from chaos import Cluster, Deployment, Workload, WorkloadConfig, FaultPlan, FaultRunner
-    from chaos import Checker, CheckContext, report
+    from keel.chaos import Cluster, Deployment, Workload, WorkloadConfig, FaultPlan, FaultRunner
+    from keel.chaos import Checker, CheckContext, report
 
     cluster = Cluster(["fe", "w1", "w2", "client"], run_dir=Path("runs/x"), netns="auto", link_mbit=1000)
     try:
@@ -36,16 +36,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Cluster": "chaos.hosts", "Unsupported": "chaos.hosts",
-    "Deployment": "chaos.deployment", "spec_for_mode": "chaos.deployment",
-    "Workload": "chaos.workload", "WorkloadConfig": "chaos.workload", "schedule": "chaos.workload",
-    "FaultPlan": "chaos.faults", "FaultRunner": "chaos.faults", "Fault": "chaos.faults",
-    "Shuffle": "chaos.shuffle", "ShuffleLoad": "chaos.shuffle", "DelayProxy": "chaos.proxy",
-    "Checker": "chaos.invariants", "CheckContext": "chaos.invariants", "InvariantResult": "chaos.invariants",
-    "UniquePerKey": "chaos.invariants",
-    "Experiment": "chaos.experiment", "load_experiment": "chaos.experiment", "run_experiment": "chaos.experiment",
-    "run_selftest": "chaos.selftest", "clean_stale": "chaos.resources", "ChaosError": "chaos.resources",
-    "report": "chaos.report",
+    "Cluster": "keel.chaos.hosts", "Unsupported": "keel.chaos.hosts",
+    "Deployment": "keel.chaos.deployment", "spec_for_mode": "keel.chaos.deployment",
+    "Workload": "keel.chaos.workload", "WorkloadConfig": "keel.chaos.workload", "schedule": "keel.chaos.workload",
+    "FaultPlan": "keel.chaos.faults", "FaultRunner": "keel.chaos.faults", "Fault": "keel.chaos.faults",
+    "Shuffle": "keel.chaos.shuffle", "ShuffleLoad": "keel.chaos.shuffle", "DelayProxy": "keel.chaos.proxy",
+    "Checker": "keel.chaos.invariants", "CheckContext": "keel.chaos.invariants", "InvariantResult": "keel.chaos.invariants",
+    "UniquePerKey": "keel.chaos.invariants",
+    "Experiment": "keel.chaos.experiment", "load_experiment": "keel.chaos.experiment", "run_experiment": "keel.chaos.experiment",
+    "run_selftest": "keel.chaos.selftest", "clean_stale": "keel.chaos.resources", "ChaosError": "keel.chaos.resources",
+    "report": "keel.chaos.report",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,4 +1,4 @@
-"""``keel chaos run|selftest|clean`` (also ``python -m chaos.cli ...``).
+"""``keel chaos run|selftest|clean`` (also ``python -m keel.chaos.cli ...``).
 
 - ``run EXPERIMENT.toml --json PATH``: run an experiment, write the report JSON and
   its plots beside it; exit 1 if an invariant failed, 2 if the harness failed.
@@ -58,7 +58,7 @@ def _dump(path: str | None, data: dict) -> None:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from chaos.selftest import BUDGET_S, run_selftest
+    from keel.chaos.selftest import BUDGET_S, run_selftest
 
     with _guard(BUDGET_S + 30):
         report = run_selftest(local=args.local, link_mbit=args.link_mbit, shuffle_mb=args.shuffle_mb,
@@ -76,8 +76,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from chaos.experiment import load_experiment, run_experiment
-    from chaos.resources import ChaosError
+    from keel.chaos.experiment import load_experiment, run_experiment
+    from keel.chaos.resources import ChaosError
 
     try:
         exp = load_experiment(args.experiment)
@@ -88,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out_dir = Path(args.out) if args.out else Path(args.json).with_suffix("")
         manager = None
         if "manager" in exp.cluster:  # chaos/experiments/manager_*.toml
-            from chaos import manager
+            from keel.chaos import manager
 
             manager.prepare(exp, out_dir)
         with _guard(exp.max_duration_s + 60):
@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from chaos.resources import clean_stale
+    from keel.chaos.resources import clean_stale
 
     done = clean_stale()
     for line in done:
@@ -121,7 +121,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, argv: Any = ()) -> argparse.ArgumentParser:
     """Add ``chaos`` with ``run``, ``selftest`` and ``clean`` to a parent's subparsers."""
     chaos = subparsers.add_parser("chaos", help="chaos experiments: hosts, faults, workload, invariants, reports")
     sub = chaos.add_subparsers(dest="chaos_command", required=True, metavar="COMMAND")
@@ -148,7 +148,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.cli")
+    parser = argparse.ArgumentParser(prog="python -m keel.chaos.cli")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["chaos", *(sys.argv[1:] if argv is None else argv)])
     try:

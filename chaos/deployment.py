@@ -19,10 +19,10 @@ import copy
 import dataclasses
 from typing import Any
 
-from chaos.hosts import Cluster
-from chaos.netns import in_netns
-from chaos.resources import ChaosError
-from common.waiting import wait_until
+from keel.chaos.hosts import Cluster
+from keel.chaos.netns import in_netns
+from keel.chaos.resources import ChaosError
+from keel.common.waiting import wait_until
 
 MODES = ("none", "equal", "parm")
 
@@ -55,7 +55,7 @@ def status_in(cluster: Cluster, host: str, endpoint: str, timeout_s: float) -> d
     so its I/O thread, which opens the TCP connection, lives in that namespace)."""
     import zmq
 
-    from common.transport import request_status
+    from keel.common.transport import request_status
 
     def ask() -> dict | None:
         ctx = zmq.Context()
@@ -69,7 +69,7 @@ def status_in(cluster: Cluster, host: str, endpoint: str, timeout_s: float) -> d
 
 class Deployment:
     def __init__(self, cluster: Cluster, spec: dict, probe_host: str):
-        from common.spec import load_spec
+        from keel.common.spec import load_spec
 
         self.cluster, self.probe_host = cluster, probe_host
         self.raw = spec
@@ -102,7 +102,7 @@ class Deployment:
         """Offline predictors of ``models``, built as their deployed workers build them
         (builtin costs set to zero: they change the time a prediction takes, not its value);
         a store model also has one per store version, keyed ``model@version``."""
-        from common.containers import build_predictor
+        from keel.common.containers import build_predictor
 
         out = {}
         for svc in self.spec.role("worker"):
@@ -112,7 +112,7 @@ class Deployment:
                     cfg = dataclasses.replace(cfg, fixed_ms=0.0, per_query_ms=0.0)
                 out[cfg.model] = build_predictor(cfg)
                 if not cfg.builtin:  # a store model: every version, as "model@version", for rollouts
-                    from common.modelstore import ModelStore
+                    from keel.common.modelstore import ModelStore
 
                     for version in ModelStore(cfg.store).versions(cfg.store_name or cfg.model):
                         out[f"{cfg.model}@{version}"] = build_predictor(dataclasses.replace(cfg, version=version))

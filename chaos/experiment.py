@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos import report as rep
-from chaos.deployment import Deployment, deep_merge, spec_for_mode
-from chaos.faults import FaultPlan, FaultRunner
-from chaos.hosts import Cluster
-from chaos.invariants import Checker, CheckContext, graph_checks
-from chaos.resources import ChaosError, Registry, clean_stale
-from chaos.workload import Workload, WorkloadConfig, load_inputs
+from keel.chaos import report as rep
+from keel.chaos.deployment import Deployment, deep_merge, spec_for_mode
+from keel.chaos.faults import FaultPlan, FaultRunner
+from keel.chaos.hosts import Cluster
+from keel.chaos.invariants import Checker, CheckContext, graph_checks
+from keel.chaos.resources import ChaosError, Registry, clean_stale
+from keel.chaos.workload import Workload, WorkloadConfig, load_inputs
 
 _KEYS = {"name", "seed", "netns", "link_mbit", "max_duration_s", "modes", "schedule", "cluster", "mode_overrides",
          "workload", "faults", "faults_random", "settle_s", "start_timeout_s", "description", "prepare"}
@@ -212,7 +212,7 @@ def _hook(name: str):
 
 
 def _netns_used(exp: Experiment) -> bool:
-    from chaos.hosts import resolve_netns
+    from keel.chaos.hosts import resolve_netns
 
     try:
         return resolve_netns(exp.netns)[0]

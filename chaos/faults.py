@@ -43,9 +43,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaos.hosts import Cluster, Unsupported
-from chaos.resources import ChaosError
-from chaos.shuffle import ShuffleLoad
+from keel.chaos.hosts import Cluster, Unsupported
+from keel.chaos.resources import ChaosError
+from keel.chaos.shuffle import ShuffleLoad
 
 KINDS = ("kill", "freeze", "thaw", "restart", "partition", "heal", "shuffle", "delay", "undelay", "limit", "rollout")
 _HOST_KINDS = set(KINDS) - {"shuffle", "rollout"}
@@ -247,8 +247,8 @@ class FaultRunner:
         """``keel model rollout`` (or rollback) of one deployment, from the probe host."""
         import zmq
 
-        from chaos.netns import in_netns
-        from deploy.model_cli import RolloutError, previous_version, rollout
+        from keel.chaos.netns import in_netns
+        from keel.deploy.model_cli import RolloutError, previous_version, rollout
 
         spec = self.specs.get(label)
         if spec is None:

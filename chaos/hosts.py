@@ -14,7 +14,7 @@ of the network, not of the host, and survive a host kill.
 Example
 -------
 >>> cluster = Cluster(["a", "b"], run_dir=Path("runs/x"))          # doctest: +SKIP
->>> cluster.spawn("b", [sys.executable, "-m", "chaos.probes", "echo", "--port", "9000"], "echo")  # doctest: +SKIP
+>>> cluster.spawn("b", [sys.executable, "-m", "keel.chaos.probes", "echo", "--port", "9000"], "echo")  # doctest: +SKIP
 >>> cluster.kill_host("b")                                          # doctest: +SKIP
 >>> cluster.close()                                                 # doctest: +SKIP
 """
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.netns import Network, in_netns
-from chaos.resources import ChaosError, Registry, alive, clean_stale, have_netns, list_netns
-from deploy.local import Launcher
+from keel.chaos.netns import Network, in_netns
+from keel.chaos.resources import ChaosError, Registry, alive, clean_stale, have_netns, list_netns
+from keel.deploy.local import Launcher
 
 #: kinds of process a host fault acts on
 HOST_KINDS = ("service", "aux", "shuffle")

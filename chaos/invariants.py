@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
-from common.loadgen import REJECTED, accepted, answers  # noqa: F401  (the harness imports them from here)
+from keel.common.loadgen import REJECTED, accepted, answers  # noqa: F401  (the harness imports them from here)
 
 MAX_EXAMPLES = 10
 
@@ -397,6 +397,6 @@ def graph_checks(graph_table: dict, trace_dir: str | Path) -> tuple[list[Invaria
     """For a run of the ``[graph]`` table ``graph_table`` whose processes traced into
     ``trace_dir``: the HAMS invariants and the streams they read (the chaos runner adds
     both to a graph experiment's checks)."""
-    from common.spec.graph import read_graph
+    from keel.common.spec.graph import read_graph
 
     return graph_invariants(read_graph(graph_table).stateful), load_graph_traces(trace_dir)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from chaos import report as rep
+from keel.chaos import report as rep
 
 
 def uses_manager(exp) -> bool:

@@ -27,7 +27,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from chaos.resources import ChaosError, Registry, delete_netns, run
+from keel.chaos.resources import ChaosError, Registry, delete_netns, run
 
 #: the /24 the namespaces use; private, and present only inside namespaces we made
 SUBNET = "10.213.0"

@@ -66,8 +66,8 @@ def experiment(shuffles: int, quick: bool, seed: int, local: bool, store: str, r
 
 
 def _figures(report: dict, labels: np.ndarray) -> dict:
-    from chaos.workload import read_records
-    from common.loadgen import grade
+    from keel.chaos.workload import read_records
+    from keel.common.loadgen import grade
 
     out: dict = {}
     for mode in report["modes_order"]:
@@ -89,9 +89,9 @@ def _figures(report: dict, labels: np.ndarray) -> dict:
 
 
 def run(args: argparse.Namespace, log=print) -> int:
-    from chaos.experiment import load_experiment, run_experiment
-    from training.cli import ensure_default_parity
-    from training.datasets import load
+    from keel.chaos.experiment import load_experiment, run_experiment
+    from keel.training.cli import ensure_default_parity
+    from keel.training.datasets import load
 
     store = str(Path("store").absolute())
     ensure_default_parity(store, k=2, encoder="add")

@@ -1,8 +1,8 @@
 """Tiny processes and client helpers the self-test puts on hosts instead of Keel services.
 
-``python -m chaos.probes echo --bind ADDR --port 0 --ready FILE --max-s 120`` echoes every
+``python -m keel.chaos.probes echo --bind ADDR --port 0 --ready FILE --max-s 120`` echoes every
 byte it receives (threads, one per connection) and writes its port to FILE once it
-listens. ``python -m chaos.probes sleep --max-s 120`` does nothing, slowly: a process to
+listens. ``python -m keel.chaos.probes sleep --max-s 120`` does nothing, slowly: a process to
 kill or freeze. Both exit by themselves after ``--max-s``.
 
 ``wait_file`` polls for a file the harness waits on (a ready or result file) until a
@@ -22,7 +22,7 @@ from typing import Callable
 
 import orjson
 
-from common.waiting import wait_until  # noqa: F401  (the harness imports it from here)
+from keel.common.waiting import wait_until  # noqa: F401  (the harness imports it from here)
 
 _TOKENS = __import__("itertools").count(1)
 
@@ -124,7 +124,7 @@ def sleep_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.probes")
+    parser = argparse.ArgumentParser(prog="python -m keel.chaos.probes")
     sub = parser.add_subparsers(dest="cmd", required=True)
     echo = sub.add_parser("echo", help="TCP echo server")
     echo.add_argument("--bind", default="127.0.0.1")

@@ -1,6 +1,6 @@
 """A userspace TCP proxy that delays a link: this kernel has no ``netem``.
 
-The proxy runs as its own process on a host (``python -m chaos.proxy --config FILE``)
+The proxy runs as its own process on a host (``python -m keel.chaos.proxy --config FILE``)
 and relays each listening address to a target. Bytes read in either direction are held
 until their release time, ``now + (delay_ms + U(-jitter_ms, +jitter_ms)) / 2``, so a
 round trip through the proxy gains ``delay_ms`` on average and never more than
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import orjson
 
-from chaos.probes import wait_file, write_json
-from chaos.resources import ChaosError
+from keel.chaos.probes import wait_file, write_json
+from keel.chaos.resources import ChaosError
 
 CHUNK = 65536
 
@@ -55,7 +55,7 @@ class DelayProxy:
         config = {"routes": [{"listen": [a, p], "target": [ta, tp]} for a, p, ta, tp in self.routes],
                   "seed": self.seed, "max_s": self.max_s, **{k: str(v) for k, v in self.files.items() if k != "config"}}
         write_json(self.files["config"], config)
-        self.proc = self.cluster.spawn(self.host, [sys.executable, "-m", "chaos.proxy", "--config", str(self.files["config"])],
+        self.proc = self.cluster.spawn(self.host, [sys.executable, "-m", "keel.chaos.proxy", "--config", str(self.files["config"])],
                                        self.name, kind="proxy")
         ready = wait_file(self.files["ready"], timeout, alive=self.proc.running)
         if ready is None:
@@ -80,7 +80,7 @@ class DelayProxy:
             except (OSError, orjson.JSONDecodeError, KeyError):
                 return False
 
-        from chaos.probes import wait_until
+        from keel.chaos.probes import wait_until
         if not wait_until(acked, timeout):
             raise ChaosError(f"proxy on {self.host} did not apply delay {delay_ms} ms within {timeout} s")
 
@@ -181,7 +181,7 @@ async def _serve(config: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.proxy", description="delaying TCP proxy")
+    parser = argparse.ArgumentParser(prog="python -m keel.chaos.proxy", description="delaying TCP proxy")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     config = orjson.loads(Path(args.config).read_bytes())

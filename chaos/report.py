@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.loadgen import PERCENTILES, latency_ms, pkey, summarize, write_json  # noqa: F401  (re-exported)
+from keel.common.loadgen import PERCENTILES, latency_ms, pkey, summarize, write_json  # noqa: F401  (re-exported)
+from keel.common.plotting import pyplot
 
 _FAULT_COLORS = {"kill": "red", "restart": "green", "freeze": "purple", "thaw": "violet", "partition": "orange",
                  "heal": "gold", "shuffle": "blue", "delay": "brown", "undelay": "tan", "limit": "gray"}
@@ -34,18 +35,9 @@ def ratios(summaries: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_cdf(records: dict[str, list[dict]], path: Path, title: str = "") -> Path:
     """Latency CDF per mode (left) and its tail, 1 - CDF on a log scale (right)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, recs in records.items():
         lat = np.sort([v for v in map(latency_ms, recs) if v is not None])
@@ -76,7 +68,7 @@ def plot_cdf(records: dict[str, list[dict]], path: Path, title: str = "") -> Pat
 
 def plot_timeline(records: dict[str, list[dict]], events: list[dict], t0: float, path: Path, title: str = "") -> Path:
     """Latency of each request against its send time, lost requests on top, fault markers."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.5))
     top = 1.0
     for mode, recs in records.items():

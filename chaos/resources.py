@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from common.waiting import wait_until
+from keel.common.waiting import wait_until
 
 #: where run state files live (override with KEEL_CHAOS_STATE)
 STATE_DIR = Path(os.environ.get("KEEL_CHAOS_STATE", f"/tmp/keel-chaos-state-{os.getuid()}"))

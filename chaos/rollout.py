@@ -43,13 +43,13 @@ class Offset:
 
 def prepare(out_dir: Path) -> dict:
     """A store with versions 1 and 2 of ``offset`` under ``out_dir``; the cluster keys to use it."""
-    from deploy.model_cli import add_model
+    from keel.deploy.model_cli import add_model
 
     store = Path(out_dir) / "store"
     for version, offset in OFFSETS.items():
         source = Path(out_dir) / f"offset-v{version}.txt"
         source.write_text(repr(offset))
-        manifest = add_model(str(store), "offset", str(source), python="chaos.rollout:Offset",
+        manifest = add_model(str(store), "offset", str(source), python="keel.chaos.rollout:Offset",
                              input_shape=[INPUT_SIZE], output_size=OUTPUT_SIZE)
         if manifest.version != version:
             raise RuntimeError(f"{store} already held versions of offset: use a fresh output folder")

@@ -26,11 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from chaos.hosts import Cluster
-from chaos.probes import median_rtt_ms, ping, wait_file, wait_until
-from chaos.proxy import DelayProxy
-from chaos.resources import clean_stale, proc_state
-from chaos.shuffle import Shuffle
+from keel.chaos.hosts import Cluster
+from keel.chaos.probes import median_rtt_ms, ping, wait_file, wait_until
+from keel.chaos.proxy import DelayProxy
+from keel.chaos.resources import clean_stale, proc_state
+from keel.chaos.shuffle import Shuffle
 
 BUDGET_S = 90.0
 
@@ -38,7 +38,7 @@ BUDGET_S = 90.0
 def _echo(cluster: Cluster, host: str, name: str) -> tuple[object, int]:
     ready = cluster.run_dir / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    proc = cluster.spawn(host, [sys.executable, "-m", "chaos.probes", "echo", "--bind", cluster.host(host).address,
+    proc = cluster.spawn(host, [sys.executable, "-m", "keel.chaos.probes", "echo", "--bind", cluster.host(host).address,
                                 "--port", "0", "--ready", str(ready), "--max-s", str(BUDGET_S)], name)
     got = wait_file(ready, 15.0, alive=proc.running)
     if got is None:
@@ -75,7 +75,7 @@ def run_selftest(local: bool = False, link_mbit: float = 500.0, shuffle_mb: floa
 
     try:
         ports = {"b": _echo(cluster, "b", "echo-b")[1], "c": _echo(cluster, "c", "echo-c")[1]}
-        cluster.spawn("c", [sys.executable, "-m", "chaos.probes", "sleep", "--max-s", str(BUDGET_S)], "sleeper-c")
+        cluster.spawn("c", [sys.executable, "-m", "keel.chaos.probes", "sleep", "--max-s", str(BUDGET_S)], "sleeper-c")
         direct = cluster.connect("a", addr["b"], ports["b"])
         out["rtt_direct_ms"] = median_rtt_ms(direct)
 

@@ -1,7 +1,7 @@
 """Background shuffles: bulk TCP transfers between hosts, like ParM §6.1's analytics traffic.
 
 A shuffle is two processes: a receiver on the destination host (``python -m
-chaos.shuffle recv``) that counts bytes and measures the rate from first to last byte,
+keel.chaos.shuffle recv``) that counts bytes and measures the rate from first to last byte,
 and a sender on the source host that writes N bytes of zeros as fast as the link lets
 it. Both exit after ``--max-s`` whatever happens. ``ShuffleLoad`` keeps ``concurrent``
 shuffles going between random pairs of hosts, each of a size drawn from ``size_mb``
@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chaos.probes import wait_file, write_json
+from keel.chaos.probes import wait_file, write_json
 
 CHUNK = 1 << 20
 
@@ -71,14 +71,14 @@ class Shuffle:
         for stale in (ready, out):
             stale.unlink(missing_ok=True)
         addr = self.cluster.host(self.dst).address
-        self.recv = self.cluster.spawn(self.dst, [sys.executable, "-m", "chaos.shuffle", "recv", "--bind", addr,
+        self.recv = self.cluster.spawn(self.dst, [sys.executable, "-m", "keel.chaos.shuffle", "recv", "--bind", addr,
                                                   "--ready", str(ready), "--out", str(out), "--max-s", str(self.max_s)],
                                        f"{self.name}-recv", kind="shuffle")
         got = wait_file(ready, ready_timeout, alive=self.recv.running)
         if got is None:
             self.result.error = "receiver did not start"
             return self
-        self.send = self.cluster.spawn(self.src, [sys.executable, "-m", "chaos.shuffle", "send", "--to", addr,
+        self.send = self.cluster.spawn(self.src, [sys.executable, "-m", "keel.chaos.shuffle", "send", "--to", addr,
                                                   "--port", str(got["port"]), "--bytes", str(self.nbytes),
                                                   "--max-s", str(self.max_s)], f"{self.name}-send", kind="shuffle")
         return self
@@ -202,7 +202,7 @@ def send_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.shuffle")
+    parser = argparse.ArgumentParser(prog="python -m keel.chaos.shuffle")
     sub = parser.add_subparsers(dest="cmd", required=True)
     recv = sub.add_parser("recv")
     recv.add_argument("--bind", required=True)

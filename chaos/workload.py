@@ -1,6 +1,6 @@
 """Open-loop Poisson workload from a real dataset, run on a client host, recorded per request.
 
-The generator is a process (``python -m chaos.workload --config FILE``) so that in netns
+The generator is a process (``python -m keel.chaos.workload --config FILE``) so that in netns
 mode it runs inside the client host's namespace. It drives one Keel ``Client`` per mode
 (deployment), each on its own thread and all from the same seeded schedule, so modes
 see identical arrival times and inputs. Sends follow the schedule whether or not
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from chaos.probes import wait_file, write_json
-from common.loadgen import MAX_REQUESTS, schedule
+from keel.chaos.probes import wait_file, write_json
+from keel.common.loadgen import MAX_REQUESTS, schedule
 
 MAX_DURATION_S = 3600.0
 
@@ -69,7 +69,7 @@ class WorkloadConfig:
 @functools.lru_cache(maxsize=4)
 def _dataset(dataset: str) -> np.ndarray:
     try:
-        from training.datasets import load
+        from keel.training.datasets import load
 
         ds = load(dataset)
         return np.concatenate([ds.x_train, ds.x_test]).astype(np.float32)
@@ -120,7 +120,7 @@ class Workload:
         np.save(self.dir / "inputs.npy", load_inputs(self.cfg.dataset, self.cfg.input_shape))
         write_json(path, {**asdict(self.cfg), "start_at": start_at, "out_dir": str(self.dir),
                           "inputs": str(self.dir / "inputs.npy")})
-        self.proc = cluster.spawn(self.cfg.client_host, [sys.executable, "-m", "chaos.workload", "--config", str(path)],
+        self.proc = cluster.spawn(self.cfg.client_host, [sys.executable, "-m", "keel.chaos.workload", "--config", str(path)],
                                   "workload", kind="aux", restartable=False)
         self.cluster = cluster
         return self
@@ -144,8 +144,8 @@ class Workload:
 
 
 def _recording_client(frontends: list[str], timeout_ms: float, retries: int, duplicates: list):
-    from common import protocol
-    from common.client import Client
+    from keel.common import protocol
+    from keel.common.client import Client
 
     class RecordingClient(Client):
         """Keeps the answers the library drops as duplicates, for the invariants."""
@@ -218,7 +218,7 @@ def drive(mode: str, frontends: list[str], cfg: dict, inputs: np.ndarray, offset
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.workload")
+    parser = argparse.ArgumentParser(prog="python -m keel.chaos.workload")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     cfg = orjson.loads(Path(args.config).read_bytes())

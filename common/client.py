@@ -53,8 +53,8 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from common import protocol, transport
-from common.protocol import ErrorCode, Feedback, Predict, Reply, Source
+from keel.common import protocol, transport
+from keel.common.protocol import ErrorCode, Feedback, Predict, Reply, Source
 
 
 @dataclass(slots=True)
@@ -213,7 +213,7 @@ class _Base:
                  suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
                  curve_keys: str | None = None, curve_name: str = "client"):
         #: CURVE (common.curve): this client's keypair ``curve_name`` from the keys folder
-        from common import curve
+        from keel.common import curve
 
         self.curve = curve.load(curve_keys, curve_name) if curve_keys else None
         #: raise a KeelError subclass instead of returning a result without a prediction

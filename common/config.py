@@ -7,7 +7,7 @@ fault (``key``) and what is wrong with it (``reason``). Which config belongs to 
 role is the role table's business (``common.roles``).
 
 A process is started as ``keel serve ROLE --config JSON`` where JSON is
-``dataclasses.asdict`` of its config; ``from_dict`` refuses unknown keys so a typo in a
+``dataclasses.asdict`` of its config; ``keel.common.roles.from_dict`` refuses unknown keys so a typo in a
 cluster spec is an error, not a silently ignored option.
 
 Example
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from common.jsontypes import describe, fits
+from keel.common.jsontypes import describe, fits
 
 
 class ConfigError(ValueError):
@@ -409,14 +409,6 @@ def heartbeats_agree(dispatcher: DispatcherConfig, worker: WorkerConfig) -> str 
     return None
 
 
-def __getattr__(name: str) -> Any:
-    if name == "CONFIGS":  # role -> config class, from the role table (common.roles)
-        from common.roles import ROLES
-
-        return {r.name: r.config for r in ROLES.values()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _check_types(cls: type, data: dict[str, Any], where: str) -> None:
     """A mistyped value is a ConfigError naming its key, not a TypeError from validate()."""
     hints = typing.get_type_hints(cls)
@@ -426,7 +418,7 @@ def _check_types(cls: type, data: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}{key} {reason}", key, reason)
 
 
-def _make(cls: type, data: Any, where: str) -> Any:
+def make(cls: type, data: Any, where: str) -> Any:
     """``cls(**data)`` after checking keys and types; ``where`` prefixes every message."""
     if isinstance(data, cls):
         return data
@@ -441,28 +433,6 @@ def _make(cls: type, data: Any, where: str) -> Any:
         return cls(**data)
     except TypeError as exc:
         raise ConfigError(f"{where}{exc}") from None
-
-
-def from_dict(role: str, data: dict[str, Any]) -> Any:
-    """The validated config of ``role`` from a plain dict; unknown keys and values of the
-    wrong type are errors."""
-    from common.roles import role as role_of
-
-    row = role_of(role)
-    data = dict(data)
-    for key, nested in row.nested.items():
-        if key not in data:
-            continue
-        if not isinstance(data[key], dict):
-            raise ConfigError(f"{role}: {key} must be a table of model name -> options, got {data[key]!r}")
-        data[key] = {name: _make(nested, value, f"{role}: model {name}: ") for name, value in data[key].items()}
-    known = {f.name for f in dataclasses.fields(row.config)}
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"{role}: unknown option(s) {sorted(unknown)}; options: {sorted(known)}")
-    cfg = _make(row.config, data, f"{role}: ")
-    cfg.validate()
-    return cfg
 
 
 def to_json(cfg: Any) -> str:

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from common.config import WorkerConfig
+from keel.common.config import WorkerConfig
 
 
 class Predictor(Protocol):
@@ -67,7 +67,7 @@ class KairosPredictor:
     """An emulated instance type (Kairos, §7): measured profile times, no CPU used."""
 
     def __init__(self, instance: str, model: str, scale: float, profile: str, input_shape: list[int], output_size: int):
-        from common.kairos.profiles import Profiles
+        from keel.common.kairos.profiles import Profiles
 
         self.profiles = Profiles.load(profile or None)
         self.instance, self.model, self.scale = instance, model, scale
@@ -116,7 +116,7 @@ class TorchPredictor:
                  fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu"):
         import torch
 
-        from common.modelstore import ModelStore
+        from keel.common.modelstore import ModelStore
 
         torch.set_num_threads(threads)
         self.torch = torch
@@ -181,7 +181,7 @@ class PythonPredictor:
 
     def __init__(self, store: str, name: str, version: str | None, threads: int = 1,
                  fixed_ms: float = 0.0, per_query_ms: float = 0.0):
-        from common.modelstore import ModelStore
+        from keel.common.modelstore import ModelStore
 
         mstore = ModelStore(store)
         self.manifest = mstore.manifest(name, version)
@@ -190,7 +190,7 @@ class PythonPredictor:
         artifact = mstore.artifact(self.manifest)  # checks its sha256
         folder = mstore.folder(self.manifest)
         if self.manifest.container_sha256:
-            from common.modelstore import ModelStoreError, sha256_file
+            from keel.common.modelstore import ModelStoreError, sha256_file
 
             if sha256_file(folder / "container.py") != self.manifest.container_sha256:
                 raise ModelStoreError(f"{name}/{self.version}: container.py does not match its manifest's sha256; "
@@ -225,7 +225,7 @@ def store_predictor(store: str, name: str, version: str | None, threads: int = 1
                     fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu") -> Predictor:
     """The container for a store version, by its manifest's format (a Python container
     places itself: ``device`` is for torch models)."""
-    from common.modelstore import ModelStore
+    from keel.common.modelstore import ModelStore
 
     if ModelStore(store).manifest(name, version).format == "python":
         check_device(device)

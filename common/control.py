@@ -30,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from common import protocol, transport
+from keel.common import protocol, transport
 
 #: answers that mean "ask another replica"
 RETRY = ("not_leader", "no_leader")
@@ -189,7 +189,7 @@ def replica_configs(ports: list[int], host: str = "127.0.0.1", journal_dir: str 
     """Configs of a manager group on ``host`` (or replica i on ``hosts[i]``: one emulated host
     each): replica i uses ports[3i] (raft), ports[3i+1] (control ROUTER), ports[3i+2] (PUB);
     ``options`` are further ManagerConfig fields."""
-    from common.config import ManagerConfig
+    from keel.common.config import ManagerConfig
 
     n = len(ports) // 3
     at = hosts or [host] * n

@@ -120,6 +120,13 @@ def use(folder: str | os.PathLike | None, name: str = "service") -> Keys | None:
     return _ACTIVE
 
 
+def use_for_spec(spec) -> Keys | None:
+    """This process talks to ``spec``'s cluster as a client: its keys folder's client keypair
+    when the spec turns CURVE on, nothing otherwise."""
+    folder = getattr(spec, "curve_keys", None)
+    return use(folder, "client") if folder else None
+
+
 def active() -> Keys | None:
     return _ACTIVE
 

@@ -248,14 +248,14 @@ class ModelStore:
         manifest = self.manifest(name, version)
         if manifest.format == "python":
             raise ModelStoreError(f"{name}/{manifest.version} is a Python container ({manifest.entry}); "
-                                  "common.containers.PythonPredictor runs it")
+                                  "keel.common.containers.PythonPredictor runs it")
         path = self.artifact(manifest)
         if manifest.format == "torchscript":
             module = torch.jit.load(str(path), map_location="cpu")
         elif manifest.format == "export":
             module = torch.export.load(str(path)).module()
         elif manifest.format == "state_dict":
-            from common.architectures import build
+            from keel.common.architectures import build
 
             module = build(manifest.arch, **manifest.arch_config)
             module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

@@ -7,7 +7,7 @@ spec table is an error), the nested tables of its config (model name -> options)
 field whose endpoint answers a Status request, and its start order under supervisord.
 
 ``services.serve`` builds a process from a row; ``keel serve`` takes its choices from
-``ROLES``; ``common.config.from_dict`` finds a role's config here; the cluster spec
+``ROLES``; ``from_dict`` builds a role's config from a plain dict; the cluster spec
 reads binds, spec-set fields and status endpoints here; ``deploy.supervisor`` reads the
 start order. A new role (manager, statemgr) is one new row.
 
@@ -16,15 +16,16 @@ Example
 >>> ROLES["dispatcher"].binds
 ('query_endpoint', 'worker_endpoint')
 >>> role("worker").service
-'services.worker:Worker'
+'keel.services.worker:Worker'
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import config as cfg
+from keel.common import config as cfg
 
 
 @dataclass(frozen=True)
@@ -60,45 +61,45 @@ class Role:
 _COMMON_SET = {"name", "metrics_port"}
 
 ROLES: dict[str, Role] = {r.name: r for r in (
-    Role("frontend", cfg.FrontendConfig, "services.frontend:Frontend",
+    Role("frontend", cfg.FrontendConfig, "keel.services.frontend:Frontend",
          binds=("client_endpoint", "prediction_endpoint"),
          spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "prediction_endpoint", "dispatcher_endpoint", "models"}),
          nested={"models": cfg.ModelInfo}, status="client_endpoint", priority=300),
-    Role("dispatcher", cfg.DispatcherConfig, "services.dispatcher:Dispatcher",
+    Role("dispatcher", cfg.DispatcherConfig, "keel.services.dispatcher:Dispatcher",
          binds=("query_endpoint", "worker_endpoint"),
          spec_sets=frozenset(_COMMON_SET | {"query_endpoint", "worker_endpoint", "encoder_endpoint", "models"}),
          nested={"models": cfg.BatchPolicy}, status="worker_endpoint", priority=100),
-    Role("worker", cfg.WorkerConfig, "services.worker:Worker",
+    Role("worker", cfg.WorkerConfig, "keel.services.worker:Worker",
          binds=("status_endpoint",), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"status_endpoint",
              "model", "version", "role", "store", "store_name", "builtin", "builtin_input_shape",
              "builtin_output_size", "fixed_ms", "per_query_ms", "dispatcher_endpoint", "decoder_endpoint",
              "max_batch"}),
          priority=400),
-    Role("encoder", cfg.EncoderConfig, "services.encoder:Encoder",
+    Role("encoder", cfg.EncoderConfig, "keel.services.encoder:Encoder",
          binds=("batch_endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"batch_endpoint", "status_endpoint", "dispatcher_endpoint", "parity_models",
                                             "encoder"}),
          priority=200),
-    Role("decoder", cfg.DecoderConfig, "services.decoder:Decoder",
+    Role("decoder", cfg.DecoderConfig, "keel.services.decoder:Decoder",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint"}), priority=200),
-    Role("manager", cfg.ManagerConfig, "services.manager.service:Manager",
+    Role("manager", cfg.ManagerConfig, "keel.services.manager.service:Manager",
          binds=("endpoint", "publish_endpoint"), status="endpoint",
          spec_sets=frozenset(_COMMON_SET | {"raft_address", "raft_partners", "endpoint", "publish_endpoint",
                                             "journal_file", "preferred_leader"}),
          priority=50),
-    Role("gateway", cfg.GatewayConfig, "services.gateway:Gateway",
+    Role("gateway", cfg.GatewayConfig, "keel.services.gateway:Gateway",
          binds=("status_endpoint",), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"status_endpoint", "frontend_endpoints", "models"}),
          nested={"models": cfg.ModelInfo}, priority=450),
     # HAMS service graphs: a stateful operator's primary and backup (each with its statemgr) and
     # stateless operators are one role; the graph's frontend assigns seqs and holds replies.
-    Role("graph_operator", cfg.GraphOperatorConfig, "services.graph.operator:GraphOperator",
+    Role("graph_operator", cfg.GraphOperatorConfig, "keel.services.graph.operator:GraphOperator",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers"}),
          priority=350),
-    Role("graph_frontend", cfg.GraphFrontendConfig, "services.graph.entry:GraphFrontend",
+    Role("graph_frontend", cfg.GraphFrontendConfig, "keel.services.graph.entry:GraphFrontend",
          binds=("client_endpoint", "endpoint"), status="client_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "endpoint", "graph", "peers"}), priority=300),
 )}
@@ -110,3 +111,27 @@ def role(name: str) -> Role:
         return ROLES[name]
     except KeyError:
         raise cfg.ConfigError(f"unknown service role {name!r}; roles: {sorted(ROLES)}") from None
+
+
+def from_dict(name: str, data: dict[str, Any]) -> Any:
+    """The validated config of role ``name`` from a plain dict; unknown keys and values of
+    the wrong type are errors."""
+    row = role(name)
+    data = dict(data)
+    for key, nested in row.nested.items():
+        if key not in data:
+            continue
+        if not isinstance(data[key], dict):
+            raise cfg.ConfigError(f"{name}: {key} must be a table of model name -> options, got {data[key]!r}")
+        data[key] = {model: cfg.make(nested, value, f"{name}: model {model}: ") for model, value in data[key].items()}
+    known = {f.name for f in dataclasses.fields(row.config)}
+    unknown = set(data) - known
+    if unknown:
+        raise cfg.ConfigError(f"{name}: unknown option(s) {sorted(unknown)}; options: {sorted(known)}")
+    config = cfg.make(row.config, data, f"{name}: ")
+    config.validate()
+    return config
+
+
+CONFIGS: dict[str, type] = {r.name: r.config for r in ROLES.values()}
+"""role -> its config class"""

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from common.waiting import wait_until
+from keel.common.waiting import wait_until
 
 PROC_STAT = "/proc/stat"
 #: a cell measured while more than this fraction of the CPU time was stolen is re-run

@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from common import curve, protocol
+from keel.common import curve, protocol
 
 #: messages queued per peer before a socket drops (PUB) or blocks (PUSH, DEALER)
 HWM = 100_000

@@ -20,10 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
-from common.spec import SpecError, load_spec
+from keel.common.spec import SpecError, load_spec
 
 
 def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
@@ -38,12 +37,11 @@ def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
     return out
 
 
-def use_spec_curve(spec: Any) -> None:
-    """This process talks to a CURVE cluster with its keys folder's client keypair."""
-    if getattr(spec, "curve_keys", None):
-        from common import curve
+def use_for_spec(spec) -> None:
+    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called)."""
+    from keel.common.curve import use_for_spec as use
 
-        curve.use(spec.curve_keys, "client")
+    use(spec)
 
 
 def _fail(msg: str) -> int:
@@ -52,10 +50,10 @@ def _fail(msg: str) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from deploy.supervisor import DeployError, up
+    from keel.deploy.supervisor import DeployError, up
 
     try:
-        use_spec_curve(load_spec(args.spec, _addresses(args.address)))
+        use_for_spec(load_spec(args.spec, _addresses(args.address)))
         up(args.spec, wait_s=args.wait, addresses=_addresses(args.address))
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
@@ -63,7 +61,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from deploy.supervisor import DeployError, down
+    from keel.deploy.supervisor import DeployError, down
 
     try:
         down(args.target, wait_s=args.wait)
@@ -73,11 +71,11 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from deploy.supervisor import DeployError, format_table, status
+    from keel.deploy.supervisor import DeployError, format_table, status
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))
-        use_spec_curve(spec)
+        use_for_spec(spec)
         st = status(spec, timeout_s=args.timeout)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
@@ -97,7 +95,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"-- {title}")
             print(format_table(rows))
     if st["running"] and spec.role("manager"):
-        from deploy.manager_cli import show
+        from keel.deploy.manager_cli import show
 
         print("\n== the manager's view (leader, term, roles and epochs, last decisions)")
         show([s.config.endpoint for s in spec.role("manager")])
@@ -121,7 +119,9 @@ def _is_table(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
-def _input(text: str, dtype: str, shape: list[int]) -> np.ndarray:
+def _input(text: str, dtype: str, shape: list[int]):
+    import numpy as np
+
     if text.endswith(".npy"):
         x = np.load(text, allow_pickle=False)
     else:
@@ -136,11 +136,11 @@ def _input(text: str, dtype: str, shape: list[int]) -> np.ndarray:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from common.client import Client
+    from keel.common.client import Client
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))
-        use_spec_curve(spec)
+        use_for_spec(spec)
         if args.model not in spec.models:
             raise SpecError(f"model {args.model!r} is not in the spec (models: {sorted(spec.models)})")
         table = spec.models[args.model]
@@ -150,7 +150,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with Client(spec.client_endpoints) as client:
         result = client.predict(args.model, x, timeout_ms=args.timeout_ms)
     out = {k: getattr(result, k, None) for k in ("request_id", "source", "model", "version", "latency_ms", "error", "error_code")}
-    out["output"] = None if result.output is None else np.asarray(result.output).tolist()
+    out["output"] = None if result.output is None else result.output.tolist()
     print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     return 0 if result.error is None and result.output is not None else 1
 
@@ -167,7 +167,7 @@ def cmd_serve_spec(args: argparse.Namespace) -> int:
 
 
 def cmd_render_systemd(args: argparse.Namespace) -> int:
-    from deploy.units import render_systemd
+    from keel.deploy.units import render_systemd
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.client import Client
-from common.loadgen import grade, open_loop, summarize
-from common.spec import load_spec
-from common.transport import request_status
+from keel.common.client import Client
+from keel.common.loadgen import grade, open_loop, summarize
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
 
 
 DEFAULT_BASE_PORT = 7400
@@ -36,7 +36,7 @@ def base_port(preferred: int = DEFAULT_BASE_PORT, n: int = 64) -> int:
     """``preferred`` when its block of ``n`` ports is free on loopback, else a free block."""
     import socket
 
-    from deploy.local import free_port_block
+    from keel.deploy.local import free_port_block
 
     socks = []
     try:
@@ -80,9 +80,9 @@ def _report(title: str, records, labels: np.ndarray, log) -> dict:
 
 
 def run(args: argparse.Namespace, log=print) -> int:
-    from deploy import supervisor
-    from training.cli import ensure_default_model, ensure_default_parity
-    from training.datasets import load
+    from keel.deploy import supervisor
+    from keel.training.cli import ensure_default_model, ensure_default_parity
+    from keel.training.datasets import load
 
     import torch
 

@@ -31,8 +31,8 @@ def _short(type_: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from common.kairos.planner import plan_pools
-    from common.kairos.profiles import DEFAULT_ROOT, Profiles
+    from keel.common.kairos.planner import plan_pools
+    from keel.common.kairos.profiles import DEFAULT_ROOT, Profiles
 
     prof = Profiles.load(args.profile or DEFAULT_ROOT)
     plan = plan_pools(prof, args.model, budget=args.budget, qos_ms=args.qos_ms)
@@ -84,9 +84,9 @@ def apply_pool(text: str, model: str, pool: dict[str, int]) -> str:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from common.kairos.planner import plan_pools
-    from common.kairos.profiles import DEFAULT_ROOT, Profiles
-    from common.spec import load_spec
+    from keel.common.kairos.planner import plan_pools
+    from keel.common.kairos.profiles import DEFAULT_ROOT, Profiles
+    from keel.common.spec import load_spec
 
     path = Path(args.spec)
     try:

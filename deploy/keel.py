@@ -14,61 +14,55 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from services.serve import main
+    from keel.services.serve import main
 
     return main([args.role, "--config", args.config] + (["--curve", args.curve] if args.curve else []))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from deploy.demo import run
+    from keel.deploy.demo import run
 
     return run(args)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    if args.what == "core":
-        from bench.core import run
-
-        run(args.json, args.quick)
-    elif args.what == "gateway":
-        from bench.gateway import run
-
-        run(args.json, args.quick)
-    elif args.what == "manager":
-        from bench.manager import run as run_manager
-
-        return run_manager(args.json, args.quick)
-    else:
-        from bench.codec import run
-
-        run(args.json)
-    return 0
+#: the entry-point group through which layers above deploy (benchmarks, experiments, the
+#: chaos harness) add their commands: each names ``add(subparsers, argv)``
+PLUGINS = "keel.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from bench.hams_overhead import add_parser as add_hams_overhead
-    from bench.hams_recovery import add_parser as add_hams_recovery
-    from bench.hams_timeline import add_parser as add_hams_timeline
-    from bench.kairos_experiment import add_parser as add_kairos_experiment
-    from bench.selection_experiment import add_parser as add_selection_experiment
-    from bench.serf_drift import add_parser as add_serf_drift
-    from bench.serf_experiment import add_parser as add_serf_experiment
-    from chaos.cli import add_parser as add_chaos
-    from chaos.parm_tail import add_parser as add_parm_tail
-    from common.roles import ROLES
-    from deploy.cli import add_parser as add_deploy
-    from deploy.kairos_cli import add_parser as add_kairos
-    from deploy.keys_cli import add_parser as add_keys
-    from deploy.manager_cli import add_parser as add_manager
-    from deploy.model_cli import add_parser as add_model
-    from deploy.selection_cli import add_parser as add_selection
-    from deploy.serf_cli import add_parser as add_serf
-    from training.cli import add_parser as add_training
+def _add_plugins(sub, argv: Sequence[str]) -> None:
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=PLUGINS), key=lambda e: e.name):
+        try:
+            add = ep.load()
+        except ImportError as exc:  # an extra that is not installed
+            sub.add_parser(ep.name, help=f"not available here: {exc}")
+            continue
+        add(sub, list(argv))
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The ``keel`` parser; ``argv`` (the command line to parse) lets a plug-in import only
+    what the chosen command needs."""
+    from keel.common.roles import ROLES
+    from keel.deploy.cli import add_parser as add_deploy
+    from keel.deploy.kairos_cli import add_parser as add_kairos
+    from keel.deploy.keys_cli import add_parser as add_keys
+    from keel.deploy.manager_cli import add_parser as add_manager
+    from keel.deploy.model_cli import add_parser as add_model
+    from keel.deploy.selection_cli import add_parser as add_selection
+    from keel.deploy.serf_cli import add_parser as add_serf
+    from keel.training.cli import add_parser as add_training
+
+    from keel import __version__
 
     parser = argparse.ArgumentParser(prog="keel", description="Keel: prediction serving with flat tail latency")
+    parser.add_argument("--version", action="version", version=f"keel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="the main job: train if needed, serve, send queries, report, shut down")
@@ -86,25 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve", metavar="DIR", help="CURVE on every socket with the keys in DIR (keel keys generate)")
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser("bench", help="benchmarks: print a table and write JSON")
-    p.add_argument("what", choices=["core", "codec", "gateway", "manager"])
-    p.add_argument("--json", help="write the figures here")
-    p.add_argument("--quick", action="store_true", help="shorter runs")
-    p.set_defaults(func=_bench)
-
     add_deploy(sub)
     add_training(sub)
-    add_chaos(sub)
-    p = sub.add_parser("experiment", help="experiments that take minutes (not part of the test suite): table, JSON, plots")
-    which = p.add_subparsers(dest="experiment", required=True)
-    add_parm_tail(which)
-    add_kairos_experiment(which)
-    add_hams_overhead(which)
-    add_hams_recovery(which)
-    add_hams_timeline(which)
-    add_selection_experiment(which)
-    add_serf_experiment(which)
-    add_serf_drift(which)
+    _add_plugins(sub, argv)
     add_kairos(sub)
     add_model(sub)
     add_keys(sub)
@@ -114,8 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed by the parser built for it."""
+    return build_parser(argv).parse_args(list(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -13,7 +13,7 @@ from typing import Any
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from common.curve import generate
+    from keel.common.curve import generate
 
     for path in generate(args.dir, tuple(args.client or ["client"])):
         print(f"{oct(path.stat().st_mode & 0o777)[2:]}  {path}")

@@ -23,9 +23,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from common.spec import ClusterSpec, ServiceLaunch
-from common.transport import request_status
-from common.waiting import wait_until
+from keel.common.spec import ClusterSpec, ServiceLaunch
+from keel.common.transport import request_status
+from keel.common.waiting import wait_until
 
 
 def free_port(host: str = "127.0.0.1") -> int:

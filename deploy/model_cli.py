@@ -39,10 +39,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
-from common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
+from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
 
 
 class ModelAddError(ValueError):
@@ -85,8 +84,8 @@ def add_model(store: str, name: str, path: str | None, *, python: str | None = N
               input_shape: list[int] | None = None, input_dtype: str = "float32",
               output_size: int | None = None, dataset: str | None = None) -> Manifest:
     """Check the model by running one batch, then write it as the next version of ``name``."""
-    from common.containers import check, store_predictor
-    from common.spec.tables import NAME
+    from keel.common.containers import check, store_predictor
+    from keel.common.spec.tables import NAME
 
     if not NAME.match(name):
         raise ModelAddError(f"model name {name!r}: letters, digits, '_', '.', '-' (a spec names it so)")
@@ -94,6 +93,8 @@ def add_model(store: str, name: str, path: str | None, *, python: str | None = N
     if path is not None and not Path(path).is_file():
         raise ModelAddError(f"{path}: no such file")
     try:
+        import numpy as np
+
         np.dtype(input_dtype)
     except TypeError:
         raise ModelAddError(f"--input-dtype {input_dtype!r} is not a numpy dtype") from None
@@ -159,7 +160,7 @@ def rows(store: ModelStore) -> list[dict[str, Any]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from deploy.supervisor import format_table
+    from keel.deploy.supervisor import format_table
 
     store = ModelStore(args.store)
     table = rows(store)
@@ -193,7 +194,7 @@ def configure_version(endpoint: str, version: str, timeout_s: float, model: str 
     frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
     the ZeroMQ context to use (default the process's; the chaos harness passes one made
     inside a network namespace)."""
-    from common import protocol, transport
+    from keel.common import protocol, transport
 
     return transport.ask(endpoint, protocol.Configure(version=version, model=model), timeout_s, ctx)
 
@@ -207,7 +208,7 @@ def model_workers(spec: Any, model: str) -> list[Any]:
 
 def served_versions(spec: Any, model: str, ctx: Any = None) -> dict[str, str | None]:
     """Worker name -> the version it serves now (None: no answer)."""
-    from common.transport import request_status
+    from keel.common.transport import request_status
 
     return {w.name: (request_status(w.config.status_endpoint, 2.0, ctx=ctx) or {}).get("version")
             for w in model_workers(spec, model)}
@@ -218,8 +219,8 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
     """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
     time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
     ``configure_version``."""
-    from common.transport import request_status
-    from common.waiting import wait_until
+    from keel.common.transport import request_status
+    from keel.common.waiting import wait_until
 
     workers = model_workers(spec, model)
     store_name = workers[0].config.store_name or model
@@ -262,13 +263,13 @@ def previous_version(spec: Any, model: str, ctx: Any = None) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from common.spec import SpecError, load_spec
+    from keel.common.spec import SpecError, load_spec
 
-    from deploy.cli import use_spec_curve
+    from keel.common.curve import use_for_spec
 
     try:
         spec = load_spec(args.spec)
-        use_spec_curve(spec)
+        use_for_spec(spec)
         version = args.version
         if args.model_command == "rollback" and version is None:
             version = previous_version(spec, args.model)

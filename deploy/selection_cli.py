@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from services.selection.policies import State, probabilities
-
 
 def show(app: str, store_path: str, context: str | None = None, models: list[str] | None = None,
          now: float | None = None) -> list[str]:
     """The lines ``keel selection show`` prints."""
     from pathlib import Path
 
-    from services.selection.contexts import ContextStore
+    from keel.services.selection.contexts import ContextStore
+    from keel.services.selection.policies import State, probabilities
 
     if not Path(store_path).is_file():
         return [f"no context store at {store_path} (a frontend writes it when an application is first used)"]
@@ -57,7 +56,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("give --store FILE, or --spec SPEC to read the frontend's store from it")
         return 2
     if store is None:
-        from common.spec import load_spec
+        from keel.common.spec import load_spec
 
         frontends = [s for s in load_spec(args.spec).role("frontend") if s.config.selection_store]
         if not frontends:
@@ -65,8 +64,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             return 2
         store = frontends[0].config.selection_store
     if args.spec:
-        from common.spec.applications import read_applications
-        from common.spec.tables import read_source
+        from keel.common.spec.applications import read_applications
+        from keel.common.spec.tables import read_source
 
         apps = read_applications(read_source(args.spec).get("applications", {}))
         if args.app not in apps:

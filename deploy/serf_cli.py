@@ -26,11 +26,11 @@ import time
 
 
 def _spec(args: argparse.Namespace):
-    from common.spec import load_spec
-    from deploy.cli import use_spec_curve
+    from keel.common.spec import load_spec
+    from keel.common.curve import use_for_spec
 
     spec = load_spec(args.spec)
-    use_spec_curve(spec)
+    use_for_spec(spec)
     return spec
 
 
@@ -46,7 +46,7 @@ def _model_version(spec, model: str) -> tuple[str, str, str | None]:
 
 
 def profile_path(spec, model: str):
-    from services.serf.profile import where
+    from keel.services.serf.profile import where
 
     name, version, store = _model_version(spec, model)
     return where(name, version, store, spec.run_dir), version
@@ -81,8 +81,8 @@ def table_lines(p, rates: list[float] | None = None) -> list[str]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from services.serf.profile import save
-    from services.serf.profiler import ProfileError, profile_model
+    from keel.services.serf.profile import save
+    from keel.services.serf.profiler import ProfileError, profile_model
 
     spec = _spec(args)
     path, version = profile_path(spec, args.model)
@@ -100,7 +100,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from services.serf.profile import load
+    from keel.services.serf.profile import load
 
     spec = _spec(args)
     path, version = profile_path(spec, args.model)
@@ -115,7 +115,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    from services.serf.profiler import ProfileError, set_configuration
+    from keel.services.serf.profiler import ProfileError, set_configuration
 
     spec = _spec(args)
     try:

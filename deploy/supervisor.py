@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.roles import ROLES
-from common.waiting import wait_until
-from common.spec import ClusterSpec, load_spec, run_dir_of
-from deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
+from keel.common.roles import ROLES
+from keel.common.waiting import wait_until
+from keel.common.spec import ClusterSpec, load_spec, run_dir_of
+from keel.deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
 
 _BAD_STATES = {"FATAL", "EXITED", "STOPPED", "UNKNOWN"}
 _SOCKET_MAX = 100  # AF_UNIX paths are limited to ~107 bytes
@@ -255,7 +255,7 @@ def _wait_ready(spec: ClusterSpec, deadline: float) -> None:
     A program that restarts meanwhile (its pid changes) has failed, even if it outlived
     ``startsecs``: nothing in a healthy start makes a Keel service exit.
     """
-    from common.transport import request_status
+    from keel.common.transport import request_status
 
     run_dir = Path(spec.run_dir)
     names = [s.name for s in spec.services]
@@ -336,7 +336,7 @@ def status(spec: ClusterSpec | str | os.PathLike | dict, timeout_s: float = 1.0)
     rows = _program_rows(spec, _programs(run_dir) if running else {})
     info: dict[str, Any] = {}
     if running:
-        from common.transport import request_status
+        from keel.common.transport import request_status
 
         for name, ep in spec.status_endpoints().items():
             info[name] = request_status(ep, timeout_s=timeout_s)

@@ -14,7 +14,7 @@ Install on the host with ``cp OUT/*.service OUT/keel.target /etc/systemd/system/
 
 Example
 -------
->>> from common.spec import load_spec
+>>> from keel.common.spec import load_spec
 >>> spec = load_spec({"models": {"m": {"builtin": "noop"}}})
 >>> paths = render_systemd(spec, "local", "/tmp/keel-units")     # doctest: +SKIP
 """
@@ -24,8 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from common import config as cfg
-from common.spec import ClusterSpec, SpecError
+from keel.common import config as cfg
+from keel.common.spec import ClusterSpec, SpecError
 
 TEMPLATES = Path(__file__).parent / "systemd"
 

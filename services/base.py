@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from common import curve, logs, protocol, transport
-from common.metrics import Metrics
+from keel.common import curve, logs, protocol, transport
+from keel.common.metrics import Metrics
 
 
 class Chore:

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from common import codec, ids, transport
-from common.config import DecoderConfig
-from common.protocol import Predictions, Role, Source
-from services.base import Service
+from keel.common import codec, ids, transport
+from keel.common.config import DecoderConfig
+from keel.common.protocol import Predictions, Role, Source
+from keel.services.base import Service
 
 
 @dataclass

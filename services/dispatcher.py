@@ -42,16 +42,16 @@ from collections import OrderedDict
 import numpy as np
 import zmq
 
-from common import transport
-from common.config import DispatcherConfig
-from common.ids import IdSpace
-from common.protocol import (
+from keel.common import transport
+from keel.common.config import DispatcherConfig
+from keel.common.ids import IdSpace
+from keel.common.protocol import (
     MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
 )
-from services.base import Service
-from services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
-from services.scheduling.distribution import distribution_policy
-from services.scheduling.view import pool_summary
+from keel.services.base import Service
+from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
+from keel.services.scheduling.distribution import distribution_policy
+from keel.services.scheduling.view import pool_summary
 
 
 class Dispatcher(Service):
@@ -94,8 +94,8 @@ class Dispatcher(Service):
         #: SERF §IV-D: the configurator of the models with a profile (None: none)
         self.serf = None
         if cfg.serf:
-            from services.serf import profile as serf_profile
-            from services.serf.configurator import Configurator
+            from keel.services.serf import profile as serf_profile
+            from keel.services.serf.configurator import Configurator
 
             profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items()}
             for m in [m for m, p in profiles.items() if p is None or m not in self.queues]:
@@ -121,7 +121,7 @@ class Dispatcher(Service):
         self.active, self.fence_epoch, self.manager = True, 0, None
         self.paused, self.pauses = False, 0  # paused: a newer epoch was seen (``_fenced``)
         if cfg.manager_endpoints:
-            from common.control import ManagerLink
+            from keel.common.control import ManagerLink
 
             self.active = False
             me = {"name": self.name, "group": "dispatcher", "host": cfg.host,

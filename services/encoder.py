@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from common import codec, ids, protocol, transport
-from common.config import EncoderConfig
-from common.protocol import Batch, Role
-from services.base import Service
+from keel.common import codec, ids, protocol, transport
+from keel.common.config import EncoderConfig
+from keel.common.protocol import Batch, Role
+from keel.services.base import Service
 
 
 @dataclass

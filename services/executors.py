@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from common.protocol import Batch
+from keel.common.protocol import Batch
 
 #: executor threads at most: beyond this many slots, batches wait in the worker for one
 MAX_EXECUTORS = 64

@@ -39,17 +39,17 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from common import protocol, transport
-from common.config import FrontendConfig
-from common.ids import SEQ_BITS, IdSpace
-from common.protocol import (
+from keel.common import protocol, transport
+from keel.common.config import FrontendConfig
+from keel.common.ids import SEQ_BITS, IdSpace
+from keel.common.protocol import (
     Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Reply, Source, Status,
 )
-from services.base import Service
-from services.cache import ClockCache
-from services.requests import Answered as AnsweredTable
-from services.requests import Hold, Request, Selection, State
-from services.selection.runtime import Applications, Call
+from keel.services.base import Service
+from keel.services.cache import ClockCache
+from keel.services.requests import Answered as AnsweredTable
+from keel.services.requests import Hold, Request, Selection, State
+from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
@@ -113,7 +113,7 @@ class Frontend(Service):
         self.dispatcher_name, self.manager = None, None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if cfg.manager_endpoints:
-            from common.control import ManagerLink
+            from keel.common.control import ManagerLink
 
             self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
                                        on_change=self._on_manager_change)

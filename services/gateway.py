@@ -42,11 +42,11 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from common import curve, logs, protocol, transport
-from common.client import AsyncClient
-from common.config import GatewayConfig, ModelInfo
-from common.metrics import Metrics
-from common.protocol import ErrorCode
+from keel.common import curve, logs, protocol, transport
+from keel.common.client import AsyncClient
+from keel.common.config import GatewayConfig, ModelInfo
+from keel.common.metrics import Metrics
+from keel.common.protocol import ErrorCode
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data"]

@@ -1,4 +1,4 @@
-"""Start one Keel process: ``python -m services.serve ROLE --config JSON``.
+"""Start one Keel process: ``python -m keel.services.serve ROLE --config JSON``.
 
 ROLE is a role of common.roles.ROLES; JSON is the role's config (see common.config).
 supervisord, systemd and the chaos harness all start services this way.
@@ -11,8 +11,9 @@ import sys
 
 import orjson
 
-from common.config import ConfigError, from_dict
-from common.roles import role as role_of
+from keel.common.config import ConfigError
+from keel.common.roles import from_dict
+from keel.common.roles import role as role_of
 
 
 def build(role: str, cfg):
@@ -37,14 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"keel serve {args.role}: bad config: {exc}", file=sys.stderr)
         return 2
     if args.curve:
-        from common import curve
+        from keel.common import curve
 
         try:
             curve.use(args.curve)
         except curve.CurveError as exc:
             print(f"keel serve {args.role}: {exc}", file=sys.stderr)
             return 2
-    from common.containers import DeviceError
+    from keel.common.containers import DeviceError
 
     try:
         service = build(args.role, cfg)

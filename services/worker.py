@@ -58,12 +58,12 @@ import traceback
 import numpy as np
 import zmq
 
-from common import protocol, transport
-from common.config import WorkerConfig
-from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
-from services.base import Service
-from services.executors import Executors, Job, set_torch_threads
-from common.containers import build_predictor
+from keel.common import protocol, transport
+from keel.common.config import WorkerConfig
+from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
+from keel.services.base import Service
+from keel.services.executors import Executors, Job, set_torch_threads
+from keel.common.containers import build_predictor
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
 LEAVE_LINGER_MS = 500
@@ -109,7 +109,7 @@ class Worker(Service):
         #: manager names (re-registering when that changes)
         self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
         if cfg.manager_endpoints:
-            from common.control import ManagerLink
+            from keel.common.control import ManagerLink
 
             self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
                                        on_change=self._on_manager_change)
@@ -214,7 +214,7 @@ class Worker(Service):
 
     def rollout(self, version: str) -> str | None:
         """Serve ``version`` of the store model from now on; why not, or None when done."""
-        from common.containers import check, store_predictor
+        from keel.common.containers import check, store_predictor
 
         if self.cfg.builtin is not None:
             return f"builtin model {self.cfg.builtin} has no versions"

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import zmq
 
-from common import waiting
-from common.client import Client
-from deploy.local import Launcher
+from keel.common import waiting
+from keel.common.client import Client
+from keel.deploy.local import Launcher
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float = 5.0, interval_s: float = 0.01, what: str = "condition") -> Any:

@@ -13,9 +13,9 @@ The erasure code itself (encoders, decoder) is ``common.codec``, shared with ser
 
 Example
 -------
->>> from training.train import train_deployed                    # doctest: +SKIP
->>> from training.parity import train_parity                     # doctest: +SKIP
->>> from training.evaluate import evaluate                       # doctest: +SKIP
+>>> from keel.training.train import train_deployed                    # doctest: +SKIP
+>>> from keel.training.parity import train_parity                     # doctest: +SKIP
+>>> from keel.training.evaluate import evaluate                       # doctest: +SKIP
 >>> train_deployed("mnist5k", "mlp", epochs=20, seed=0, store_root="store")   # doctest: +SKIP
 >>> train_parity("mnist5k-mlp", k=2, encoder="add", epochs=200, seed=0, store_root="store")  # doctest: +SKIP
 >>> evaluate("mnist5k-mlp-parity-k2-add", store_root="store")["A_d"]           # doctest: +SKIP

@@ -14,9 +14,9 @@ returns an exit status.
 
 Example
 -------
-$ python -m training.cli train deployed --dataset digits --arch mlp --epochs 60
-$ python -m training.cli train parity --model digits-mlp --k 2 --encoder add --epochs 200
-$ python -m training.cli evaluate --parity digits-mlp-parity-k2-add
+$ python -m keel.training.cli train deployed --dataset digits --arch mlp --epochs 60
+$ python -m keel.training.cli train parity --model digits-mlp --k 2 --encoder add --epochs 200
+$ python -m keel.training.cli evaluate --parity digits-mlp-parity-k2-add
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import argparse
 import sys
 from typing import Any
 
-from common.modelstore import DEFAULT_STORE, Manifest, ModelStore
+from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore
 
 DEFAULT_MODEL = "digits-mlp"  # what ``keel demo`` serves: input_shape [64] float32, output_size 10
 DEFAULT_EPOCHS = 60
@@ -47,7 +47,7 @@ def ensure_default_model(store_root: str = DEFAULT_STORE) -> Manifest:
     store = ModelStore(store_root)
     if store.has(DEFAULT_MODEL):
         return store.manifest(DEFAULT_MODEL)
-    from training.train import train_deployed
+    from keel.training.train import train_deployed
 
     return train_deployed("digits", "mlp", DEFAULT_EPOCHS, seed=0, store_root=store_root, name=DEFAULT_MODEL)
 
@@ -56,7 +56,7 @@ def ensure_default_parity(
     store_root: str = DEFAULT_STORE, k: int = 2, encoder: str = "add", epochs: int = DEFAULT_PARITY_EPOCHS
 ) -> Manifest:
     """Return the parity model for ``digits-mlp`` with this ``k`` and ``encoder``, training what is missing."""
-    from training.parity import parity_name, train_parity
+    from keel.training.parity import parity_name, train_parity
 
     ensure_default_model(store_root)
     store, name = ModelStore(store_root), parity_name(DEFAULT_MODEL, k, encoder)
@@ -66,14 +66,14 @@ def ensure_default_parity(
 
 
 def _train_deployed(args: argparse.Namespace) -> int:
-    from training.train import train_deployed
+    from keel.training.train import train_deployed
 
     train_deployed(args.dataset, args.arch, args.epochs, args.seed, args.store, args.name, init=args.init)
     return 0
 
 
 def _train_parity(args: argparse.Namespace) -> int:
-    from training.parity import train_parity
+    from keel.training.parity import train_parity
 
     epochs = DEFAULT_PARITY_EPOCHS if args.epochs is None and args.steps is None else args.epochs
     train_parity(
@@ -84,7 +84,7 @@ def _train_parity(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from training.evaluate import accuracy_table, evaluate
+    from keel.training.evaluate import accuracy_table, evaluate
 
     if args.parity:
         evaluate(args.parity, args.version, args.store, seed=args.seed, runs_dir=args.runs)
@@ -93,22 +93,36 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``keel.common.architectures.ARCHS`` and ``keel.training.datasets.NAMES``, named here so
+#: that ``keel --help`` need not import torch or numpy (tests/unit/test_packaging.py checks
+#: that they agree)
+ARCH_NAMES = ("mlp", "lenet5", "resnet18", "widemlp")
+DATASET_NAMES = ("digits", "mnist5k")
+
+
+def _architecture(name: str) -> str:
+    from keel.common.architectures import ARCHS
+
+    if name not in ARCHS:
+        raise argparse.ArgumentTypeError(f"unknown architecture {name!r}; choose from {', '.join(ARCHS)}")
+    return name
+
+
 def add_parser(subparsers: Any) -> None:
     """Add ``train`` (``deployed``, ``parity``) and ``evaluate`` to an argparse subparsers object."""
-    from training.datasets import NAMES
-    from common.architectures import ARCHS, INITS
-
     train = subparsers.add_parser("train", help="train a deployed or a parity model into the model store")
     what = train.add_subparsers(dest="train_what", required=True)
 
     d = what.add_parser("deployed", help="train a deployed model")
-    d.add_argument("--dataset", choices=NAMES, default="digits")
-    d.add_argument("--arch", choices=ARCHS, default="mlp")
+    d.add_argument("--dataset", choices=DATASET_NAMES, default="digits", help="embedded dataset (default: %(default)s)")
+    d.add_argument("--arch", type=_architecture, default="mlp", metavar="ARCH",
+                   help=f"model architecture: {', '.join(ARCH_NAMES)} (default: %(default)s)")
     d.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--store", default=DEFAULT_STORE, help="model store folder (default: %(default)s)")
     d.add_argument("--name", default=None, help="store name (default: DATASET-ARCH)")
-    d.add_argument("--init", choices=INITS, default="parm", help="initial weights (default: ParM §5.1)")
+    d.add_argument("--init", choices=("parm", "torch"), default="parm",
+                   help="initial weights: ParM §5.1's or torch's own (default: %(default)s)")
     d.set_defaults(func=_train_deployed)
 
     p = what.add_parser("parity", help="train a parity model for a deployed model (ParM §4.4)")
@@ -136,8 +150,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one training command; ``python -m training.cli --help``."""
-    parser = argparse.ArgumentParser(prog="python -m training.cli", description="Keel training and evaluation")
+    """Run one training command; ``python -m keel.training.cli --help``."""
+    parser = argparse.ArgumentParser(prog="python -m keel.training.cli", description="Keel training and evaluation")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

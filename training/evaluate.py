@@ -25,15 +25,17 @@ A_a 0.9210  A_d 0.8700  (k=2, add, 500 groups)  plot runs/mnist5k-mlp-parity-k2-
 """
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.codec import decode, encode
-from common.modelstore import DEFAULT_STORE, ModelStore, ModelStoreError
-from training import datasets
-from training.train import RUNS_DIR, accuracy, predict
+from keel.common.codec import decode, encode
+from keel.common.modelstore import DEFAULT_STORE, ModelStore, ModelStoreError
+from keel.common.plotting import pyplot
+from keel.training import datasets
+from keel.training.train import RUNS_DIR, accuracy, predict
 
 FRACTIONS = [round(float(f), 2) for f in np.linspace(0.0, 0.5, 11)]
 
@@ -134,7 +136,7 @@ def evaluate(
         "eval_seed": seed,
         "plot": None,
     }
-    if plot:
+    if plot and find_spec("matplotlib") is not None:  # the plot needs the bench extra
         metrics["plot"] = str(plot_overall(metrics, Path(runs_dir) / f"{pm.name}-v{pm.version}.png", f"{pm.name}/{pm.version}"))
     store.update_metrics(pm.name, pm.version, metrics)
     if progress:
@@ -169,11 +171,7 @@ def accuracy_table(store_root: str = DEFAULT_STORE) -> str:
 
 def plot_overall(metrics: dict[str, Any], path: Path, title: str) -> Path:
     """Plot A_o(f) with ParM against A_o(f) with default predictions; returns ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     f = np.array([p[0] for p in metrics["A_o"]])
     a_a, default = metrics["A_a"], metrics["default_accuracy"]
     fig, ax = plt.subplots(figsize=(5, 3.5))

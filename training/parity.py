@@ -31,11 +31,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.codec import Encoder, encode_torch
-from common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
-from training import datasets
-from common.architectures import build
-from training.train import RUNS_DIR, fit, predict
+from keel.common.codec import Encoder, encode_torch
+from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
+from keel.training import datasets
+from keel.common.architectures import build
+from keel.training.train import RUNS_DIR, fit, predict
 
 
 @dataclass

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 PYTHONPATH=.
 S=runs/accuracy/store R=runs/accuracy
-py() { nice -n 10 .venv/bin/python -m training.cli "$@"; }
+py() { nice -n 10 .venv/bin/python -m keel.training.cli "$@"; }
 
 py train deployed --dataset digits  --arch mlp    --epochs 60 --seed 0 --store $S
 py train deployed --dataset mnist5k --arch mlp    --epochs 30 --seed 0 --store $S

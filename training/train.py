@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.modelstore import DEFAULT_STORE, Manifest, ModelStore
-from common.progress import bar
-from training import datasets
-from common.architectures import build, config_for, query_shape
+from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore
+from keel.common.progress import bar
+from keel.training import datasets
+from keel.common.architectures import build, config_for, query_shape
 
 RUNS_DIR = "runs"
 

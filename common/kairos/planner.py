@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from common.kairos.profiles import BASE_TYPE, QOS_MS, Profiles, batch_size_pmf
+from keel.common.kairos.profiles import BASE_TYPE, QOS_MS, Profiles, batch_size_pmf
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,13 @@ Example
 """
 from __future__ import annotations
 
-from common.protocol.codec import decode, decode_header, decode_tensor, encode, split_envelope
-from common.protocol.fields import (
+from keel.common.protocol.codec import decode, decode_header, decode_tensor, encode, split_envelope
+from keel.common.protocol.fields import (
     ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
     ParityMembers, ProtocolError, Role, Source,
 )
-from common.protocol.messages import (
+from keel.common.protocol.messages import (
     _FIELDS, MESSAGES, Answered, Batch, Configure, Done, Heartbeat, Leave, Predict, Predictions, Queries, Register,
     Reply, Status,
 )
@@ -57,11 +57,11 @@ __all__ = [
 ]
 
 # The manager's control plane (services.manager): appended, not merged above, to keep edits additive.
-from common.protocol.messages import Change, Control  # noqa: E402
+from keel.common.protocol.messages import Change, Control  # noqa: E402
 
 __all__ += ["Change", "Control"]
 
 # Model selection (Clipper §5): an application call's feedback.
-from common.protocol.messages import Feedback  # noqa: E402
+from keel.common.protocol.messages import Feedback  # noqa: E402
 
 __all__ += ["Feedback"]

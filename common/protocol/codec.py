@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from common.protocol.fields import (
+from keel.common.protocol.fields import (
     _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     Role, _is_ids, _is_int, _is_strs,
 )
-from common.protocol.messages import (
+from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, Predict, Predictions,
     Queries,
 )

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from common.protocol.fields import CodingTag, Kind, LineageEntry, ParityMembers, Role, Source
+from keel.common.protocol.fields import CodingTag, Kind, LineageEntry, ParityMembers, Role, Source
 
 @dataclass(slots=True)
 class Predict:

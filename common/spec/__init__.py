@@ -40,8 +40,8 @@ Modules: ``tables`` (typed table reading, ``SpecError``), ``models`` (``[models.
 resolved against the model store), ``ports`` (port allocation), ``topology`` (which
 services run where and how they connect), ``load`` (``load_spec``).
 """
-from common.spec.load import load_spec
-from common.spec.tables import SpecError, run_dir_of
-from common.spec.topology import ClusterSpec, ServiceLaunch
+from keel.common.spec.load import load_spec
+from keel.common.spec.tables import SpecError, run_dir_of
+from keel.common.spec.topology import ClusterSpec, ServiceLaunch
 
 __all__ = ["ClusterSpec", "ServiceLaunch", "SpecError", "load_spec", "run_dir_of"]

@@ -20,10 +20,11 @@ named like a model, and its models must take the same input and give outputs of 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.spec.tables import NAME, SpecError, Table, fail
+from keel.common.spec.tables import NAME, Table, fail
 
 POLICY_NAMES = ("exp3", "exp4", "robust", "default", "ab")
 
@@ -80,8 +81,9 @@ def read_applications(data: Any, known_models: list[str] | None = None) -> dict[
             params["default_output"] = t.take("default_output", list[float])
         if policy == "ab":
             params["split"] = t.take("split", list[float])
-            if len(params["split"]) != len(models):
-                fail(t.key("split"), f"must give a share to each of the {len(models)} models")
+            split = params["split"]
+            if len(split) != len(models) or any(s < 0 for s in split) or not math.isclose(sum(split), 1.0):
+                fail(t.key("split"), f"must give each of the {len(models)} models a share >= 0, summing to 1, got {split}")
         context = t.take("context", str, "context")
         deadline = t.take("deadline_ms", float, None)
         if deadline is not None and not deadline > 0:
@@ -113,26 +115,6 @@ def attach(apps: dict[str, Application], services: list, run_dir: str) -> None:
             default = app.params.get("default_output")
             if default is not None and len(default) != infos[app.models[0]].output_size:
                 fail(f"{path}.default_output", f"needs {infos[app.models[0]].output_size} values (the models' output size)")
-            policy_of(app)  # its parameters make a policy
         svc.config.applications = {name: app.to_dict() for name, app in apps.items()}
         if apps and not svc.config.selection_store:
             svc.config.selection_store = os.path.abspath(os.path.join(run_dir, f"{svc.name}-selection.sqlite"))
-
-
-def policy_of(app: Application, seed: int | None = None):
-    """The selection policy object of ``app`` (services/selection/policies.py)."""
-    from services.selection import policies
-
-    p, models = app.params, list(app.models)
-    try:
-        if app.policy == "exp3":
-            return policies.Exp3(models, eta=p["eta"], gamma=p["gamma"], seed=seed)
-        if app.policy == "exp4":
-            return policies.Exp4(models, eta=p["eta"])
-        if app.policy == "robust":
-            return policies.Robust(models, p["default_output"], threshold=p["threshold"], eta=p["eta"])
-        if app.policy == "ab":
-            return policies.ABSplit(models, p["split"], seed=seed)
-        return policies.Default(models)
-    except ValueError as e:
-        raise SpecError(f"applications.{app.name}: {e}") from None

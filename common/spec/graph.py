@@ -4,7 +4,7 @@ the frontend as entry and exit).
 Format::
 
     [graph]
-    mode = "nspb"            # bare | remus | nspb | s1 | s2 | strawman | ls (services.graph.modes)
+    mode = "nspb"            # bare | remus | nspb | s1 | s2 | strawman | ls (common.spec.modes)
     checkpoint_every = 150   # ls: batches between checkpoints of a stateful operator's whole state
     checkpoint_dir = "..."   # ls (optional): the global storage; the trace_dir when left out
     window = 1               # NSPB: states in flight to the backup (1 = HAMS §III-B)
@@ -12,7 +12,7 @@ Format::
     edges = [["frontend", "gru1"], ["gru1", "gru2"], ["gru2", "frontend"]]
 
     [graph.operators.gru1]
-    kind = "gru"             # builtin (services.graph.operators.BUILTIN) or "module:Class"
+    kind = "gru"             # builtin (BUILTIN_OPERATORS below) or "module:Class"
     input_shape = [8]
     output_shape = [16]
     max_batch = 8
@@ -38,13 +38,33 @@ Example
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.spec.tables import SpecError
-from services.graph.modes import MODES
+from keel.common.spec.tables import SpecError
+from keel.common.spec.modes import MODES
 
 FRONTEND = "frontend"
+
+#: the builtin operator kinds a spec may name, and the classes that implement them
+#: (``keel.services.graph.operators``): imported only when a kind is looked up
+BUILTIN_OPERATORS = {name: f"keel.services.graph.operators:{cls}" for name, cls in (
+    ("mlp", "MLP"), ("lenet", "LeNet"), ("gru", "GRU"), ("online_mlp", "OnlineMLP"))}
+
+
+def operator_class(kind: str) -> type:
+    """The operator class a spec's ``kind`` names: a builtin or ``module:Class``; a
+    ``ValueError`` says why another name is not one."""
+    target = BUILTIN_OPERATORS.get(kind, kind)
+    module, sep, name = target.partition(":")
+    if not sep:
+        raise ValueError(f"{kind!r} is neither a builtin ({sorted(BUILTIN_OPERATORS)}) nor 'module:Class'")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and isinstance(getattr(cls, "stateful", None), bool)
+            and callable(getattr(cls, "compute", None))):
+        raise ValueError(f"{kind} is not a StatelessOperator or StatefulOperator")
+    return cls
 JOINS = ("combine", "interleave")
 
 
@@ -149,8 +169,6 @@ def _shape(value, key: str) -> tuple[int, ...]:
 
 def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     """Check and build a ``GraphSpec`` from a ``[graph]`` table."""
-    from services.graph.operators import is_stateful  # the operator classes say what they are
-
     table = dict(table)
     mode = table.pop("mode", "nspb")
     if mode not in MODES:
@@ -182,7 +200,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         if not isinstance(kind, str):
             raise GraphError(f"{key}.kind: must name a builtin operator or 'module:Class'")
         try:
-            stateful = is_stateful(kind)
+            stateful = operator_class(kind).stateful
         except (ImportError, AttributeError, ValueError) as exc:
             raise GraphError(f"{key}.kind: {exc}") from None
         op = OperatorSpec(name, kind, _shape(raw.pop("input_shape", None), f"{key}.input_shape"),
@@ -282,8 +300,8 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes.
     ``address_of(service name)``: where that process listens (default ``address`` for all;
     per process when each runs on its own emulated host)."""
-    from common import config as cfg
-    from common.spec.topology import ServiceLaunch
+    from keel.common import config as cfg
+    from keel.common.spec.topology import ServiceLaunch
 
     trace_dir = trace_dir or graph.trace_dir
     link = {"manager_endpoints": list(manager[0]), "manager_publish_endpoints": list(manager[1])} if manager else {}

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.modelstore import DEFAULT_STORE
-from common.spec.models import read_model
-from common.spec.pools import read_pool_prices
-from common.spec.ports import Ports, assign_metrics_ports
-from common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
-from common.spec.topology import ClusterSpec, wire
-from common.spec.manager import read_manager, wire_manager
+from keel.common.modelstore import DEFAULT_STORE
+from keel.common.spec.models import read_model
+from keel.common.spec.pools import read_pool_prices
+from keel.common.spec.ports import Ports, assign_metrics_ports
+from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
+from keel.common.spec.topology import ClusterSpec, wire
+from keel.common.spec.manager import read_manager, wire_manager
 
 
 def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
@@ -117,7 +117,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
                if root.has("manager") else None)
     applications = None
     if root.has("applications"):  # model selection (Clipper §5): common.spec.applications
-        from common.spec.applications import read_applications
+        from keel.common.spec.applications import read_applications
 
         applications = read_applications(root.take("applications", dict), list(models))
     root.finish()
@@ -125,13 +125,13 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     ports = Ports(base_port)
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts) if models else ([], [])
     if applications:
-        from common.spec.applications import attach
+        from keel.common.spec.applications import attach
 
         attach(applications, services, run_dir_)
     if manager is not None:
         wire_manager(services, hosts, ports, manager, run_dir_)
     if graph_table is not None:
-        from common.spec.graph import graph_services, read_graph
+        from keel.common.spec.graph import graph_services, read_graph
 
         graph_host = placement["frontend"][0]
         graph_svcs, graph_client = graph_services(read_graph(graph_table), ports.last() + 1, hosts[graph_host], graph_host)

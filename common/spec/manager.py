@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from common import config as cfg
-from common.spec.ports import Ports
-from common.spec.tables import SpecError, Table, fail, options
-from common.spec.topology import ServiceLaunch
+from keel.common import config as cfg
+from keel.common.roles import from_dict
+from keel.common.spec.ports import Ports
+from keel.common.spec.tables import SpecError, Table, fail, options
+from keel.common.spec.topology import ServiceLaunch
 
 FOLLOWERS = ("frontend", "worker", "dispatcher")
 
@@ -63,7 +64,7 @@ def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Po
         if manager["preferred_leader"]:
             data["preferred_leader"] = raft[names.index(manager["preferred_leader"])]
         try:
-            replicas.append(ServiceLaunch(name, "manager", host, cfg.from_dict("manager", data)))
+            replicas.append(ServiceLaunch(name, "manager", host, from_dict("manager", data)))
         except cfg.ConfigError as exc:
             raise SpecError(f"manager: {exc}") from None
     link = {"manager_endpoints": control, "manager_publish_endpoints": publish}

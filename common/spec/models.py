@@ -11,10 +11,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from common import config as cfg
-from common.modelstore import ModelStore, ModelStoreError
-from common.spec.pools import read_kairos, read_pools
-from common.spec.tables import NAME, SpecError, Table, fail, options
+from keel.common import config as cfg
+from keel.common.modelstore import ModelStore, ModelStoreError
+from keel.common.spec.pools import read_kairos, read_pools
+from keel.common.spec.tables import NAME, SpecError, Table, fail, options
 
 MODES = ("none", "equal", "parm")
 #: the keys of a resolved model that make its ModelInfo (frontend) and BatchPolicy (dispatcher)

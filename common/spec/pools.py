@@ -24,21 +24,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from common.spec.tables import NAME, SpecError, Table, fail
+from keel.common.spec.tables import NAME, SpecError, Table, fail
 
 KAIROS_KEYS = ("kairos_model", "kairos_scale", "kairos_profile")
 
 
 @lru_cache(maxsize=4)
 def _profiles(root: str):
-    from common.kairos.profiles import Profiles
+    from keel.common.kairos.profiles import Profiles
 
     return Profiles.load(root)
 
 
 def default_profile() -> str:
     """``../shared/data/kairos`` beside the repository, absolute."""
-    from common.kairos.profiles import DEFAULT_ROOT
+    from keel.common.kairos.profiles import DEFAULT_ROOT
 
     return str(DEFAULT_ROOT)
 

@@ -2,7 +2,7 @@
 address never collide; metrics ports from their own base, checked against the endpoints."""
 from __future__ import annotations
 
-from common.spec.tables import SpecError, fail
+from keel.common.spec.tables import SpecError, fail
 
 
 class Ports:

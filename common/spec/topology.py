@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common import config as cfg
-from common.roles import ROLES
-from common.spec.models import batch_policy, model_info
-from common.spec.ports import Ports
-from common.spec.tables import SpecError, fail
+from keel.common import config as cfg
+from keel.common.roles import ROLES, from_dict
+from keel.common.spec.models import batch_policy, model_info
+from keel.common.spec.ports import Ports
+from keel.common.spec.tables import SpecError, fail
 
 
 @dataclass
 class ServiceLaunch:
-    """One process of the cluster: what ``python -m services.serve`` needs to start it."""
+    """One process of the cluster: what ``python -m keel.services.serve`` needs to start it."""
 
     name: str
     role: str
@@ -29,7 +29,7 @@ class ServiceLaunch:
     curve_keys: str | None = None
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        argv = [python, "-m", "services.serve", self.role, "--config", cfg.to_json(self.config)]
+        argv = [python, "-m", "keel.services.serve", self.role, "--config", cfg.to_json(self.config)]
         return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:
@@ -90,7 +90,7 @@ class ClusterSpec:
 
 def _build(role: str, data: dict[str, Any], path: str) -> Any:
     try:
-        return cfg.from_dict(role, data)
+        return from_dict(role, data)
     except cfg.ConfigError as exc:
         raise SpecError(f"{path}: {exc}") from None
 

@@ -5,18 +5,14 @@ Run: ``.venv/bin/python deploy/examples/selection_client.py`` (from the reposito
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the checkout
-
-from common.client import Client  # noqa: E402
-from common.spec import load_spec  # noqa: E402
-from common.spec.tables import read_source  # noqa: E402
-from deploy.local import Launcher, free_port_block  # noqa: E402
+from keel import Client, load_spec
+from keel.common.spec.tables import read_source
+from keel.deploy.local import Launcher, free_port_block
 
 TRUE = 2
 x = np.eye(16, dtype=np.float32)[TRUE]  # the right models say class 2, "wrong" says 0

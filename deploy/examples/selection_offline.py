@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.spec.applications import policy_of, read_applications
-from services.selection.contexts import ContextStore
-from services.selection.policies import State
+from keel.common.spec.applications import read_applications
+from keel.services.selection.policies import policy_of
+from keel.services.selection.contexts import ContextStore
+from keel.services.selection.policies import State
 
 apps = read_applications({"ens": {"models": ["good", "so-so", "bad"], "policy": "robust", "threshold": 0.6,
                                   "default_output": [0.5, 0.5], "context": "user"}})

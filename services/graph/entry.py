@@ -33,16 +33,16 @@ import time
 import numpy as np
 import zmq
 
-from common import transport
-from common.config import GraphFrontendConfig
-from common.protocol.fields import ErrorCode
-from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
-from common.spec.graph import FRONTEND, read_graph
-from services.base import Service
-from services.graph.lineage import ReleaseGate, join
-from services.graph.modes import MODES
-from services.graph.trace import Trace
-from services.requests import Request, State
+from keel.common import transport
+from keel.common.config import GraphFrontendConfig
+from keel.common.protocol.fields import ErrorCode
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
+from keel.common.spec.graph import FRONTEND, read_graph
+from keel.services.base import Service
+from keel.services.graph.lineage import ReleaseGate, join
+from keel.common.spec.modes import MODES
+from keel.services.graph.trace import Trace
+from keel.services.requests import Request, State
 
 
 class GraphFrontend(Service):
@@ -82,7 +82,7 @@ class GraphFrontend(Service):
         self.counts["degraded"] = 0
         self.manager = None
         if config.manager_endpoints:
-            from common.control import ManagerLink
+            from keel.common.control import ManagerLink
 
             self.manager = ManagerLink(self, config.manager_endpoints, config.manager_publish_endpoints,
                                        on_change=self._on_manager_change)

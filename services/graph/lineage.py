@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from common.protocol.fields import LineageEntry
+from keel.common.protocol.fields import LineageEntry
 
 
 def extend(lineage: list[LineageEntry], predecessor: str, predecessor_seq: int, operator: str,

@@ -9,7 +9,7 @@ Frames in (one PULL, ``endpoint``): ``GraphRequest`` from predecessors, ``GraphS
 backups, from previous stateful models' backups; everyone, from the frontend: replies up
 to that origin have left the graph, so saved outputs can go).
 
-The primary's batch (``step``), per mode (``services.graph.modes``)::
+The primary's batch (``step``), per mode (``common.spec.modes``)::
 
     compute(batch n)            reads the state only
     outputs -> successors       at once (nspb, s2, bare); after the backup has state n (s1, remus)
@@ -62,17 +62,18 @@ from collections import OrderedDict, deque
 import numpy as np
 import zmq
 
-from common import transport
-from common.config import GraphOperatorConfig
-from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from common.spec.graph import FRONTEND, read_graph
-from services.base import Service
-from services.graph import lineage as lin
-from services.graph.assignment import Assignment
-from services.graph.modes import MODES
-from services.graph.operators import GraphBatch, operator_class
-from services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
-from services.graph.trace import Trace
+from keel.common import transport
+from keel.common.config import GraphOperatorConfig
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
+from keel.common.spec.graph import FRONTEND, read_graph
+from keel.services.base import Service
+from keel.services.graph import lineage as lin
+from keel.services.graph.assignment import Assignment
+from keel.common.spec.modes import MODES
+from keel.common.spec.graph import operator_class
+from keel.services.graph.operators import GraphBatch
+from keel.services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
+from keel.services.graph.trace import Trace
 
 
 #: a holder numbers and sends only this long after the manager last confirmed it: under
@@ -178,7 +179,7 @@ class GraphOperator(Service):
 
     # --- the manager (HAMS II) -----------------------------------------------------------
     def _link_manager(self) -> None:
-        from common.control import ManagerLink
+        from keel.common.control import ManagerLink
 
         me = None
         if self.stateful or self.backup is not None or self.assignment.role in ("stateless", "standby"):

@@ -23,12 +23,13 @@ A ``GraphBatch`` is the rows of one batch: ``inputs`` (numpy, stacked on axis 0)
 """
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from keel.common.spec.graph import operator_class
 
 torch.set_num_threads(1)
 
@@ -99,7 +100,7 @@ class LeNet(StatelessOperator):
 
     def __init__(self, input_shape, output_shape, seed: int = 0, **options):
         super().__init__(input_shape, output_shape, seed)
-        from common.architectures import build, config_for
+        from keel.common.architectures import build, config_for
 
         self.net = build("lenet5", **config_for("lenet5", input_shape, int(np.prod(output_shape)))).eval()
 
@@ -203,26 +204,6 @@ class OnlineMLP(StatefulOperator):
         b2.sub_(d_out.sum(0), alpha=self.lr)
         w1.addmm_(d_z.t(), x, alpha=-self.lr)
         b1.sub_(d_z.sum(0), alpha=self.lr)
-
-
-BUILTIN = {"mlp": MLP, "lenet": LeNet, "gru": GRU, "online_mlp": OnlineMLP}
-
-
-def operator_class(kind: str) -> type:
-    """The class named by ``kind``: a builtin name or ``module:Class``."""
-    if kind in BUILTIN:
-        return BUILTIN[kind]
-    module, sep, name = kind.partition(":")
-    if not sep:
-        raise ValueError(f"{kind!r} is neither a builtin ({sorted(BUILTIN)}) nor 'module:Class'")
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and issubclass(cls, StatelessOperator)):
-        raise ValueError(f"{kind} is not a StatelessOperator or StatefulOperator")
-    return cls
-
-
-def is_stateful(kind: str) -> bool:
-    return operator_class(kind).stateful
 
 
 def run_offline(graph, inputs, streams) -> tuple[list[np.ndarray], dict]:

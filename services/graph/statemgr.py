@@ -30,8 +30,8 @@ import numpy as np
 import orjson
 import zmq
 
-from common.protocol.fields import LineageEntry
-from common.protocol.messages import GraphState
+from keel.common.protocol.fields import LineageEntry
+from keel.common.protocol.messages import GraphState
 
 
 _ALIGN = 64
@@ -139,7 +139,7 @@ class StateManager:
             self.send(state)
             return
         if self._sock is None:  # made and used by the copying thread only
-            from common import transport
+            from keel.common import transport
 
             self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
         transport_send(self._sock, state)
@@ -195,7 +195,7 @@ class StateManager:
 
 
 def transport_send(sock, msg) -> None:
-    from common import transport
+    from keel.common import transport
 
     transport.try_send(sock, msg)
 

@@ -40,11 +40,11 @@ from typing import Any
 import zmq
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
-from common import transport
-from common.config import ManagerConfig
-from common.protocol import Change, Control, Status
-from services.base import Service
-from services.manager.state import OK, ClusterState
+from keel.common import transport
+from keel.common.config import ManagerConfig
+from keel.common.protocol import Change, Control, Status
+from keel.services.base import Service
+from keel.services.manager.state import OK, ClusterState
 
 DECISIONS = ("register", "promote", "desired")
 

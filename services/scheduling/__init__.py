@@ -31,10 +31,10 @@ the slots the dispatcher fills at once. A configurator is
 ``plan(queues: dict[str, ModelQueue], workers: Sequence[WorkerState], now) ->
 list[tuple[str, int | None, int | None]]`` run from a chore.
 """
-from services.scheduling.batching import AIMD, BATCHING, Batching, FixedBatch, batching_for
-from services.scheduling.coding import CodingGroups
-from services.scheduling.distribution import POLICIES, Assignment, DistributionPolicy, RoundRobin, SingleQueue
-from services.scheduling.view import Inflight, ModelQueue, Query, ServiceProfile, WorkerState
+from keel.services.scheduling.batching import AIMD, BATCHING, Batching, FixedBatch, batching_for
+from keel.services.scheduling.coding import CodingGroups
+from keel.services.scheduling.distribution import POLICIES, Assignment, DistributionPolicy, RoundRobin, SingleQueue
+from keel.services.scheduling.view import Inflight, ModelQueue, Query, ServiceProfile, WorkerState
 
 __all__ = [
     "AIMD", "BATCHING", "Batching", "FixedBatch", "batching_for", "CodingGroups", "POLICIES", "Assignment",

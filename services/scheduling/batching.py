@@ -18,7 +18,7 @@ stays within ``batch_budget_ms``, x``aimd_backoff`` (0.9: "reducing the batch si
 
 Example
 -------
->>> from common.config import BatchPolicy
+>>> from keel.common.config import BatchPolicy
 >>> type(batching_for(BatchPolicy(fixed_batch=4))).__name__
 'FixedBatch'
 """
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.config import BatchPolicy
-from services.scheduling.view import WorkerState
+from keel.common.config import BatchPolicy
+from keel.services.scheduling.view import WorkerState
 
 
 class Batching:

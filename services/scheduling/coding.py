@@ -10,15 +10,15 @@ with its previous incarnation's in the encoder and decoder, which key groups by
 
 Example
 -------
->>> from common.ids import IdSpace
+>>> from keel.common.ids import IdSpace
 >>> groups = CodingGroups(2, IdSpace(epoch=1))
 >>> [(t.group & 0xFFFF, t.index) for t in (groups.tag(), groups.tag(), groups.tag())]
 [(1, 0), (1, 1), (2, 0)]
 """
 from __future__ import annotations
 
-from common.ids import IdSpace
-from common.protocol import CodingTag
+from keel.common.ids import IdSpace
+from keel.common.protocol import CodingTag
 
 
 class CodingGroups:

@@ -35,23 +35,10 @@ Example
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
-from common.config import ConfigError, DispatcherConfig
-from services.scheduling.view import ModelQueue, WorkerState
-
-
-@dataclass(slots=True)
-class Assignment:
-    """The next chunk of the queue goes to ``worker`` (None: stays queued this round)."""
-
-    worker: WorkerState | None
-    count: int | None = None
-
-
-class DistributionPolicy(Protocol):
-    def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]: ...
+from keel.common.config import ConfigError, DispatcherConfig
+from keel.services.scheduling.kairos import ClockworkPolicy, FcfsBase, KairosPolicy, feature_size, make_policy
+from keel.services.scheduling.view import Assignment, DistributionPolicy, ModelQueue, WorkerState  # noqa: F401 (re-exported)
 
 
 class SingleQueue:
@@ -87,8 +74,6 @@ POLICIES: dict[str, type] = {"single_queue": SingleQueue, "round_robin": RoundRo
 
 # Kairos §5.1 and its baselines (§6), built with defaults (size 1 per query, latencies
 # learned from Done); DRS needs its threshold: ``kairos.make_policy("drs", threshold=...)``
-from services.scheduling.kairos import ClockworkPolicy, FcfsBase, KairosPolicy  # noqa: E402
-
 POLICIES.update({"kairos": KairosPolicy, "fcfs_base": FcfsBase, "clockwork": ClockworkPolicy})
 
 
@@ -105,12 +90,10 @@ def distribution_policy(cfg: DispatcherConfig):
         raise ConfigError(f"unknown distribution policy {cfg.policy!r}; known: {sorted([*POLICIES, 'drs'])}")
     if cfg.policy not in KAIROS_POLICIES:
         return POLICIES[cfg.policy]()
-    from services.scheduling.kairos import feature_size, make_policy
-
     kw: dict = {"threshold": cfg.drs_threshold} if cfg.policy == "drs" else {}
     if not cfg.kairos_model:
         return make_policy(cfg.policy, **kw)
-    from common.kairos.profiles import Profiles
+    from keel.common.kairos.profiles import Profiles
 
     try:
         prof = Profiles.load(cfg.kairos_profile or None)

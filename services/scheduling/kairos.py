@@ -49,8 +49,7 @@ from itertools import islice
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from services.scheduling.distribution import Assignment
-from services.scheduling.view import ModelQueue, Query, WorkerState
+from keel.services.scheduling.view import Assignment, ModelQueue, Query, WorkerState
 
 LatencyFn = Callable[[str, int], "float | None"]
 
@@ -483,9 +482,9 @@ def solve_timing(shapes: Sequence[tuple[int, int]] = ((28, 14), (200, 200)), rep
     print (``keel experiment kairos``), never a test's assertion."""
     import time
 
-    from common.config import BatchPolicy
-    from services.scheduling.batching import FixedBatch
-    from services.scheduling.view import Inflight
+    from keel.common.config import BatchPolicy
+    from keel.services.scheduling.batching import FixedBatch
+    from keel.services.scheduling.view import Inflight
 
     rng = np.random.default_rng(seed)
     lat = lambda t, s: 5.0 + 0.05 * s if t == "gpu" else 0.5 * s  # noqa: E731

@@ -27,13 +27,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from common.config import BatchPolicy
+from keel.common.config import BatchPolicy
 
 #: the windows SERF's arrival rate is counted over (``ModelQueue.arrival_rate``), and how
 #: far back a queue keeps its arrivals (the longest)
@@ -243,3 +243,17 @@ def pool_summary(workers: Iterable[WorkerState]) -> dict:
     if not pools:
         return {}
     return {"pools": pools, "cost_per_hour": round(sum(p["cost_per_hour"] for p in pools.values()), 4)}
+
+
+@dataclass(slots=True)
+class Assignment:
+    """The next chunk of the queue goes to ``worker`` (None: stays queued this round)."""
+
+    worker: WorkerState | None
+    count: int | None = None
+
+
+class DistributionPolicy(Protocol):
+    """A query-distribution plug-in of the dispatcher (``distribution.POLICIES``)."""
+
+    def assign(self, queue: ModelQueue, workers: Sequence[WorkerState], now: float) -> list[Assignment]: ...

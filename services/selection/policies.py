@@ -41,6 +41,9 @@ confidence is below ``threshold``.
 Example
 -------
 >>> import numpy as np
+
+from keel.common.spec.applications import Application
+from keel.common.spec.tables import SpecError
 >>> policy = Exp4(["a", "b", "c"])
 >>> state = policy.init()
 >>> out = policy.combine(state, None, {"a": np.array([0.9, 0.1]), "b": np.array([0.8, 0.2])})
@@ -54,6 +57,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from keel.common.spec.applications import Application
+from keel.common.spec.tables import SpecError
 
 
 @dataclass
@@ -253,3 +259,20 @@ class ABSplit(Default):
 
 
 POLICIES = {"exp3": Exp3, "exp4": Exp4, "robust": Robust, "default": Default, "ab": ABSplit}
+
+
+def policy_of(app: Application, seed: int | None = None):
+    """The selection policy object of ``app``, as its spec table names it."""
+    p, models = app.params, list(app.models)
+    try:
+        if app.policy == "exp3":
+            return Exp3(models, eta=p["eta"], gamma=p["gamma"], seed=seed)
+        if app.policy == "exp4":
+            return Exp4(models, eta=p["eta"])
+        if app.policy == "robust":
+            return Robust(models, p["default_output"], threshold=p["threshold"], eta=p["eta"])
+        if app.policy == "ab":
+            return ABSplit(models, p["split"], seed=seed)
+        return Default(models)
+    except ValueError as e:
+        raise SpecError(f"applications.{app.name}: {e}") from None

@@ -20,8 +20,8 @@ confidence of answers, models missing from an answer, low-confidence defaults.
 
 Example
 -------
->>> from common.config import FrontendConfig, ModelInfo
->>> from common.metrics import Metrics
+>>> from keel.common.config import FrontendConfig, ModelInfo
+>>> from keel.common.metrics import Metrics
 >>> cfg = FrontendConfig(models={m: ModelInfo([2], 2) for m in ("a", "b")},
 ...                      applications={"ab": {"models": ["a", "b"], "policy": "exp4", "params": {"eta": 0.3}}})
 >>> apps = Applications(cfg, Metrics("frontend"))
@@ -40,12 +40,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from common.config import FrontendConfig, ModelInfo
-from common.protocol import ErrorCode, Source
-from common.spec.applications import Application, policy_of
-from services.selection.contexts import ContextStore
-from services.selection.feedback import Entry, FeedbackLog
-from services.selection.policies import State, loss
+from keel.common.config import FrontendConfig, ModelInfo
+from keel.common.protocol import ErrorCode, Source
+from keel.common.spec.applications import Application
+from keel.services.selection.policies import policy_of
+from keel.services.selection.contexts import ContextStore
+from keel.services.selection.feedback import Entry, FeedbackLog
+from keel.services.selection.policies import State, loss
 
 log = structlog.get_logger("selection")
 

@@ -34,7 +34,7 @@ client-to-dispatcher path, which the dispatcher does not see) in status and metr
 
 Example
 -------
->>> from services.serf.profile import Profile
+>>> from keel.services.serf.profile import Profile
 >>> p = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
 >>> conf = Configurator({"m": p}, hold_s=0.0)
 >>> conf.decide("m", rate=10.0, current=(2, 1), workers=1, now=0.0)
@@ -50,7 +50,7 @@ import statistics
 import time
 from collections import deque
 
-from services.serf.profile import Profile
+from keel.services.serf.profile import Profile
 
 #: arrival rates in a reference table
 GRID = 200

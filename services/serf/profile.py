@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from common.queueing import latency, reference_table, utilisation
+from keel.common.queueing import latency, reference_table, utilisation
 
 FILE = "serf_profile.json"
 
@@ -114,7 +114,7 @@ def where(model: str, version: str, store: str | None = None, run_dir: str | Non
     """Where a model version's profile is kept: beside its manifest in the store when the
     store has that version, else ``run_dir/serf/MODEL-VERSION.json``."""
     if store:
-        from common.modelstore import ModelStore
+        from keel.common.modelstore import ModelStore
 
         mstore = ModelStore(store)
         if mstore.has(model, version):

@@ -43,10 +43,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common import transport
-from common.client import Client
-from common.protocol import Configure
-from services.serf.profile import Profile, stamp, tuples
+from keel.common import transport
+from keel.common.client import Client
+from keel.common.protocol import Configure
+from keel.services.serf.profile import Profile, stamp, tuples
 
 
 #: the pause before each request of a tuple with one running (s): the idle time between
@@ -216,6 +216,6 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
 
 
 def _store_shape(cfg) -> list[int]:
-    from common.modelstore import ModelStore
+    from keel.common.modelstore import ModelStore
 
     return list(ModelStore(cfg.store).manifest(cfg.store_name or cfg.model, cfg.version).input_shape)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.hosts import Cluster
-from chaos.resources import have_netns
+from keel.chaos.hosts import Cluster
+from keel.chaos.resources import have_netns
 
 HERE = Path(__file__).resolve().parent
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from chaos.cli import main
-from chaos.experiment import load_experiment, run_experiment
-from chaos.resources import ChaosError, list_netns, NS_PREFIX
-
-pytest.importorskip("services.serve", reason="the serving core is not in this tree")
+from keel.chaos.cli import main
+from keel.chaos.experiment import load_experiment, run_experiment
+from keel.chaos.resources import ChaosError, list_netns, NS_PREFIX
 
 
 def experiment(netns: bool) -> dict:

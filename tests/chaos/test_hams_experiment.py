@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.experiment import load_experiment, run_experiment
+from keel.chaos.experiment import load_experiment, run_experiment
 
-pytest.importorskip("services.serve", reason="the serving core is not in this tree")
 pytestmark = pytest.mark.timeout(120)
 
 TOML = Path(__file__).resolve().parents[2] / "chaos" / "experiments" / "hams_fault_free.toml"

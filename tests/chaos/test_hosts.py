@@ -10,10 +10,10 @@ import textwrap
 import orjson
 import pytest
 
-from chaos.probes import median_rtt_ms, ping, wait_file, wait_until
-from chaos.proxy import DelayProxy
-from chaos.resources import alive, clean_stale, list_netns, proc_state
-from chaos.shuffle import Shuffle
+from keel.chaos.probes import median_rtt_ms, ping, wait_file, wait_until
+from keel.chaos.proxy import DelayProxy
+from keel.chaos.resources import alive, clean_stale, list_netns, proc_state
+from keel.chaos.shuffle import Shuffle
 
 MODES = [pytest.param(False, id="local"), pytest.param(True, id="netns", marks=pytest.mark.netns)]
 
@@ -21,7 +21,7 @@ MODES = [pytest.param(False, id="local"), pytest.param(True, id="netns", marks=p
 def echo(cluster, host, name="echo"):
     ready = cluster.run_dir / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    proc = cluster.spawn(host, [sys.executable, "-m", "chaos.probes", "echo", "--bind", cluster.host(host).address,
+    proc = cluster.spawn(host, [sys.executable, "-m", "keel.chaos.probes", "echo", "--bind", cluster.host(host).address,
                                 "--ready", str(ready), "--max-s", "60"], name)
     got = wait_file(ready, 10.0, alive=proc.running)
     assert got, f"echo did not start: {proc.log.read_text()}"
@@ -32,7 +32,7 @@ def echo(cluster, host, name="echo"):
 def test_kill_freeze_restart_act_on_every_process_of_a_host(clusters, netns):
     cluster = clusters(netns=netns)
     _, port = echo(cluster, "b")
-    cluster.spawn("b", [sys.executable, "-m", "chaos.probes", "sleep", "--max-s", "60"], "sleeper")
+    cluster.spawn("b", [sys.executable, "-m", "keel.chaos.probes", "sleep", "--max-s", "60"], "sleeper")
     conn = cluster.connect("a", cluster.host("b").address, port)
     assert ping(conn, 2.0) is not None
 
@@ -70,7 +70,7 @@ def test_delay_proxy_adds_the_configured_round_trip(clusters, netns):
 
 
 def test_local_mode_refuses_link_faults_instead_of_faking_them(clusters):
-    from chaos.hosts import Unsupported
+    from keel.chaos.hosts import Unsupported
 
     cluster = clusters(hosts=("a", "b"), netns=False)
     for fault in (lambda: cluster.partition("a"), lambda: cluster.set_link_limit("a", 100)):
@@ -103,9 +103,9 @@ def test_a_shuffle_runs_at_the_tbf_link_rate(clusters):
 CRASHER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from chaos.hosts import Cluster
+    from keel.chaos.hosts import Cluster
     c = Cluster(["a", "b"], run_dir=Path(sys.argv[1]), netns=sys.argv[2] == "1", clean=False)
-    p = c.spawn("b", [sys.executable, "-m", "chaos.probes", "sleep", "--max-s", "60"], "sleeper")
+    p = c.spawn("b", [sys.executable, "-m", "keel.chaos.probes", "sleep", "--max-s", "60"], "sleeper")
     print(__import__("json").dumps({"pid": p.pid, "state": str(c.registry.path),
                                     "ns": list(c.network.made) if c.network else []}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)   # crash: no cleanup runs

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chaos.invariants import (AnsweredExactlyOnce, Checker, CheckContext, ModelRepliesMatchOffline,
+from keel.chaos.invariants import (AnsweredExactlyOnce, Checker, CheckContext, ModelRepliesMatchOffline,
                               NoConflictingAnswers, UniquePerKey)
 
 INPUTS = np.arange(40, dtype=np.float32).reshape(10, 4)
@@ -110,7 +110,7 @@ def test_a_check_that_raises_fails_in_the_report_instead_of_crashing():
 
 # --- HAMS graph invariants on hand-made traces ----------------------------------------------
 # g1 -> g2 (both stateful); lineage entries are [predecessor, its seq, operator, my seq].
-from chaos.invariants import graph_invariants  # noqa: E402
+from keel.chaos.invariants import graph_invariants  # noqa: E402
 
 
 def _trace():
@@ -237,8 +237,8 @@ def test_two_processes_numbering_at_one_operator_epoch_fail_one_primary_per_epoc
 def test_load_graph_traces_tells_apart_two_processes_that_wrote_one_file(tmp_path):
     import os
 
-    from chaos.invariants import load_graph_traces
-    from services.graph.trace import Trace
+    from keel.chaos.invariants import load_graph_traces
+    from keel.services.graph.trace import Trace
 
     path = tmp_path / "op-g2.jsonl"
     first = Trace(str(path))

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chaos.deployment import spec_for_mode
-from chaos.faults import FaultPlan, PlanError, parse_fault, random_plan
-from chaos.resources import ChaosError
-from chaos.workload import load_inputs
-from common import loadgen
+from keel.chaos.deployment import spec_for_mode
+from keel.chaos.faults import FaultPlan, PlanError, parse_fault, random_plan
+from keel.chaos.resources import ChaosError
+from keel.chaos.workload import load_inputs
+from keel.common import loadgen
 
 HOSTS = ["fe", "w1", "w2"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import orjson
 
-from chaos import report
+from keel.chaos import report
 
 
 def records(mode, latencies_ms, lost=0):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.experiment import load_experiment, run_experiment
-from chaos.workload import read_records
+from keel.chaos.experiment import load_experiment, run_experiment
+from keel.chaos.workload import read_records
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import orjson
 
-from chaos.cli import main
+from keel.chaos.cli import main
 
 import pytest
 

@@ -8,10 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from common.client import Client
-from common.protocol import Source
-from common.spec import load_spec
-from deploy.local import free_port_block, local_endpoint
+from keel.common.client import Client
+from keel.common.protocol import Source
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port_block, local_endpoint
 
 pytestmark = pytest.mark.slow
 

@@ -13,14 +13,14 @@ import threading
 import numpy as np
 import pytest
 
-from common import curve
-from common.client import Client
-from common.protocol import ErrorCode, Source
-from common.spec import ServiceLaunch, load_spec
-from common.transport import request_status
-from common.waiting import wait_until
-from deploy.keel import main as keel
-from deploy.local import free_port, free_port_block
+from keel.common import curve
+from keel.common.client import Client
+from keel.common.protocol import ErrorCode, Source
+from keel.common.spec import ServiceLaunch, load_spec
+from keel.common.transport import request_status
+from keel.common.waiting import wait_until
+from keel.deploy.keel import main as keel
+from keel.deploy.local import free_port, free_port_block
 
 pytestmark = pytest.mark.slow
 

@@ -16,14 +16,14 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import protocol, transport
-from common.config import BatchPolicy, DispatcherConfig
-from common.protocol import (
+from keel.common import protocol, transport
+from keel.common.config import BatchPolicy, DispatcherConfig
+from keel.common.protocol import (
     MAX_ID, Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Predict,
     Predictions, Queries, Register, Reply, Role, Status,
 )
-from common.spec import ServiceLaunch
-from deploy.local import local_endpoint
+from keel.common.spec import ServiceLaunch
+from keel.deploy.local import local_endpoint
 
 HOSTILE = (b"h0", b"h1", b"h2")
 HOSTILE_NAMES = ("h0", "h1", "x", "m")  # names hostile peers register under ("normal" would replace the normal worker)

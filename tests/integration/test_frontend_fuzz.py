@@ -15,11 +15,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import protocol
-from common.protocol import CodingTag, LineageEntry, Role, Source
-from common.spec import load_spec
-from common.transport import request_status
-from deploy.local import free_port_block
+from keel.common import protocol
+from keel.common.protocol import CodingTag, LineageEntry, Role, Source
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 

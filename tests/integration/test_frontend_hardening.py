@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.client import WINDOW, Client
-from common.protocol import ErrorCode, Predict, Reply, Source
-from common.spec import load_spec
-from common.transport import request_status
-from deploy.local import free_port_block
+from keel.common import protocol, transport
+from keel.common.client import WINDOW, Client
+from keel.common.protocol import ErrorCode, Predict, Reply, Source
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 import pytest
 
-from common.spec import load_spec
-from deploy.local import free_port, free_port_block
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port, free_port_block
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -117,8 +117,8 @@ def test_errors_in_the_protocol_format(gateway):
 @pytest.mark.skipif(not (Path(sys.executable).parent / "supervisord").exists(), reason="supervisord is not installed")
 def test_keel_up_starts_the_gateway(tmp_path):
     """``keel up`` of a spec with [gateway] starts it under supervisord; ``keel down`` stops it."""
-    from deploy import supervisor
-    from deploy.keel import main as keel
+    from keel.deploy import supervisor
+    from keel.deploy.keel import main as keel
 
     port = free_port()
     spec_file = tmp_path / "gw.toml"

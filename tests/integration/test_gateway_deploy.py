@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from common.spec import load_spec
-from deploy.units import render_systemd
+from keel.common.spec import load_spec
+from keel.deploy.units import render_systemd
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.protocol.messages import Predict
-from common.spec.graph import graph_services, read_graph
-from deploy.local import free_port_block
-from services.graph.operators import GRU, run_offline
+from keel.common import protocol, transport
+from keel.common.protocol.messages import Predict
+from keel.common.spec.graph import graph_services, read_graph
+from keel.deploy.local import free_port_block
+from keel.services.graph.operators import GRU, run_offline
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -212,7 +212,7 @@ def test_garbage_and_stray_requests_do_not_stop_the_graph(launcher, zsock):
     push = zsock(zmq.PUSH, connect=g1.config.endpoint)
     push.send_multipart([b"not json"])
     push.send_multipart([b'{"v": 1, "kind": "graph_request", "sender": "g2", "seq": -5}'])
-    from common.protocol.messages import GraphRequest
+    from keel.common.protocol.messages import GraphRequest
     transport.send(push, GraphRequest("frontend", 0, 0, 0, [], np.zeros(99, np.float32)))  # wrong shape
     transport.send(push, GraphRequest("nobody", 0, 0, 0, [], np.zeros(4, np.float32)))  # not a predecessor
     replies = ask(zsock, client, np.random.default_rng(9).normal(size=(20, 4)), [1] * 20)

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import pytest
 
-from chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
-from common.spec.graph import graph_services, read_graph
-from deploy.local import free_port_block
+from keel.chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
+from keel.common.spec.graph import graph_services, read_graph
+from keel.deploy.local import free_port_block
 from tests.integration.test_graph import ask, gru_chain
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.hams_recovery import kill_trial, ls_chain
-from chaos.invariants import load_graph_traces
+from keel.bench.hams_recovery import kill_trial, ls_chain
+from keel.chaos.invariants import load_graph_traces
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

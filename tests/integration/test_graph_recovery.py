@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.hams_recovery import kill_trial
+from keel.bench.hams_recovery import kill_trial
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -67,7 +67,7 @@ def test_correlated_stateless_and_stateful_sigkill_together(launcher, tmp_path):
     """MLP -> GRU -> GRU, m (stateless) and g2's primary SIGKILLed at once: the hot standby
     serves m (numbering on from what g1 took), g2's backup takes over (g1 resends by
     lineage); both promoted, nothing lost, answered twice or unlike offline, invariants hold."""
-    from bench.hams_recovery import mlp_gru_gru
+    from keel.bench.hams_recovery import mlp_gru_gru
 
     row = kill_trial(launcher, tmp_path, ("m", "g2"), n=240, kill_at=80, seed=15, table=mlp_gru_gru())
     print({k: row[k] for k in ("detection_ms", "recovery_ms", "per_victim", "rolled_back")})
@@ -83,7 +83,7 @@ def test_strawman_reexecution_shows_conflicts_the_checker_detects(launcher, tmp_
     g2's primary SIGKILLed: the replacement re-executes on a fresh state and numbers from 0
     again, so outputs for (g2, seq) that reached replies are contradicted by re-run ones that
     reach replies too. Every request is still answered once; the conflicts are found."""
-    from bench.hams_recovery import strawman_chain
+    from keel.bench.hams_recovery import strawman_chain
 
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=16, table=strawman_chain())
     print({k: row[k] for k in ("output_conflicts", "lost", "recovery_ms", "invariants")})
@@ -115,7 +115,7 @@ def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(la
     max_seq; g3's primary, its backup gone, rolls back to its previous state (the newest
     shipped state that took nothing of g2 above max_seq) at a new epoch and re-runs what g2
     resends. Nothing lost, answered twice or unlike offline; the invariants hold."""
-    from bench.hams_recovery import FIG6_STATE_DELAY, fig6_chain
+    from keel.bench.hams_recovery import FIG6_STATE_DELAY, fig6_chain
 
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",),
                      state_delay=FIG6_STATE_DELAY)

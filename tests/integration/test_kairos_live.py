@@ -17,11 +17,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from common.kairos.profiles import DEFAULT_ROOT
-from common.protocol import Source
-from common.spec import load_spec
-from common.transport import request_status
-from deploy.local import free_port_block, wait_until
+from keel.common.kairos.profiles import DEFAULT_ROOT
+from keel.common.protocol import Source
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import free_port_block, wait_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
@@ -78,15 +78,15 @@ def test_live_allowable_throughput_bisects_in_bounded_trials_and_loses_nothing(t
     """``keel experiment kairos --live``'s measurement (bench/kairos_live.py) on a small
     pool, service times x 0.25, 150 queries a trial: every query answered, a bounded
     number of trials, the rate reported one that met the 1% target."""
-    from bench.kairos_experiment import _sizes, latency_table
-    from bench.kairos_live import TARGET, live_throughput
-    from bench.kairos_sim import allowable_throughput
-    from common.kairos.profiles import Profiles
-    from services.scheduling.kairos import KairosPolicy, feature_size
+    from keel.bench.kairos_sim import latency_table, sample_sizes
+    from keel.bench.kairos_live import TARGET, live_throughput
+    from keel.bench.kairos_sim import allowable_throughput
+    from keel.common.kairos.profiles import Profiles
+    from keel.services.scheduling.kairos import KairosPolicy, feature_size
 
     pool = {BASE: 1, CPU: 2}
     lat = latency_table(Profiles.load(), "rm2", [BASE, CPU])
-    sim = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, 350.0, lat, _sizes, rel_tol=0.1, n=500)
+    sim = allowable_throughput(lambda: KairosPolicy(lat, feature_size), pool, 350.0, lat, sample_sizes, rel_tol=0.1, n=500)
     out = live_throughput("rm2", pool, 350.0, sim, scale=0.25, n=150, rel_tol=0.25, log=lambda s: None,
                           run_dir=tmp_path)
     trials = out["trials"]

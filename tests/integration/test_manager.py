@@ -13,9 +13,10 @@ import time
 import pytest
 import zmq
 
-from common import transport
-from common.control import ChangeFeed, ManagerClient
-from deploy.manager_cli import LocalGroup, show
+from keel.common import transport
+from keel.common.control import ChangeFeed, ManagerClient
+from keel.deploy.manager_cli import show
+from keel.deploy.manager_group import LocalGroup
 
 pytestmark = pytest.mark.slow
 
@@ -234,8 +235,8 @@ def test_a_feed_that_lost_the_last_change_notices_it_from_the_periodic_seq(group
 
 
 def test_services_heartbeat_as_often_as_the_manager_asks_so_a_short_window_never_flaps(group):
-    from common.control import ManagerLink
-    from services.base import Service
+    from keel.common.control import ManagerLink
+    from keel.services.base import Service
 
     # a 100 ms silence window; links start at 120 ms (they would flap) and learn 20 ms from the answers
     g = group(heartbeat_interval_s=0.02, heartbeat_liveness=5)

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from common.protocol import Source
-from common.spec import load_spec
-from deploy.local import free_port_block
+from keel.common.protocol import Source
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_a_dead_frontends_calls_move_at_once(tmp_path, launcher, client):
 def test_a_dead_frontends_calls_move_at_once_with_the_async_client(tmp_path, launcher):
     import asyncio
 
-    from common.client import AsyncClient
+    from keel.common.client import AsyncClient
 
     spec, run = _two_frontends(tmp_path, launcher, "fe-kill-async")
     xs = np.random.default_rng(6).random((40, DIM), dtype=np.float32)

@@ -16,13 +16,13 @@ import time
 import numpy as np
 import pytest
 
-from common.control import ManagerClient
-from common.protocol import Source
-from common.spec import ServiceLaunch, load_spec
-from common.transport import request_status
-from common.waiting import wait_until
-from deploy.local import free_port_block
-from deploy.manager_cli import LocalGroup
+from keel.common.control import ManagerClient
+from keel.common.protocol import Source
+from keel.common.spec import ServiceLaunch, load_spec
+from keel.common.transport import request_status
+from keel.common.waiting import wait_until
+from keel.deploy.local import free_port_block
+from keel.deploy.manager_group import LocalGroup
 
 pytestmark = pytest.mark.slow
 

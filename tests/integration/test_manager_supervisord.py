@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.client import Client
-from common.control import ManagerClient
-from common.spec import load_spec
-from common.waiting import wait_until
-from deploy.local import free_port_block
+from keel.common.client import Client
+from keel.common.control import ManagerClient
+from keel.common.spec import load_spec
+from keel.common.waiting import wait_until
+from keel.deploy.local import free_port_block
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,8 +27,8 @@ pytestmark = [
 
 
 def test_up_failover_status_down(tmp_path, capsys):
-    from deploy import supervisor
-    from deploy.cli import cmd_status
+    from keel.deploy import supervisor
+    from keel.deploy.cli import cmd_status
 
     with open("deploy/examples/manager.toml", "rb") as f:
         data = tomllib.load(f)

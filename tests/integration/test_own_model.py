@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.client import Client
-from common.modelstore import ModelStore
-from common.spec import load_spec
-from deploy.keel import main as keel
-from deploy.local import free_port_block
+from keel.common.client import Client
+from keel.common.modelstore import ModelStore
+from keel.common.spec import load_spec
+from keel.deploy.keel import main as keel
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +125,7 @@ def test_rollout_and_rollback_under_load_drop_nothing(store, launcher, tmp_path,
     loader = threading.Thread(target=load)
     loader.start()
     try:
-        wait_results = lambda n: __import__("common.waiting", fromlist=["wait_until"]).wait_until(lambda: len(results) >= n, 30)
+        wait_results = lambda n: __import__("keel.common.waiting", fromlist=["wait_until"]).wait_until(lambda: len(results) >= n, 30)
         assert wait_results(50)
         assert keel(["model", "rollout", str(spec_file), "scale", "--version", "2"]) == 0
         n = len(results)

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from common.client import (AsyncClient, BadInput, Client, DeadlineExceeded, KeelError, UnknownModel, coerce_input,
+from keel.common.client import (AsyncClient, BadInput, Client, DeadlineExceeded, KeelError, UnknownModel, coerce_input,
                            error_for)
-from common.protocol import ErrorCode, Source
-from common.spec import load_spec
-from deploy.local import free_port_block
+from keel.common.protocol import ErrorCode, Source
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,7 @@ def test_async_with_and_typed_exceptions(cluster):
 
 
 def test_error_mapping_and_coercion_without_a_cluster():
-    from common.client import InternalError, Overloaded, Result
+    from keel.common.client import InternalError, Overloaded, Result
 
     assert isinstance(error_for(Result("r", Source.ERROR, error_code=ErrorCode.OVERLOADED)), Overloaded)
     assert isinstance(error_for(Result("r", Source.ERROR, error_code=ErrorCode.TIMEOUT)), DeadlineExceeded)
@@ -101,7 +101,7 @@ def test_error_mapping_and_coercion_without_a_cluster():
 def test_demo_finds_a_free_port_when_the_default_is_taken():
     import socket
 
-    from deploy.demo import base_port
+    from keel.deploy.demo import base_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -14,11 +14,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import ids, protocol, transport
-from common.config import DecoderConfig, EncoderConfig
-from common.protocol import Batch, CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
-from common.spec import ServiceLaunch
-from deploy.local import local_endpoint
+from keel.common import ids, protocol, transport
+from keel.common.config import DecoderConfig, EncoderConfig
+from keel.common.protocol import Batch, CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
+from keel.common.spec import ServiceLaunch
+from keel.deploy.local import local_endpoint
 
 pytestmark = pytest.mark.slow
 

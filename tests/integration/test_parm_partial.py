@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.protocol import Source
-from common.spec import load_spec
-from common.transport import request_status
-from deploy.local import free_port_block
+from keel.common.protocol import Source
+from keel.common.spec import load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
 

@@ -14,12 +14,12 @@ import time
 import numpy as np
 import pytest
 
-from common.client import AsyncClient
-from common.protocol import ErrorCode, Source
-from common.spec import load_spec
-from deploy.local import free_port_block
-from services.selection.contexts import ContextStore
-from services.selection.policies import State, probabilities
+from keel.common.client import AsyncClient
+from keel.common.protocol import ErrorCode, Source
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port_block
+from keel.services.selection.contexts import ContextStore
+from keel.services.selection.policies import State, probabilities
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,12 @@ import pytest
 import zmq
 from test_worker_edge import DIM, FakeDispatcher
 
-from common import transport
-from common.config import WorkerConfig
-from common.loadgen import open_loop, summarize
-from common.protocol import Configure, Done, Register, Source
-from common.spec import ServiceLaunch, load_spec
-from deploy.local import free_port_block, local_endpoint
+from keel.common import transport
+from keel.common.config import WorkerConfig
+from keel.common.loadgen import open_loop, summarize
+from keel.common.protocol import Configure, Done, Register, Source
+from keel.common.spec import ServiceLaunch, load_spec
+from keel.deploy.local import free_port_block, local_endpoint
 
 pytestmark = pytest.mark.slow
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import transport
-from common.loadgen import open_loop, summarize
-from common.protocol import Source
-from common.spec import load_spec
-from common.waiting import wait_until
-from deploy.local import free_port_block
-from services.serf import profile as serf_profile
-from services.serf.profile import Profile
-from services.serf.profiler import profile_model
+from keel.common import transport
+from keel.common.loadgen import open_loop, summarize
+from keel.common.protocol import Source
+from keel.common.spec import load_spec
+from keel.common.waiting import wait_until
+from keel.deploy.local import free_port_block
+from keel.services.serf import profile as serf_profile
+from keel.services.serf.profile import Profile
+from keel.services.serf.profiler import profile_model
 
 pytestmark = pytest.mark.slow
 DIM = 8
@@ -45,7 +45,7 @@ def test_profile_through_the_real_path(tmp_path, launcher):
         assert 19.5 <= ms <= 60.0
     assert p.profiling_s > 0 and p.path_ms >= 0 and 0 < p.samples[(2, 1)] <= 10
     # one request at a time: the sleep's service time hardly varies, so the fewest samples do
-    from services.serf.profiler import MIN_SAMPLES
+    from keel.services.serf.profiler import MIN_SAMPLES
     assert MIN_SAMPLES - 1 <= p.samples[(1, 1)] < 10 and MIN_SAMPLES - 1 <= p.samples[(1, 2)] < 10, p.samples
     # a slot idles between requests while a queue waits (Done -> dispatcher -> Batch)
     # (its size moves with the machine's load: 4.5 and 11.3 ms at load average 6; the

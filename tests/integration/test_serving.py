@@ -18,12 +18,12 @@ import orjson
 import pytest
 import zmq
 
-from common import loadgen, protocol
-from common.client import AsyncClient
-from common.protocol import ErrorCode, Heartbeat, Predict, Reply, Source
-from common.spec import ClusterSpec, load_spec
-from common.transport import request_status
-from deploy.local import Launcher, free_port_block
+from keel.common import loadgen, protocol
+from keel.common.client import AsyncClient
+from keel.common.protocol import ErrorCode, Heartbeat, Predict, Reply, Source
+from keel.common.spec import ClusterSpec, load_spec
+from keel.common.transport import request_status
+from keel.deploy.local import Launcher, free_port_block
 
 pytestmark = pytest.mark.slow
 

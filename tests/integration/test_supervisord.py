@@ -3,25 +3,19 @@ up -> the client gets predictions -> a SIGKILLed worker is restarted by supervis
 down leaves no process behind. And a service that cannot start fails ``up`` clearly."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common.spec import ClusterSpec, load_spec
-from deploy.local import free_port_block
+from keel.common.spec import ClusterSpec, load_spec
+from keel.deploy.local import free_port_block
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("services.serve") is None, reason="services/serve.py is not written yet"),
-    pytest.mark.skipif(not (Path(sys.executable).parent / "supervisord").exists(), reason="supervisord is not installed"),
-]
+pytestmark = pytest.mark.slow
 
 
 def alive(pid: int) -> bool:
@@ -47,7 +41,7 @@ def wait_for(cond, timeout_s: float, what: str, interval: float = 0.1):
 def cluster(tmp_path):
     """A factory: ``cluster(data) -> ClusterSpec`` with a tmp run_dir and free ports; at
     teardown brings down what it brought up and kills (by pid) anything that survived."""
-    from deploy import supervisor
+    from keel.deploy import supervisor
 
     made: list[ClusterSpec] = []
     pids: set[int] = set()
@@ -94,8 +88,8 @@ def predict_ok(client, timeout_ms: float = 2000) -> bool:
 
 
 def test_up_predict_restart_down(cluster, capsys):
-    from common.client import Client
-    from deploy import supervisor
+    from keel.common.client import Client
+    from keel.deploy import supervisor
 
     spec = cluster(noop_spec())
     supervisor.up(spec, wait_s=60)
@@ -135,7 +129,7 @@ def test_up_predict_restart_down(cluster, capsys):
 
 
 def test_up_fails_clearly_when_a_service_cannot_start(cluster):
-    from deploy import supervisor
+    from keel.deploy import supervisor
 
     spec = cluster(noop_spec(workers=1))
     blocker = socket.socket()  # the frontend's client port is taken, so it dies at bind

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import WorkerConfig
-from common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register
-from common.spec import ServiceLaunch
-from common.waiting import wait_until
-from deploy.local import local_endpoint
+from keel.common import protocol, transport
+from keel.common.config import WorkerConfig
+from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register
+from keel.common.spec import ServiceLaunch
+from keel.common.waiting import wait_until
+from keel.deploy.local import local_endpoint
 
 ANY = "tcp://127.0.0.1:*"
 DIM = 8

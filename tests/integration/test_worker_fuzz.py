@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_parm_fuzz import frames_of, garbage_frames, hostile, hostile_batch
 
-from common import protocol, transport
-from common.config import WorkerConfig
-from common.protocol import Batch, Configure, Done, Heartbeat, Predictions, Register
-from common.spec import ServiceLaunch
-from deploy.local import local_endpoint
+from keel.common import protocol, transport
+from keel.common.config import WorkerConfig
+from keel.common.protocol import Batch, Configure, Done, Heartbeat, Predictions, Register
+from keel.common.spec import ServiceLaunch
+from keel.deploy.local import local_endpoint
 
 pytestmark = pytest.mark.slow
 

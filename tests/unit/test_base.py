@@ -7,8 +7,8 @@ import time
 import orjson
 import zmq
 
-from common import logs, protocol, transport
-from services.base import Service
+from keel.common import logs, protocol, transport
+from keel.services.base import Service
 
 
 class Probe(Service):

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from services.cache import ClockCache
+from keel.services.cache import ClockCache
 
 
 def cached(cache: ClockCache) -> set:

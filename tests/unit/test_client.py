@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.client import AsyncClient, Client
-from common.protocol import Predict, Reply, Source
-from deploy.local import local_endpoint
+from keel.common import protocol, transport
+from keel.common.client import AsyncClient, Client
+from keel.common.protocol import Predict, Reply, Source
+from keel.deploy.local import local_endpoint
 
 BAD_TIMEOUTS = [math.nan, math.inf, -math.inf, 0, -5.0, "100", True]
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import codec
+from keel.common import codec
 
 
 def linear_model(n_in: int, n_out: int, seed: int = 0):

@@ -1,4 +1,4 @@
-"""common.config.from_dict: what ``keel serve --config`` accepts. Unknown keys and bad
+"""keel.common.roles.from_dict: what ``keel serve --config`` accepts. Unknown keys and bad
 values are ConfigErrors whose messages name the role, the model and the key at fault."""
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import dataclasses
 import orjson
 import pytest
 
-from common import config as cfg
-from common.config import ConfigError, from_dict, to_json
+from keel.common import config as cfg
+from keel.common.config import ConfigError, to_json
+from keel.common.roles import CONFIGS, from_dict
 
 
 def test_defaults_of_every_role_are_valid():
-    for role, cls in cfg.CONFIGS.items():
+    for role, cls in CONFIGS.items():
         assert isinstance(from_dict(role, {}), cls)
 
 
@@ -21,7 +22,7 @@ def test_unknown_role_is_named():
         from_dict("fronted", {})
 
 
-@pytest.mark.parametrize("role", sorted(cfg.CONFIGS))
+@pytest.mark.parametrize("role", sorted(CONFIGS))
 def test_unknown_key_is_named(role):
     with pytest.raises(ConfigError, match=rf"{role}: unknown option\(s\) \['cache_sise'\]"):
         from_dict(role, {"cache_sise": 10, "name": "x"})
@@ -122,7 +123,7 @@ def full_configs() -> dict:
     }
 
 
-@pytest.mark.parametrize("role", sorted(cfg.CONFIGS))
+@pytest.mark.parametrize("role", sorted(CONFIGS))
 def test_json_round_trip(role):
     """What Launcher and supervisord pass as --config comes back as the same config."""
     original = full_configs()[role]
@@ -168,7 +169,7 @@ def test_decoder_group_ttl_must_be_positive():
     ({"heartbeat_interval_s": 0.1, "heartbeat_liveness": 4}, {"heartbeat_interval_s": 0.1}, None),
 ])
 def test_worker_and_dispatcher_heartbeats_agree(dispatcher, worker, words):
-    from common.config import heartbeats_agree
+    from keel.common.config import heartbeats_agree
 
     why = heartbeats_agree(from_dict("dispatcher", dispatcher), from_dict("worker", worker))
     assert (why is None) if words is None else (words in why)

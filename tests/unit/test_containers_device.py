@@ -10,9 +10,10 @@ import orjson
 import pytest
 import torch
 
-from common.config import ConfigError, from_dict
-from common.containers import DeviceError, TorchPredictor, check_device
-from common.modelstore import ModelStore
+from keel.common.config import ConfigError
+from keel.common.roles import from_dict
+from keel.common.containers import DeviceError, TorchPredictor, check_device
+from keel.common.modelstore import ModelStore
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -41,7 +42,7 @@ def test_cuda_is_refused_clearly_without_a_gpu(store):
 @pytest.mark.skipif(not NO_GPU, reason="this host has a GPU")
 def test_a_worker_process_asked_for_cuda_exits_with_the_reason(store):
     config = {"name": "w", "model": "lin", "store": store, "device": "cuda", "dispatcher_endpoint": "tcp://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, "-m", "services.serve", "worker", "--config", orjson.dumps(config).decode()],
+    proc = subprocess.run([sys.executable, "-m", "keel.services.serve", "worker", "--config", orjson.dumps(config).decode()],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert 'device = "cuda" but torch sees no GPU' in proc.stderr and "Traceback" not in proc.stderr

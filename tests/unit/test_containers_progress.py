@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from common import progress
+from keel.common import progress
 
 
 def test_bar_is_off_when_stderr_is_not_a_terminal(monkeypatch):

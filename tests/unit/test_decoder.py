@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import DecoderConfig
-from common.protocol import CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
-from services.decoder import Decoder
+from keel.common import protocol, transport
+from keel.common.config import DecoderConfig
+from keel.common.protocol import CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
+from keel.services.decoder import Decoder
 
 ANY = "tcp://127.0.0.1:*"
 

@@ -10,14 +10,14 @@ import orjson
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import BatchPolicy, ConfigError, DispatcherConfig
-from common.ids import IdSpace
-from common.protocol import (
+from keel.common import protocol, transport
+from keel.common.config import BatchPolicy, ConfigError, DispatcherConfig
+from keel.common.ids import IdSpace
+from keel.common.protocol import (
     Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Queries, Register, Role,
 )
-from services.dispatcher import Dispatcher
-from services.scheduling import POLICIES, Assignment
+from keel.services.dispatcher import Dispatcher
+from keel.services.scheduling import POLICIES, Assignment
 
 ANY_PORT = "tcp://127.0.0.1:*"
 REPLY_TO = "tcp://127.0.0.1:1"  # never connected to: the dispatcher only passes it on
@@ -790,8 +790,8 @@ def test_a_dispatcher_no_manager_named_ignores_fences(harness):
 
 
 def test_serf_runs_for_a_profiled_model_and_a_missing_profile_does_not_stop_the_dispatcher(harness, tmp_path):
-    from services.serf import profile as serf_profile
-    from services.serf.profile import Profile
+    from keel.services.serf import profile as serf_profile
+    from keel.services.serf.profile import Profile
 
     h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(tmp_path / "none.json")})
     assert h.d.serf is None and "serf" not in h.d.status()  # served as configured, not switched

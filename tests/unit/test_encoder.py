@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import EncoderConfig
-from common.protocol import Batch, CodingTag, Role
-from services.encoder import Encoder
+from keel.common import protocol, transport
+from keel.common.config import EncoderConfig
+from keel.common.protocol import Batch, CodingTag, Role
+from keel.services.encoder import Encoder
 
 ANY = "tcp://127.0.0.1:*"
 FE = "tcp://127.0.0.1:1"

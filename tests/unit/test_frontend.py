@@ -10,13 +10,13 @@ import orjson
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import FrontendConfig, ModelInfo
-from common.ids import SEQ_MASK, epoch_of
-from common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source
-from services.frontend import Frontend
-from services.requests import Answered as AnsweredTable
-from services.requests import Hold, LifecycleError, Request, Selection, State
+from keel.common import protocol, transport
+from keel.common.config import FrontendConfig, ModelInfo
+from keel.common.ids import SEQ_MASK, epoch_of
+from keel.common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source
+from keel.services.frontend import Frontend
+from keel.services.requests import Answered as AnsweredTable
+from keel.services.requests import Hold, LifecycleError, Request, Selection, State
 
 DIM, OUT = 4, 2
 

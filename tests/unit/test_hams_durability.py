@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.graph.lineage import Backup, DurableSeqs, ReleaseGate, ShippedState, extend, join
+from keel.services.graph.lineage import Backup, DurableSeqs, ReleaseGate, ShippedState, extend, join
 
 STATEFUL = {"A", "B"}
 

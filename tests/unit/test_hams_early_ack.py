@@ -8,13 +8,13 @@ import time
 import numpy as np
 import zmq
 
-from bench.hams_recovery import gru_chain
-from common import transport
-from common.config import GraphOperatorConfig
-from common.protocol.messages import GraphAck, GraphRequest
-from common.protocol.codec import decode
-from common.protocol.fields import LineageEntry
-from services.graph.operator import GraphOperator
+from keel.bench.hams_recovery import gru_chain
+from keel.common import transport
+from keel.common.config import GraphOperatorConfig
+from keel.common.protocol.messages import GraphAck, GraphRequest
+from keel.common.protocol.codec import decode
+from keel.common.protocol.fields import LineageEntry
+from keel.services.graph.operator import GraphOperator
 
 
 def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.spec import SpecError, load_spec
-from common.spec.graph import GraphError, read_graph
+from keel.common.spec import SpecError, load_spec
+from keel.common.spec.graph import GraphError, read_graph
 
 
 def chain(**over):
@@ -39,8 +39,8 @@ def test_bad_graphs_are_clear_errors(change, message):
 
 
 def test_ls_mode_checkpoints_every_150_batches_unless_told_and_needs_a_place_for_them(tmp_path):
-    from common.spec.graph import MODES, graph_services
-    from services.graph import modes
+    from keel.common.spec import modes
+    from keel.common.spec.graph import MODES, graph_services
 
     assert MODES is modes.MODES and MODES["ls"].checkpoints and not MODES["ls"].ships_state  # one list of modes
     g = read_graph(chain(mode="ls"))

@@ -7,12 +7,13 @@ import pytest
 import torch
 import zmq
 
-from common import protocol
-from common.protocol.fields import LineageEntry
-from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from services.graph.assignment import Assignment
-from services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator, operator_class
-from services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
+from keel.common import protocol
+from keel.common.protocol.fields import LineageEntry
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
+from keel.services.graph.assignment import Assignment
+from keel.common.spec.graph import operator_class
+from keel.services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator
+from keel.services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
 
 
 def test_assignment_changes_only_to_a_newer_epoch():
@@ -141,10 +142,10 @@ def test_user_operator_by_module_path():
 
 
 def test_experiment_is_registered_and_overhead_is_relative_to_bare():
-    from bench.hams_overhead import overhead, table
-    from deploy.keel import build_parser
+    from keel.bench.hams_overhead import overhead, table
+    from keel.deploy.keel import parse_args
 
-    args = build_parser().parse_args(["experiment", "hams-overhead", "--quick", "--json", "x.json"])
+    args = parse_args(["experiment", "hams-overhead", "--quick", "--json", "x.json"])
     assert args.quick and args.json == "x.json"
     assert overhead({"p50_ms": 11.0}, {"p50_ms": 10.0}, "p50_ms") == pytest.approx(0.1)
     row = {"graph": "g", "batch": 1, "mode": "nspb", "p50_ms": 11.0, "p99_ms": 20.0, "throughput_rps": 5.0,

@@ -2,8 +2,8 @@
 recovery-growth figure of hams-recovery."""
 import pytest
 
-from bench.hams_recovery import growth_per_1000
-from bench.hams_timeline import events
+from keel.bench.hams_recovery import growth_per_1000
+from keel.bench.hams_timeline import events
 
 
 def test_events_split_old_and_new_epoch_and_measure_from_the_fault():

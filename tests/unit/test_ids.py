@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from common.ids import EPOCH_BITS, IdSpace, NewestEpochs, epoch_of, new_epoch
+from keel.common.ids import EPOCH_BITS, IdSpace, NewestEpochs, epoch_of, new_epoch
 
 
 def test_ids_carry_their_epoch_and_count_from_one():

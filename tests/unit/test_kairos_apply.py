@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from common.kairos.profiles import DEFAULT_ROOT
-from common.spec import load_spec
-from deploy.kairos_cli import apply_pool, cmd_apply
+from keel.common.kairos.profiles import DEFAULT_ROOT
+from keel.common.spec import load_spec
+from keel.deploy.kairos_cli import apply_pool, cmd_apply
 
 SPEC = """# a comment kept
 [cluster]

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from bench.kairos_experiment import Config, UrgentKairos, run_experiment
-from common.kairos.profiles import DEFAULT_ROOT
+from keel.bench.kairos_experiment import Config, UrgentKairos, run_experiment
+from keel.common.kairos.profiles import DEFAULT_ROOT
 
 needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
                                 reason=f"Kairos profiles absent ({DEFAULT_ROOT}/data.tar.gz)")
@@ -47,10 +47,10 @@ def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
 
 
 def test_urgent_kairos_matches_a_query_late_everywhere_first():
-    from common.config import BatchPolicy
-    from services.scheduling.batching import FixedBatch
-    from services.scheduling.kairos import KairosPolicy, feature_size
-    from services.scheduling.view import ModelQueue, Query, WorkerState
+    from keel.common.config import BatchPolicy
+    from keel.services.scheduling.batching import FixedBatch
+    from keel.services.scheduling.kairos import KairosPolicy, feature_size
+    from keel.services.scheduling.view import ModelQueue, Query, WorkerState
 
     lat = lambda t, s: 1.0 * s  # noqa: E731
     cfg = BatchPolicy(fixed_batch=1)
@@ -68,8 +68,8 @@ def test_urgent_kairos_matches_a_query_late_everywhere_first():
 
 
 def test_live_over_qos_counts_errors_and_unanswered_as_over_and_skips_the_warmup():
-    from bench.kairos_live import over_qos
-    from common.loadgen import Record
+    from keel.bench.kairos_live import over_qos
+    from keel.common.loadgen import Record
 
     recs = [Record(str(i), i, 0.0, 0.050) for i in range(10)]  # 50 ms each
     recs[0].received = 9.0  # in the warm-up (the first 10%): not counted
@@ -83,7 +83,7 @@ def test_live_over_qos_counts_errors_and_unanswered_as_over_and_skips_the_warmup
 
 @needs_data
 def test_live_spec_runs_the_kairos_policy_on_the_pool_with_the_qos_as_deadline():
-    from bench.kairos_live import cluster_spec
+    from keel.bench.kairos_live import cluster_spec
 
     spec = cluster_spec("rm2", {"g4dn.xlarge": 1, "r5n.large": 2}, 350.0, 0.5)
     d = spec.service("dispatcher").config
@@ -94,8 +94,8 @@ def test_live_spec_runs_the_kairos_policy_on_the_pool_with_the_qos_as_deadline()
 
 @needs_data
 def test_live_and_simulation_serve_the_same_queries():
-    from bench.kairos_live import live_inputs, same_sequence
-    from common.loadgen import schedule
+    from keel.bench.kairos_live import live_inputs, same_sequence
+    from keel.common.loadgen import schedule
 
     inputs = live_inputs(0)
     offsets, rows = schedule(80.0, 50, 0, len(inputs))  # what open_loop sends

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.kairos.planner import (Pool, TypeProfile, derive, enumerate_pools, kairos_plus,
+from keel.common.kairos.planner import (Pool, TypeProfile, derive, enumerate_pools, kairos_plus,
                                    pick_without_trials, plan_pools, upper_bounds)
-from common.kairos.profiles import BASE_TYPE, DEFAULT_ROOT, Profiles
+from keel.common.kairos.profiles import BASE_TYPE, DEFAULT_ROOT, Profiles
 
 needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
                                 reason=f"Kairos profile data absent at {DEFAULT_ROOT}")
@@ -114,7 +114,7 @@ def test_plan_kairos_plus_with_bound_as_trial_evaluates_one(prof):
 def test_keel_kairos_plan_cli_writes_json(tmp_path, capsys):
     import orjson
 
-    from deploy.keel import main
+    from keel.deploy.keel import main
 
     out = tmp_path / "plan.json"
     assert main(["kairos", "plan", "--model", "rm2", "--budget", "2.5", "--top", "3", "--json", str(out)]) == 0

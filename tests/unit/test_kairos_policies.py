@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import BatchPolicy
-from services.scheduling.batching import FixedBatch
-from services.scheduling.distribution import POLICIES
-from services.scheduling.kairos import (
+from keel.common.config import BatchPolicy
+from keel.services.scheduling.batching import FixedBatch
+from keel.services.scheduling.distribution import POLICIES
+from keel.services.scheduling.kairos import (
     ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, LatencyPredictor, feature_size, make_policy, solve,
     solve_timing,
 )
-from services.scheduling.view import Inflight, ModelQueue, Query, WorkerState
+from keel.services.scheduling.view import Inflight, ModelQueue, Query, WorkerState
 
 KIND = ((1,), np.dtype(np.float32))
 

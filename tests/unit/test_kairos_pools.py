@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import zmq
 
-from common import protocol, transport
-from common.config import BatchPolicy, ConfigError, DispatcherConfig
-from common.kairos.profiles import DEFAULT_ROOT
-from common.protocol import Batch, Done, Queries, Register, Role
-from common.spec import SpecError, load_spec
-from deploy.cli import info_tables
-from services.dispatcher import Dispatcher
-from services.scheduling.distribution import distribution_policy
-from services.scheduling import SingleQueue
-from services.scheduling.kairos import DrsPolicy, KairosPolicy, feature_size
+from keel.common import protocol, transport
+from keel.common.config import BatchPolicy, ConfigError, DispatcherConfig
+from keel.common.kairos.profiles import DEFAULT_ROOT
+from keel.common.protocol import Batch, Done, Queries, Register, Role
+from keel.common.spec import SpecError, load_spec
+from keel.deploy.cli import info_tables
+from keel.services.dispatcher import Dispatcher
+from keel.services.scheduling.distribution import distribution_policy
+from keel.services.scheduling import SingleQueue
+from keel.services.scheduling.kairos import DrsPolicy, KairosPolicy, feature_size
 
 HAVE_DATA = (DEFAULT_ROOT / "data.tar.gz").exists()
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"Kairos profile data not found at {DEFAULT_ROOT}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.kairos.profiles import (BASE_TYPE, DEFAULT_ROOT, QOS_MS, Profiles, batch_size_pmf,
+from keel.common.kairos.profiles import (BASE_TYPE, DEFAULT_ROOT, QOS_MS, Profiles, batch_size_pmf,
                                     sample_batch_sizes)
 
 needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
@@ -102,8 +102,8 @@ def test_fake_profile_trimmed_sum(tmp_path):
 def test_kairos_builtin_sleeps_profiled_time_per_query(tmp_path):
     import time
 
-    from common.config import ConfigError, WorkerConfig
-    from common.containers import KairosPredictor, build_predictor
+    from keel.common.config import ConfigError, WorkerConfig
+    from keel.common.containers import KairosPredictor, build_predictor
 
     cfg = WorkerConfig(name="w", model="m", builtin="kairos", instance="fake.type", kairos_model="m",
                        kairos_scale=10.0, kairos_profile=str(_fake_profile(tmp_path)), builtin_input_shape=[4],

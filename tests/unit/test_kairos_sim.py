@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.kairos_sim import (allowable_throughput, bisect_rate, oracle_search, oracle_throughput, simulate,
+from keel.bench.kairos_sim import (allowable_throughput, bisect_rate, oracle_search, oracle_throughput, simulate,
                               tune_drs)
-from services.scheduling.kairos import ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size
+from keel.services.scheduling.kairos import ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size
 
 POOL = {"gpu": 2, "cpu": 4}
 QOS_MS = 60.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.keel import build_parser, main
+from keel.deploy.keel import main, parse_args
 
 
 def noop_spec(tmp_path, run_dir) -> str:
@@ -16,16 +16,16 @@ def noop_spec(tmp_path, run_dir) -> str:
 @pytest.mark.parametrize("argv", [["serve", "worker", "--config", "{}"], ["bench", "core", "--quick"],
                                   ["experiment", "parm-tail", "--quick"], ["demo", "--no-parm"]])
 def test_subcommands_parse(argv):
-    assert callable(build_parser().parse_args(argv).func)
+    assert callable(parse_args(argv).func)
 
 
 def test_serve_roles_come_from_the_role_table():
-    from common.roles import ROLES
+    from keel.common.roles import ROLES
 
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "no-such-role", "--config", "{}"])
+        parse_args(["serve", "no-such-role", "--config", "{}"])
     for role in ROLES:
-        assert build_parser().parse_args(["serve", role, "--config", "{}"]).role == role
+        assert parse_args(["serve", role, "--config", "{}"]).role == role
 
 
 def one_line_error(capsys, argv, words: str) -> None:

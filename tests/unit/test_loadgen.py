@@ -1,9 +1,9 @@
-"""common.loadgen's report writing."""
+"""keel.common.loadgen's report writing."""
 from __future__ import annotations
 
 import orjson
 
-from common.loadgen import write_json_and_plot
+from keel.common.loadgen import write_json_and_plot
 
 
 def test_a_report_is_written_with_its_plot_beside_it_and_named_in_it(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import orjson
 
-from common import logs
+from keel.common import logs
 
 
 def test_exception_lines_carry_type_message_and_traceback(capsys):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, ManagerConfig, from_dict
+from keel.common.config import ConfigError, ManagerConfig
+from keel.common.roles import from_dict
 
 PARTNERS = {"127.0.0.1:9301": "tcp://127.0.0.1:9311", "127.0.0.1:9302": "tcp://127.0.0.1:9312"}
 
@@ -37,7 +38,7 @@ def test_timeouts_relate(options, key):
 
 
 def test_control_messages_are_checked_at_the_edge():
-    from common import protocol
+    from keel.common import protocol
 
     for bad in (protocol.Control(op=""), protocol.Control(op="x", args=[1]), protocol.Change(seq=-1, values={})):
         with pytest.raises(protocol.ProtocolError):
@@ -45,10 +46,10 @@ def test_control_messages_are_checked_at_the_edge():
 
 
 def test_keel_manager_and_bench_manager_are_commands():
-    from deploy.keel import build_parser
+    from keel.deploy.keel import parse_args
 
-    args = build_parser().parse_args(["manager", "transfer", "--endpoints", "tcp://127.0.0.1:1", "--to", "127.0.0.1:2"])
+    args = parse_args(["manager", "transfer", "--endpoints", "tcp://127.0.0.1:1", "--to", "127.0.0.1:2"])
     assert (args.manager_command, args.to) == ("transfer", "127.0.0.1:2")
-    assert build_parser().parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
+    assert parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["manager", "show"])  # needs --endpoints or --spec
+        parse_args(["manager", "show"])  # needs --endpoints or --spec

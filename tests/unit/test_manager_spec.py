@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.spec import SpecError, load_spec
-from deploy.supervisor import render
-from deploy.units import render_systemd
+from keel.common.spec import SpecError, load_spec
+from keel.deploy.supervisor import render
+from keel.deploy.units import render_systemd
 
 EXAMPLE = "deploy/examples/manager.toml"
 

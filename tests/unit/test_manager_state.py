@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from common.control import replica_configs
-from deploy.local import free_port_block
-from services.manager.service import Manager
-from services.manager.state import ClusterState
+from keel.common.control import replica_configs
+from keel.deploy.local import free_port_block
+from keel.services.manager.service import Manager
+from keel.services.manager.state import ClusterState
 
 
 def _ports(n: int) -> list[int]:

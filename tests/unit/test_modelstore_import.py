@@ -9,10 +9,10 @@ import orjson
 import pytest
 import torch
 
-from common.containers import PythonPredictor, TorchPredictor, check, store_predictor
-from common.modelstore import ModelStore, ModelStoreError, sha256_file
-from deploy.keel import main as keel
-from deploy.model_cli import ModelAddError, add_model
+from keel.common.containers import PythonPredictor, TorchPredictor, check, store_predictor
+from keel.common.modelstore import ModelStore, ModelStoreError, sha256_file
+from keel.deploy.keel import main as keel
+from keel.deploy.model_cli import ModelAddError, add_model
 
 
 class Affine(torch.nn.Module):

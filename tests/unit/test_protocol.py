@@ -11,13 +11,13 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import protocol
-from common.protocol import (
+from keel.common import protocol
+from keel.common.protocol import (
     ALLOWED_DTYPES, MESSAGES, PROTOCOL_VERSION, Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave,
     LineageEntry, MemberBatch, ParityMembers, Predict, Predictions, ProtocolError, Queries, Register, Reply, Role,
     Source, Status, decode, encode, split_envelope,
 )
-from common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.queueing import latency, reference_table, simulate, utilisation
+from keel.common.queueing import latency, reference_table, simulate, utilisation
 
 
 def test_md1_closed_form():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import BatchPolicy
-from common.ids import IdSpace, epoch_of
-from common.protocol import CodingTag
-from services.scheduling import (
+from keel.common.config import BatchPolicy
+from keel.common.ids import IdSpace, epoch_of
+from keel.common.protocol import CodingTag
+from keel.services.scheduling import (
     AIMD, Assignment, CodingGroups, FixedBatch, Inflight, ModelQueue, Query, RoundRobin, ServiceProfile, SingleQueue,
     WorkerState, batching_for,
 )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from deploy.keel import main
-from services.selection.contexts import ContextStore
-from services.selection.policies import Exp4
+from keel.deploy.keel import main
+from keel.services.selection.contexts import ContextStore
+from keel.services.selection.policies import Exp4
 
 
 def test_show_prints_each_contexts_learned_weights(tmp_path, capsys):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.selection_experiment import _replay
-from services.selection.policies import Exp4
+from keel.bench.selection_experiment import _replay
+from keel.services.selection.policies import Exp4
 
 
 def test_replay_per_context_beats_a_global_state_when_groups_differ():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.spec.applications import read_applications, policy_of
-from common.spec.tables import SpecError
-from services.selection.feedback import Entry, FeedbackLog
-from services.selection.policies import ABSplit, Default, Exp3, Exp4, Robust
+from keel.common.spec.applications import read_applications
+from keel.services.selection.policies import policy_of
+from keel.common.spec.tables import SpecError
+from keel.services.selection.feedback import Entry, FeedbackLog
+from keel.services.selection.policies import ABSplit, Default, Exp3, Exp4, Robust
 
 
 def entry(context="alice"):
@@ -87,6 +88,7 @@ def test_applications_refuse_bad_tables_naming_the_key(bad, at):
 
 
 def test_application_split_that_does_not_sum_to_one_is_a_spec_error():
-    apps = read_applications({"x": {"models": ["a", "b"], "policy": "ab", "split": [0.5, 0.6]}})
-    with pytest.raises(SpecError, match="applications.x"):
-        policy_of(apps["x"])
+    with pytest.raises(SpecError, match="applications.x.split"):
+        read_applications({"x": {"models": ["a", "b"], "policy": "ab", "split": [0.5, 0.6]}})
+    with pytest.raises(SpecError, match="applications.x.split"):
+        read_applications({"x": {"models": ["a", "b"], "policy": "ab", "split": [1.5, -0.5]}})

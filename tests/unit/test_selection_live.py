@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.selection_live import ScoreContainer, queries, save_model
-from bench.selection_models import scores, train
+from keel.bench.selection_live import ScoreContainer, queries, save_model
+from keel.bench.selection_models import scores, train
 
 
 def test_the_container_answers_the_models_probabilities_and_scrambles_only_on_the_flag(tmp_path):

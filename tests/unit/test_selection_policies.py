@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.selection.policies import ABSplit, Default, Exp3, Exp4, Robust, State, loss
+from keel.services.selection.policies import ABSplit, Default, Exp3, Exp4, Robust, State, loss
 
 CLASSES = 10
 ACCURACY = [0.60, 0.70, 0.75, 0.80, 0.92]  # model m4 is the best
@@ -104,7 +104,7 @@ def test_states_round_trip_and_bad_parameters_are_refused():
 
 
 def test_context_states_survive_a_reopen_and_are_bounded(tmp_path):
-    from services.selection.contexts import ContextStore
+    from keel.services.selection.contexts import ContextStore
 
     path = tmp_path / "contexts.sqlite"
     policy = Exp4(["a", "b"])

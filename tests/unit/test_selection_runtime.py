@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from common.config import FrontendConfig, ModelInfo
-from common.metrics import Metrics
-from common.protocol import ErrorCode, Source
-from common.spec import SpecError, load_spec
-from deploy.keel import main
-from services.selection.runtime import Applications
+from keel.common.config import FrontendConfig, ModelInfo
+from keel.common.metrics import Metrics
+from keel.common.protocol import ErrorCode, Source
+from keel.common.spec import SpecError, load_spec
+from keel.deploy.keel import main
+from keel.services.selection.runtime import Applications
 
 RIGHT, WRONG = np.array([0.0, 0.0, 1.0], np.float32), np.array([1.0, 0.0, 0.0], np.float32)
 

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from common.queueing import latency
-from services.serf import profile as serf_profile
-from services.serf.configurator import Configurator
-from services.serf.profile import Profile, tuples
-from services.executors import Executors, Job
+from keel.common.queueing import latency
+from keel.services.serf import profile as serf_profile
+from keel.services.serf.configurator import Configurator
+from keel.services.serf.profile import Profile, tuples
+from keel.services.executors import Executors, Job
 
 # threads help one request (20 -> 12 ms); two at once interfere a little (20 -> 21 ms each)
 SERVICE = {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}
@@ -158,7 +158,7 @@ def test_a_process_without_torch_does_not_import_it_to_set_threads():
     import subprocess
     import sys
 
-    code = ("import sys; from services.executors import set_torch_threads; "
+    code = ("import sys; from keel.services.executors import set_torch_threads; "
             "assert set_torch_threads(1) is False and 'torch' not in sys.modules; "
             "import torch; assert set_torch_threads(1) is True; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -166,8 +166,8 @@ def test_a_process_without_torch_does_not_import_it_to_set_threads():
 
 
 def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_path, capsys):
-    from common.spec import load_spec
-    from deploy.keel import build_parser, main
+    from keel.common.spec import load_spec
+    from keel.deploy.keel import main, parse_args
 
     spec_file = tmp_path / "serf.toml"
     spec_file.write_text(f'[cluster]\nrun_dir = "{tmp_path / "run"}"\nbase_port = 27000\n'
@@ -181,7 +181,7 @@ def test_keel_serf_table_reads_the_kept_profile_and_asks_for_one_when_stale(tmp_
     assert "reference table of m v1: 2 rates x 3 configurations" in out
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("5.00", "75.00"))]
     assert [line[-1] for line in lines] == ["1x2", "2x1"]
-    assert build_parser().parse_args(["experiment", "serf", "--quick"]).quick
+    assert parse_args(["experiment", "serf", "--quick"]).quick
 
 
 def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
@@ -191,7 +191,7 @@ def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
     import subprocess
     import sys
 
-    code = ("import os, sys; from common.config import WorkerConfig; from services.worker import Worker; "
+    code = ("import os, sys; from keel.common.config import WorkerConfig; from keel.services.worker import Worker; "
             "w = Worker(WorkerConfig(name='w-spin', model='m', builtin='sleep', dispatcher_endpoint='tcp://127.0.0.1:9', "
             "omp_spincount=10_000_000)); "
             "assert 'torch' not in sys.modules; print('spin', os.environ.get('GOMP_SPINCOUNT')); w.shutdown()")
@@ -201,7 +201,7 @@ def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
 
 
 def test_a_negative_omp_spincount_is_refused_with_its_name():
-    from common.config import ConfigError, WorkerConfig
+    from keel.common.config import ConfigError, WorkerConfig
 
     with pytest.raises(ConfigError, match="omp_spincount"):
         WorkerConfig(name="w", model="m", omp_spincount=-1).validate()
@@ -216,14 +216,14 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
 
     import torch
 
-    from common.modelstore import ModelStore
+    from keel.common.modelstore import ModelStore
 
-    from common.architectures import build
+    from keel.common.architectures import build
 
     arch_config = {"in_features": 4, "n_classes": 2, "hidden": [3]}
     ModelStore(tmp_path).save("lin", build("mlp", **arch_config), arch="mlp", arch_config=arch_config, input_shape=[4],
                               output_size=2)
-    code = ("import torch; from common.config import WorkerConfig; from services.worker import Worker; "
+    code = ("import torch; from keel.common.config import WorkerConfig; from keel.services.worker import Worker; "
             f"w = Worker(WorkerConfig(name='w-threads', model='lin', store={str(tmp_path)!r}, torch_threads=2, "
             "dispatcher_endpoint='tcp://127.0.0.1:9')); "
             "print('threads', torch.get_num_threads(), w.executors.torch_threads); w.shutdown()")
@@ -232,7 +232,7 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
 
 
 def test_the_experiment_projects_a_stable_point_by_its_standard_error():
-    from bench.serf_experiment import STABLE_SE, stable_requests
+    from keel.bench.serf_experiment import STABLE_SE, stable_requests
 
     # a mean of 100 requests with an SE of 3% needs 4x the requests for 1.5%, / 0.9 for the warm-up
     assert STABLE_SE == 0.015
@@ -242,7 +242,7 @@ def test_the_experiment_projects_a_stable_point_by_its_standard_error():
 
 
 def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
-    from bench.serf_experiment import oracle_mean
+    from keel.bench.serf_experiment import oracle_mean
 
     # two phases of 1 s, the same arrivals: "a" is best in the first, "b" in the second
     fixed = {"a": {"phases_ms": [10.0, 50.0], "series": [[0.1 * k, 10.0] for k in range(10)]
@@ -255,7 +255,7 @@ def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
 
 
 def test_the_drift_swing_is_the_move_of_one_prediction_between_two_profiles():
-    from bench.serf_drift import swings
+    from keel.bench.serf_drift import swings
 
     a = Profile("m", "1", cores=1, service_ms={(1, 1): 20.0})
     same = Profile("m", "1", cores=1, service_ms={(1, 1): 20.0})

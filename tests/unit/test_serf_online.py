@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.scheduling.view import ModelQueue
-from services.serf.configurator import CHECK_SAMPLES, Configurator
-from services.serf.profile import Profile
+from keel.services.scheduling.view import ModelQueue
+from keel.services.serf.configurator import CHECK_SAMPLES, Configurator
+from keel.services.serf.profile import Profile
 
 # resnet18 profiled back to back (notes/serf.md): threads a little faster alone, 2x1
 # carries the most; the latency curves cross near 24/s and differ by < 10% below 35/s

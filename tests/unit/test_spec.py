@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from common import config as cfg
-from common.modelstore import Manifest
-from common.spec import ClusterSpec, SpecError, load_spec, run_dir_of
+from keel.common.roles import from_dict
+from keel.common.modelstore import Manifest
+from keel.common.spec import ClusterSpec, SpecError, load_spec, run_dir_of
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 
@@ -229,8 +229,8 @@ def test_argv_round_trips_through_from_dict():
     spec = load_spec(noop(workers=2, k=2))
     for svc in spec.services:
         argv = svc.argv("/usr/bin/python3")
-        assert argv[:5] == ["/usr/bin/python3", "-m", "services.serve", svc.role, "--config"]
-        assert cfg.from_dict(svc.role, orjson.loads(argv[5])) == svc.config
+        assert argv[:5] == ["/usr/bin/python3", "-m", "keel.services.serve", svc.role, "--config"]
+        assert from_dict(svc.role, orjson.loads(argv[5])) == svc.config
 
 
 # --------------------------------------------------------------------------- errors name their key
@@ -310,7 +310,7 @@ def test_run_dir_of_needs_no_store(tmp_path):
 
 
 def test_render_supervisord_conf(tmp_path):
-    from deploy.supervisor import render
+    from keel.deploy.supervisor import render
 
     data = noop(workers=2, k=2)
     data["cluster"]["run_dir"] = str(tmp_path / "run")
@@ -333,7 +333,7 @@ def test_render_supervisord_conf(tmp_path):
 
 
 def test_render_escapes_percent_for_supervisord(tmp_path):
-    from deploy.supervisor import render
+    from keel.deploy.supervisor import render
 
     data = noop()
     data["cluster"]["run_dir"] = str(tmp_path / "run")
@@ -343,7 +343,7 @@ def test_render_escapes_percent_for_supervisord(tmp_path):
 
 
 def test_render_systemd(tmp_path):
-    from deploy.supervisor import render_systemd
+    from keel.deploy.supervisor import render_systemd
 
     data = noop(workers=3)
     data["hosts"] = {"a": "10.0.0.1", "b": "10.0.0.2"}
@@ -351,7 +351,7 @@ def test_render_systemd(tmp_path):
     spec = load_spec(data)
     paths = render_systemd(spec, "a", tmp_path, python="/opt/keel/.venv/bin/python", workdir="/opt/keel", etc_dir="/etc/keel")
     unit = (tmp_path / "keel-service@.service").read_text()
-    assert "ExecStart=/opt/keel/.venv/bin/python -m services.serve ${KEEL_ROLE} --config ${KEEL_CONFIG}" in unit
+    assert "ExecStart=/opt/keel/.venv/bin/python -m keel.services.serve ${KEEL_ROLE} --config ${KEEL_CONFIG}" in unit
     assert "EnvironmentFile=/etc/keel/%i.env" in unit and "@" not in unit.replace("keel-service@", "").replace("%i", "")
     target = (tmp_path / "keel.target").read_text()
     on_a = [s.name for s in spec.by_host()["a"]]
@@ -360,14 +360,14 @@ def test_render_systemd(tmp_path):
     env = (tmp_path / "keel" / "worker-m-0.env").read_text()
     assert "KEEL_ROLE=worker\n" in env and "KEEL_CONFIG=@/etc/keel/worker-m-0.json\n" in env
     conf = orjson.loads((tmp_path / "keel" / "worker-m-0.json").read_bytes())
-    assert cfg.from_dict("worker", conf) == spec.service("worker-m-0").config
+    assert from_dict("worker", conf) == spec.service("worker-m-0").config
     assert not (tmp_path / "keel" / "dispatcher.env").exists() and len(paths) == 2 + 2 * len(on_a)
     with pytest.raises(SpecError, match="host 'zz'"):
         render_systemd(spec, "zz", tmp_path)
 
 
 def test_cli_parser_and_info_tables():
-    from deploy.cli import add_parser, info_tables
+    from keel.deploy.cli import add_parser, info_tables
 
     parser = argparse.ArgumentParser(prog="keel")
     add_parser(parser.add_subparsers(dest="command", required=True))
@@ -420,7 +420,7 @@ def test_worker_and_dispatcher_heartbeats_must_agree(tables, where):
 
 
 def test_status_endpoints_and_binds_come_from_the_role_table():
-    from common.roles import ROLES
+    from keel.common.roles import ROLES
 
     spec = load_spec(noop(workers=2, k=2))
     status = spec.status_endpoints()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from common import steal
+from keel.common import steal
 
 
 def write(path, steal_ticks: int, busy: int, idle: int) -> None:

@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import codec
-from common.modelstore import ModelStore, ModelStoreError, sha256_file
-from training import datasets
-from training.cli import ensure_default_model, main
-from training.evaluate import evaluate, overall_accuracy
-from common.architectures import ARCHS, build, config_for, query_shape
-from training.parity import parity_name, train_parity
-from training.train import fit, predict, train_deployed
+from keel.common import codec
+from keel.common.modelstore import ModelStore, ModelStoreError, sha256_file
+from keel.training import datasets
+from keel.training.cli import ensure_default_model, main
+from keel.training.evaluate import evaluate, overall_accuracy
+from keel.common.architectures import ARCHS, build, config_for, query_shape
+from keel.training.parity import parity_name, train_parity
+from keel.training.train import fit, predict, train_deployed
 
 # Tiny models: one thread is as fast, and OpenMP threads spinning on a shared, loaded
 # machine can make each step a hundred times slower.

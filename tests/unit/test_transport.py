@@ -7,8 +7,8 @@ import time
 import numpy as np
 import zmq
 
-from common import protocol, transport
-from common.protocol import Status
+from keel.common import protocol, transport
+from keel.common.protocol import Status
 
 
 def test_peers_refuse_bad_endpoints_and_evict_the_least_recently_used():

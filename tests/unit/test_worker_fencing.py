@@ -9,10 +9,10 @@ import time
 import numpy as np
 import zmq
 
-from common import protocol, transport
-from common.config import WorkerConfig
-from common.protocol import Batch, Done, Predictions, Register
-from services.worker import Worker
+from keel.common import protocol, transport
+from keel.common.config import WorkerConfig
+from keel.common.protocol import Batch, Done, Predictions, Register
+from keel.services.worker import Worker
 
 ANY = "tcp://127.0.0.1:*"
 DIM = 4
