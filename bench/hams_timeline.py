@@ -68,7 +68,7 @@ def plot(out: dict, path: Path, window_ms: tuple[float, float] = (-40.0, 120.0))
 
 
 def run(json_path: Path, kill_at: int, seed: int) -> dict:
-    from keel.bench.hams_recovery import kill_trial
+    from keel.chaos.graph_trials import kill_trial
     from keel.chaos.invariants import load_graph_traces
 
     with tempfile.TemporaryDirectory(prefix="hams-timeline-", ignore_cleanup_errors=True) as tmp:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from keel.bench.hams_recovery import cluster_trial, gru_chain
+from keel.chaos.graph_trials import cluster_trial, gru_chain
 
 pytest.importorskip("torch", reason="the graph operators need torch")
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]

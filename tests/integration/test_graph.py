@@ -9,50 +9,11 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.protocol.messages import Predict
-from keel.common.spec.graph import graph_services, read_graph
-from keel.deploy.local import free_port_block
+from keel.common.spec.graph import read_graph
 from keel.services.graph.operators import GRU, run_offline
+from tests.support.graphs import ask, gru_chain, start, status
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def gru_chain(mode="nspb", max_batch=8):
-    return {"mode": mode, "input_shape": [4], "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
-            "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [6], "max_batch": max_batch},
-                          "g2": {"kind": "gru", "input_shape": [6], "output_shape": [3], "max_batch": max_batch}}}
-
-
-def start(launcher, table):
-    graph = read_graph(table)
-    services, client = graph_services(graph, free_port_block(64))
-    for svc in services:
-        launcher.start(svc)
-    for svc in services:
-        launcher.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
-    return graph, services, client
-
-
-def ask(zsock, client, inputs, streams, timeout_s=60.0):
-    """Send every request at once; the replies by request index."""
-    sock = zsock(zmq.DEALER, connect=client)
-    for i, (x, s) in enumerate(zip(inputs, streams)):
-        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), stream=int(s)))
-    replies = {}
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    import time
-    deadline = time.monotonic() + timeout_s
-    while len(replies) < len(inputs) and time.monotonic() < deadline:
-        if poller.poll(200):
-            msg = protocol.decode(sock.recv_multipart())
-            assert msg.request_id not in replies, "two answers to one request"
-            replies[msg.request_id] = msg
-    assert len(replies) == len(inputs), f"{len(inputs) - len(replies)} requests unanswered"
-    return [replies[f"r{i}"] for i in range(len(inputs))]
-
-
-def status(svc):
-    return transport.request_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
 
 
 def test_gru_chain_durable_and_equal_to_run_offline(launcher, zsock, wait):

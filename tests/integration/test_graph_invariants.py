@@ -10,7 +10,7 @@ import pytest
 from keel.chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
 from keel.common.spec.graph import graph_services, read_graph
 from keel.deploy.local import free_port_block
-from tests.integration.test_graph import ask, gru_chain
+from tests.support.graphs import ask, gru_chain
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from keel.bench.hams_recovery import kill_trial, ls_chain
+from keel.chaos.graph_trials import kill_trial, ls_chain
 from keel.chaos.invariants import load_graph_traces
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from keel.bench.hams_recovery import kill_trial
+from keel.chaos.graph_trials import kill_trial
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -35,16 +35,18 @@ def test_stateless_operator_sigkill_hot_standby_takes_over(launcher, tmp_path):
     assert row["recovery_ms"] is not None, row
 
 
-def test_upstream_stateful_primary_sigkill_rolls_back_what_took_its_lost_outputs(launcher, tmp_path):
+def test_upstream_stateful_primary_sigkill_loses_nothing_and_only_its_successor_may_roll_back(launcher, tmp_path):
     """GRU -> GRU, g1's primary SIGKILLed: g1's backup takes over at its max_seq, the
-    frontend resends by lineage; g2, if its state took g1 outputs above max_seq, rolls back
-    to its backup (promoted by the manager). Nothing lost, answered twice or unlike offline;
-    one output per (operator, seq) among released replies' lineage."""
+    frontend resends by lineage; g2 rolls back to its backup (promoted by the manager) only
+    if its state took g1 outputs above max_seq, which depends on where in a batch the kill
+    lands (the Fig. 6 test below forces it). Nothing lost, answered twice or unlike
+    offline; one output per (operator, seq) among released replies' lineage; no operator
+    but g2 changes holder."""
     row = kill_trial(launcher, tmp_path, "g1", n=240, kill_at=80, seed=13)
-    print({k: row[k] for k in ("rolled_back", "held_voided", "resent_by_frontend", "recovery_ms")})
     assert row["promoted"], row
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["invariants_ok"], row["invariants"]
+    assert row["rolled_back"] in ([], ["g2"]), row["rolled_back"]
 
 
 def test_frozen_stateful_primary_is_replaced_by_heartbeat_silence_and_fenced_when_thawed(launcher, tmp_path):
@@ -67,7 +69,7 @@ def test_correlated_stateless_and_stateful_sigkill_together(launcher, tmp_path):
     """MLP -> GRU -> GRU, m (stateless) and g2's primary SIGKILLed at once: the hot standby
     serves m (numbering on from what g1 took), g2's backup takes over (g1 resends by
     lineage); both promoted, nothing lost, answered twice or unlike offline, invariants hold."""
-    from keel.bench.hams_recovery import mlp_gru_gru
+    from keel.chaos.graph_trials import mlp_gru_gru
 
     row = kill_trial(launcher, tmp_path, ("m", "g2"), n=240, kill_at=80, seed=15, table=mlp_gru_gru())
     print({k: row[k] for k in ("detection_ms", "recovery_ms", "per_victim", "rolled_back")})
@@ -83,7 +85,7 @@ def test_strawman_reexecution_shows_conflicts_the_checker_detects(launcher, tmp_
     g2's primary SIGKILLed: the replacement re-executes on a fresh state and numbers from 0
     again, so outputs for (g2, seq) that reached replies are contradicted by re-run ones that
     reach replies too. Every request is still answered once; the conflicts are found."""
-    from keel.bench.hams_recovery import strawman_chain
+    from keel.chaos.graph_trials import strawman_chain
 
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=16, table=strawman_chain())
     print({k: row[k] for k in ("output_conflicts", "lost", "recovery_ms", "invariants")})
@@ -115,12 +117,12 @@ def test_fig6_o2_primary_and_o3_backup_killed_together_o3_rolls_back_in_place(la
     max_seq; g3's primary, its backup gone, rolls back to its previous state (the newest
     shipped state that took nothing of g2 above max_seq) at a new epoch and re-runs what g2
     resends. Nothing lost, answered twice or unlike offline; the invariants hold."""
-    from keel.bench.hams_recovery import FIG6_STATE_DELAY, fig6_chain
+    from keel.chaos.graph_trials import FIG6_STATE_DELAY, fig6_chain
 
     row = kill_trial(launcher, tmp_path, "g2", n=240, kill_at=80, seed=18, table=fig6_chain(), also_kill=("op-g3-backup",),
                      state_delay=FIG6_STATE_DELAY)
-    print({k: row[k] for k in ("recovery_ms", "rolled_back_in_place", "held_voided", "lost", "invariants")})
     assert row["promoted"], row
+    assert row["rolled_back_in_place"] == ["g3"], row["rolled_back_in_place"]
     assert row["lost"] == 0 and row["answered_twice"] == 0 and row["unlike_offline"] == 0, row
     assert row["output_conflicts"] == 0 and row["invariants_ok"], row["invariants"]
     assert row["recovery_ms"] is not None, row

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import zmq
 
-from keel.bench.hams_recovery import gru_chain
+from keel.chaos.graph_trials import gru_chain
 from keel.common import transport
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphRequest

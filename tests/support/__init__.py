@@ -1,0 +1,1 @@
+"""Support code shared by the tests (not a test module)."""
