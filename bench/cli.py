@@ -31,7 +31,7 @@ EXPERIMENTS: dict[str, str] = {
 #: benchmark name -> module with ``run(json_path, quick)``
 BENCHMARKS: dict[str, str] = {
     "core": "keel.bench.core",
-    "codec": "keel.bench.codec",
+    "erasure": "keel.bench.erasure",
     "gateway": "keel.bench.gateway",
     "manager": "keel.bench.manager",
 }
@@ -45,7 +45,7 @@ def _needs_extra() -> None:
 def _bench(args: argparse.Namespace) -> int:
     _needs_extra()
     module = importlib.import_module(BENCHMARKS[args.what])
-    if args.what == "codec":
+    if args.what == "erasure":
         module.run(args.json)
         return 0
     out = module.run(args.json, args.quick)

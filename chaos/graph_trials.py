@@ -33,7 +33,7 @@ def mlp_gru(max_batch: int = 4) -> dict:
 
 def gru_chain(max_batch: int = 4, pad_ms: float = 0.0, mode: str = "nspb", noise: float = 0.0) -> dict:
     """GRU -> GRU; ``noise`` > 0 makes both GRUs non-deterministic (every run, every
-    re-execution differs: ``services.graph.operators.GRU``)."""
+    re-execution differs: ``services.graph.models.GRU``)."""
     options = {"noise": noise} if noise else {}
     return {"mode": mode, "window": 2, "input_shape": [4],
             "edges": [["frontend", "g1"], ["g1", "g2"], ["g2", "frontend"]],
@@ -299,7 +299,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
         run.stop()
         managers.close()
         managers.launcher.stop()  # the replicas themselves: close() only ends the probe
-    from keel.services.graph.operators import run_offline
+    from keel.services.graph.models import run_offline
 
     expected = run_offline(graph, inputs, streams)[0]
     answered = {k: v for k, v in replies.items() if len(v) >= 1}

@@ -3,7 +3,7 @@
 Workers of coded models push a copy of each prediction batch here; parity workers push
 the parity model's output. When the parity output and all but one of a group's member
 predictions are here, the missing batch is reconstructed at once as
-``F_P(P) - sum(other predictions)`` (``codec.decode``; the concat encoder subtracts in
+``F_P(P) - sum(other predictions)`` (``erasure.decode``; the concat encoder subtracts in
 probability space) and sent to each query's frontend marked ``reconstruction``. With
 ``timeout_ms`` set, the decoder instead waits that long after the group's first output
 for the missing prediction before declaring it unavailable (the timeout policy of §4.1).
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from keel.common import codec, ids, transport
+from keel.common import erasure, ids, transport
 from keel.common.config import DecoderConfig
 from keel.common.protocol import Predictions, Role, Source
 from keel.services.base import Service
@@ -181,7 +181,7 @@ class Decoder(Service):
         self.counts["unknown_rows"] += len(target.qids) - int(np.count_nonzero(known[: len(target.qids)]))
         if not live:
             return
-        rebuilt = codec.decode(members.encoder, parity_out, available)
+        rebuilt = erasure.decode(members.encoder, parity_out, available)
         self.m_decode.observe(time.perf_counter() - start)
         self.counts["reconstructed"] += 1
         self.counts["reconstructed_partial"] += len(present) < group.k

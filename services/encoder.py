@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from keel.common import codec, ids, protocol, transport
+from keel.common import erasure, ids, protocol, transport
 from keel.common.config import EncoderConfig
 from keel.common.protocol import Batch, Role
 from keel.services.base import Service
@@ -156,7 +156,7 @@ class Encoder(Service):
             if b is not None:
                 stacked[i, : len(b.qids)] = b.inputs  # shorter batches are padded with zero queries
         try:
-            parity = codec.encode(self.cfg.encoder, stacked)
+            parity = erasure.encode(self.cfg.encoder, stacked)
         except ValueError as exc:  # e.g. concat on inputs that are not images
             self.counts["errors"] += 1
             self.log.error("cannot encode coding group", model=model, group=group_id, error=str(exc))

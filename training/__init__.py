@@ -9,7 +9,7 @@ Modules, one per role:
 - ``evaluate``  ``evaluate``: A_a, A_d and A_o(f) of a parity model, with a plot
 - ``cli``       ``keel train ...`` and ``keel evaluate ...``
 
-The erasure code itself (encoders, decoder) is ``common.codec``, shared with serving.
+The erasure code itself (encoders, decoder) is ``common.erasure``, shared with serving.
 
 Example
 -------

@@ -5,7 +5,7 @@
        coding groups of k (the N mod k left over are not used); each group is encoded
        with the parity model's encoder and run through the parity model, and for every
        group and every single unavailable prediction F(X_j) the reconstruction
-       ``codec.decode(encoder, F_P(P), [F(X_i) for i != j])`` (subtraction; in
+       ``erasure.decode(encoder, F_P(P), [F(X_i) for i != j])`` (subtraction; in
        probability space for the concat encoder) is compared, top-1, with X_j's true label
 - A_o(f) = (1 - f) A_a + f A_d, the overall accuracy when a fraction f of predictions
        is unavailable, for f in [0, 0.5]
@@ -15,7 +15,7 @@ is unavailable, expected accuracy 1/n_classes ("default_accuracy"). Answering th
 frequent training class instead is recorded as "majority_accuracy" (also 1/n_classes
 up to rounding here, the splits being stratified and the classes near balanced).
 
-Encoding and decoding use the numpy functions of ``common.codec`` that the serving
+Encoding and decoding use the numpy functions of ``common.erasure`` that the serving
 frontend uses, not the torch ones used in training.
 
 Example
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common.codec import decode, encode
+from keel.common.erasure import decode, encode
 from keel.common.modelstore import DEFAULT_STORE, ModelStore, ModelStoreError
 from keel.common.plotting import pyplot
 from keel.training import datasets

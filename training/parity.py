@@ -11,7 +11,7 @@ Each training sample is a parity query made from k training queries drawn at ran
 
 The parity model has the deployed model's architecture and config (§4.3), fresh §5.1
 weights, and is trained with Adam, learning rate 1e-3, weight decay 1e-5, batches of 64
-parity queries. Encoding uses ``common.codec``, the code the serving frontend uses.
+parity queries. Encoding uses ``common.erasure``, the code the serving frontend uses.
 "One epoch" here is as many parity queries as there are training queries.
 
 Example
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from keel.common.codec import Encoder, encode_torch
+from keel.common.erasure import Encoder, encode_torch
 from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
 from keel.training import datasets
 from keel.common.architectures import build

@@ -48,8 +48,8 @@ from keel.common.spec.modes import MODES
 FRONTEND = "frontend"
 
 #: the builtin operator kinds a spec may name, and the classes that implement them
-#: (``keel.services.graph.operators``): imported only when a kind is looked up
-BUILTIN_OPERATORS = {name: f"keel.services.graph.operators:{cls}" for name, cls in (
+#: (``keel.services.graph.models``): imported only when a kind is looked up
+BUILTIN_OPERATORS = {name: f"keel.services.graph.models:{cls}" for name, cls in (
     ("mlp", "MLP"), ("lenet", "LeNet"), ("gru", "GRU"), ("online_mlp", "OnlineMLP"))}
 
 

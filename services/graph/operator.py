@@ -37,8 +37,9 @@ confirmed it within ``LEASE_S`` (its heartbeat answers or the feed name it the h
 frozen primary (SIGSTOP) keeps its sockets open, so only the manager's silence window
 detects it; thawed, it finds its lease lapsed (checked before a batch and again before
 it numbers the batch's outputs: a freeze mid-batch re-queues the batch), sends nothing
-until the manager answers, and the answer (a newer holder) fences it: it stays fenced and says so (status ``fenced``,
-trace ``fenced``). It does not yet come back as the new primary's backup.
+until the manager answers, and the answer (a newer holder) fences it: it says so (status ``fenced``,
+trace ``fenced``) and rejoins as the new primary's backup under a new name, asking it for
+its whole state (``_rejoin``, HAMS §IV-E).
 
 A stateless operator and the hot standby of its kind are the group ``graph/<operator>``
 too (the standby of a kind stands by for the first operator of that kind). When the
@@ -71,7 +72,7 @@ from keel.services.graph import lineage as lin
 from keel.services.graph.assignment import Assignment
 from keel.common.spec.modes import MODES
 from keel.common.spec.graph import operator_class
-from keel.services.graph.operators import GraphBatch
+from keel.services.graph.models import GraphBatch
 from keel.services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
 from keel.services.graph.trace import Trace
 

@@ -10,7 +10,7 @@ import zmq
 from keel.common import protocol, transport
 from keel.common.protocol.messages import Predict
 from keel.common.spec.graph import read_graph
-from keel.services.graph.operators import GRU, run_offline
+from keel.services.graph.models import GRU, run_offline
 from tests.support.graphs import ask, gru_chain, start, status
 
 pytestmark = pytest.mark.timeout(180)

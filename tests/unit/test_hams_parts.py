@@ -12,7 +12,7 @@ from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.services.graph.assignment import Assignment
 from keel.common.spec.graph import operator_class
-from keel.services.graph.operators import GRU, GraphBatch, OnlineMLP, StatefulOperator
+from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
 
 

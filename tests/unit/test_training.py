@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from keel.common import codec
+from keel.common import erasure
 from keel.common.modelstore import ModelStore, ModelStoreError, sha256_file
 from keel.training import datasets
 from keel.training.cli import ensure_default_model, main
@@ -106,7 +106,7 @@ def parity_mse(net: torch.nn.Module, deployed_net: torch.nn.Module) -> float:
     """MSE of a parity model against sum F(X_i) on fixed test coding groups (k = 2)."""
     ds = datasets.load("digits")
     groups = np.random.default_rng(0).permutation(len(ds.x_test))[:300].reshape(2, 150)
-    parities = codec.add_encode(ds.x_test[groups]).reshape(150, 64)
+    parities = erasure.add_encode(ds.x_test[groups]).reshape(150, 64)
     target = predict(deployed_net, ds.x_test.reshape(-1, 64))[groups].sum(axis=0)
     return float(F.mse_loss(torch.from_numpy(predict(net, parities)), torch.from_numpy(target)))
 

@@ -1,4 +1,4 @@
-"""Operators of a service graph (HAMS §IV-D, §V).
+"""The models of a service graph's operators, stateless and stateful (HAMS §IV-D, §V).
 
 A stateless operator implements ``compute(batch) -> outputs``. A stateful one also
 implements ``initialize() -> state`` (a dict of name -> tensor), and splits a batch in

@@ -1,4 +1,4 @@
-"""The erasure code (common.codec): exact round trips on linear models, grids, buffers."""
+"""The erasure code (common.erasure): exact round trips on linear models, grids, buffers."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keel.common import codec
+from keel.common import erasure
 
 
 def linear_model(n_in: int, n_out: int, seed: int = 0):
@@ -22,76 +22,76 @@ def test_add_subtract_round_trip_is_exact_for_a_linear_model(k):
     queries = rng.random((k, 64))
     model = linear_model(64, 10)
     outputs = model(queries)
-    parity_output = model(codec.add_encode(queries))
+    parity_output = model(erasure.add_encode(queries))
     for j in range(k):
         available = np.delete(outputs, j, axis=0)
-        np.testing.assert_allclose(codec.subtract_decode(parity_output, available), outputs[j], atol=1e-9)
+        np.testing.assert_allclose(erasure.subtract_decode(parity_output, available), outputs[j], atol=1e-9)
 
 
 def test_subtract_decode_batched_matches_one_at_a_time():
     rng = np.random.default_rng(1)
     parity_outputs, available = rng.random((8, 10)), rng.random((3, 8, 10))
-    batched = codec.subtract_decode(parity_outputs, available)
+    batched = erasure.subtract_decode(parity_outputs, available)
     assert batched.shape == (8, 10)
     for b in range(8):
-        np.testing.assert_allclose(batched[b], codec.subtract_decode(parity_outputs[b], available[:, b]))
+        np.testing.assert_allclose(batched[b], erasure.subtract_decode(parity_outputs[b], available[:, b]))
 
 
 def test_add_encode_writes_into_out_buffer_and_accepts_separate_queries():
     rng = np.random.default_rng(2)
     queries = rng.random((4, 3, 16, 16), dtype=np.float32)
     out = np.full((3, 16, 16), np.nan, dtype=np.float32)
-    parity = codec.add_encode([q for q in queries], out=out)
+    parity = erasure.add_encode([q for q in queries], out=out)
     assert parity is out
     np.testing.assert_allclose(out, queries.sum(axis=0), rtol=1e-6)
-    np.testing.assert_array_equal(codec.add_encode(queries), out)
+    np.testing.assert_array_equal(erasure.add_encode(queries), out)
 
 
 def test_subtract_decode_out_buffer():
     parity_output = np.array([10.0, 20.0, 30.0])
     out = np.empty(3)
-    got = codec.subtract_decode(parity_output, [np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])], out=out)
+    got = erasure.subtract_decode(parity_output, [np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])], out=out)
     assert got is out
     np.testing.assert_array_equal(out, [5.0, 13.0, 21.0])
 
 
 def test_encoders_reject_empty_groups():
     with pytest.raises(ValueError):
-        codec.add_encode([])
+        erasure.add_encode([])
     with pytest.raises(ValueError):
-        codec.concat_grid(0)
+        erasure.concat_grid(0)
     with pytest.raises(ValueError):
-        codec.encode("xor", np.zeros((2, 4)))
+        erasure.encode("xor", np.zeros((2, 4)))
 
 
 @pytest.mark.parametrize("k,grid", [(1, (1, 1)), (2, (1, 2)), (3, (2, 2)), (4, (2, 2)), (5, (2, 3)), (9, (3, 3))])
 def test_concat_grid(k, grid):
-    assert codec.concat_grid(k) == grid
+    assert erasure.concat_grid(k) == grid
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 @pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 224, 224)])
 def test_concat_encode_keeps_the_query_shape(k, shape):
     images = np.random.default_rng(0).random((k, *shape), dtype=np.float32)
-    parity = codec.concat_encode(images)
+    parity = erasure.concat_encode(images)
     assert parity.shape == shape and parity.dtype == np.float32
 
 
 def test_concat_encode_places_each_image_in_its_cell():
     # constant images make the downsampled cells equal to the constants
     k4 = np.stack([np.full((1, 8, 8), v, dtype=np.float32) for v in (1, 2, 3, 4)])
-    p = codec.concat_encode(k4)[0]
+    p = erasure.concat_encode(k4)[0]
     np.testing.assert_array_equal(p[:4, :4], 1)
     np.testing.assert_array_equal(p[:4, 4:], 2)
     np.testing.assert_array_equal(p[4:, :4], 3)
     np.testing.assert_array_equal(p[4:, 4:], 4)
     # k = 2: side by side, full height
-    p = codec.concat_encode(k4[:2])[0]
+    p = erasure.concat_encode(k4[:2])[0]
     np.testing.assert_array_equal(p[:, :4], 1)
     np.testing.assert_array_equal(p[:, 4:], 2)
     # k = 3: the fourth cell is zero, even in a dirty out buffer
     out = np.full((1, 8, 8), 7.0, dtype=np.float32)
-    assert codec.concat_encode(k4[:3], out=out) is out
+    assert erasure.concat_encode(k4[:3], out=out) is out
     p = out[0]
     np.testing.assert_array_equal(p[4:, 4:], 0)
     np.testing.assert_array_equal(p[4:, :4], 3)
@@ -100,13 +100,13 @@ def test_concat_encode_places_each_image_in_its_cell():
 def test_concat_downsampling_is_a_block_mean():
     image = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     group = np.concatenate([image] * 4)
-    p = codec.concat_encode(group)[0]
+    p = erasure.concat_encode(group)[0]
     np.testing.assert_allclose(p[:2, :2], image[0, 0].reshape(2, 2, 2, 2).mean(axis=(1, 3)))
 
 
 def test_area_matrix_rows_average():
     for n_in, n_out in [(8, 4), (28, 14), (28, 9), (7, 3)]:
-        m = codec.area_matrix(n_in, n_out)
+        m = erasure.area_matrix(n_in, n_out)
         assert m.shape == (n_out, n_in)
         np.testing.assert_allclose(m.sum(axis=1), 1.0, rtol=1e-6)
 
@@ -115,12 +115,12 @@ def test_area_matrix_rows_average():
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_torch_and_numpy_encoders_agree(encoder, k):
     images = np.random.default_rng(k).random((k, 5, 1, 28, 28), dtype=np.float32)  # k x batch of 5
-    expected = codec.encode(encoder, images)
-    got = codec.encode_torch(encoder, torch.from_numpy(images)).numpy()
+    expected = erasure.encode(encoder, images)
+    got = erasure.encode_torch(encoder, torch.from_numpy(images)).numpy()
     assert got.shape == (5, 1, 28, 28)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     for b in range(5):  # batched numpy equals one group at a time
-        np.testing.assert_allclose(codec.encode(encoder, images[:, b]), expected[b], rtol=1e-6)
+        np.testing.assert_allclose(erasure.encode(encoder, images[:, b]), expected[b], rtol=1e-6)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -128,14 +128,14 @@ def test_concat_decode_subtracts_probabilities(k):
     # a parity model whose softmax is exactly the mean of the group's softmaxes
     rng = np.random.default_rng(3)
     outputs = rng.standard_normal((k, 6, 10)) * 3
-    probs = codec.softmax(outputs)
+    probs = erasure.softmax(outputs)
     parity_output = np.log(probs.mean(axis=0))
     for j in range(k):
-        recon = codec.decode("concat", parity_output, np.delete(outputs, j, axis=0))
+        recon = erasure.decode("concat", parity_output, np.delete(outputs, j, axis=0))
         np.testing.assert_allclose(recon, probs[j], atol=1e-9)
     # the add decoder is plain subtraction
     np.testing.assert_array_equal(
-        codec.decode("add", parity_output, outputs[1:]), codec.subtract_decode(parity_output, outputs[1:])
+        erasure.decode("add", parity_output, outputs[1:]), erasure.subtract_decode(parity_output, outputs[1:])
     )
 
 
@@ -148,6 +148,6 @@ def test_concat_decode_subtracts_probabilities(k):
 def test_add_round_trip_property(k, n, seed):
     rng = np.random.default_rng(seed)
     outputs = rng.standard_normal((k, n))
-    parity_output = codec.add_encode(outputs)  # the identity is a linear model
+    parity_output = erasure.add_encode(outputs)  # the identity is a linear model
     j = int(rng.integers(k))
-    np.testing.assert_allclose(codec.subtract_decode(parity_output, np.delete(outputs, j, axis=0)), outputs[j], atol=1e-9)
+    np.testing.assert_allclose(erasure.subtract_decode(parity_output, np.delete(outputs, j, axis=0)), outputs[j], atol=1e-9)

@@ -1,17 +1,17 @@
 """Benchmark of the erasure code on the serving path: encode and decode latency.
 
 - ``encode_us[k]``  median microseconds to add-encode k float32 3x224x224 queries into a
-                    preallocated parity buffer (``common.codec.add_encode``)
+                    preallocated parity buffer (``common.erasure.add_encode``)
 - ``decode_us[k]``  median microseconds to subtraction-decode one 1000-class prediction
                     from F_P(P) and k-1 available ones into a preallocated buffer
-                    (``common.codec.subtract_decode``)
+                    (``common.erasure.subtract_decode``)
 
 Targets: encode k=4 <= 100 us, decode k=4 <= 10 us. The numbers are printed as a table
 and, with ``--json PATH``, written as JSON. Timings only; tests never assert on them.
 
 Example
 -------
-$ python -m keel.bench.codec --json runs/bench_codec.json
+$ python -m keel.bench.erasure --json runs/bench-erasure.json
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common.codec import add_encode, subtract_decode
+from keel.common.erasure import add_encode, subtract_decode
 from keel.common.loadgen import write_json
 
 KS = (2, 3, 4)
@@ -97,8 +97,8 @@ def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m keel.bench.codec [--json PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m keel.bench.codec", description=__doc__.splitlines()[0])
+    """``python -m keel.bench.erasure [--json PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m keel.bench.erasure", description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     run(args.json)
