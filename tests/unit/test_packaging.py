@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -155,9 +156,12 @@ def test_the_architectures_the_cli_names_are_the_models_architectures():
 def test_the_wheel_installs_one_package_with_the_api_and_the_command(tmp_path):
     """Build the wheel, install it (without dependencies: they come from this environment)
     into a scratch virtualenv, and use it from outside the repository."""
+    source = tmp_path / "source"  # a copy, so that the build leaves nothing in the checkout
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "store", "build", "*.egg-info",
+                                                                 "__pycache__", ".hypothesis", "docs"))
     wheels = tmp_path / "wheels"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=300)
+                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = wheels.glob("keel-*.whl")
     env_dir = tmp_path / "venv"
