@@ -42,8 +42,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from keel.common.spec.tables import SpecError
 from keel.common.spec.modes import MODES
+from keel.common.spec.tables import SpecError
 
 FRONTEND = "frontend"
 

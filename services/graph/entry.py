@@ -38,9 +38,9 @@ from keel.common.config import GraphFrontendConfig
 from keel.common.protocol.fields import ErrorCode
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
 from keel.common.spec.graph import FRONTEND, read_graph
+from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.graph.lineage import ReleaseGate, join
-from keel.common.spec.modes import MODES
 from keel.services.graph.trace import Trace
 from keel.services.requests import Request, State
 

@@ -66,12 +66,11 @@ import zmq
 from keel.common import transport
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.common.spec.graph import FRONTEND, read_graph
+from keel.common.spec.graph import FRONTEND, operator_class, read_graph
+from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.graph import lineage as lin
 from keel.services.graph.assignment import Assignment
-from keel.common.spec.modes import MODES
-from keel.common.spec.graph import operator_class
 from keel.services.graph.models import GraphBatch
 from keel.services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
 from keel.services.graph.trace import Trace
