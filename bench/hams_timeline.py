@@ -1,4 +1,4 @@
-"""``keel experiment hams-timeline``: one recovery, drawn (HAMS §IV-E; docs/hams.md).
+"""``keel experiment hams-timeline``: one recovery, drawn (HAMS §IV-E; docs/design/hams.md).
 
 One trial of ``hams-recovery``'s stateful case (GRU -> GRU under open load, g2's primary
 SIGKILLed at a chosen request), its traces kept, and a picture of what every process did

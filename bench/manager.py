@@ -10,7 +10,7 @@ directory). The benchmark measures
   replica is restarted from its journal and catches up before the next trial);
 * at the end, whether every replica holds the same state (``replicas_equal``).
 
-Targets (issue 10): commit p50 <= 2 ms; failover median <= 0.5 s, max <= 1 s.
+Targets: commit p50 <= 2 ms; failover median <= 0.5 s, max <= 1 s.
 
 Example
 -------

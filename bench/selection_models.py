@@ -12,7 +12,7 @@ held out (``VALIDATION``) and no candidate trains on it. On that held-out part:
 - Exp3's ``eta`` and ``gamma`` are those of ``EXP3_GRID`` with the lowest error on the Fig. 8
   scenario replayed on validation queries.
 
-Why (README, issue 13): five MLPs trained on the same images made correlated mistakes and
+Why (docs/results/selection.md): five MLPs trained on the same images made correlated mistakes and
 one dominated, so Exp4 could not beat its best member (1.007 x) and all five agreed on
 only 57% of queries; models of two kinds on different subsets disagree where they err.
 """

@@ -127,7 +127,7 @@ def add_parser(subparsers: Any, argv: Any = ()) -> argparse.ArgumentParser:
     sub = chaos.add_subparsers(dest="chaos_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run an experiment TOML; write the JSON report and plots")
-    p.add_argument("experiment", help="experiment TOML (see docs/chaos.md)")
+    p.add_argument("experiment", help="experiment TOML (see docs/design/chaos.md)")
     p.add_argument("--json", required=True, help="report path; plots go beside it")
     p.add_argument("--out", help="run directory for logs and records (default: beside the report)")
     p.add_argument("--local", action="store_true", help="hosts on loopback even where netns is available")

@@ -1,6 +1,6 @@
 """An experiment: a cluster spec, modes, a bounded workload, a fault plan, invariants, a report.
 
-TOML (full reference in docs/chaos.md)::
+TOML (full reference in docs/design/chaos.md)::
 
     name = "worker_kill_shuffle"
     seed = 7

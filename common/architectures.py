@@ -20,7 +20,7 @@ N(0, 0.01) (standard deviation 0.01) for the other weights. BatchNorm keeps its 
 scale 1 and shift 0: drawing a BatchNorm scale from N(0, 0.01) would switch the residual
 branches off. ``build(..., init="torch")`` keeps PyTorch's own initialisation instead:
 the MLP trains to zero training loss from either, but generalises about 2 points better
-on mnist5k from PyTorch's (docs/parity_accuracy.md), so both are offered.
+on mnist5k from PyTorch's (docs/design/parity_accuracy.md), so both are offered.
 
 Example
 -------
@@ -186,7 +186,7 @@ def build(arch: str, *, init: str = "parm", **config) -> nn.Module:
         ``"mlp"``, ``"lenet5"`` or ``"resnet18"``.
     init : str
         ``"parm"`` (§5.1, the default) or ``"torch"`` (PyTorch's own defaults; the MLP
-        generalises better from it, see docs/parity_accuracy.md).
+        generalises better from it, see docs/design/parity_accuracy.md).
     **config
         Fields of that architecture's config dataclass (JSON-friendly: lists are fine).
 

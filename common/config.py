@@ -263,7 +263,7 @@ class WorkerConfig:
     #: how long torch's OpenMP threads spin waiting for the next parallel region before they
     #: sleep (libgomp's GOMP_SPINCOUNT, in spin iterations; 0 = libgomp's default). Set
     #: before the worker first loads torch. Off by default: in the SERF quick runs a longer
-    #: spin made the spaced profile faster than the open-loop service (README, SERF)
+    #: spin made the spaced profile faster than the open-loop service (docs/results/serf.md)
     omp_spincount: int = 0
     #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
     #: without a GPU refuses "cuda" at start with a clear error

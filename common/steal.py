@@ -1,8 +1,8 @@
 """CPU time the hypervisor gave to other guests while this one wanted it (``steal`` in
 /proc/stat), so an experiment can say how much of the machine it really had.
 
-On this VM it is the largest source of noise measured so far: with nothing else running,
-two busy threads saw 27-64% of the CPU time stolen in some minutes and ~1% in others
+On a shared VM it can be the largest source of noise: on the 2-core VM where Keel's results
+were measured, with nothing else running, two busy threads saw 27-64% of the CPU time stolen in some minutes and ~1% in others
 (2026-11-26), while the load average reads the same. A latency taken in such a minute says
 more about the neighbours than about Keel; experiments record the fraction per cell and
 re-run cells taken above ``STEAL_MAX``.

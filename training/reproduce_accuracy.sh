@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the table in docs/parity_accuracy.md: every model trained and evaluated
+# Reproduces the table in docs/results/parm.md: every model trained and evaluated
 # here, figures read back from the manifests by `evaluate --table`.
 # One thread, niced: the machine is shared. About 10 minutes on 2 busy cores.
 set -euo pipefail

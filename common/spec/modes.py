@@ -11,7 +11,7 @@
 | ls    | none per batch: every ``checkpoint_every`` batches a checkpoint of the whole state to global storage; the replacement loads it and replays what came after (Lineage Stash, HAMS §VII) | at once |
 
 In every mode but bare, strawman and ls the frontend holds each reply until its lineage is
-durable. ``strawman`` is HAMS's strawman (§VII-D, issue 12): a failover re-executes requests
+durable. ``strawman`` is HAMS's strawman (§VII-D): a failover re-executes requests
 on a fresh state, so with non-deterministic models (``noise``) it releases outputs that
 contradict ones already released; the checker must see them.
 """

@@ -116,7 +116,7 @@ class GRU(StatefulOperator):
 
     ``noise`` > 0: every new hidden state (the output and the state) gets Gaussian noise of
     that scale from a generator seeded by the OS, so no two runs, and no re-execution,
-    compute the same values (the non-determinism of GPU kernels, made visible: issue 12)."""
+    compute the same values (the non-determinism of GPU kernels, made visible)."""
 
     def __init__(self, input_shape, output_shape, seed: int = 0, streams: int = 64, noise: float = 0.0, **options):
         super().__init__(input_shape, output_shape, seed)

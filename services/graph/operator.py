@@ -577,7 +577,7 @@ class GraphOperator(Service):
                 self._on_state(msg)
             elif isinstance(msg, GraphAck) and msg.operator == self.op and self.numbering:
                 self.next_seq = max(self.next_seq, msg.seq + 1)  # a successor's highest: number on from there
-                self.numbering = False  # one successor's word (several successors: not yet, docs/notes/hams2.md)
+                self.numbering = False  # one successor's word (several successors: not yet: docs/design/hams.md, Limits)
             elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.model is not None:
                 self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
             elif isinstance(msg, GraphAck) and msg.operator in self.succs and self.backup is not None:
