@@ -38,10 +38,14 @@ def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
 
 
 def use_for_spec(spec) -> None:
-    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called)."""
-    from keel.common.curve import use_for_spec as use
+    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called); a
+    keys folder that lacks them is a ``SpecError`` of ``cluster.curve_keys``."""
+    from keel.common.curve import CurveError, use_for_spec as use
 
-    use(spec)
+    try:
+        use(spec)
+    except CurveError as exc:
+        raise SpecError(f"cluster.curve_keys: {exc}") from None
 
 
 def _fail(msg: str) -> int:

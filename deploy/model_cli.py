@@ -264,8 +264,7 @@ def previous_version(spec: Any, model: str, ctx: Any = None) -> str:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from keel.common.spec import SpecError, load_spec
-
-    from keel.common.curve import use_for_spec
+    from keel.deploy.cli import use_for_spec
 
     try:
         spec = load_spec(args.spec)

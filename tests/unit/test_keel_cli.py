@@ -55,3 +55,16 @@ def test_down_of_a_spec_never_brought_up_succeeds(tmp_path, capsys):
     for _ in range(2):
         assert main(["down", spec]) == 0
         assert "nothing was brought up" in capsys.readouterr().out
+
+
+def test_up_with_a_keys_folder_that_has_no_operator_keypair(tmp_path, capsys):
+    from keel.common import curve
+
+    keys = tmp_path / "keys"
+    curve.generate(keys, ("alice",))
+    (keys / "operator.key_secret").unlink(missing_ok=True)
+    path = tmp_path / "spec.toml"
+    path.write_text(f'[cluster]\nname = "t"\nrun_dir = "{tmp_path / "run"}"\ncurve_keys = "{keys}"\n'
+                    '[models.m]\nbuiltin = "noop"\n')
+    one_line_error(capsys, ["up", str(path)], "operator.key_secret is missing")
+    assert not (tmp_path / "run").exists()  # refused before anything was rendered
