@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keel.deploy.keel import main, parse_args
+from keel.deploy.keel import build_parser, main, parse_args
 
 
 def noop_spec(tmp_path, run_dir) -> str:
@@ -126,3 +126,21 @@ def test_status_into_a_closed_pipe_is_quiet(tmp_path):
         proc.kill()
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert code in (0, 3)  # quiet either way: 3 is status's own answer (supervisord is not running)
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from action.choices.items()
+
+
+def test_help_texts_name_no_issue_numbers():
+    import re
+
+    for top in ("experiment", "bench", "chaos", "model", "up", "keys"):
+        parser = dict(_subparsers(build_parser([top])))[top]
+        texts = [parser.format_help()] + [p.format_help() for _, p in _subparsers(parser)]
+        for text in texts:
+            assert not re.search(r"\bissues? ?#?\d+|#\d+\b", text), text

@@ -438,3 +438,25 @@ def test_status_endpoints_and_binds_come_from_the_role_table():
     for svc in spec.services:
         assert svc.endpoints() == [getattr(svc.config, f) for f in ROLES[svc.role].binds]
         assert type(svc.config) is ROLES[svc.role].config
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def _known(data: dict) -> list[str]:
+    """The "known keys" an unknown key's error lists."""
+    import ast
+
+    with pytest.raises(SpecError) as err:
+        load_spec(data)
+    return ast.literal_eval(str(err.value).split("known keys here: ", 1)[1])
+
+
+def test_unknown_table_lists_every_table_the_reader_accepts_and_the_reference_has_them_all():
+    reference = (EXAMPLES.parents[1] / "docs" / "deploy.md").read_text()
+    tables = _known({"models": {"m": {"builtin": "noop"}}, "gatway": {}})
+    assert {"gateway", "applications", "manager", "graph", "pools", "cluster", "models"} <= set(tables)
+    for table in tables:
+        assert f"[{table}" in reference, f"[{table}] is not in docs/deploy.md"
+    for key in _known({"models": {"m": {"builtin": "noop"}}, "cluster": {"nme": "x"}}):
+        assert f"| `{key}` |" in reference, f"cluster.{key} is not in docs/deploy.md's [cluster] table"
