@@ -1,8 +1,11 @@
 """Run a cluster spec's services on this machine under supervisord, a real process manager.
 
 ``render`` writes ``RUN_DIR/supervisord.conf`` (one ``[program:NAME]`` per service, each
-restarted when it dies); ``up`` renders, starts supervisord and waits until every program
-is RUNNING and the frontend answers a status request; ``down`` shuts supervisord down and
+restarted when it dies, its config in ``RUN_DIR/config/NAME.json``: ``deploy.programs``);
+``up`` renders, checks ports and store files (``deploy.preflight``), starts supervisord and
+waits until every program is RUNNING and the frontend answers a status request; on a
+cluster that runs already it changes nothing and says what differs from the spec, unless
+asked to apply it (``apply=True``, ``keel up --apply``); ``down`` shuts supervisord down and
 waits until it and its programs are gone; ``status`` reads program states over
 supervisord's XML-RPC socket and asks the frontends and the dispatcher for their status.
 Everything ``up`` creates lives under the spec's run_dir.
@@ -12,6 +15,7 @@ Example
 >>> spec = up("deploy/examples/noop.toml")          # doctest: +SKIP
 >>> status(spec)["programs"][0]["statename"]         # doctest: +SKIP
 'RUNNING'
+>>> up("deploy/examples/noop.toml", apply=True)      # doctest: +SKIP
 >>> down(spec)                                       # doctest: +SKIP
 """
 from __future__ import annotations
