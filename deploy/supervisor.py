@@ -300,6 +300,10 @@ def _reconcile(spec: ClusterSpec, wait_s: float, out: Callable[[str], Any] | Non
         except RolloutError as exc:
             raise DeployError(f"model {model}: {exc}") from None
         record_served(spec, {model: version}, "up --apply")
+    recorded = recorded_versions(spec)
+    started = {m: t["version"] for m, t in store_models(spec).items() if m not in recorded}
+    if started:  # models new to the cluster serve the spec's version
+        record_served(spec, started, "up --apply")
     say(f"cluster {spec.name}: applied")
     return spec
 
