@@ -89,7 +89,7 @@ def test_up_again_changes_nothing_until_apply(cluster, tmp_path, capsys):
     assert "nothing to change" in capsys.readouterr().out
     assert pids(tmp_path / "run") == before
 
-    path = spec(2000)  # the edit of the issue: the gateway's timeout
+    path = spec(2000)  # an edit of the gateway's timeout
     assert keel(["up", path]) == 0
     said = capsys.readouterr().out
     assert "gateway: timeout_ms: 1000 -> 2000" in said and "--apply" in said and "nothing changed" in said
