@@ -169,7 +169,7 @@ def cmd(args: argparse.Namespace) -> int:
 def add_parser(which: Any) -> None:
     """Add ``serf-drift`` to ``keel experiment``'s subparsers."""
     e = which.add_parser("serf-drift", help="SERF: how steady a model's service time is here, and how far that "
-                                            "alone moves Eq. 13's predictions (issue 14)")
+                                            "alone moves Eq. 13's predictions")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
     e.add_argument("--model", default="resnet18", choices=["resnet18", "widemlp"])
     e.add_argument("--windows", type=int, default=8, help="measurements of each kind (default 8)")

@@ -561,7 +561,7 @@ def cmd(args: argparse.Namespace) -> int:
 
 def add_parser(which: Any) -> None:
     """Add ``serf`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load (issue 14)")
+    e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load")
     e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
     e.add_argument("--quick", action="store_true", help="sleep and resnet18, shorter runs (under 5 minutes)")
     e.add_argument("--models", nargs="+", choices=list(MODELS), help="these models only")

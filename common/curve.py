@@ -2,9 +2,11 @@
 
 A keys folder (``keel keys generate DIR``) holds::
 
-    DIR/service.key, service.key_secret   the keypair of Keel's own processes
-    DIR/client.key,  client.key_secret    a client keypair (more: ``--client NAME``)
-    DIR/allowed/*.key                     public keys that may connect (services, clients)
+    DIR/service.key,  service.key_secret    the keypair of Keel's own processes
+    DIR/operator.key, operator.key_secret   the operators' keypair: what ``keel up``,
+                                            ``status``, ``predict`` and ``model rollout`` use
+    DIR/client.key,   client.key_secret     a client keypair (``--client NAME`` names others)
+    DIR/allowed/*.key                       public keys that may connect (all of the above)
 
 Secret files are 0600 and the folder 0700. When a process uses CURVE (``use(DIR)``:
 ``keel serve --curve DIR``, which a spec with ``[cluster] curve_keys`` passes to every
@@ -49,16 +51,21 @@ class Keys:
     allowed: Path
 
 
+#: the keypair Keel's own command line talks to a cluster with (``use_for_spec``)
+OPERATOR = "operator"
+
+
 def generate(folder: str | os.PathLike, clients: tuple[str, ...] = ("client",)) -> list[Path]:
-    """Write the service keypair and one keypair per client name, with the allow-list;
-    returns the files written. Existing keypairs are kept (a second run adds clients)."""
+    """Write the service keypair, the operators' keypair and one keypair per client name,
+    with the allow-list; returns the files written. Existing keypairs are kept (a second
+    run adds clients, and the operators' keypair to a folder made without one)."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     allowed = root / "allowed"
     allowed.mkdir(exist_ok=True)
     written = []
-    for name in ("service", *clients):
+    for name in dict.fromkeys(("service", OPERATOR, *clients)):
         public = root / f"{name}.key"
         if not public.is_file():
             zmq.auth.create_certificates(str(root), name)
@@ -121,10 +128,19 @@ def use(folder: str | os.PathLike | None, name: str = "service") -> Keys | None:
 
 
 def use_for_spec(spec) -> Keys | None:
-    """This process talks to ``spec``'s cluster as a client: its keys folder's client keypair
-    when the spec turns CURVE on, nothing otherwise."""
+    """This process talks to ``spec``'s cluster as its operator: the keys folder's operators'
+    keypair when the spec turns CURVE on, nothing otherwise. A folder made before there was
+    one gives its ``client`` keypair, if it has one; raises ``CurveError`` otherwise."""
     folder = getattr(spec, "curve_keys", None)
-    return use(folder, "client") if folder else None
+    if not folder:
+        return None
+    root = Path(folder)
+    if not (root / f"{OPERATOR}.key_secret").is_file() and (root / "client.key_secret").is_file():
+        return use(folder, "client")
+    if not (root / f"{OPERATOR}.key_secret").is_file():
+        raise CurveError(f"{root / (OPERATOR + '.key_secret')} is missing: `keel keys generate {root}` "
+                         "adds the operators' keypair and keeps the keys already there")
+    return use(folder, OPERATOR)
 
 
 def active() -> Keys | None:

@@ -10,7 +10,9 @@ Layout::
     ROOT/NAME/VERSION/container.py    a Python container's module, when added from a file
     ROOT/NAME/VERSION/artifact        what a Python container's ``load(path)`` reads (optional)
 
-Versions are integers as strings ("1", "2", ...); "latest" is the highest. The sha256 in
+Versions are integers as strings ("1", "2", ...); "latest" is the highest. A removed
+version (``remove``) leaves its folder with a ``REMOVED`` note, so no later version
+takes its number. The sha256 in
 the manifest is checked at every load, so a truncated or swapped file is refused instead
 of served. Architectures of Keel's own training code are built by name through
 ``common.architectures.build``; a user's own model comes in as a file (``add``), so the
@@ -134,7 +136,25 @@ class ModelStore:
 
     def manifest(self, name: str, version: str | None = None) -> Manifest:
         version = self.resolve(name, version)
-        return Manifest.from_json((self.root / name / version / "manifest.json").read_bytes())
+        path = self.root / name / version / "manifest.json"
+        try:
+            return Manifest.from_json(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError, TypeError) as exc:  # TypeError: a field missing
+            raise ModelStoreError(f"{name}/{version}: {path} is unreadable or not a manifest ({exc}); "
+                                  "restore it, or remove the version (keel model remove)") from None
+
+    def remove(self, name: str, version: str) -> Path:
+        """Delete one version's files; returns its folder. The manifest goes first, so a
+        version half removed is no longer a version. The folder stays, holding only a
+        ``REMOVED`` note, so that its number is never given to another model: frontends
+        cache answers by (model, version)."""
+        version = self.resolve(name, version)
+        folder = self.root / name / version
+        (folder / "manifest.json").unlink()
+        for path in folder.iterdir():
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        (folder / "REMOVED").write_text(f"version {version} of {name} removed at {_now()}\n")
+        return folder
 
     def save(self, name: str, module: Any, **fields: Any) -> Manifest:
         """Write ``module``'s state_dict as the next version of ``name``; returns its manifest."""
@@ -197,9 +217,10 @@ class ModelStore:
     def _commit(self, name: str, write: Any, fields: dict[str, Any], late: Any = None) -> Manifest:
         """The one way a version is made: a new folder, ``write(folder) -> artifact or None``,
         then the manifest with the artifact's sha256 (a version exists once its manifest does)."""
-        versions = self.versions(name)
-        version = str(int(versions[-1]) + 1 if versions else 1)
-        folder = self.root / name / version
+        parent = self.root / name
+        taken = [int(p.name) for p in parent.iterdir() if p.name.isdigit()] if parent.is_dir() else []
+        version = str(max(taken, default=0) + 1)  # a removed version's number is never reused
+        folder = parent / version
         folder.mkdir(parents=True, exist_ok=False)
         try:
             artifact = write(folder)

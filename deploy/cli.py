@@ -1,5 +1,8 @@
 """``keel up | down | status | predict | serve-spec | render-systemd``: run a cluster spec.
 
+``keel up`` on a cluster that runs already changes nothing: it says what differs between
+the spec and what runs (``deploy.programs``); ``keel up --apply`` applies it.
+
 ``add_parser(subparsers)`` adds the subcommands to the ``keel`` parser; each sets
 ``func(args) -> int`` (the exit status).
 
@@ -8,6 +11,7 @@ Example
 ::
 
     keel up deploy/examples/noop.toml
+    keel up deploy/examples/noop.toml --apply      # after an edit: roll and restart what changed
     keel predict --spec deploy/examples/noop.toml noop --input '[0, 0, 0, 0]'
     keel status deploy/examples/noop.toml
     keel down deploy/examples/noop.toml
@@ -38,10 +42,14 @@ def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
 
 
 def use_for_spec(spec) -> None:
-    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called)."""
-    from keel.common.curve import use_for_spec as use
+    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called); a
+    keys folder that lacks them is a ``SpecError`` of ``cluster.curve_keys``."""
+    from keel.common.curve import CurveError, use_for_spec as use
 
-    use(spec)
+    try:
+        use(spec)
+    except CurveError as exc:
+        raise SpecError(f"cluster.curve_keys: {exc}") from None
 
 
 def _fail(msg: str) -> int:
@@ -53,8 +61,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from keel.deploy.supervisor import DeployError, up
 
     try:
-        use_for_spec(load_spec(args.spec, _addresses(args.address)))
-        up(args.spec, wait_s=args.wait, addresses=_addresses(args.address))
+        spec = load_spec(args.spec, _addresses(args.address))
+        use_for_spec(spec)
+        up(spec, wait_s=args.wait, apply=args.apply)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
     return 0
@@ -85,6 +94,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not st["running"]:
         print("supervisord is not running for this spec")
     print(format_table(st["programs"]))
+    if st["served"]:
+        print("\n== served versions (set by keel up, up --apply, model rollout, model rollback)")
+        print(format_table([{"model": m, **{k: r.get(k, "-") for k in ("version", "store_name", "by", "at")}}
+                            for m, r in st["served"].items()]))
     for name, info in st["info"].items():
         print(f"\n== {name}")
         if info is None:
@@ -185,8 +198,12 @@ def add_parser(subparsers: Any) -> None:
     """Add up, down, status, predict, serve-spec and render-systemd to ``keel``."""
     address = dict(action="append", metavar="HOST=ADDRESS", help="override a host's address from [hosts]")
 
-    p = subparsers.add_parser("up", help="start a cluster spec's services under supervisord")
+    p = subparsers.add_parser("up", help="start a cluster spec's services under supervisord; on a running "
+                              "cluster, say what differs from the spec (--apply changes it)")
     p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--apply", action="store_true",
+                   help="on a running cluster, apply what differs: roll changed models like `keel model rollout`, "
+                        "restart other changed services one at a time (default: change nothing, say what differs)")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for every service (default 30)")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_up)

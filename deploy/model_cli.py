@@ -1,4 +1,5 @@
-"""``keel model add | list | show``: bring your own model into the model store.
+"""``keel model add | list | show | remove | rollout | rollback``: bring your own model
+into the model store, and move a running cluster between its versions.
 
 A model comes in three ways, each served by a model container behind ``predict_batch``
 (``common.containers``):
@@ -24,12 +25,16 @@ Example
     keel model show my-net --version 1
     keel model rollout deploy/examples/local.toml my-net --version 2   # one worker at a time
     keel model rollback deploy/examples/local.toml my-net              # to the version before
+    keel model remove my-net 2                                         # refused while a cluster serves it
 
 ``rollout`` moves a running cluster's workers of one model to another store version one
 at a time: each leaves the dispatcher (which hands what it held to the others), loads and
 checks the new version with one batch, swaps and registers again; the next worker starts
-only once this one is back, and a version a worker refuses stops the rollout there. Replies say which version answered them. The change
-is live only: a worker restarted from the spec serves the spec's version again.
+only once this one is back, and a version a worker refuses stops the rollout there.
+Replies say which version answered them. The version is recorded in the spec's run_dir
+(``served.json``, which ``keel status`` shows) and written into the config files ``keel up``
+gave the programs there, so a worker that supervisord restarts serves it too, and a later
+``keel up`` keeps it.
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ from typing import Any
 import orjson
 
 from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
+from keel.deploy.rollout import (RolloutError, configure_version, model_workers, previous_version,  # noqa: F401
+                                 rollout, served_versions)
 
 
 class ModelAddError(ValueError):
@@ -184,88 +191,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-class RolloutError(RuntimeError):
-    """A rollout stopped: a worker refused the version or did not come back."""
-
-
-def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None,
-                      ctx: Any = None) -> dict | None:
-    """Ask the worker whose status endpoint is ``endpoint`` to serve ``version`` (or tell the
-    frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
-    the ZeroMQ context to use (default the process's; the chaos harness passes one made
-    inside a network namespace)."""
-    from keel.common import protocol, transport
-
-    return transport.ask(endpoint, protocol.Configure(version=version, model=model), timeout_s, ctx)
-
-
-def model_workers(spec: Any, model: str) -> list[Any]:
-    workers = [s for s in spec.role("worker") if s.config.model == model and s.config.role == "deployed"]
-    if not workers:
-        raise RolloutError(f"no workers serve model {model!r} in this spec (models: {sorted(spec.models)})")
-    return workers
-
-
-def served_versions(spec: Any, model: str, ctx: Any = None) -> dict[str, str | None]:
-    """Worker name -> the version it serves now (None: no answer)."""
-    from keel.common.transport import request_status
-
-    return {w.name: (request_status(w.config.status_endpoint, 2.0, ctx=ctx) or {}).get("version")
-            for w in model_workers(spec, model)}
-
-
-def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print,
-            ctx: Any = None) -> str:
-    """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
-    time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
-    ``configure_version``."""
-    from keel.common.transport import request_status
-    from keel.common.waiting import wait_until
-
-    workers = model_workers(spec, model)
-    store_name = workers[0].config.store_name or model
-    version = ModelStore(spec.store).resolve(store_name, version)
-    dispatcher = spec.service("dispatcher").config.worker_endpoint
-    for w in workers:
-        info = configure_version(w.config.status_endpoint, version, timeout_s, ctx=ctx)
-        if info is None:
-            raise RolloutError(f"{w.name} did not answer within {timeout_s:g} s; stopped there")
-        if info.get("refused"):
-            raise RolloutError(f"{w.name} refused version {version}: {info['refused']}; stopped there, "
-                               "the others serve what they served")
-
-        def back() -> bool:
-            seen = request_status(dispatcher, 1.0, ctx=ctx)
-            return bool(seen) and w.name in seen.get("workers", {})
-
-        if not wait_until(back, timeout_s, 0.05):
-            raise RolloutError(f"{w.name} serves version {version} but did not register again within {timeout_s:g} s")
-        log(f"{w.name}: serving {model} version {info.get('version')}")
-    for endpoint in spec.client_endpoints:  # the frontends key their caches by the version served
-        if configure_version(endpoint, version, timeout_s, model=model, ctx=ctx) is None:
-            raise RolloutError(f"every worker serves version {version}, but the frontend at {endpoint} did not answer")
-    return version
-
-
-def previous_version(spec: Any, model: str, ctx: Any = None) -> str:
-    """The store version just before the one the model's workers serve."""
-    served = {v for v in served_versions(spec, model, ctx).values() if v is not None}
-    if len(served) != 1:
-        raise RolloutError(f"workers of {model} serve {sorted(served) or 'nothing that answers'}; "
-                           "give --version to roll back to")
-    store_name = model_workers(spec, model)[0].config.store_name or model
-    versions = ModelStore(spec.store).versions(store_name)
-    current = served.pop()
-    earlier = [v for v in versions if int(v) < int(current)]
-    if not earlier:
-        raise RolloutError(f"{model} serves version {current}, the first in the store: nothing to roll back to")
-    return earlier[-1]
-
-
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from keel.common.curve import CurveError, use_for_spec
     from keel.common.spec import SpecError, load_spec
-
-    from keel.common.curve import use_for_spec
 
     try:
         spec = load_spec(args.spec)
@@ -274,15 +202,70 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if args.model_command == "rollback" and version is None:
             version = previous_version(spec, args.model)
         done = rollout(spec, args.model, version, args.timeout)
-    except (SpecError, ModelStoreError, RolloutError) as exc:
+    except (SpecError, CurveError, ModelStoreError, RolloutError) as exc:
         return _fail(str(exc))
+    if Path(spec.run_dir).is_dir():  # a cluster started from this spec keeps its record there
+        from keel.deploy.programs import record_served
+
+        record_served(spec, {args.model: done}, f"model {args.model_command}")
     print(f"{args.model}: every worker serves version {done}")
     return 0
 
 
+def serving_clusters(store: ModelStore, name: str, version: str, specs: list[str]) -> list[str]:
+    """Running clusters that serve ``version`` of store model ``name``, each said as a
+    phrase: those of ``specs`` (their workers asked, and their record) and every cluster
+    whose run_dir is under ``./runs`` (its record of served versions, ``deploy.programs``)."""
+    from keel.common.curve import use_for_spec
+    from keel.common.spec import load_spec
+    from keel.deploy.programs import read_served
+    from keel.deploy.supervisor import is_up
+
+    root = store.root.resolve()
+    found: dict[Path, str] = {}  # run_dir -> the phrase
+    for source in specs:
+        spec = load_spec(source)
+        use_for_spec(spec)
+        for model, table in spec.models.items():
+            if (table.get("store_name") or model) == name and Path(spec.store).resolve() == root:
+                live = sorted(w for w, v in served_versions(spec, model, timeout_s=1.0).items() if v == version)
+                if live:
+                    found[Path(spec.run_dir)] = f"the cluster of {source} ({', '.join(live)})"
+    # the records too: a spec's workers may not have answered in time
+    run_dirs = [Path(load_spec(s).run_dir) for s in specs] + [p.absolute() for p in sorted(Path("runs").glob("*"))]
+    for run_dir in dict.fromkeys(run_dirs):
+        records = [m for m, r in read_served(run_dir).items() if r.get("store_name") == name
+                   and r.get("version") == version and Path(r.get("store", "")).resolve() == root]
+        if records and run_dir not in found and is_up(run_dir):
+            found[run_dir] = f"the cluster running in {run_dir} (model {', '.join(records)})"
+    return list(found.values())
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from keel.common.curve import CurveError
+    from keel.common.spec import SpecError
+
+    store = ModelStore(args.store)
+    try:
+        version = store.resolve(args.name, args.version)
+        serving = serving_clusters(store, args.name, version, args.spec or [])
+    except (ModelStoreError, SpecError, CurveError) as exc:
+        return _fail(str(exc))
+    if serving and not args.force:
+        return _fail(f"{args.name} version {version} is served by {'; '.join(serving)}: roll it to another version "
+                     "first (keel model rollout SPEC MODEL --version V), or give --force")
+    folder = store.remove(args.name, version)
+    left = store.versions(args.name)
+    print(f"removed {args.name} version {version} ({folder}); versions left: {', '.join(left) or 'none'}")
+    if serving:
+        print(f"still served by {'; '.join(serving)}: a worker restarted there cannot load it")
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
-    """Add ``model`` (add, list, show) to the ``keel`` parser."""
-    p = subparsers.add_parser("model", help="bring your own model: add, list and show model store versions")
+    """Add ``model`` (add, list, show, remove, rollout, rollback) to the ``keel`` parser."""
+    p = subparsers.add_parser("model", help="bring your own model: add, list, show and remove store versions; "
+                              "roll a running cluster out or back")
     which = p.add_subparsers(dest="model_command", required=True)
     store = dict(default=DEFAULT_STORE, help="model store folder (default: %(default)s)")
 
@@ -306,6 +289,17 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--version", default=None, help="default: the latest")
     a.add_argument("--store", **store)
     a.set_defaults(func=cmd_show)
+
+    a = which.add_parser("remove", help="delete one version from the store (refused while a running cluster "
+                         "serves it, unless --force)")
+    a.add_argument("name")
+    a.add_argument("version", help="the version to remove (a number; its number is never given again)")
+    a.add_argument("--spec", action="append", metavar="SPEC",
+                   help="a cluster spec whose running cluster to check too (repeatable; the clusters with a "
+                        "run_dir under ./runs are always checked)")
+    a.add_argument("--force", action="store_true", help="remove it even while a running cluster serves it")
+    a.add_argument("--store", **store)
+    a.set_defaults(func=cmd_remove)
 
     for command, what in (("rollout", "roll a running cluster's workers of MODEL to a version, one at a time"),
                           ("rollback", "roll MODEL's workers back to the version before the one they serve")):

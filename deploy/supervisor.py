@@ -1,8 +1,11 @@
 """Run a cluster spec's services on this machine under supervisord, a real process manager.
 
 ``render`` writes ``RUN_DIR/supervisord.conf`` (one ``[program:NAME]`` per service, each
-restarted when it dies); ``up`` renders, starts supervisord and waits until every program
-is RUNNING and the frontend answers a status request; ``down`` shuts supervisord down and
+restarted when it dies, its config in ``RUN_DIR/config/NAME.json``: ``deploy.programs``);
+``up`` renders, checks ports and store files (``deploy.preflight``), starts supervisord and
+waits until every program is RUNNING and the frontend answers a status request; on a
+cluster that runs already it changes nothing and says what differs from the spec, unless
+asked to apply it (``apply=True``, ``keel up --apply``); ``down`` shuts supervisord down and
 waits until it and its programs are gone; ``status`` reads program states over
 supervisord's XML-RPC socket and asks the frontends and the dispatcher for their status.
 Everything ``up`` creates lives under the spec's run_dir.
@@ -12,6 +15,7 @@ Example
 >>> spec = up("deploy/examples/noop.toml")          # doctest: +SKIP
 >>> status(spec)["programs"][0]["statename"]         # doctest: +SKIP
 'RUNNING'
+>>> up("deploy/examples/noop.toml", apply=True)      # doctest: +SKIP
 >>> down(spec)                                       # doctest: +SKIP
 """
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 from keel.common.roles import ROLES
 from keel.common.waiting import wait_until
 from keel.common.spec import ClusterSpec, load_spec, run_dir_of
+from keel.deploy.programs import (Program, diff, open_versions_kept, programs, read_served, record_served,
+                                  recorded_versions, running, store_models, versions_to_roll, write_configs)
 from keel.deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
 
 _BAD_STATES = {"FATAL", "EXITED", "STOPPED", "UNKNOWN"}
@@ -60,8 +66,16 @@ def _value(text: str, what: str) -> str:
     return text.replace("%", "%%")
 
 
-def render(spec: ClusterSpec, python: str = sys.executable) -> Path:
-    """Write ``spec.run_dir/supervisord.conf`` for ``spec``; returns its path."""
+def render(spec: ClusterSpec, python: str = sys.executable, served: dict[str, str] | None = None) -> Path:
+    """Write ``spec.run_dir/supervisord.conf`` and every program's config file
+    (``RUN_DIR/config/NAME.json``, serving the ``served`` versions where given: see
+    ``deploy.programs``); returns the conf's path."""
+    want = programs(spec, python, served)
+    write_configs(spec.run_dir, want)
+    return _write_conf(spec, want)
+
+
+def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
     run_dir = Path(spec.run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -91,12 +105,12 @@ def render(spec: ClusterSpec, python: str = sys.executable) -> Path:
         f"serverurl = unix://{_value(str(_socket_path(run_dir)), 'socket')}",
         "",
     ]
-    for svc in spec.services:
+    for prog in want.values():
         lines += [
-            f"[program:{svc.name}]",
-            f"command = {_value(shlex.join(svc.argv(python)), svc.name + ' command')}",
+            f"[program:{prog.name}]",
+            f"command = {_value(shlex.join(prog.argv), prog.name + ' command')}",
             f"directory = {_value(cwd, 'cwd')}",
-            f"priority = {ROLES[svc.role].priority}",  # what others connect to starts first
+            f"priority = {ROLES[prog.role].priority}",  # what others connect to starts first
             "autostart = true",
             "autorestart = true",
             "startsecs = 1",
@@ -106,7 +120,7 @@ def render(spec: ClusterSpec, python: str = sys.executable) -> Path:
             "stopasgroup = true",
             "killasgroup = true",
             "redirect_stderr = true",
-            f"stdout_logfile = {_value(str(logs / (svc.name + '.log')), 'run_dir')}",
+            f"stdout_logfile = {_value(str(logs / (prog.name + '.log')), 'run_dir')}",
             "stdout_logfile_maxbytes = 10MB",
             "stdout_logfile_backups = 2",
             'environment = PYTHONUNBUFFERED="1"',
@@ -147,6 +161,11 @@ def _running(run_dir: Path) -> bool:
         return True
     except (OSError, xmlrpc.client.Fault, DeployError):
         return False
+
+
+def is_up(run_dir: str | os.PathLike) -> bool:
+    """Whether the supervisord of ``run_dir`` answers."""
+    return _running(Path(run_dir))
 
 
 def _alive(pid: int) -> bool:
@@ -190,55 +209,117 @@ def _as_spec(spec: ClusterSpec | str | os.PathLike | dict, addresses: dict[str, 
 
 
 def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addresses: dict[str, str] | None = None,
-       out: Callable[[str], Any] | None = print) -> ClusterSpec:
-    """Render the spec, start supervisord (or update a running one), wait until every
-    program is RUNNING and each frontend answers a status request, print a table.
+       out: Callable[[str], Any] | None = print, apply: bool = False) -> ClusterSpec:
+    """Bring a spec's cluster up; on one that runs already, say what differs and change it
+    only when ``apply`` is set.
 
-    Raises ``DeployError`` naming the failing programs with the tail of their logs; a
-    supervisord this call started is shut down again first.
+    Starting: render, check that the ports are free and the store's files intact, start
+    supervisord, wait until every program is RUNNING and the cluster is ready, record the
+    versions served, print a table. Raises ``DeployError`` naming the failing programs with
+    the tail of their logs; a supervisord this call started is shut down again first.
+
+    Running already: what runs is left as it is, and the versions rolled out or back are
+    kept (``deploy.programs``); the differences are printed. With ``apply``, changed models
+    are rolled like ``keel model rollout`` and other changed services restarted one at a
+    time, each ready before the next.
     """
     spec = _as_spec(spec, addresses)
     run_dir = Path(spec.run_dir)
+    if _running(run_dir):
+        return _reconcile(spec, wait_s, out, apply)
     try:
         conf = render(spec)
     except OSError as exc:
         raise DeployError(f"run_dir {run_dir}: cannot write there: {exc.strerror or exc}"
                           + (f" ({exc.filename})" if exc.filename else "")) from None
-    started = not _running(run_dir)
-    if started:
-        supervisord = Path(sys.executable).parent / "supervisord"
-        if not supervisord.exists():
-            raise DeployError(f"{supervisord} not found: install supervisor in this environment (pip install supervisor)")
-        proc = subprocess.run([str(supervisord), "-c", str(conf)], capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise DeployError(f"supervisord failed to start (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
-                              f"see {run_dir / 'supervisord.log'}")
-        if not wait_until(lambda: _running(run_dir), 10.0, interval_s=0.1):
-            raise DeployError(f"supervisord did not open its socket; see {run_dir / 'supervisord.log'}")
-    else:
-        _update(rpc(run_dir))
-    deadline = time.monotonic() + wait_s
+    from keel.deploy.preflight import PreflightError, check_ports, check_store
+
     try:
-        _wait_ready(spec, deadline)
+        check_ports(spec)
+        check_store(spec)
+    except PreflightError as exc:
+        raise DeployError(str(exc)) from None
+    supervisord = Path(sys.executable).parent / "supervisord"
+    if not supervisord.exists():
+        raise DeployError(f"{supervisord} not found: install supervisor in this environment (pip install supervisor)")
+    proc = subprocess.run([str(supervisord), "-c", str(conf)], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise DeployError(f"supervisord failed to start (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
+                          f"see {run_dir / 'supervisord.log'}")
+    if not wait_until(lambda: _running(run_dir), 10.0, interval_s=0.1):
+        raise DeployError(f"supervisord did not open its socket; see {run_dir / 'supervisord.log'}")
+    try:
+        _wait_ready(spec, time.monotonic() + wait_s)
     except DeployError:
-        if started:
-            down(spec, out=None)
+        down(spec, out=None)
         raise
+    record_served(spec, {m: t["version"] for m, t in store_models(spec).items()}, "up", replace=True)
     if out:
         out(format_table(_program_rows(spec, _programs(run_dir))))
         out(f"cluster {spec.name} is up: supervisord in {run_dir}; clients connect to {', '.join(spec.client_endpoints)}")
     return spec
 
 
-def _update(server: Any) -> None:
-    """Apply a re-rendered configuration to a running supervisord (``supervisorctl update``)."""
-    added, changed, removed = server.supervisor.reloadConfig()[0]
-    for name in removed + changed:
-        server.supervisor.stopProcessGroup(name)
-        server.supervisor.removeProcessGroup(name)
-    for name in changed + added:
-        server.supervisor.addProcessGroup(name)
-    server.supervisor.startAllProcesses(False)
+def _reconcile(spec: ClusterSpec, wait_s: float, out: Callable[[str], Any] | None, apply: bool) -> ClusterSpec:
+    """``up`` on a running cluster: the differences, applied only when asked."""
+    run_dir = Path(spec.run_dir)
+    say = out or (lambda _: None)
+    want = programs(spec, served=recorded_versions(spec))
+    states = {n: p.get("statename", "?") for n, p in _programs(run_dir).items()}
+    plan = diff(want, running(run_dir), states, versions_to_roll(spec), open_versions_kept(spec))
+    say(format_table(_program_rows(spec, _programs(run_dir))))
+    if plan.empty:
+        say("\n".join([f"cluster {spec.name} runs as its spec says: nothing to change", *plan.lines()]))
+        return spec
+    say("\n".join([f"cluster {spec.name} runs; its spec differs from what runs:", *plan.lines()]))
+    if not apply:
+        say("nothing changed: `keel up SPEC --apply` applies the differences")
+        return spec
+    server = rpc(run_dir)
+    write_configs(run_dir, want, plan.added + list(plan.changed))
+    _write_conf(spec, want)
+    command_changed = set(server.supervisor.reloadConfig()[0][1])
+    for name in plan.removed:
+        _stop(server, name, group=True)
+        (run_dir / "config" / f"{name}.json").unlink(missing_ok=True)
+        say(f"{name}: stopped and removed")
+    for name in list(plan.changed) + plan.added + list(plan.stopped):
+        if name in plan.added or name in command_changed:  # supervisord takes a new command only with a new group
+            _stop(server, name, group=True)
+            server.supervisor.addProcessGroup(name)
+        else:
+            _stop(server, name, group=False)
+            server.supervisor.startProcess(name, False)
+        _wait_ready(spec, time.monotonic() + wait_s)  # one at a time: the next only once this one serves
+        say(f"{name}: {'started' if name in plan.added or name in plan.stopped else 'restarted'}, ready")
+    from keel.deploy.rollout import RolloutError, rollout
+
+    for model, (_, version) in plan.versions.items():
+        try:
+            rollout(spec, model, version, timeout_s=wait_s, log=say)
+        except RolloutError as exc:
+            raise DeployError(f"model {model}: {exc}") from None
+        record_served(spec, {model: version}, "up --apply")
+    recorded = recorded_versions(spec)
+    started = {m: t["version"] for m, t in store_models(spec).items() if m not in recorded}
+    if started:  # models new to the cluster serve the spec's version
+        record_served(spec, started, "up --apply")
+    say(f"cluster {spec.name}: applied")
+    return spec
+
+
+def _stop(server: Any, name: str, group: bool) -> None:
+    """Stop a program (and with ``group`` remove it from supervisord); one that is not
+    running or not known is fine."""
+    try:
+        server.supervisor.stopProcessGroup(name) if group else server.supervisor.stopProcess(name)
+    except xmlrpc.client.Fault:
+        pass
+    if group:
+        try:
+            server.supervisor.removeProcessGroup(name)
+        except xmlrpc.client.Fault:
+            pass
 
 
 def _programs(run_dir: Path) -> dict[str, dict]:
@@ -329,7 +410,8 @@ def down(target: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, o
 
 
 def status(spec: ClusterSpec | str | os.PathLike | dict, timeout_s: float = 1.0) -> dict[str, Any]:
-    """{"running": bool, "programs": [row per service], "info": {service: status dict or None}}."""
+    """{"running": bool, "programs": [row per service], "info": {service: status dict or None},
+    "served": {model: {"version", "by", "at", ...}}} (``served``: ``deploy.programs.read_served``)."""
     spec = _as_spec(spec)
     run_dir = Path(spec.run_dir)
     running = (run_dir / "supervisord.conf").is_file() and _running(run_dir)
@@ -340,7 +422,7 @@ def status(spec: ClusterSpec | str | os.PathLike | dict, timeout_s: float = 1.0)
 
         for name, ep in spec.status_endpoints().items():
             info[name] = request_status(ep, timeout_s=timeout_s)
-    return {"running": running, "programs": rows, "info": info}
+    return {"running": running, "programs": rows, "info": info, "served": read_served(run_dir)}
 
 
 def _program_rows(spec: ClusterSpec, procs: dict[str, dict]) -> list[dict[str, Any]]:

@@ -98,8 +98,10 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         placement[role] = host_of(table, placement["dispatcher"])
         opts[role] = options(role, table)
     opts["worker"] = options("worker", Table(root.take("worker", dict, {}), "worker"))
-    if root.has("gateway"):  # the OIP v2 HTTP gateway (services.gateway), beside the first frontend
-        gw_table = Table(root.take("gateway", dict, {}), "gateway")
+    # Every optional table is taken (None when absent), so an unknown one's error lists them all.
+    gateway = root.take("gateway", dict, None)
+    if gateway is not None:  # the OIP v2 HTTP gateway (services.gateway), beside the first frontend
+        gw_table = Table(gateway, "gateway")
         placement["gateway"] = host_of(gw_table, placement["frontend"][0])
         opts["gateway"] = options("gateway", gw_table)
 
@@ -113,13 +115,13 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         models_table.take(model, dict)
         models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
                                    pool_prices)
-    manager = (read_manager(Table(root.take("manager", dict), "manager"), hosts_of, first_host)
-               if root.has("manager") else None)
-    applications = None
-    if root.has("applications"):  # model selection (Clipper §5): common.spec.applications
+    manager_table = root.take("manager", dict, None)
+    manager = read_manager(Table(manager_table, "manager"), hosts_of, first_host) if manager_table is not None else None
+    applications = root.take("applications", dict, None)
+    if applications is not None:  # model selection (Clipper §5): common.spec.applications
         from keel.common.spec.applications import read_applications
 
-        applications = read_applications(root.take("applications", dict), list(models))
+        applications = read_applications(applications, list(models))
     root.finish()
 
     ports = Ports(base_port)

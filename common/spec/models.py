@@ -62,6 +62,8 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
     out["store_name"] = t.take("store_name", str, None if builtin else model)
     version = t.take("version", str | int, None)
     version = None if version is None else str(version)
+    # a pinned version is the spec's to keep; an open one follows rollouts (deploy.programs)
+    out["version_pinned"] = version is not None
     shape = t.take("input_shape", list[int], None)
     output_size = t.take("output_size", int, None)
     dtype = t.take("input_dtype", str, None)

@@ -28,8 +28,10 @@ class ServiceLaunch:
     #: CURVE keys folder (``[cluster] curve_keys``); None = CURVE off
     curve_keys: str | None = None
 
-    def argv(self, python: str = sys.executable) -> list[str]:
-        argv = [python, "-m", "keel.services.serve", self.role, "--config", cfg.to_json(self.config)]
+    def argv(self, python: str = sys.executable, config: str | None = None) -> list[str]:
+        """The command line; ``config``: what ``--config`` gets instead of the config as
+        JSON (``@FILE``: supervisord's programs read theirs from the run_dir)."""
+        argv = [python, "-m", "keel.services.serve", self.role, "--config", config or cfg.to_json(self.config)]
         return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:

@@ -193,3 +193,28 @@ def test_keel_up_predict_and_down_with_curve(keys, tmp_path, capsys):
     finally:
         assert keel(["down", str(spec_file), "--wait", "30"]) == 0
         curve.use(None)
+
+
+def test_the_security_guide_as_written(tmp_path, monkeypatch, capsys):
+    """docs/guide/security.md's steps, verbatim: named clients only, a relative keys folder;
+    ``keel up`` talks with the operators' keypair, alice with hers."""
+    import sys
+    from pathlib import Path
+
+    if not (Path(sys.executable).parent / "supervisord").exists():
+        pytest.skip("supervisord is not installed")
+    monkeypatch.chdir(tmp_path)
+    assert keel(["keys", "generate", "keys/", "--client", "alice", "--client", "bob"]) == 0
+    assert not Path("keys/client.key_secret").exists()  # nobody asked for a "client"
+    Path("guide.toml").write_text(f'[cluster]\nname = "guide"\nbase_port = {free_port_block()}\nrun_dir = "run"\n'
+                                  'curve_keys = "keys"\n'
+                                  '[models.noop]\nbuiltin = "noop"\ninput_shape = [2]\noutput_size = 2\n')
+    try:
+        assert keel(["up", "guide.toml", "--wait", "60"]) == 0, capsys.readouterr().err
+        assert keel(["status", "guide.toml"]) == 0
+        spec = load_spec("guide.toml")
+        with Client(spec.client_endpoints, timeout_ms=5000, curve_keys="keys", curve_name="alice") as client:
+            assert client.predict("noop", np.ones(2, np.float32)).source == Source.MODEL
+    finally:
+        assert keel(["down", "guide.toml", "--wait", "30"]) == 0
+        curve.use(None)

@@ -128,11 +128,34 @@ def test_up_predict_restart_down(cluster, capsys):
     assert supervisor.down(spec, out=None) is False  # idempotent
 
 
-def test_up_fails_clearly_when_a_service_cannot_start(cluster):
+def test_up_fails_clearly_when_a_service_cannot_start(cluster, tmp_path):
+    """A model whose container fails to load: the worker exits during start-up, and ``up``
+    names it with the tail of its log, then shuts its supervisord down again."""
+    from keel.common.modelstore import ModelStore
+    from keel.deploy import supervisor
+
+    (tmp_path / "broken.py").write_text("class Broken:\n    def load(self, path):\n"
+                                        "        raise RuntimeError('this model needs a file that is not here')\n"
+                                        "    def predict_batch(self, inputs):\n        return inputs\n")
+    (tmp_path / "artifact").write_text("x")
+    store = ModelStore(tmp_path / "store")
+    store.add("broken", tmp_path / "artifact", "python", entry=f"{tmp_path / 'broken.py'}:Broken",
+              input_shape=[4], output_size=4)
+    spec = cluster({"cluster": {"store": str(store.root)}, "models": {"broken": {"workers": 1}}})
+    with pytest.raises(supervisor.DeployError) as err:
+        supervisor.up(spec, wait_s=60, out=None)
+    message = str(err.value)
+    assert "worker-broken-0" in message and "tail of" in message and "needs a file that is not here" in message
+    pidfile = Path(spec.run_dir) / "supervisord.pid"
+    pid = int(pidfile.read_text()) if pidfile.exists() else None
+    assert pid is None or not alive(pid)  # the failed up shut its supervisord down again
+
+
+def test_up_with_a_port_in_use_starts_nothing(cluster):
     from keel.deploy import supervisor
 
     spec = cluster(noop_spec(workers=1))
-    blocker = socket.socket()  # the frontend's client port is taken, so it dies at bind
+    blocker = socket.socket()  # the frontend's client port is taken
     blocker.bind(("127.0.0.1", int(spec.client_endpoints[0].rsplit(":", 1)[1])))
     blocker.listen()
     try:
@@ -141,7 +164,5 @@ def test_up_fails_clearly_when_a_service_cannot_start(cluster):
     finally:
         blocker.close()
     message = str(err.value)
-    assert "frontend" in message and "tail of" in message
-    pidfile = Path(spec.run_dir) / "supervisord.pid"
-    pid = int(pidfile.read_text()) if pidfile.exists() else None
-    assert pid is None or not alive(pid)  # the failed up shut its supervisord down again
+    assert "\n" not in message and "frontend client_endpoint" in message and "in use" in message, message
+    assert not (Path(spec.run_dir) / "supervisord.pid").exists()  # nothing was started

@@ -1,9 +1,10 @@
-"""Kairos pools (issue 15): heterogeneous pools in the cluster spec, the dispatcher's
+"""Kairos pools: heterogeneous pools in the cluster spec, the dispatcher's
 Kairos policies built with the emulated model's profile and fed from ``Done``, and the
 per-instance-type summary of its status."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,7 +57,9 @@ def test_pool_price_override_and_relative_profile_made_absolute(monkeypatch):
     monkeypatch.chdir(DEFAULT_ROOT.parent)
     spec = spec_of({"rm2": kairos_model(kairos_profile="kairos")}, pools={CPU: {"price": 0.2}})
     assert [w.config.price for w in spec.role("worker")] == [0.526, 0.2, 0.2]
-    assert spec.role("worker")[0].config.kairos_profile == str(DEFAULT_ROOT)
+    profile = spec.role("worker")[0].config.kairos_profile
+    # made absolute from the cwd, which the OS gives with symbolic links resolved
+    assert Path(profile).is_absolute() and Path(profile).resolve() == DEFAULT_ROOT.resolve()
 
 
 def test_store_free_pools_with_prices_given_need_no_profile():

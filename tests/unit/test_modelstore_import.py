@@ -164,3 +164,33 @@ def test_list_and_show(tmp_path, files, capsys):
     shown = capsys.readouterr().out
     assert '"format": "torchscript"' in shown and "versions: 1, 2" in shown
     assert keel(["model", "show", "nope", "--store", store]) == 1
+
+
+def _versions_of(root, count: int) -> ModelStore:
+    store = ModelStore(root)
+    for i in range(count):
+        (root.parent / f"a{i}").write_text(str(i))
+        store.add("m", root.parent / f"a{i}", "python", entry="numpy:ndarray", input_shape=[2], output_size=2)
+    return store
+
+
+def test_remove_a_version_and_its_number_is_never_given_again(tmp_path, capsys):
+    store = _versions_of(tmp_path / "store", 3)
+    assert keel(["model", "remove", "m", "3", "--store", str(store.root)]) == 0
+    assert "removed m version 3" in capsys.readouterr().out
+    assert store.versions("m") == ["1", "2"] and store.resolve("m") == "2"  # latest is no longer 3
+    (tmp_path / "a9").write_text("9")
+    assert store.add("m", tmp_path / "a9", "python", entry="numpy:ndarray", input_shape=[2], output_size=2).version == "4"
+    assert keel(["model", "remove", "m", "3", "--store", str(store.root)]) == 1  # gone already: one line
+    err = capsys.readouterr().err
+    assert err.startswith("keel: ") and "no version '3'" in err and "Traceback" not in err
+
+
+def test_a_corrupted_manifest_is_a_store_error(tmp_path):
+    store = _versions_of(tmp_path / "store", 1)
+    (store.root / "m" / "1" / "manifest.json").write_text('{"name": "m"')
+    with pytest.raises(ModelStoreError, match="manifest.json is unreadable"):
+        store.manifest("m")
+    (store.root / "m" / "1" / "manifest.json").write_text('{"name": "m"}')  # fields missing
+    with pytest.raises(ModelStoreError, match="not a manifest"):
+        store.manifest("m")

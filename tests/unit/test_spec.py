@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from keel.common.config import to_json
 from keel.common.roles import from_dict
 from keel.common.modelstore import Manifest
 from keel.common.spec import ClusterSpec, SpecError, load_spec, run_dir_of
@@ -323,7 +324,9 @@ def test_render_supervisord_conf(tmp_path):
     assert programs == names(spec)
     for svc in spec.services:
         section = f"program:{svc.name}"
-        assert shlex.split(parser.get(section, "command").replace("%%", "%")) == svc.argv("/venv/bin/python")
+        config = tmp_path / "run" / "config" / f"{svc.name}.json"
+        assert shlex.split(parser.get(section, "command").replace("%%", "%")) == svc.argv("/venv/bin/python", f"@{config}")
+        assert orjson.loads(config.read_bytes()) == orjson.loads(to_json(svc.config))  # what `serve --config @FILE` reads
         assert parser.get(section, "autorestart") == "true" and parser.get(section, "stopsignal") == "TERM"
         assert parser.get(section, "stdout_logfile") == str(tmp_path / "run" / "logs" / f"{svc.name}.log")
         assert "PYTHONUNBUFFERED" in parser.get(section, "environment")
@@ -336,10 +339,9 @@ def test_render_escapes_percent_for_supervisord(tmp_path):
     from keel.deploy.supervisor import render
 
     data = noop()
-    data["cluster"]["run_dir"] = str(tmp_path / "run")
-    data["cluster"]["store"] = str(tmp_path / "100%store")
+    data["cluster"]["run_dir"] = str(tmp_path / "100%run")
     conf = render(load_spec(data)).read_text()
-    assert "100%%store" in conf and "100%store" not in conf.replace("100%%store", "")
+    assert "100%%run" in conf and "100%run" not in conf.replace("100%%run", "")
 
 
 def test_render_systemd(tmp_path):
@@ -436,3 +438,25 @@ def test_status_endpoints_and_binds_come_from_the_role_table():
     for svc in spec.services:
         assert svc.endpoints() == [getattr(svc.config, f) for f in ROLES[svc.role].binds]
         assert type(svc.config) is ROLES[svc.role].config
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def _known(data: dict) -> list[str]:
+    """The "known keys" an unknown key's error lists."""
+    import ast
+
+    with pytest.raises(SpecError) as err:
+        load_spec(data)
+    return ast.literal_eval(str(err.value).split("known keys here: ", 1)[1])
+
+
+def test_unknown_table_lists_every_table_the_reader_accepts_and_the_reference_has_them_all():
+    reference = (EXAMPLES.parents[1] / "docs" / "deploy.md").read_text()
+    tables = _known({"models": {"m": {"builtin": "noop"}}, "gatway": {}})
+    assert {"gateway", "applications", "manager", "graph", "pools", "cluster", "models"} <= set(tables)
+    for table in tables:
+        assert f"[{table}" in reference, f"[{table}] is not in docs/deploy.md"
+    for key in _known({"models": {"m": {"builtin": "noop"}}, "cluster": {"nme": "x"}}):
+        assert f"| `{key}` |" in reference, f"cluster.{key} is not in docs/deploy.md's [cluster] table"

@@ -1,0 +1,96 @@
+"""Rolling a running cluster's workers of one model to another store version, one at a
+time (``keel model rollout`` / ``rollback``, ``keel up --apply``, the chaos harness).
+
+Each worker leaves the dispatcher (which hands what it held to the others), loads and
+checks the new version with one batch, swaps and registers again; the next worker starts
+only once this one is back, and a version a worker refuses stops the rollout there. Then
+the frontends are told, since they key their caches by the version served.
+
+Example
+-------
+>>> rollout(load_spec("deploy/examples/local.toml"), "digits", "2")   # doctest: +SKIP
+'2'
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from keel.common.modelstore import ModelStore
+
+
+class RolloutError(RuntimeError):
+    """A rollout stopped: a worker refused the version or did not come back."""
+
+
+def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None,
+                      ctx: Any = None) -> dict | None:
+    """Ask the worker whose status endpoint is ``endpoint`` to serve ``version`` (or tell the
+    frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
+    the ZeroMQ context to use (default the process's; the chaos harness passes one made
+    inside a network namespace)."""
+    from keel.common import protocol, transport
+
+    return transport.ask(endpoint, protocol.Configure(version=version, model=model), timeout_s, ctx)
+
+
+def model_workers(spec: Any, model: str) -> list[Any]:
+    workers = [s for s in spec.role("worker") if s.config.model == model and s.config.role == "deployed"]
+    if not workers:
+        raise RolloutError(f"no workers serve model {model!r} in this spec (models: {sorted(spec.models)})")
+    return workers
+
+
+def served_versions(spec: Any, model: str, ctx: Any = None, timeout_s: float = 2.0) -> dict[str, str | None]:
+    """Worker name -> the version it serves now (None: no answer within ``timeout_s``)."""
+    from keel.common.transport import request_status
+
+    return {w.name: (request_status(w.config.status_endpoint, timeout_s, ctx=ctx) or {}).get("version")
+            for w in model_workers(spec, model)}
+
+
+def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print,
+            ctx: Any = None) -> str:
+    """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
+    time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
+    ``configure_version``."""
+    from keel.common.transport import request_status
+    from keel.common.waiting import wait_until
+
+    workers = model_workers(spec, model)
+    store_name = workers[0].config.store_name or model
+    version = ModelStore(spec.store).resolve(store_name, version)
+    dispatcher = spec.service("dispatcher").config.worker_endpoint
+    for w in workers:
+        info = configure_version(w.config.status_endpoint, version, timeout_s, ctx=ctx)
+        if info is None:
+            raise RolloutError(f"{w.name} did not answer within {timeout_s:g} s; stopped there")
+        if info.get("refused"):
+            raise RolloutError(f"{w.name} refused version {version}: {info['refused']}; stopped there, "
+                               "the others serve what they served")
+
+        def back() -> bool:
+            seen = request_status(dispatcher, 1.0, ctx=ctx)
+            return bool(seen) and w.name in seen.get("workers", {})
+
+        if not wait_until(back, timeout_s, 0.05):
+            raise RolloutError(f"{w.name} serves version {version} but did not register again within {timeout_s:g} s")
+        log(f"{w.name}: serving {model} version {info.get('version')}")
+    for endpoint in spec.client_endpoints:  # the frontends key their caches by the version served
+        if configure_version(endpoint, version, timeout_s, model=model, ctx=ctx) is None:
+            raise RolloutError(f"every worker serves version {version}, but the frontend at {endpoint} did not answer")
+    return version
+
+
+def previous_version(spec: Any, model: str, ctx: Any = None) -> str:
+    """The store version just before the one the model's workers serve."""
+    served = {v for v in served_versions(spec, model, ctx).values() if v is not None}
+    if len(served) != 1:
+        raise RolloutError(f"workers of {model} serve {sorted(served) or 'nothing that answers'}; "
+                           "give --version to roll back to")
+    store_name = model_workers(spec, model)[0].config.store_name or model
+    versions = ModelStore(spec.store).versions(store_name)
+    current = served.pop()
+    earlier = [v for v in versions if int(v) < int(current)]
+    if not earlier:
+        raise RolloutError(f"{model} serves version {current}, the first in the store: nothing to roll back to")
+    return earlier[-1]
