@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from keel.common.spec import SpecError, load_spec
+from keel.deploy.keys_cli import use_for_spec
 
 
 def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
@@ -39,17 +40,6 @@ def _addresses(pairs: list[str] | None) -> dict[str, str] | None:
             raise SpecError(f"--address {pair!r}: expected HOST=ADDRESS")
         out[host] = address
     return out
-
-
-def use_for_spec(spec) -> None:
-    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called); a
-    keys folder that lacks them is a ``SpecError`` of ``cluster.curve_keys``."""
-    from keel.common.curve import CurveError, use_for_spec as use
-
-    try:
-        use(spec)
-    except CurveError as exc:
-        raise SpecError(f"cluster.curve_keys: {exc}") from None
 
 
 def _fail(msg: str) -> int:

@@ -16,6 +16,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from keel.common.spec.tables import SpecError
+
 
 def _serve(args: argparse.Namespace) -> int:
     from keel.services.serve import main
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SpecError as exc:  # a spec or keys folder at fault, from any command: one line
+        print(f"keel: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # Nobody reads the rest: stop quietly, and keep the interpreter's own last flush
         # at exit from failing on the same pipe.

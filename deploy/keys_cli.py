@@ -4,7 +4,8 @@ Writes the service keypair, the operators' keypair (``operator``: what ``keel up
 ``status``, ``predict`` and ``model rollout`` talk to the cluster with), one keypair per
 client (``--client NAME``, repeatable; default ``client``) and ``DIR/allowed/`` with their
 public keys; secret files are 0600, the folder 0700. A second run keeps what is there and
-adds what is missing. Point a spec at it with ``[cluster] curve_keys = "DIR"`` and give
+adds what is missing. ``use_for_spec`` gives the commands that talk to a
+cluster its keys. Point a spec at it with ``[cluster] curve_keys = "DIR"`` and give
 clients ``Client(..., curve_keys="DIR", curve_name=NAME)``. To shut a client out, remove
 its ``.key`` from ``DIR/allowed`` on the service hosts: handshakes read the folder.
 """
@@ -12,6 +13,19 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from keel.common.spec.tables import SpecError
+
+
+def use_for_spec(spec) -> None:
+    """CURVE keys for talking to ``spec``'s cluster (imports ZeroMQ only when called); a
+    keys folder that lacks them is a ``SpecError`` of ``cluster.curve_keys``."""
+    from keel.common.curve import CurveError, use_for_spec as use
+
+    try:
+        use(spec)
+    except CurveError as exc:
+        raise SpecError(f"cluster.curve_keys: {exc}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

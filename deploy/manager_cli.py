@@ -30,7 +30,7 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     if args.endpoints:
         return [e.strip() for e in args.endpoints.split(",") if e.strip()]
     from keel.common.spec import load_spec
-    from keel.common.curve import use_for_spec
+    from keel.deploy.keys_cli import use_for_spec
 
     spec = load_spec(args.spec)
     use_for_spec(spec)  # a spec under CURVE: the replicas' sockets want the client key

@@ -216,7 +216,7 @@ def serving_clusters(store: ModelStore, name: str, version: str, specs: list[str
     """Running clusters that serve ``version`` of store model ``name``, each said as a
     phrase: those of ``specs`` (their workers asked, and their record) and every cluster
     whose run_dir is under ``./runs`` (its record of served versions, ``deploy.programs``)."""
-    from keel.common.curve import use_for_spec
+    from keel.deploy.keys_cli import use_for_spec
     from keel.common.spec import load_spec
     from keel.deploy.programs import read_served
     from keel.deploy.supervisor import is_up

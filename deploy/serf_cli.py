@@ -27,7 +27,7 @@ import time
 
 def _spec(args: argparse.Namespace):
     from keel.common.spec import load_spec
-    from keel.common.curve import use_for_spec
+    from keel.deploy.keys_cli import use_for_spec
 
     spec = load_spec(args.spec)
     use_for_spec(spec)
