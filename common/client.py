@@ -67,6 +67,7 @@ from enum import StrEnum
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from keel.common import protocol, transport
 from keel.common.protocol import ErrorCode, Feedback, Predict, Reply, Source
@@ -262,8 +263,6 @@ _OPEN = (Link.CONNECTED, Link.UP)
 
 def link_events(monitor: zmq.Socket) -> list[int]:
     """Every event waiting on a socket monitor (``get_monitor_socket``), without blocking."""
-    from zmq.utils.monitor import parse_monitor_message
-
     events = []
     while True:
         try:
@@ -655,6 +654,7 @@ class Client(_Base):
         self.poller = zmq.Poller()
         self.results: dict[str, Result] = {}
         self.owner: dict[zmq.Socket, int] = {}  # socket or monitor -> its frontend
+        self.waiting: set[int] = set()  # frontends whose sockets are polled for room too
 
     def _watch(self, i: int) -> None:
         self.owner[self.sockets[i]] = self.owner[self.monitors[i]] = i
@@ -665,10 +665,12 @@ class Client(_Base):
         for sock in (self.sockets[i], self.monitors[i]):
             self.poller.unregister(sock)
             del self.owner[sock]
+        self.waiting.discard(i)
 
     def _writing(self, i: int, waiting: bool) -> None:
-        if self.sockets[i] is not None:
+        if self.sockets[i] is not None and waiting != (i in self.waiting):
             self.poller.register(self.sockets[i], zmq.POLLIN | zmq.POLLOUT if waiting else zmq.POLLIN)
+            (self.waiting.add if waiting else self.waiting.discard)(i)
 
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
                context: str | None = None) -> str:
