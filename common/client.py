@@ -2,9 +2,9 @@
 
 Each call has a request id and a deadline (``timeout_ms``, a finite number > 0, sent to
 the frontend, which answers with the model's default output if the deadline passes).
-Every call ends by its deadline plus ``grace_ms`` (default 50 ms: time for the frontend's
-answer at its deadline to arrive), whatever is at the other end, with exactly one
-``Result``. Sends never block: a message a socket cannot take yet waits in the client's
+Every call ends by its deadline plus ``grace_ms`` (default 50 ms: time for the
+frontend's answer at its deadline to arrive; waited only while a frontend is connected),
+whatever is at the other end, with exactly one ``Result``. Sends never block: a message a socket cannot take yet waits in the client's
 send queue, drained as the socket takes it, so a peer that refuses the connection, a
 socket that is not a frontend's or a frozen frontend costs a call its deadline, never
 the caller's thread or event loop.
@@ -35,11 +35,11 @@ Example
 Errors as exceptions: ``Client(..., raise_errors=True)`` (or ``raise_errors=True`` on one
 call, or ``result.raise_for_error()``) raises a ``KeelError`` subclass for a reply without
 a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded`` (and
-its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the reply (source, error code, request
-id). Without it, results are values, as before. ``dtypes={"model": "float32"}`` makes the
-client convert compatible inputs (float64, ints) to the model's dtype, and refuse the
-others with ``BadInput`` naming the dtype expected. Both clients are context managers
-(``with Client(...)``, ``async with AsyncClient(...)``).
+its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
+reply (source, error code, request id). Without it, results are values, as before.
+``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
+to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected.
+Both clients are context managers (``with Client(...)``, ``async with AsyncClient(...)``).
 
 Model selection (Clipper §5; docs/guide/client.md): an application is called by its name,
 with a ``context`` (a user, a session) whose learned state picks and weighs its models;
@@ -253,10 +253,11 @@ class Link(StrEnum):
 
 
 #: socket monitor events the client reads (the rest are noise to it)
-LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 #: links a frontend can answer over (the call waits out its grace for them)
 _OPEN = (Link.CONNECTED, Link.UP)
 
@@ -438,9 +439,10 @@ class RetryEngine:
         elif link in _OPEN:
             reason, why = Reason.TIMEOUT, f"no answer within {call.timeout_ms:.0f} ms"
         else:
-            reason, why = Reason.UNREACHABLE, f"nothing accepted a connection to {endpoint} within {call.timeout_ms:.0f} ms"
-        return Result(rid, Source.ERROR, None, f"{why} after {call.attempt + 1} attempt(s)", ErrorCode.TIMEOUT, call.model,
-                      None, (now - call.sent) * 1000.0, endpoint, reason=reason)
+            reason, why = (Reason.UNREACHABLE,
+                           f"nothing accepted a connection to {endpoint} within {call.timeout_ms:.0f} ms")
+        return Result(rid, Source.ERROR, None, f"{why} after {call.attempt + 1} attempt(s)", ErrorCode.TIMEOUT,
+                      call.model, None, (now - call.sent) * 1000.0, endpoint, reason=reason)
 
 
 class _Base:
@@ -550,7 +552,8 @@ class _Base:
     def _send_call(self, rid: str) -> None:
         """Queue the current attempt of call ``rid`` for its frontend."""
         call = self.calls[rid]
-        self._send(call.frontend, rid, call.attempt, protocol.encode(self.engine.message(rid, call, time.perf_counter())))
+        msg = self.engine.message(rid, call, time.perf_counter())
+        self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
         self.outbox[i].append((rid, attempt, frames))
