@@ -4,10 +4,10 @@ Each call has a request id and a deadline (``timeout_ms``, a finite number > 0, 
 the frontend, which answers with the model's default output if the deadline passes).
 Every call ends by its deadline plus ``grace_ms`` (default 50 ms: time for the
 frontend's answer at its deadline to arrive; waited only while a frontend is connected),
-whatever is at the other end, with exactly one ``Result``. Sends never block: a message a socket cannot take yet waits in the client's
-send queue, drained as the socket takes it, so a peer that refuses the connection, a
-socket that is not a frontend's or a frozen frontend costs a call its deadline, never
-the caller's thread or event loop.
+whatever is at the other end, with exactly one ``Result``. Sends never block: a message
+a socket cannot take yet waits in the client's send queue, drained as the socket takes
+it, so a peer that refuses the connection, a socket that is not a frontend's or a frozen
+frontend costs a call its deadline, never the caller's thread or event loop.
 
 Calls are spread over the frontends round-robin. A call's time is cut into ``retries + 1``
 slices: if no answer came in its slice, the call is sent again with the *same* request id
