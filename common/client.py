@@ -568,6 +568,8 @@ class _Base:
 
     def _flush(self, i: int) -> None:
         """Hand frontend ``i``'s queued messages to its socket while it takes them, never blocking."""
+        if self.ctx.closed:
+            return  # a callback the loop ran after close
         box = self.outbox[i]
         while box:
             rid, attempt, frames = box[0]
