@@ -2,13 +2,27 @@
 
 Each call has a request id and a deadline (``timeout_ms``, a finite number > 0, sent to
 the frontend, which answers with the model's default output if the deadline passes).
-Calls are spread over the frontends round-robin. If no answer arrives by the deadline
-plus a grace period, the call is retried with the *same* request id against another
-frontend (a frontend de-duplicates ids, so a retry is never computed twice there), and
-the frontend that timed out is *suspect* for ``suspect_s`` seconds: new calls go to the
-others meanwhile (if every frontend is suspect, round-robin again), and any answer from
-it clears it. After ``retries`` retries the call ends with source ``error`` and error
-code ``timeout``. Every call ends with exactly one ``Result``.
+Every call ends by its deadline plus ``grace_ms`` (default 50 ms: time for the
+frontend's answer at its deadline to arrive; waited only while a frontend is connected),
+whatever is at the other end, with exactly one ``Result``. Sends never block: a message
+a socket cannot take yet waits in the client's send queue, drained as the socket takes
+it, so a peer that refuses the connection, a socket that is not a frontend's or a frozen
+frontend costs a call its deadline, never the caller's thread or event loop.
+
+Calls are spread over the frontends round-robin. A call's time is cut into ``retries + 1``
+slices: if no answer came in its slice, the call is sent again with the *same* request id
+to another frontend (a frontend de-duplicates ids, so a retry is never computed twice
+there), and the frontend that stayed silent is *suspect* for ``suspect_s`` seconds: new
+calls go to the others meanwhile (if every frontend is suspect, round-robin again), and
+any answer from it clears it. A frontend whose connection drops, is refused, or cannot be
+made hands its calls to another at once instead of at the end of their slice. One retry
+engine (``RetryEngine``, no sockets) does this for both clients.
+
+A call no frontend answered ends with source ``error``, error code ``timeout`` and a
+``reason`` saying why when the client can tell (``Reason``): ``refused`` (the CURVE
+handshake failed, or the port is not a frontend's), ``unreachable`` (nothing accepted a
+connection), ``timeout`` (connected, no answer); as exceptions ``Refused``,
+``Unreachable`` and ``DeadlineExceeded``, the first two subclasses of the third.
 
 Example
 -------
@@ -20,12 +34,12 @@ Example
 
 Errors as exceptions: ``Client(..., raise_errors=True)`` (or ``raise_errors=True`` on one
 call, or ``result.raise_for_error()``) raises a ``KeelError`` subclass for a reply without
-a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded``,
-``ModelError``, ``InternalError``; ``exc.result`` is the reply (source, error code, request
-id). Without it, results are values, as before. ``dtypes={"model": "float32"}`` makes the
-client convert compatible inputs (float64, ints) to the model's dtype, and refuse the
-others with ``BadInput`` naming the dtype expected. Both clients are context managers
-(``with Client(...)``, ``async with AsyncClient(...)``).
+a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded`` (and
+its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
+reply (source, error code, request id). Without it, results are values, as before.
+``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
+to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected.
+Both clients are context managers (``with Client(...)``, ``async with AsyncClient(...)``).
 
 Model selection (Clipper §5; docs/guide/client.md): an application is called by its name,
 with a ``context`` (a user, a session) whose learned state picks and weighs its models;
@@ -47,11 +61,13 @@ import math
 import os
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from keel.common import protocol, transport
 from keel.common.protocol import ErrorCode, Feedback, Predict, Reply, Source
@@ -71,6 +87,8 @@ class Result:
     #: an application's call: the models whose outputs the answer used, and its confidence
     models: list[str] | None = None
     confidence: float | None = None
+    #: a call no frontend answered (error code ``timeout``): why, when the client can tell
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,6 +166,17 @@ class DeadlineExceeded(KeelError, TimeoutError):
     code = ErrorCode.DEADLINE
 
 
+class Refused(DeadlineExceeded):
+    """No answer because the frontend refused the connection: its CURVE handshake failed (a
+    key not in its allow-list, or CURVE on one side only), or the port is not a frontend's
+    (a predictions port, the dispatcher, a graph operator)."""
+
+
+class Unreachable(DeadlineExceeded):
+    """No answer because nothing accepted a connection to the frontend within the timeout
+    (nothing listens on its port, or its host is gone)."""
+
+
 class ModelError(KeelError):
     """The model raised on this query's batch."""
 
@@ -166,8 +195,21 @@ _ERRORS: dict[str, type[KeelError]] = {
 }
 
 
+class Reason(StrEnum):
+    """Why no frontend answered a call (``Result.reason``)."""
+
+    REFUSED = "refused"  # the handshake failed: CURVE refused the key, or not a frontend's socket
+    UNREACHABLE = "unreachable"  # nothing accepted a connection
+    TIMEOUT = "timeout"  # connected, no answer by the deadline
+
+
+_NO_ANSWER: dict[str, type[KeelError]] = {Reason.REFUSED: Refused, Reason.UNREACHABLE: Unreachable}
+
+
 def error_for(result: Result) -> KeelError:
     """The typed exception of a result without a prediction."""
+    if result.error_code == ErrorCode.TIMEOUT and result.reason in _NO_ANSWER:
+        return _NO_ANSWER[result.reason](result)
     return _ERRORS.get(result.error_code or "", InternalError)(result)
 
 
@@ -185,20 +227,11 @@ def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
     raise BadInput(result, result.error)
 
 
-@dataclass(slots=True)
-class _Call:
-    model: str
-    x: np.ndarray
-    timeout_ms: float
-    sent: float  # perf_counter of the first send
-    expires: float  # perf_counter after which this attempt counts as lost
-    attempt: int
-    frontend: int
-    context: str | None = None
-
-
 #: calls ``predict_batch`` keeps in flight at once
 WINDOW = 1000
+#: default ``grace_ms``: a frontend answers at the deadline at the latest; this is the time
+#: its answer has to arrive before the call gives up on it
+GRACE_MS = 50.0
 
 
 def _check_timeout(value: float, what: str = "timeout_ms") -> float:
@@ -208,7 +241,214 @@ def _check_timeout(value: float, what: str = "timeout_ms") -> float:
     return float(value)
 
 
+class Link(StrEnum):
+    """What a frontend's socket monitor last said about the connection to it."""
+
+    CONNECTING = "connecting"  # nothing accepted a connection yet
+    CONNECTED = "connected"  # TCP accepted; the ZeroMQ handshake is pending
+    UP = "up"  # handshake done: answers can come
+    DOWN = "down"  # it was up and the connection dropped (reconnecting)
+    UNREACHABLE = "unreachable"  # a connect attempt failed
+    REFUSED = "refused"  # the handshake failed; the peer will never take this socket's messages
+
+
+#: socket monitor events the client reads (the rest are noise to it)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+#: links a frontend can answer over (the call waits out its grace for them)
+_OPEN = (Link.CONNECTED, Link.UP)
+
+
+def link_events(monitor: zmq.Socket) -> list[int]:
+    """Every event waiting on a socket monitor (``get_monitor_socket``), without blocking."""
+    events = []
+    while True:
+        try:
+            events.append(parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"])
+        except zmq.Again:
+            return events
+
+
+@dataclass(slots=True)
+class _Call:
+    model: str
+    x: np.ndarray
+    timeout_ms: float
+    sent: float  # perf_counter of the first send
+    expires: float  # perf_counter at which the current attempt's slice ends
+    attempt: int
+    frontend: int
+    context: str | None = None
+    deadline: float = 0.0  # sent + timeout: the frontend answers by then
+
+
+class RetryEngine:
+    """The calls in flight and their attempts, without sockets or clocks of its own
+    (sans-IO): both clients feed it the time, answers and socket monitor events, and send
+    what it says to send.
+
+    It chooses each attempt's frontend (round-robin over those not suspect), cuts a call's
+    time into ``retries + 1`` slices and moves the call to another frontend when a slice
+    passes with no answer, hands a frontend's calls to another at once when its link
+    drops, is refused or cannot be made, and ends each call by its deadline (plus the
+    grace, only while a frontend is connected and could still answer) with the reason
+    it got no answer. ``expiry`` holds one live entry per call plus stale ones, never more
+    than twice the calls in flight plus ``SLACK``.
+    """
+
+    #: stale expiry entries tolerated before the heap is rebuilt from the live calls
+    SLACK = 64
+
+    def __init__(self, frontends: list[str], retries: int, grace_s: float, suspect_s: float):
+        self.frontends, self.retries, self.grace_s, self.suspect_s = frontends, retries, grace_s, suspect_s
+        self.calls: dict[str, _Call] = {}
+        self.expiry: list[tuple[float, str]] = []  # heap of (slice end, request id); stale entries skipped
+        self.turn = 0  # round-robin: the frontend the next call tries first
+        self.suspect_until = [0.0] * len(frontends)  # perf_counter; a frontend that timed out
+        self.links = [Link.CONNECTING] * len(frontends)
+        self.accepted = [False] * len(frontends)  # the current socket's connection was accepted once
+        self.moved = 0  # calls sent to another frontend because theirs dropped, refused or was unreachable
+
+    def start(self, rid: str, call: _Call, now: float) -> None:
+        """Take a new call; its first attempt goes to ``call.frontend`` (chosen here)."""
+        call.frontend = self.pick(now)
+        self.calls[rid] = call
+        self._schedule(rid, call, now)
+
+    def pick(self, now: float, avoid: int = -1) -> int:
+        """The frontend for the next attempt: round-robin over those not suspect (and not
+        ``avoid``, the one that just failed); round-robin over all if none is left."""
+        n = len(self.frontends)
+        if n == 1:
+            return 0
+        start = self.turn
+        self.turn = (start + 1) % n
+        for j in range(n):
+            i = (start + j) % n
+            if i != avoid and self.suspect_until[i] <= now:
+                return i
+        return start if start != avoid else (start + 1) % n
+
+    def message(self, rid: str, call: _Call, now: float) -> Predict:
+        """The current attempt's query: a retry carries the time left to the call's deadline."""
+        timeout = call.timeout_ms if call.attempt == 0 else max(1.0, (call.deadline - now) * 1000.0)
+        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, context=call.context)
+
+    def due(self, now: float) -> tuple[list[str], list[Result]]:
+        """Calls whose slice passed: (to send again, to their new frontend; ended with no answer)."""
+        again, ended = [], []
+        while self.expiry and self.expiry[0][0] <= now:
+            at, rid = heapq.heappop(self.expiry)
+            call = self.calls.get(rid)
+            if call is None or call.expires != at:
+                continue  # answered, or a slice of an earlier attempt
+            if call.attempt < self.retries and now < call.deadline:
+                self.suspect_until[call.frontend] = now + self.suspect_s
+                self._next_attempt(rid, call, now)
+                again.append(rid)
+            elif now < call.deadline + self.grace_s and self.links[call.frontend] in _OPEN:
+                call.expires = call.deadline + self.grace_s  # its answer at the deadline may be on the way
+                heapq.heappush(self.expiry, (call.expires, rid))
+            else:
+                self.suspect_until[call.frontend] = now + self.suspect_s
+                del self.calls[rid]
+                ended.append(self._no_answer(rid, call, now))
+        return again, ended
+
+    def next_due(self) -> float | None:
+        """perf_counter of the next slice end (None: no call in flight)."""
+        while self.expiry:
+            at, rid = self.expiry[0]
+            call = self.calls.get(rid)
+            if call is not None and call.expires == at:
+                return at
+            heapq.heappop(self.expiry)
+        return None
+
+    def answered(self, rid: str, frontend: int) -> _Call | None:
+        """An answer from ``frontend``: the call it ends, or None for a duplicate answer (a
+        retried call's first answer counted)."""
+        self.suspect_until[frontend] = 0.0  # it answers
+        if self.links[frontend] not in _OPEN:
+            self.links[frontend] = Link.UP  # an answer outran its monitor's events
+        return self.drop(rid)
+
+    def drop(self, rid: str) -> _Call | None:
+        """Forget a call (answered, or its caller stopped waiting)."""
+        call = self.calls.pop(rid, None)
+        if len(self.expiry) > 2 * len(self.calls) + self.SLACK:
+            self.expiry = [(c.expires, r) for r, c in self.calls.items()]
+            heapq.heapify(self.expiry)
+        return call
+
+    def new_socket(self, frontend: int) -> None:
+        """``frontend`` has a new socket: its events start afresh (a refusal still holds)."""
+        self.accepted[frontend] = False
+
+    def link(self, frontend: int, event: int, now: float) -> list[str]:
+        """A socket monitor event of ``frontend``'s connection; returns the calls moved to
+        another frontend (to send now) when it dropped, was refused or could not be made."""
+        old = self.links[frontend]
+        if event == zmq.EVENT_CONNECTED:
+            self.accepted[frontend] = True
+            new = old if old == Link.REFUSED else Link.CONNECTED  # a refusal holds until a handshake passes
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            new = Link.UP
+        elif event in _HANDSHAKE_FAILED:
+            new = Link.REFUSED
+        elif event == zmq.EVENT_DISCONNECTED:
+            # dropped before any handshake event: the peer hung up on the greeting (a socket
+            # of a kind a DEALER cannot talk to)
+            new = Link.REFUSED if old in (Link.CONNECTED, Link.REFUSED) else Link.DOWN
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            # a socket retries after a refused handshake too: that peer is reachable
+            new = old if old == Link.REFUSED and self.accepted[frontend] else Link.UNREACHABLE
+        else:
+            return []
+        self.links[frontend] = new
+        if new in _OPEN or len(self.frontends) == 1:
+            return []
+        self.suspect_until[frontend] = now + self.suspect_s
+        moved = []
+        for rid, call in self.calls.items():
+            if call.frontend == frontend and call.attempt < self.retries:
+                self._next_attempt(rid, call, now, avoid=frontend)
+                moved.append(rid)
+        self.moved += len(moved)
+        return moved
+
+    def _next_attempt(self, rid: str, call: _Call, now: float, avoid: int | None = None) -> None:
+        call.attempt += 1
+        call.frontend = self.pick(now, avoid=call.frontend if avoid is None else avoid)
+        self._schedule(rid, call, now)
+
+    def _schedule(self, rid: str, call: _Call, now: float) -> None:
+        """The attempt's slice: an equal share of the time left for the attempts left."""
+        call.expires = now + max(0.0, call.deadline - now) / (self.retries - call.attempt + 1)
+        heapq.heappush(self.expiry, (call.expires, rid))
+
+    def _no_answer(self, rid: str, call: _Call, now: float) -> Result:
+        endpoint = self.frontends[call.frontend]
+        link = self.links[call.frontend]
+        if link == Link.REFUSED:
+            reason, why = Reason.REFUSED, (f"{endpoint} refused the connection: its CURVE handshake failed (a key it "
+                                           f"does not allow?), or it is not a frontend's port")
+        elif link in _OPEN:
+            reason, why = Reason.TIMEOUT, f"no answer within {call.timeout_ms:.0f} ms"
+        else:
+            reason, why = (Reason.UNREACHABLE,
+                           f"nothing accepted a connection to {endpoint} within {call.timeout_ms:.0f} ms")
+        return Result(rid, Source.ERROR, None, f"{why} after {call.attempt + 1} attempt(s)", ErrorCode.TIMEOUT,
+                      call.model, None, (now - call.sent) * 1000.0, endpoint, reason=reason)
+
+
 class _Base:
+    """What both clients share: options, the retry engine, sockets with their monitors,
+    and the send queue that keeps every send non-blocking."""
+
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
                  curve_keys: str | None = None, curve_name: str = "client"):
@@ -230,15 +470,28 @@ class _Base:
         if not (isinstance(suspect_s, (int, float)) and math.isfinite(suspect_s) and suspect_s >= 0):
             raise ValueError(f"suspect_s must be a finite number >= 0, got {suspect_s!r}")
         self.timeout_ms, self.retries = _check_timeout(timeout_ms), retries
-        self.grace_ms, self.suspect_s = grace_ms, suspect_s
-        self.turn = 0  # round-robin: the frontend the next call tries first
-        self.suspect_until = [0.0] * len(self.frontends)  # perf_counter; a frontend that timed out
+        self.grace_ms, self.suspect_s = GRACE_MS if grace_ms is None else float(grace_ms), suspect_s
+        self.engine = RetryEngine(self.frontends, retries, self.grace_ms / 1000.0, suspect_s)
+        self.calls = self.engine.calls  # request id -> call in flight
+        self.suspect_until = self.engine.suspect_until
         self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.counter = itertools.count(1)
-        self.calls: dict[str, _Call] = {}
-        self.expiry: list[tuple[float, str]] = []  # heap of (expires, request id); stale entries skipped
         self.answered_by: OrderedDict[str, int] = OrderedDict()  # request id -> frontend, for feedback
-        self.acks: dict[str, FeedbackResult] = {}  # feedback answers awaited (request id -> answer)
+        self.acks: dict[str, FeedbackResult | None] = {}  # feedback answers awaited (request id -> answer)
+        self.ctx = zmq.Context()
+        self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)  # made on first use
+        self.monitors: list[zmq.Socket | None] = [None] * len(self.frontends)
+        # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
+        self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
+
+    @property
+    def moved(self) -> int:
+        """Calls sent to another frontend because theirs dropped, refused or was unreachable."""
+        return self.engine.moved
+
+    @property
+    def expiry(self) -> list[tuple[float, str]]:
+        return self.engine.expiry
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
                   context: str | None = None) -> tuple[str, _Call]:
@@ -246,35 +499,105 @@ class _Base:
         x = coerce_input(model, x, self.dtypes.get(model))
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now + self._patience(timeout), 0, self._pick(now),
-                     context)
-        self.calls[rid] = call
-        heapq.heappush(self.expiry, (call.expires, rid))
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, context, now + timeout / 1000.0)
+        self.engine.start(rid, call, now)
         return rid, call
 
-    def _pick(self, now: float, avoid: int = -1) -> int:
-        """The frontend for the next attempt: round-robin over those not suspect (and not
-        ``avoid``, the one that just timed out); round-robin over all if none is left."""
-        n = len(self.frontends)
-        if n == 1:
-            return 0
-        start = self.turn
-        self.turn = (start + 1) % n
-        for j in range(n):
-            i = (start + j) % n
-            if i != avoid and self.suspect_until[i] <= now:
-                return i
-        return start if start != avoid else (start + 1) % n
+    # ------------------------------------------------------------------ sockets
 
-    def _timed_out(self, frontend: int, now: float) -> None:
-        self.suspect_until[frontend] = now + self.suspect_s
+    def _socket(self, i: int) -> zmq.Socket:
+        """Frontend ``i``'s socket, made (with its monitor) if it has none."""
+        sock = self.sockets[i]
+        if sock is None:
+            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, curve_keys=self.curve)
+            self.monitors[i] = sock.get_monitor_socket(LINK_EVENTS)  # before connecting: it sees every event
+            self.engine.new_socket(i)
+            sock.connect(self.frontends[i])
+            self._watch(i)
+        return sock
 
-    def _patience(self, timeout_ms: float) -> float:
-        grace = self.grace_ms if self.grace_ms is not None else max(250.0, 0.5 * timeout_ms)
-        return (timeout_ms + grace) / 1000.0
+    def _watch(self, i: int) -> None:
+        """Hook: start reading frontend ``i``'s new socket and monitor."""
 
-    def _message(self, rid: str, call: _Call) -> Predict:
-        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=call.timeout_ms, context=call.context)
+    def _unwatch_one(self, i: int) -> None:
+        """Hook: stop reading frontend ``i``'s socket and monitor (about to close)."""
+
+    def _retire(self, i: int) -> None:
+        """Close frontend ``i``'s socket: a refused ZeroMQ connection is never made again, so
+        the next send makes a new socket (a key allowed since then gets through)."""
+        sock, monitor = self.sockets[i], self.monitors[i]
+        if sock is None:
+            return
+        self._unwatch_one(i)
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
+        self.sockets[i] = self.monitors[i] = None
+
+    def _link_changed(self, i: int) -> list[str]:
+        """Read frontend ``i``'s monitor; returns the calls the engine moved to another frontend."""
+        monitor = self.monitors[i]
+        if monitor is None:
+            return []
+        now, moved, refused = time.perf_counter(), [], False
+        for event in link_events(monitor):
+            moved += self.engine.link(i, event, now)
+            refused |= event == zmq.EVENT_DISCONNECTED and self.engine.links[i] == Link.REFUSED
+        if refused:
+            self._retire(i)
+        return moved
+
+    # ------------------------------------------------------------------ sending
+
+    def _send_call(self, rid: str) -> None:
+        """Queue the current attempt of call ``rid`` for its frontend."""
+        call = self.calls[rid]
+        msg = self.engine.message(rid, call, time.perf_counter())
+        self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
+
+    def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
+        self.outbox[i].append((rid, attempt, frames))
+        self._flush(i)
+
+    def _live(self, i: int, rid: str, attempt: int) -> bool:
+        """Is this queued message still wanted (its call's current attempt, its feedback awaited)?"""
+        if attempt < 0:
+            return rid in self.acks and self.acks[rid] is None
+        call = self.calls.get(rid)
+        return call is not None and call.frontend == i and call.attempt == attempt
+
+    def _flush(self, i: int) -> None:
+        """Hand frontend ``i``'s queued messages to its socket while it takes them, never blocking."""
+        if self.ctx.closed:
+            return  # a callback the loop ran after close
+        box = self.outbox[i]
+        while box:
+            rid, attempt, frames = box[0]
+            if not self._live(i, rid, attempt):
+                box.popleft()
+                continue
+            try:
+                self._socket(i).send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
+                self.outbox[i] = deque(e for e in box if self._live(i, *e[:2]))
+                break
+            box.popleft()
+        self._writing(i, bool(self.outbox[i]))
+
+    def _writing(self, i: int, waiting: bool) -> None:
+        """Hook: frontend ``i`` has (or no longer has) messages its socket did not take."""
+
+    def _flush_all(self) -> None:
+        for i, box in enumerate(self.outbox):
+            if box:
+                self._flush(i)
+
+    def _close_sockets(self) -> None:
+        for i in range(len(self.frontends)):
+            self._retire(i)
+        self.ctx.term()
+
+    # ------------------------------------------------------------------ answers
 
     def _finish(self, frames: list, frontend: int) -> Result | None:
         try:
@@ -287,8 +610,7 @@ class _Base:
             return None
         if not isinstance(reply, Reply):
             return None
-        self.suspect_until[frontend] = 0.0  # it answers
-        call = self.calls.pop(reply.request_id, None)
+        call = self.engine.answered(reply.request_id, frontend)
         if call is None:
             return None  # a duplicate answer to a retried call: the first one counted
         if reply.models is not None:  # an application's call: its feedback goes to this frontend
@@ -309,42 +631,6 @@ class _Base:
     def _no_ack(self, request_id: str, timeout_ms: float) -> FeedbackResult:
         return FeedbackResult(request_id, False, f"no answer to the feedback within {timeout_ms:.0f} ms", ErrorCode.TIMEOUT)
 
-    def _overdue(self, now: float) -> tuple[list[tuple[str, _Call]], list[Result]]:
-        """Calls whose attempt timed out: (to retry, given up)."""
-        retry, failed = [], []
-        while self.expiry and self.expiry[0][0] <= now:
-            _, rid = heapq.heappop(self.expiry)
-            call = self.calls.get(rid)
-            if call is None or call.expires > now:
-                continue  # answered, or a stale entry of an earlier attempt
-            self._timed_out(call.frontend, now)
-            if call.attempt < self.retries:
-                call.attempt += 1
-                call.frontend = self._pick(now, avoid=call.frontend)
-                call.expires = now + self._patience(call.timeout_ms)
-                heapq.heappush(self.expiry, (call.expires, rid))
-                retry.append((rid, call))
-            else:
-                del self.calls[rid]
-                failed.append(Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {call.attempt + 1} attempt(s)",
-                                     ErrorCode.TIMEOUT, call.model, None, (now - call.sent) * 1000.0))
-        return retry, failed
-
-    def _disconnected(self, frontend: int, now: float) -> list[tuple[str, _Call]]:
-        """A frontend's connection dropped (its process died, its host went away): its calls
-        with attempts left go to another frontend at once, under the same request id,
-        instead of waiting for their timeout (issue 10)."""
-        self._timed_out(frontend, now)
-        moved = []
-        for rid, call in self.calls.items():
-            if call.frontend == frontend and call.attempt < self.retries:
-                call.attempt += 1
-                call.frontend = self._pick(now, avoid=frontend)
-                call.expires = now + self._patience(call.timeout_ms)
-                heapq.heappush(self.expiry, (call.expires, rid))
-                moved.append((rid, call))
-        return moved
-
     def _outcome(self, result: Result, raise_errors: bool | None) -> Result:
         if (self.raise_errors if raise_errors is None else raise_errors) and not result.ok:
             raise error_for(result)
@@ -360,47 +646,41 @@ class _Base:
                 raise exc
         return results
 
-    def _next_expiry(self) -> float | None:
-        while self.expiry and self.expiry[0][1] not in self.calls:
-            heapq.heappop(self.expiry)
-        return self.expiry[0][0] if self.expiry else None
-
 
 class Client(_Base):
-    """Blocking client; also open-loop via ``submit`` + ``collect``."""
+    """Blocking client; also open-loop via ``submit`` + ``collect``.
+
+    Its loop is one ``zmq.Poller`` over the frontends' sockets (readable; writable while a
+    message waits for one) and their monitors, woken by the retry engine's next slice end."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
-        self.ctx = zmq.Context()
-        self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)
         self.poller = zmq.Poller()
         self.results: dict[str, Result] = {}
-        self.monitors: dict[zmq.Socket, int] = {}  # socket monitor -> its frontend
-        self.moved = 0  # calls sent to another frontend because theirs disconnected
+        self.owner: dict[zmq.Socket, int] = {}  # socket or monitor -> its frontend
+        self.waiting: set[int] = set()  # frontends whose sockets are polled for room too
 
-    def _socket(self, i: int) -> zmq.Socket:
-        sock = self.sockets[i]
-        if sock is None:
-            sock = self.sockets[i] = transport.make_socket(self.ctx, zmq.DEALER, connect=self.frontends[i],
-                                                           curve_keys=self.curve)
-            self.poller.register(sock, zmq.POLLIN)
-            if len(self.frontends) > 1 and self.retries:
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                self.monitors[monitor] = i
-                self.poller.register(monitor, zmq.POLLIN)
-        return sock
+    def _watch(self, i: int) -> None:
+        self.owner[self.sockets[i]] = self.owner[self.monitors[i]] = i
+        self.poller.register(self.sockets[i], zmq.POLLIN)
+        self.poller.register(self.monitors[i], zmq.POLLIN)
 
-    def _on_monitor(self, monitor: zmq.Socket) -> None:
-        if transport.disconnect_seen(monitor):
-            for rid, call in self._disconnected(self.monitors[monitor], time.perf_counter()):
-                self.moved += 1
-                transport.send(self._socket(call.frontend), self._message(rid, call))
+    def _unwatch_one(self, i: int) -> None:
+        for sock in (self.sockets[i], self.monitors[i]):
+            self.poller.unregister(sock)
+            del self.owner[sock]
+        self.waiting.discard(i)
+
+    def _writing(self, i: int, waiting: bool) -> None:
+        if self.sockets[i] is not None and waiting != (i in self.waiting):
+            self.poller.register(self.sockets[i], zmq.POLLIN | zmq.POLLOUT if waiting else zmq.POLLIN)
+            (self.waiting.add if waiting else self.waiting.discard)(i)
 
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
                context: str | None = None) -> str:
-        rid, call = self._new_call(model, x, timeout_ms, request_id, context)
-        transport.send(self._socket(call.frontend), self._message(rid, call))
+        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+        self._send_call(rid)
         return rid
 
     def collect(self, timeout_ms: float = 0.0) -> list[Result]:
@@ -415,20 +695,26 @@ class Client(_Base):
         end = time.perf_counter() + timeout_ms / 1000.0
         while True:
             now = time.perf_counter()
-            retry, failed = self._overdue(now)
-            out.extend(failed)
-            for rid, call in retry:
-                transport.send(self._socket(call.frontend), self._message(rid, call))
+            again, ended = self.engine.due(now)
+            out.extend(ended)
+            for rid in again:
+                self._send_call(rid)
+            self._flush_all()
             wait = 0.0 if out else max(0.0, end - now)
-            next_expiry = self._next_expiry()
-            if next_expiry is not None:
-                wait = min(wait, max(0.0, next_expiry - now))
-            for sock, _ in self.poller.poll(wait * 1000):
-                if sock in self.monitors:
-                    self._on_monitor(sock)
+            next_due = self.engine.next_due()
+            if next_due is not None:
+                wait = min(wait, max(0.0, next_due - now))
+            for sock, event in self.poller.poll(wait * 1000):
+                i = self.owner.get(sock)
+                if i is None:
+                    continue  # closed by an event handled before it in this round
+                if sock is self.monitors[i]:
+                    for rid in self._link_changed(i):
+                        self._send_call(rid)
                     continue
-                i = self.sockets.index(sock)
-                while True:
+                if event & zmq.POLLOUT:
+                    self._flush(i)
+                while event & zmq.POLLIN:
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
@@ -468,8 +754,8 @@ class Client(_Base):
         frontend, msg = self._feedback_message(request_id, y)
         self.acks[request_id] = None
         try:
-            transport.send(self._socket(frontend), msg)
             end = time.perf_counter() + timeout / 1000.0
+            self._send(frontend, request_id, -1, protocol.encode(msg))
             while self.acks[request_id] is None and time.perf_counter() < end:
                 for result in self._poll(min(50.0, max(0.0, (end - time.perf_counter()) * 1000.0))):
                     self.results[result.request_id] = result  # a submitted call's: for its collect
@@ -483,7 +769,7 @@ class Client(_Base):
 
         At most ``window`` calls are in flight at once: a frontend drops replies that do
         not fit a client's queue, so a client that sent everything before reading would
-        lose answers (and, before that, both sides could block) on a large batch."""
+        lose answers on a large batch."""
         if timeout_ms is not None:
             _check_timeout(timeout_ms)
         rids: list[str] = []
@@ -499,12 +785,7 @@ class Client(_Base):
         return self._outcomes([got[r] for r in rids], raise_errors)
 
     def close(self) -> None:
-        for monitor in self.monitors:
-            monitor.close(0)
-        for sock in self.sockets:
-            if sock is not None:
-                sock.close(0)
-        self.ctx.term()
+        self._close_sockets()
 
     def __enter__(self) -> Client:
         return self
@@ -522,23 +803,22 @@ class AsyncClient(_Base):
     ``zmq.asyncio`` one outstanding call was 6-17% slower than the blocking ``Client``).
     A ZeroMQ socket's descriptor is edge-triggered, so after every send the socket is
     drained too, and each socket is read once when the loop starts watching it (a descriptor
-    signals only after a read found its socket empty).
+    signals only after a read found its socket empty). The same callback hands the socket
+    the messages it could not take before.
 
-    As in ``Client``, with several frontends and retries, a frontend's socket disconnect
-    (its process died, its host went away) ends the current attempt of every call it held
-    at once: each goes to another frontend under the same request id."""
+    One loop timer, set to the retry engine's next slice end, drives every call's retries
+    and expiry (as ``Client``'s poll timeout does)."""
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, **options):
         super().__init__(frontends, timeout_ms, retries, grace_ms, suspect_s, **options)
-        self.ctx = zmq.Context()
-        self.sockets = [transport.make_socket(self.ctx, zmq.DEALER, connect=f, curve_keys=self.curve) for f in self.frontends]
-        watch = len(self.frontends) > 1 and self.retries
-        self.monitors = [s.get_monitor_socket(zmq.EVENT_DISCONNECTED) for s in self.sockets] if watch else []
-        self.moved = 0  # calls sent to another frontend because theirs disconnected
         self.futures: dict[str, asyncio.Future] = {}
         self.ack_futures: dict[str, asyncio.Future] = {}  # feedback answers awaited
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf  # perf_counter the timer fires at
+        for i in range(len(self.frontends)):  # connect now: the first call finds its link up
+            self._socket(i)
 
     def _start(self) -> None:
         """Watch the sockets from the running loop (again, if the client moved to another)."""
@@ -546,45 +826,84 @@ class AsyncClient(_Base):
         if loop is not self.loop:
             self._unwatch()
             self.loop = loop
-            # a socket's descriptor signals only after a read found it empty: each read here
-            # (of nothing, at first) arms it
             for i, sock in enumerate(self.sockets):
-                loop.add_reader(sock.getsockopt(zmq.FD), self._drain, i)
-                self._drain(i)
-            for i, monitor in enumerate(self.monitors):
-                loop.add_reader(monitor.getsockopt(zmq.FD), self._on_monitor, i)
-                self._on_monitor(i)
+                if sock is not None:
+                    self._watch(i)
+
+    def _watch(self, i: int) -> None:
+        if self.loop is None:
+            return  # _start watches it
+        self.loop.add_reader(self.sockets[i].getsockopt(zmq.FD), self._drain, i)
+        self.loop.add_reader(self.monitors[i].getsockopt(zmq.FD), self._on_monitor, i)
+        # a descriptor signals only after a read found its socket empty: each read arms it
+        # (soon, not here: a socket is made in the middle of a send)
+        self.loop.call_soon(self._drain, i)
+        self.loop.call_soon(self._on_monitor, i)
+
+    def _unwatch_one(self, i: int) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self.sockets[i].getsockopt(zmq.FD))
+            self.loop.remove_reader(self.monitors[i].getsockopt(zmq.FD))
 
     def _unwatch(self) -> None:
-        if self.loop is not None and not self.loop.is_closed():
-            for sock in self.sockets + self.monitors:
-                self.loop.remove_reader(sock.getsockopt(zmq.FD))
-        self.loop = None
+        for i, sock in enumerate(self.sockets):
+            if sock is not None:
+                self._unwatch_one(i)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer, self.timer_at, self.loop = None, math.inf, None
 
     def _on_monitor(self, i: int) -> None:
-        """Frontend ``i`` disconnected: wake every call it holds (with no answer), so each
-        takes its next attempt, on another frontend, now."""
-        if not transport.disconnect_seen(self.monitors[i]):
-            return
-        self._timed_out(i, time.perf_counter())
-        for rid, call in self.calls.items():
-            future = self.futures.get(rid)
-            if call.frontend == i and future is not None and not future.done():
-                self.moved += call.attempt < self.retries
-                future.set_result(None)
+        """Frontend ``i``'s link changed: calls the engine moved go to their new frontend now."""
+        for rid in self._link_changed(i):
+            self._send_call(rid)
+        self._arm()
+
+    def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
+        super()._send(i, rid, attempt, frames)
+        self._drain(i)  # the send may have consumed the descriptor's edge
 
     def _drain(self, i: int) -> None:
-        """Read every reply waiting on frontend ``i``'s socket; each resolves its call."""
+        """Hand frontend ``i``'s socket what waits for it; read every reply waiting on it."""
+        if self.outbox[i]:
+            self._flush(i)
         sock = self.sockets[i]
+        if sock is None:
+            return
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
             for rid, future in self.ack_futures.items():
                 if self.acks.get(rid) is not None and not future.done():
                     future.set_result(None)
             if result is not None:
-                future = self.futures.pop(result.request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(result)
+                self._resolve(result)
+
+    def _resolve(self, result: Result) -> None:
+        future = self.futures.pop(result.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _arm(self) -> None:
+        """Set the loop timer to the engine's next slice end, if that is sooner."""
+        at = self.engine.next_due()
+        if at is None or self.loop is None or at >= self.timer_at:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_later(max(0.0, at - time.perf_counter()), self._tick)
+
+    def _tick(self) -> None:
+        self.timer, self.timer_at = None, math.inf
+        again, ended = self.engine.due(time.perf_counter())
+        for result in ended:
+            self._resolve(result)
+        for rid in again:
+            self._send_call(rid)
+        for i, box in enumerate(self.outbox):
+            if box:
+                self._drain(i)
+        self._arm()
 
     async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
                       raise_errors: bool | None = None, context: str | None = None) -> Result:
@@ -600,8 +919,7 @@ class AsyncClient(_Base):
         self.acks[request_id] = None
         timer = self.loop.call_later(timeout / 1000.0, _give_up, future)
         try:
-            transport.send(self.sockets[frontend], msg)
-            self._drain(frontend)
+            self._send(frontend, request_id, -1, protocol.encode(msg))
             await future
             return self.acks[request_id] or self._no_ack(request_id, timeout)
         finally:
@@ -612,27 +930,16 @@ class AsyncClient(_Base):
     async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
                        context: str | None = None) -> Result:
         self._start()
-        rid, call = self._new_call(model, x, timeout_ms, request_id, context)
-        for attempt in range(self.retries + 1):
-            if attempt:
-                call.attempt, call.frontend = attempt, self._pick(time.perf_counter(), avoid=call.frontend)
-            # A new future per attempt: the timer resolves it with None; a late answer to an
-            # earlier attempt (same request id) resolves the current one.
-            future = self.futures[rid] = self.loop.create_future()
-            transport.send(self.sockets[call.frontend], self._message(rid, call))
-            self._drain(call.frontend)
-            timer = self.loop.call_later(self._patience(call.timeout_ms), _give_up, future)
-            try:
-                result = await future
-            finally:
-                timer.cancel()
-            if result is not None:
-                return result
-            self._timed_out(call.frontend, time.perf_counter())
-        self.calls.pop(rid, None)
-        self.futures.pop(rid, None)
-        return Result(rid, Source.ERROR, None, f"no answer within {call.timeout_ms:.0f} ms after {self.retries + 1} attempt(s)",
-                      ErrorCode.TIMEOUT, model, None, (time.perf_counter() - call.sent) * 1000.0)
+        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+        future = self.futures[rid] = self.loop.create_future()
+        try:
+            self._send_call(rid)
+            self._arm()
+            return await future
+        finally:
+            if not future.done() or future.cancelled():  # its caller stopped waiting (cancelled)
+                self.engine.drop(rid)
+                self.futures.pop(rid, None)
 
     async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
                             raise_errors: bool | None = None) -> list[Result]:
@@ -650,9 +957,7 @@ class AsyncClient(_Base):
 
     async def close(self) -> None:
         self._unwatch()
-        for sock in self.monitors + self.sockets:
-            sock.close(0)
-        self.ctx.term()
+        self._close_sockets()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -662,6 +967,6 @@ class AsyncClient(_Base):
 
 
 def _give_up(future: asyncio.Future) -> None:
-    """An attempt's patience ran out: wake its caller with no answer."""
+    """A feedback's time ran out: wake its caller with no answer."""
     if not future.done():
         future.set_result(None)
