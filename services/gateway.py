@@ -335,7 +335,7 @@ class Gateway:
                 return error_response(401, why, {"WWW-Authenticate": 'Bearer realm="keel"'})
         try:
             return await handler(request)
-        except Exception as exc:  # noqa: BLE001 -- every failure becomes a JSON answer
+        except Exception as exc:  # every failure becomes a JSON answer
             response = self.refusal(request, exc)
             if response is None:
                 raise
@@ -505,7 +505,7 @@ class Gateway:
         start = time.perf_counter()
         try:
             response = await self._infer(request)
-        except Exception as exc:  # noqa: BLE001 -- counted by status here, answered as the guard would
+        except Exception as exc:  # counted by status here, answered as the guard would
             response = self.refusal(request, exc)
             if response is None:
                 raise
