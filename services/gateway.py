@@ -342,7 +342,8 @@ class Gateway:
             return response
 
     def refusal(self, request: web.Request, exc: Exception) -> web.Response | None:
-        """The JSON error answering ``exc``; None for what is not a failure (a redirect, a cancel)."""
+        """The JSON error answering ``exc``; None for what is not a failure to answer (a
+        redirect; a caller that hung up)."""
         if isinstance(exc, InferError):
             return error_response(exc.status, str(exc))
         if isinstance(exc, web.HTTPException):
@@ -353,7 +354,7 @@ class Gateway:
                        413: f"the body is larger than this gateway's max_body_bytes ({self.cfg.max_body_bytes})"}
             headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
             return error_response(exc.status, message.get(exc.status, exc.reason), headers)
-        if isinstance(exc, (asyncio.CancelledError, ConnectionError)):
+        if isinstance(exc, ConnectionError):
             return None
         self.log.exception("request failed", path=request.path)
         return error_response(500, f"the gateway failed on this request: {type(exc).__name__} (see its log)")
