@@ -381,9 +381,20 @@ class GatewayConfig:
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
+    #: HTTPS: the server's certificate chain and its private key (PEM files); None = plain HTTP.
+    #: A relative path is from the directory the gateway runs in (``keel up``'s)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: bearer-token allow-list, one token a line (mode 600, e.g. beside the CURVE keys);
+    #: None = no tokens asked. Read again when it changes; the health paths need none
+    tokens_file: str | None = None
 
     def validate(self) -> None:
         _check(0 <= self.http_port <= 65535, "http_port", "must be a port in 0..65535")
+        missing, given = ("tls_key", "tls_cert") if self.tls_key is None else ("tls_cert", "tls_key")
+        _check((self.tls_cert is None) == (self.tls_key is None), missing, f"must be given with {given} (both or neither)")
+        for key in ("tls_cert", "tls_key", "tokens_file"):
+            _check(getattr(self, key) != "", key, "must be a file path (leave it out to turn it off)")
         _check(bool(self.frontend_endpoints), "frontend_endpoints", "must name at least one frontend")
         _check(self.timeout_ms > 0, "timeout_ms", "must be > 0")
         _check(self.retries >= 0, "retries", "must be >= 0")

@@ -517,6 +517,8 @@ class Frontend(Service):
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
         return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
+                # the gateway's model versions: what the workers serve now, not the spec's at start
+                "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},
                 "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes},
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0}

@@ -2,13 +2,13 @@
 
 The gateway is an aiohttp server in one asyncio loop with one ``AsyncClient`` to the
 frontends, so an HTTP request becomes Keel queries with their deadlines and request ids,
-and every Keel reply comes back to the caller. Routes (OIP v2)::
+and every Keel reply comes back to the caller. Routes (OIP v2; docs/guide/http.md)::
 
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
     GET  /v2                                    server metadata (name, version, extensions)
-    GET  /v2/models/{m}[/versions/{v}]          model metadata: one input, one output
-    GET  /v2/models/{m}[/versions/{v}]/ready    200 when the server is ready and knows m
+    GET  /v2/models/{m}[/versions/{v}]          model metadata: versions served now, one input, one output
+    GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
 A model has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
@@ -18,22 +18,35 @@ Tensors come as JSON (``data``, row-major) or with the binary-data extension (th
 ``Inference-Header-Content-Length`` header; each input's ``binary_data_size``); outputs are
 binary when asked (``binary_data`` on the output or ``binary_data_output`` on the request).
 
+Versions are the ones the model's workers serve now, as the frontends know them (a
+``keel model rollout`` moves them), asked of the frontends at each metadata request: never
+the spec's version at start. A request pinned to a version (``/versions/{v}/``) is answered
+by that version or refused: 404 when the frontends say it is not served, 409 when a
+rollout raced the request and another version computed it.
+
 The deadline of each query is the request's ``timeout`` parameter (microseconds, as
 tritonclient sends it) or ``timeout_ms``; without one, the model's own deadline. The
 response's ``parameters`` say where each row's answer came from (``keel_sources``:
 model, cache, default, reconstruction) and which version answered (``keel_versions``).
 
-Errors are ``{"error": "..."}`` with the status of what went wrong: 400 bad input, 404
-unknown model or version, 503 overloaded, 504 deadline or no frontend answered, 500 a
-model error. The status endpoint (a zmq ROUTER) answers ``Status`` like every service;
+Every refusal is ``{"error": "..."}`` (JSON) with a 4xx status: 400 bad input, 401 no or
+unknown bearer token, 404 unknown model, version or path, 405 wrong method, 409 another
+version answered, 413 body too large; and the server's own: 503 overloaded or no frontend
+answered, 504 deadline, 500 a model's error. TLS (``tls_cert``, ``tls_key``) and a bearer
+token allow-list (``tokens_file``, read again when it changes) are off by default. The
+status endpoint (a zmq ROUTER) answers ``Status`` like every service;
 ``keel_http_requests_total{code}`` and ``keel_http_request_seconds`` go to Prometheus.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
+import math
 import os
 import signal
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +71,11 @@ DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "ui
              "FP32": "float32", "FP64": "float64"}
 OIP_OF = {v: k for k, v in DATATYPES.items()}
 
+#: the longest deadline a request may name (ms): a day; a longer one is a mistake, not a wish
+MAX_TIMEOUT_MS = 86_400_000.0
+#: paths a load balancer probes without a token
+OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
+
 #: Keel error code -> HTTP status
 STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode.OVERLOADED: 503,
              ErrorCode.DEADLINE: 504, ErrorCode.TIMEOUT: 504, ErrorCode.MODEL_ERROR: 500, ErrorCode.INTERNAL: 500}
@@ -71,8 +89,28 @@ class InferError(Exception):
         self.status = status
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json")
+class GatewayError(Exception):
+    """The gateway cannot start as configured: a TLS or tokens file is missing or unsafe."""
+
+
+def error_response(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json",
+                        headers=headers)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut short: messages echo what came, never all of it."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _object(value: Any, what: str) -> dict:
+    """``value`` when a JSON object, {} when absent; anything else is a 400 naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InferError(400, f"{what} must be a JSON object, got {_short(value)}")
+    return value
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
@@ -83,7 +121,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         try:
             n = int(header_length)
         except ValueError:
-            raise InferError(400, f"{HEADER_LENGTH} {header_length!r} is not an integer") from None
+            raise InferError(400, f"{HEADER_LENGTH} {_short(header_length)} is not an integer") from None
         if not 0 <= n <= len(body):
             raise InferError(400, f"{HEADER_LENGTH} {n} is outside the body's {len(body)} bytes")
         json_part, binary = body[:n], body[n:]
@@ -96,70 +134,159 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     return header, binary
 
 
+def cast(x: np.ndarray, dtype: str | np.dtype, what: str) -> np.ndarray:
+    """``x`` as ``dtype``; an integer outside an integer dtype's range is a 400, not wrapped."""
+    target = np.dtype(dtype)
+    if x.dtype == target:
+        return x
+    if target.kind in "iu" and x.dtype.kind in "iu" and x.size:
+        lo, hi, fits = x.min(), x.max(), np.iinfo(target)
+        if lo < fits.min or hi > fits.max:
+            raise InferError(400, f"{what}: values {lo}..{hi} do not fit {OIP_OF.get(target.name, target.name)} "
+                                  f"({fits.min}..{fits.max})")
+    with np.errstate(over="ignore", invalid="ignore"):  # a float beyond the range becomes inf: the frontend refuses it
+        return x.astype(target)
+
+
+def json_tensor(data: Any, datatype: str, what: str) -> np.ndarray:
+    """A tensor's JSON ``data`` (a list, flat or nested) as ``datatype``: numbers for the
+    numeric types (integers for the integer ones), true/false for BOOL."""
+    if not isinstance(data, list):
+        raise InferError(400, f"{what}: data must be a list of values, got {_short(data)}")
+    try:
+        x = np.asarray(data)  # bool, int64, uint64 or float64; strings, nulls and objects are refused below
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InferError(400, f"{what}: data is not a tensor of {datatype}: {exc}") from None
+    target = np.dtype(DATATYPES[datatype])
+    allowed = "b" if target.kind == "b" else "biu" if target.kind in "iu" else "biuf"
+    if x.size and x.dtype.kind not in allowed:
+        kind = "true/false" if target.kind == "b" else "integers" if target.kind in "iu" else "numbers"
+        raise InferError(400, f"{what}: data for {datatype} must be {kind}, got {x.dtype.name} values")
+    return cast(x, target, what)
+
+
 def read_input(header: dict, binary: bytes, info: ModelInfo) -> np.ndarray:
     """The one input tensor of a request as (rows, *input_shape) of the model's dtype."""
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InferError(400, f"a Keel model takes exactly one input tensor, got {0 if not isinstance(inputs, list) else len(inputs)}")
+        n = len(inputs) if isinstance(inputs, list) else 0
+        raise InferError(400, f"a Keel model takes exactly one input tensor (an object in inputs), got {n}")
     tensor = inputs[0]
     name, shape, datatype = tensor.get("name", "input"), tensor.get("shape"), tensor.get("datatype")
+    if not isinstance(name, str):
+        raise InferError(400, f"input name must be a string, got {_short(name)}")
+    what = f"input {_short(name)}"
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InferError(400, f"input {name!r}: shape must be a list of sizes >= 0, got {shape!r}")
-    if datatype not in DATATYPES:
-        raise InferError(400, f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}")
-    count = int(np.prod(shape))
-    params = tensor.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+        raise InferError(400, f"{what}: shape must be a list of sizes >= 0, got {_short(shape)}")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InferError(400, f"{what}: datatype {_short(datatype)} is not one of {sorted(DATATYPES)}")
+    want = list(info.input_shape)
+    if shape[1:] != want:
+        raise InferError(400, f"{what}: shape {_short(shape)} is not [-1, {', '.join(map(str, want))}] "
+                              f"(rows of the model's input shape {want})")
+    # exact (Python ints): a shape whose product overflows int64 is only a size that does not match
+    count = shape[0] * math.prod(want)
+    dtype = np.dtype(DATATYPES[datatype])
+    size = _object(tensor.get("parameters"), f"{what} parameters").get("binary_data_size")
     if size is not None:
         if type(size) is not int or size != len(binary):
-            raise InferError(400, f"input {name!r}: binary_data_size {size!r} but {len(binary)} binary bytes came")
-        itemsize = np.dtype(DATATYPES[datatype]).itemsize
-        if size != count * itemsize:
-            raise InferError(400, f"input {name!r}: {size} bytes do not hold shape {shape} of {datatype}")
-        x = np.frombuffer(binary, DATATYPES[datatype]).reshape(shape)
+            raise InferError(400, f"{what}: binary_data_size {_short(size)} but {len(binary)} binary bytes came")
+        if size != count * dtype.itemsize:
+            raise InferError(400, f"{what}: {size} bytes do not hold shape {shape} of {datatype}")
+        x = np.frombuffer(binary, dtype)
     else:
+        if binary:
+            raise InferError(400, f"{what}: {len(binary)} binary bytes came but the input has no binary_data_size")
         data = tensor.get("data")
         if data is None:
-            raise InferError(400, f"input {name!r} has neither data nor binary_data_size")
-        try:
-            x = np.asarray(data, DATATYPES[datatype])
-        except (TypeError, ValueError) as exc:
-            raise InferError(400, f"input {name!r}: data is not {datatype}: {exc}") from None
+            raise InferError(400, f"{what} has neither data nor binary_data_size")
+        x = json_tensor(data, datatype, what)
         if x.size != count:
-            raise InferError(400, f"input {name!r}: {x.size} values do not fill shape {shape}")
-        x = x.reshape(shape)
-    want = list(info.input_shape)
-    if list(x.shape[1:]) != want:
-        raise InferError(400, f"input {name!r}: shape {shape} is not [-1, {', '.join(map(str, want))}] "
-                              f"(rows of the model's input shape {want})")
-    if OIP_OF.get(info.input_dtype) != datatype:
-        wanted = OIP_OF.get(info.input_dtype, info.input_dtype)
+            raise InferError(400, f"{what}: {x.size} values do not fill shape {shape}")
+    x = x.reshape(shape)
+    if x.dtype != np.dtype(info.input_dtype):
         if not np.can_cast(x.dtype, info.input_dtype, "same_kind"):
-            raise InferError(400, f"input {name!r}: datatype {datatype} cannot be taken as the model's {wanted}")
-        x = x.astype(info.input_dtype)
+            wanted = OIP_OF.get(info.input_dtype, info.input_dtype)
+            raise InferError(400, f"{what}: datatype {datatype} cannot be taken as the model's {wanted}")
+        x = cast(x, info.input_dtype, what)
     return x
 
 
 def deadline_ms(header: dict) -> float | None:
     """The request's deadline (ms): ``timeout`` (us, tritonclient) or ``timeout_ms``."""
-    params = header.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise InferError(400, "parameters must be a JSON object")
+    params = _object(header.get("parameters"), "parameters")
     for key, scale in (("timeout_ms", 1.0), ("timeout", 1e-3)):
         value = params.get(key)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-                raise InferError(400, f"parameters.{key} must be a number > 0, got {value!r}")
-            return float(value) * scale
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InferError(400, f"parameters.{key} must be a number > 0, got {_short(value)}")
+            ms = float(value) * scale
+            if ms > MAX_TIMEOUT_MS:
+                raise InferError(400, f"parameters.{key} {value} is more than a day")
+            return ms
     return None
 
 
 def wants_binary(header: dict) -> bool:
-    params = header.get("parameters") or {}
-    if params.get("binary_data_output"):
-        return True
-    outputs = header.get("outputs") or []
-    return any(isinstance(o, dict) and (o.get("parameters") or {}).get("binary_data") for o in outputs)
+    """Whether the output is asked for as binary data; a malformed ``outputs`` is a 400."""
+    binary = bool(_object(header.get("parameters"), "parameters").get("binary_data_output"))
+    outputs = header.get("outputs")
+    if outputs is None:
+        return binary
+    if not isinstance(outputs, list):
+        raise InferError(400, f"outputs must be a list of the outputs wanted, got {_short(outputs)}")
+    for i, output in enumerate(outputs):
+        if not isinstance(output, dict):
+            raise InferError(400, f"outputs[{i}] must be a JSON object, got {_short(output)}")
+        if output.get("name") != "output":
+            raise InferError(400, f"outputs[{i}]: a Keel model has one output, 'output', not {_short(output.get('name'))}")
+        binary |= bool(_object(output.get("parameters"), f"outputs[{i}].parameters").get("binary_data"))
+    return binary
+
+
+def _version_order(version: str) -> tuple:
+    return (0, int(version), "") if version.isascii() and version.isdigit() else (1, 0, version)
+
+
+class Tokens:
+    """The bearer-token allow-list: one token a line of ``path`` (blank and ``#`` lines
+    ignored), read again when the file changes, so a token removed there is refused at
+    once. Like a CURVE secret, a file others may read is refused."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.stamp: tuple | None = None
+        self.tokens: list[bytes] = []
+        self.read()
+
+    def read(self) -> None:
+        """Load the tokens when the file changed; raises ``GatewayError`` when it is unsafe."""
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            raise GatewayError(f"tokens_file {self.path}: {exc.strerror or exc}") from None
+        if st.st_mode & 0o077:
+            raise GatewayError(f"tokens_file {self.path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600 it")
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp != self.stamp:
+            lines = self.path.read_text().splitlines()
+            self.tokens = [t.strip().encode() for t in lines if t.strip() and not t.lstrip().startswith("#")]
+            self.stamp = stamp
+
+    def refuse(self, authorization: str | None) -> str | None:
+        """Why a request with this ``Authorization`` header may not pass; None: it may."""
+        try:
+            self.read()
+        except GatewayError as exc:  # gone or opened up since start: let nobody in
+            return f"the gateway's token list cannot be used: {exc}"
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "this gateway wants an Authorization: Bearer <token> header"
+        given = token.strip().encode()
+        allowed = False
+        for known in self.tokens:  # every one compared, in constant time: no timing says how close a guess was
+            allowed |= hmac.compare_digest(known, given)
+        return None if allowed else "the bearer token is not on this gateway's allow-list"
 
 
 class Gateway:
@@ -173,7 +300,8 @@ class Gateway:
         self.log = logs.setup(cfg.name)
         self.models = cfg.models
         self.client: AsyncClient | None = None
-        self.counts = {"requests": 0, "queries": 0, "errors": 0}
+        self.tokens: Tokens | None = None
+        self.counts = {"requests": 0, "queries": 0, "errors": 0, "unauthorized": 0}
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
         self.stopping: asyncio.Event | None = None
@@ -184,7 +312,7 @@ class Gateway:
     # ------------------------------------------------------------------ app
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.guard])
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -195,16 +323,66 @@ class Gateway:
             r.add_post(prefix + "/infer", self.infer)
         return app
 
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The bearer token first (when the gateway has a list), then the handler; every
+        refusal, aiohttp's own included (no such path, wrong method, body too large), and
+        a failure of the gateway itself come back as the protocol's JSON error."""
+        if self.tokens is not None and request.path not in OPEN_PATHS:
+            why = self.tokens.refuse(request.headers.get("Authorization"))
+            if why is not None:
+                self.counts["unauthorized"] += 1
+                return error_response(401, why, {"WWW-Authenticate": 'Bearer realm="keel"'})
+        try:
+            return await handler(request)
+        except Exception as exc:  # every failure becomes a JSON answer
+            response = self.refusal(request, exc)
+            if response is None:
+                raise
+            return response
+
+    def refusal(self, request: web.Request, exc: Exception) -> web.Response | None:
+        """The JSON error answering ``exc``; None for what is not a failure to answer (a
+        redirect; a caller that hung up)."""
+        if isinstance(exc, InferError):
+            return error_response(exc.status, str(exc))
+        if isinstance(exc, web.HTTPException):
+            if exc.status < 400:
+                return None
+            message = {404: f"no such path: {request.method} {_short(request.path)}",
+                       405: f"{request.method} is not allowed on {_short(request.path)}",
+                       413: f"the body is larger than this gateway's max_body_bytes ({self.cfg.max_body_bytes})"}
+            headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+            return error_response(exc.status, message.get(exc.status, exc.reason), headers)
+        if isinstance(exc, ConnectionError):
+            return None
+        self.log.exception("request failed", path=request.path)
+        return error_response(500, f"the gateway failed on this request: {type(exc).__name__} (see its log)")
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        if self.cfg.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # TLS 1.2 or later
+        try:
+            context.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise GatewayError(f"tls_cert {self.cfg.tls_cert} / tls_key {self.cfg.tls_key}: {exc}") from None
+        return context
+
     async def start(self) -> None:
         """Bind the HTTP port and connect to the frontends (in the running loop)."""
+        tls = self.tls_context()
+        self.tokens = Tokens(self.cfg.tokens_file) if self.cfg.tokens_file else None
         self.client = AsyncClient(self.cfg.frontend_endpoints, timeout_ms=self.cfg.timeout_ms,
                                   retries=self.cfg.retries)
         self.runner = web.AppRunner(self.app(), access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True)
+        site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True, ssl_context=tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # the bound port (http_port 0: any)
-        self.log.info("started", role=self.role, pid=os.getpid(), http=f"http://{self.cfg.http_host}:{self.port}")
+        scheme = "https" if tls else "http"
+        self.log.info("started", role=self.role, pid=os.getpid(), http=f"{scheme}://{self.cfg.http_host}:{self.port}",
+                      tokens=self.tokens is not None)
 
     async def close(self) -> None:
         if self.runner is not None:
@@ -213,7 +391,11 @@ class Gateway:
             await self.client.close()
 
     def run(self) -> None:
-        asyncio.run(self._main())
+        try:
+            asyncio.run(self._main())
+        except GatewayError as exc:
+            self.log.error("cannot start", error=str(exc))
+            raise SystemExit(2) from None
 
     async def _main(self) -> None:
         self.stopping = asyncio.Event()
@@ -221,9 +403,10 @@ class Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         self.metrics.serve(self.cfg.metrics_port)
-        await self.start()
-        status = asyncio.ensure_future(self._serve_status()) if self.cfg.status_endpoint else None
+        status = None
         try:
+            await self.start()
+            status = asyncio.ensure_future(self._serve_status()) if self.cfg.status_endpoint else None
             await self.stopping.wait()
         finally:
             if status is not None:
@@ -252,54 +435,69 @@ class Gateway:
             ctx.term()
 
     def status(self) -> dict:
-        return {"service": self.name, "role": self.role, "http_port": self.port, **self.counts}
+        return {"service": self.name, "role": self.role, "http_port": self.port, "tls": self.cfg.tls_cert is not None,
+                "tokens": self.tokens is not None, **self.counts}
 
-    # ------------------------------------------------------------------ health and metadata
+    # ------------------------------------------------------------------ health, metadata, versions
 
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    async def _frontend_answers(self) -> bool:
+    async def _statuses(self) -> list[dict]:
+        """The Status of every frontend that answers within half a second, all asked at once."""
         loop = asyncio.get_running_loop()
-        for endpoint in self.cfg.frontend_endpoints:
-            if await loop.run_in_executor(None, transport.request_status, endpoint, 0.5) is not None:
-                return True
-        return False
+        asks = [loop.run_in_executor(None, transport.request_status, ep, 0.5) for ep in self.cfg.frontend_endpoints]
+        return [info for info in await asyncio.gather(*asks) if info is not None]
+
+    async def _versions(self, name: str, info: ModelInfo) -> list[str] | None:
+        """The versions of ``name`` its workers serve now, as the frontends know them (a
+        rollout tells them); None when no frontend answered. Asked at each call, never
+        kept: a version list kept from start or from a timer is what went stale."""
+        statuses = await self._statuses()
+        if not statuses:
+            return None
+        served = {s["serving"][name] for s in statuses if isinstance(s.get("serving"), dict) and name in s["serving"]}
+        return sorted(served or {info.version}, key=_version_order)  # a frontend that does not say: the spec's
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if await self._frontend_answers() else 503)
+        if not await self._statuses():
+            raise InferError(503, "no frontend answered")
+        return web.Response(status=200)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": "keel", "version": VERSION, "extensions": EXTENSIONS}, dumps=_dumps)
 
-    def _model(self, request: web.Request) -> tuple[str, ModelInfo]:
+    def _model(self, request: web.Request) -> tuple[str, ModelInfo, str | None]:
+        """(name, info, the version the path pins or None); an unknown model is a 404."""
         name = request.match_info["model"]
         info = self.models.get(name)
         if info is None:
-            raise InferError(404, f"unknown model {name!r}; models: {sorted(self.models)}")
-        version = request.match_info.get("version")
-        if version not in (None, "", info.version):
-            raise InferError(404, f"model {name!r} serves version {info.version}, not {version!r}")
-        return name, info
+            raise InferError(404, f"unknown model {_short(name)}; models: {sorted(self.models)}")
+        return name, info, request.match_info.get("version") or None
+
+    async def _served(self, name: str, info: ModelInfo, pinned: str | None) -> list[str]:
+        """The versions served now; a 503 when no frontend says, a 404 when ``pinned`` is not one."""
+        versions = await self._versions(name, info)
+        if versions is None:
+            raise InferError(503, f"no frontend answered: the versions of {name!r} served now are unknown")
+        if pinned is not None and pinned not in versions:
+            raise InferError(404, _not_served(name, pinned, versions))
+        return versions
 
     async def model_metadata(self, request: web.Request) -> web.Response:
-        try:
-            name, info = self._model(request)
-        except InferError as exc:
-            return error_response(exc.status, str(exc))
+        name, info, pinned = self._model(request)
+        versions = await self._served(name, info, pinned)
         return web.json_response({
-            "name": name, "versions": [info.version], "platform": "keel",
+            "name": name, "versions": versions, "platform": "keel",
             "inputs": [{"name": "input", "datatype": OIP_OF.get(info.input_dtype, info.input_dtype),
                         "shape": [-1, *info.input_shape]}],
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, info.output_size]}],
         }, dumps=_dumps)
 
     async def model_ready(self, request: web.Request) -> web.Response:
-        try:
-            self._model(request)
-        except InferError as exc:
-            return error_response(exc.status, str(exc))
-        return web.Response(status=200 if await self._frontend_answers() else 503)
+        name, info, pinned = self._model(request)
+        await self._served(name, info, pinned)
+        return web.Response(status=200)
 
     # ------------------------------------------------------------------ infer
 
@@ -308,21 +506,26 @@ class Gateway:
         start = time.perf_counter()
         try:
             response = await self._infer(request)
-        except InferError as exc:
+        except Exception as exc:  # counted by status here, answered as the guard would
+            response = self.refusal(request, exc)
+            if response is None:
+                raise
             self.counts["errors"] += 1
-            response = error_response(exc.status, str(exc))
         self.m_requests.labels(code=str(response.status)).inc()
         self.m_latency.observe(time.perf_counter() - start)
         return response
 
     async def _infer(self, request: web.Request) -> web.Response:
-        name, info = self._model(request)
+        name, info, pinned = self._model(request)
         header, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         x = read_input(header, binary, info)
         timeout = deadline_ms(header) or info.deadline_ms
+        binary_output = wants_binary(header)
         rid = header.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
             raise InferError(400, "id must be a non-empty string of at most 200 characters")
+        if pinned is not None:  # refused before any work when the frontends already know it is not served
+            await self._served(name, info, pinned)
         assert self.client is not None
         self.counts["queries"] += len(x)
         # HTTP callers pick ids freely (two may both send "1"), so a Keel id is the caller's
@@ -337,19 +540,28 @@ class Gateway:
             code = failed.error_code or ErrorCode.INTERNAL
             where = f" (row {results.index(failed)})" if len(results) > 1 else ""
             raise InferError(STATUS_OF.get(code, 500), f"{code}{where}: {failed.error or failed.source}")
+        # The client cannot pin a version, so a rollout may move the workers between the
+        # check above and the computation: an answer of another version is refused, never passed off.
+        other = next((r for r in results if pinned is not None and r.version != pinned), None)
+        if other is not None:
+            raise InferError(409, f"model {name!r} version {pinned} was asked, but version {other.version} answered: "
+                                  "a rollout moved the workers; send it again, or without a version")
         out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
             np.zeros((0, info.output_size), np.float32)
         body: dict[str, Any] = {
-            "model_name": name, "model_version": results[0].version if results else info.version,
+            "model_name": name,
             "parameters": {"keel_sources": [str(r.source) for r in results],
                            "keel_versions": [r.version for r in results],
                            "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)},
         }
+        version = results[0].version if results else pinned
+        if version is not None:
+            body["model_version"] = version
         if rid is not None:
             body["id"] = rid
         output: dict[str, Any] = {"name": "output", "datatype": "FP32", "shape": list(out.shape)}
         body["outputs"] = [output]
-        if not wants_binary(header):
+        if not binary_output:
             output["data"] = out.reshape(-1).tolist()
             return web.Response(body=_dumps(body), content_type="application/json")
         raw = out.tobytes()
@@ -359,6 +571,9 @@ class Gateway:
                             headers={HEADER_LENGTH: str(len(head))})
 
 
+def _not_served(name: str, version: str, versions: list[str]) -> str:
+    return f"model {name!r} version {version[:40]} is not served; its workers serve version(s) {', '.join(versions)}"
+
+
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-

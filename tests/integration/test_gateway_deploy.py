@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import orjson
@@ -36,3 +37,24 @@ def test_dashboard_queries_only_metrics_keel_serves():
                 served |= {f"keel_{name}_bucket", f"keel_{name}_sum", f"keel_{name}_count"}
     assert queried and queried <= served, queried - served
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def test_the_gateway_page_exists_and_names_only_real_options():
+    """The example spec points to docs/guide/http.md; every [gateway] key that page and the
+    example show (commented out or not) is a gateway option, and loads."""
+    from keel.common.config import GatewayConfig
+
+    example = (ROOT / "deploy" / "examples" / "gateway.toml").read_text()
+    page = ROOT / "docs" / "guide" / "http.md"
+    assert "docs/guide/http.md" in example and page.is_file()
+    known = {f for f in GatewayConfig.__dataclass_fields__} | {"host"}
+    shown = set()
+    for text in (example, page.read_text()):
+        for block in re.findall(r"\[gateway\]\n((?:#? ?[a-z_]+ = .*\n)+)", text):
+            shown |= set(re.findall(r"^#? ?([a-z_]+) = ", block, re.M))
+    assert {"tls_cert", "tls_key", "tokens_file", "http_port"} <= shown and shown <= known, shown - known
+    on = re.sub(r"^# (tls_cert|tls_key|tokens_file) = ", r"\1 = ", example, flags=re.M)
+    spec = load_spec(tomllib.loads(on))
+    config = spec.service("gateway").config
+    assert (config.tls_cert, config.tls_key, config.tokens_file) == ("keys/gateway.crt", "keys/gateway.key",
+                                                                     "keys/gateway.tokens")
