@@ -34,6 +34,8 @@ _EXPORTS = {
     "UnknownModel": "keel.common.client",
     "Overloaded": "keel.common.client",
     "DeadlineExceeded": "keel.common.client",
+    "Refused": "keel.common.client",
+    "Unreachable": "keel.common.client",
     "ModelError": "keel.common.client",
     "InternalError": "keel.common.client",
     "load_spec": "keel.common.spec",
