@@ -466,13 +466,13 @@ class ManagerConfig:
 
     name: str = "manager-1"
     #: this replica's pysyncobj address, host:port (it binds it)
-    raft_address: str = "127.0.0.1:7300"
+    raft_address: str = "127.0.0.1:7500"
     #: the other replicas: raft address -> their control endpoint (leader hints name it)
     raft_partners: dict[str, str] = field(default_factory=dict)
     #: ROUTER answering Control and Status requests
-    endpoint: str = "tcp://127.0.0.1:7310"
+    endpoint: str = "tcp://127.0.0.1:7510"
     #: PUB of changes (Clone pattern: a subscriber that sees a gap asks for a snapshot)
-    publish_endpoint: str = "tcp://127.0.0.1:7311"
+    publish_endpoint: str = "tcp://127.0.0.1:7511"
     #: pysyncobj's shared secret; None = none (then raft_address must be loopback)
     password: str | None = None
     #: pysyncobj's journal: committed decisions survive a restart of all replicas; None =
@@ -565,9 +565,9 @@ class GraphFrontendConfig:
 
     name: str = "graph-frontend"
     #: ROUTER that clients' DEALERs connect to (Predict / Reply)
-    client_endpoint: str = "tcp://127.0.0.1:7300"
+    client_endpoint: str = "tcp://127.0.0.1:7600"
     #: PULL for the graph's outputs and durability notices
-    endpoint: str = "tcp://127.0.0.1:7301"
+    endpoint: str = "tcp://127.0.0.1:7601"
     graph: dict = field(default_factory=dict)
     peers: dict[str, str] = field(default_factory=dict)
     #: a request not answered by then is answered with an error (s)

@@ -18,7 +18,7 @@ with the epoch read: the compare-and-set makes that safe.
 
 Example
 -------
->>> client = ManagerClient(["tcp://127.0.0.1:7310"])  # doctest: +SKIP
+>>> client = ManagerClient(["tcp://127.0.0.1:7510"])  # doctest: +SKIP
 >>> client.call("promote", {"group": "dispatcher", "name": "d2", "expected_epoch": 3})  # doctest: +SKIP
 {'status': 'ok', 'epoch': 4, 'holder': 'd2'}
 """

@@ -4,7 +4,7 @@ Example
 -------
 ::
 
-    keel manager show --endpoints tcp://127.0.0.1:7310,tcp://127.0.0.1:7313,tcp://127.0.0.1:7316
+    keel manager show --endpoints tcp://127.0.0.1:7510,tcp://127.0.0.1:7513,tcp://127.0.0.1:7516
     keel manager transfer --endpoints ... [--to 127.0.0.1:7303]
 
 ``show`` asks every replica (leader, term, applied seq, connected partners) and prints the
