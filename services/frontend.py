@@ -45,7 +45,7 @@ from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
     Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Reply, Source, Status,
 )
-from keel.services.base import Service
+from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.requests import Answered as AnsweredTable
 from keel.services.requests import Hold, Request, Selection, State
@@ -53,6 +53,10 @@ from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
+#: freed memory is handed back to the system once the de-duplication table has shrunk by
+#: this many bytes, or this many client connections have closed, since it last was
+TRIM_STEP = 8 << 20
+TRIM_CLIENTS = 64
 
 
 @dataclass(slots=True)
@@ -106,6 +110,7 @@ class Frontend(Service):
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
+        self.trim_mark, self.closed_clients = 0, 0
         self.every(1.0, self._forget_answered)
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
@@ -427,10 +432,11 @@ class Frontend(Service):
                                            version=version, error=error, error_code=code, models=models,
                                            confidence=confidence))
             if remember and request.dedup is not None:
-                nbytes = len(frames[0]) + (0 if output is None else output.nbytes)
-                # As a tuple of bytes: an entry the cyclic GC need not track (young tracked
-                # objects are what a collection walks, and this table holds ~200k of them).
-                self.answered.put(request.dedup, tuple(map(bytes, frames)), request.digest, time.monotonic(), nbytes)
+                # Copies, as a tuple of bytes: orjson's header keeps the ~4 KB buffer it was
+                # written in (a 150-byte header held 4.1 KB, ten times what the table
+                # counted), and a tuple of bytes is an entry the cyclic GC need not track.
+                stored = tuple(bytes(memoryview(f)) for f in frames)
+                self.answered.put(request.dedup, stored, request.digest, time.monotonic(), sum(map(len, stored)))
             if self.hold.hold(request, source):
                 request.to(State.HELD)
                 self.held[request] = frames
@@ -497,6 +503,11 @@ class Frontend(Service):
 
     def _forget_answered(self, now: float) -> None:
         self.answered.forget(now)
+        held = self.answered.bytes
+        if held + TRIM_STEP < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
+            release_memory()  # the memory freed stays the process's otherwise
+            self.trim_mark, self.closed_clients = held, 0
+        self.trim_mark = max(self.trim_mark, held)
 
     def drain(self) -> None:
         """On shutdown, every pending request still gets an answer that says why."""
