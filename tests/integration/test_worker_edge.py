@@ -165,3 +165,43 @@ def test_sigterm_sends_leave(worker):
     leave = disp.recv((Leave,), timeout_s=5.0)
     assert leave.worker == "w-edge"
     assert run.procs[cfg.name].returncode == 0
+
+
+#: ``keel serve`` with a SIGTERM sent to itself between building the service and running it:
+#: the moment a worker has already announced itself (its Register leaves from __init__) but
+#: its loop has not started, which a test or a supervisor stopping it on that sign can hit
+TERM_BEFORE_RUN = """
+import os, signal, sys
+from keel.services import serve
+built = serve.build
+def build(role, cfg):
+    service = built(role, cfg)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return service
+serve.build = build
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_before_the_loop_starts_still_sends_leave(zsock, tmp_path):
+    """The cause of test_sigterm_sends_leave's flake: a SIGTERM that arrives after the worker's
+    Register is out but before ``run`` set its handlers killed it by the default action."""
+    import subprocess
+    import sys
+
+    from keel.common import config
+
+    disp = FakeDispatcher(zsock)
+    cfg = WorkerConfig(name="w-early", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=4,
+                       dispatcher_endpoint=disp.endpoint, status_endpoint=local_endpoint())
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", TERM_BEFORE_RUN, "worker", "--config", config.to_json(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert proc.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+        assert disp.recv((Register,), timeout_s=5.0).worker == "w-early"
+        assert disp.recv((Leave,), timeout_s=5.0).worker == "w-early"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
