@@ -26,7 +26,10 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``), and a frame above ``max_payload_bytes`` plus a header is
-refused before it is read (the sender is disconnected).
+refused before it is read (the sender is disconnected). A client may send ``Predict``,
+``Feedback`` and ``Status`` requests; any other kind is answered ``bad_request`` and
+counted (``refused_kind``). ``Configure(model, version)`` -- a finished rollout -- is an
+operator's, and comes on the prediction endpoint, Keel's side of the frontend.
 """
 from __future__ import annotations
 
@@ -115,6 +118,8 @@ class Frontend(Service):
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
+        self.m_refused = self.metrics.counter("client_messages_refused_total",
+                                              "messages of a kind clients may not send, refused", ["kind"])
         self.dispatcher_name, self.manager = None, None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if cfg.manager_endpoints:
@@ -144,13 +149,11 @@ class Frontend(Service):
                 self._on_predict(msg, envelope, start)
             elif isinstance(msg, Feedback) and msg.ok is None:
                 self._on_feedback(msg, envelope)
-            elif isinstance(msg, Status):
+            elif isinstance(msg, Status) and msg.info is None:
                 self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
-            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
-                # a finished rollout (keel model rollout): cache keys and replies name this version now
-                self.serving[msg.model] = msg.version
-                self._send(envelope, protocol.encode(Status(service=self.name, info={"serving": dict(self.serving)})))
-            else:
+            else:  # a control message (Configure), or an answer kind: not a client's to send
+                self.counts["refused_kind"] += 1
+                self.m_refused.labels(kind=msg.KIND).inc()
                 self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
         self._flush()
 
@@ -287,6 +290,11 @@ class Frontend(Service):
         for _, msg in self.messages(sock, limit=2000):
             if isinstance(msg, Predictions):
                 self._on_outputs(msg)
+            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
+                # a finished rollout (keel model rollout), on Keel's side of the frontend
+                # (never the clients' port): cache keys and replies name this version now
+                self.serving[msg.model] = msg.version
+                self.counts["configured"] += 1
         self._flush()
 
     def _on_outputs(self, msg: Predictions) -> None:
@@ -527,7 +535,7 @@ class Frontend(Service):
         if self.cache is not None:
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
         return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
-                "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
+                "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch, "serving": dict(self.serving),
                 "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes},
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0}
