@@ -244,7 +244,8 @@ class Frontend(Service):
                 transport.send(
                     self.push,
                     Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence),
+                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
+                            sent_at=time.time()),
                 )
                 items.clear()
         for model, qids in self.reconstructed_by.items():

@@ -133,6 +133,20 @@ def test_expired_queries_are_not_run(worker):
     assert info["expired"] == 3
 
 
+def test_a_batch_that_expired_on_its_way_is_not_computed(worker):
+    """Budgets count from when the dispatcher sent the batch (``sent_at``), not from its
+    arrival: a batch that waited past every deadline is answered Done with nothing run."""
+    disp, frontend, good, cfg, _ = worker
+    b = disp.batch([good] * 3, budgets_ms=[500.0, 800.0, 900.0], sent_at=time.time() - 2.0)
+    done = disp.recv((Done,))
+    assert done.batch_id == b.batch_id and done.ok and done.batch_size == 0
+    assert not frontend.poll(200)
+    b = disp.batch([good, good], budgets_ms=[500.0, 60_000.0], sent_at=time.time() - 2.0)
+    done = disp.recv((Done,))
+    assert done.batch_size == 1 and predictions(frontend).qids == [b.qids[1]]
+    assert transport.request_status(cfg.status_endpoint, 5.0)["expired"] == 4
+
+
 def test_configure_is_applied_and_announced_on_the_next_register(worker):
     disp, _, _, cfg, _ = worker
     disp.send(Configure(slots=5, threads=2))
