@@ -8,7 +8,10 @@ computation, many waiters); admit it only while fewer than ``admission_limit`` q
 pending (else ``overloaded``); hand its model queries to the dispatcher. The first of
 {prediction, reconstruction} answers; if the deadline (monotonic clock) passes first the
 model's default output answers, marked ``default``. Every reply names its source. Late
-predictions are counted, and checked against earlier reconstructions.
+predictions are counted, and checked against earlier reconstructions. An output with NaN
+or infinity (from a worker or a reconstruction: inputs are finite, checked at admission)
+is a ``model_error`` for its query, counted (``nonfinite_outputs``), logged once per model
+and never cached.
 
 Model selection (Clipper §5, ``services.selection.runtime``): a request may name an
 application instead of a model (with a ``context``); its policy picks the models to query
@@ -113,6 +116,7 @@ class Frontend(Service):
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
+        self.nonfinite_models: set[str] = set()  # logged once each
         self.trim_mark, self.closed_clients = 0, 0
         self.every(1.0, self._forget_answered)
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
@@ -310,6 +314,12 @@ class Frontend(Service):
                 outputs = outputs.reshape(len(msg.qids), info.output_size)
         elif error is None:
             error = "no outputs"
+        bad = None  # rows whose output is NaN or infinite: a model error, never an answer
+        if outputs is not None and outputs.dtype.kind == "f":
+            finite = np.isfinite(outputs).all(axis=1)
+            if not finite.all():
+                bad = ~finite
+                self._nonfinite(msg, int(bad.sum()))
         if msg.version is not None and source == Source.MODEL and info is not None:
             self.serving[msg.model] = msg.version
         epoch = self.ids.epoch
@@ -317,9 +327,10 @@ class Frontend(Service):
             if qid >> SEQ_BITS != epoch:  # a query of an earlier incarnation of this frontend
                 self.counts["stale"] += 1
                 continue
+            failed = outputs is None or (bad is not None and bad[i])
             pending = self.pending.get(qid)
             if pending is None:
-                self._late(qid, source, None if outputs is None else outputs[i])
+                self._late(qid, source, None if failed else outputs[i])
                 continue
             model = pending.models[0] if len(pending.qids) == 1 else pending.models[pending.qids.index(qid)]
             if model != msg.model:  # not this query's model: not its answer
@@ -327,13 +338,14 @@ class Frontend(Service):
                 continue
             del self.pending[qid]
             if pending.call is not None:
-                self._on_app_output(pending, model, None if outputs is None else outputs[i], source)
+                self._on_app_output(pending, model, None if failed else outputs[i], source)
                 continue
-            if outputs is None:
+            if failed:
                 if len(pending.qids) == 1 or not self._open(pending):
+                    why = f"failed on this batch: {error}" if outputs is None else "output NaN or infinity for this input"
                     self._settle(pending)
                     self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
-                                 f"model {msg.model} failed on this batch: {error}", ErrorCode.MODEL_ERROR)
+                                 f"model {msg.model} {why}", ErrorCode.MODEL_ERROR)
                 continue
             output = outputs[i]
             if source == Source.RECONSTRUCTION:
@@ -362,6 +374,16 @@ class Frontend(Service):
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
             self._answer(pending.requests, source, pending.model, version, output)
+
+    def _nonfinite(self, msg: Predictions, rows: int) -> None:
+        """A model answered NaN or infinity for a finite input (the input was checked at
+        admission): counted, and logged once per model so a broken model does not flood
+        the log."""
+        self.counts["nonfinite_outputs"] += rows
+        if msg.model not in self.nonfinite_models:
+            self.nonfinite_models.add(msg.model)
+            self.log.error("model output NaN or infinity; answered model_error, not cached", model=msg.model,
+                           worker=msg.worker, source=str(msg.source), rows=rows)
 
     def _on_app_output(self, pending: Pending, model: str, output: np.ndarray | None, source: str) -> None:
         """One selected model's output (None: its batch failed) for an application's call:

@@ -367,3 +367,28 @@ def test_answered_table_bounds():
     table.forget(now=13.5)  # r2 and r3 are older than 10 s
     assert [k[1] for k in table.entries] == ["r4"]
     assert table.bytes == AnsweredTable.OVERHEAD + 1 + 2 + 1
+
+
+def test_a_nan_or_infinite_output_is_a_model_error_never_cached(harness):
+    """Per row: the finite outputs of the same batch still answer; the bad ones are
+    model_error, counted, not cached (the same input asked again is computed again)."""
+    h = harness()
+    c = h.client()
+    xs = [x_of(200 + i) for i in range(3)]
+    for i, x in enumerate(xs):
+        h.predict(c, f"n{i}", x)
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    h.answer("m", qids, [[np.nan, 1.0], [1.0, 2.0], [np.inf, 0.0]])
+    replies = {r.request_id: r for r in (h.reply(c) for _ in range(3))}
+    assert replies["n1"].source == Source.MODEL and list(replies["n1"].output) == [1.0, 2.0]
+    for rid in ("n0", "n2"):
+        assert replies[rid].source == Source.ERROR and replies[rid].error_code == ErrorCode.MODEL_ERROR
+        assert "NaN" in replies[rid].error
+    assert h.counts()["nonfinite_outputs"] == 2
+    h.predict(c, "again", xs[0])  # not cached: computed again
+    q = h.queries()
+    h.answer("m", q.qids, [[3.0, 4.0]])
+    again = h.reply(c)
+    assert again.source == Source.MODEL and list(again.output) == [3.0, 4.0]
