@@ -29,7 +29,12 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``), and a frame above ``max_payload_bytes`` plus a header is
-refused before it is read (the sender is disconnected). A client may send ``Predict``,
+refused before it is read (the sender is disconnected). At most ``max_clients``
+connections are kept (past it, the one that sent least recently is hung up, counted
+``clients_hung_up``): with
+``client_hwm`` and the de-duplication table's limits, that bounds the process's memory,
+and what closed connections and expired entries held is handed back to the system
+(``base.release_memory``). A client may send ``Predict``,
 ``Feedback`` and ``Status`` requests; any other kind is answered ``bad_request`` and
 counted (``refused_kind``). ``Configure(model, version)`` -- a finished rollout -- is an
 operator's, and comes on the prediction endpoint, Keel's side of the frontend.
@@ -37,9 +42,10 @@ operator's, and comes on the prediction endpoint, Keel's side of the frontend.
 from __future__ import annotations
 
 import heapq
+import socket
 import time
 import zlib
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +103,9 @@ class Frontend(Service):
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
             max_frame_bytes=cfg.max_payload_bytes + protocol.MAX_HEADER_BYTES), self._on_clients)
+        #: client connections open, by descriptor, the one that sent least recently first
+        self.clients: OrderedDict[int, None] = OrderedDict()
+        self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.prediction_endpoint), self._on_predictions)
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
         self.reply_to = transport.endpoint_of(self.pull)
@@ -117,7 +126,7 @@ class Frontend(Service):
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
         self.nonfinite_models: set[str] = set()  # logged once each
-        self.trim_mark, self.closed_clients = 0, 0
+        self.trim_mark, self.closed_clients = 0, 0  # since memory was last handed back
         self.every(1.0, self._forget_answered)
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
@@ -142,6 +151,9 @@ class Frontend(Service):
             except zmq.Again:
                 break
             start = time.perf_counter()
+            fd = frames[-1].get(zmq.SRCFD)
+            if fd in self.clients:
+                self.clients.move_to_end(fd)
             envelope, body = protocol.split_envelope(frames)
             envelope = [f.bytes for f in envelope]
             try:
@@ -160,6 +172,27 @@ class Frontend(Service):
                 self.m_refused.labels(kind=msg.KIND).inc()
                 self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
         self._flush()
+
+    def _on_connections(self, sock: zmq.Socket) -> None:
+        """Keep the client connections; past ``max_clients``, hang up the one idle longest."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        for _ in range(10_000):
+            try:
+                event = recv_monitor_message(sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.clients[fd] = None
+                if len(self.clients) > self.cfg.max_clients:
+                    # the connection idle longest goes (a live client's DEALER reconnects)
+                    # rather than the newest: idle ones must not lock clients out
+                    self.counts["clients_hung_up"] += 1
+                    _hang_up(self.clients.popitem(last=False)[0])
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.clients.pop(fd, None)
+                self.closed_clients += 1
 
     def _on_predict(self, msg: Predict, envelope: list, start: float) -> None:
         rid = msg.request_id
@@ -559,9 +592,24 @@ class Frontend(Service):
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
         return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch, "serving": dict(self.serving),
-                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes},
+                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes}, "clients": len(self.clients),
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0}
+
+
+def _hang_up(fd: int) -> None:
+    """End the TCP connection on ``fd`` (ZeroMQ's: it sees the peer go and frees what the
+    connection held; the descriptor stays its to close)."""
+    try:
+        conn = socket.socket(fileno=fd)
+    except OSError:  # gone already
+        return
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        conn.detach()
 
 
 def _request_id_of(body: list) -> str:
