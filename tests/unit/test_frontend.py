@@ -392,3 +392,30 @@ def test_a_nan_or_infinite_output_is_a_model_error_never_cached(harness):
     h.answer("m", q.qids, [[3.0, 4.0]])
     again = h.reply(c)
     assert again.source == Source.MODEL and list(again.output) == [3.0, 4.0]
+
+
+def test_answered_table_counts_what_it_holds_and_gives_it_back():
+    """What the table says it holds is at least what it allocated (tracemalloc), and it
+    keeps no per-entry Python objects: forgotten entries leave next to nothing allocated."""
+    import tracemalloc
+
+    replies = [protocol.encode(Reply(request_id=f"req-{i:06d}", source=Source.MODEL, output=np.ones(2, np.float32),
+                                     model="m", version="1")) for i in range(5000)]
+    tracemalloc.start()
+    try:
+        table = AnsweredTable(ttl_s=10.0, max_entries=10**6, max_bytes=10**9)
+        base = tracemalloc.get_traced_memory()[0]
+        for i, frames in enumerate(replies):
+            stored = tuple(bytes(memoryview(f)) for f in frames)
+            table.put((b"\x00id%05d" % i, f"req-{i:06d}"), stored, i, float(i), sum(map(len, stored)))
+        held = tracemalloc.get_traced_memory()[0] - base
+        assert held <= table.bytes <= 1.5 * held, (held, table.bytes)
+        got = table.get((b"\x00id%05d" % 7, "req-000007"))
+        assert got is not None and got[1] == 7 and got[0] == tuple(bytes(memoryview(f)) for f in replies[7])
+        assert table.get((b"\x00id%05d" % 7, "req-000008")) is None
+        table.forget(now=10**6)
+        assert len(table) == 0 and table.bytes == 0
+        # what is left is the interpreter's free list of 2-tuples (the keys hashed), not the table
+        assert tracemalloc.get_traced_memory()[0] - base < 0.1 * held
+    finally:
+        tracemalloc.stop()
