@@ -496,11 +496,9 @@ class Frontend(Service):
                                            version=version, error=error, error_code=code, models=models,
                                            confidence=confidence))
             if remember and request.dedup is not None:
-                # Copies, as a tuple of bytes: orjson's header keeps the ~4 KB buffer it was
-                # written in (a 150-byte header held 4.1 KB, ten times what the table
-                # counted), and a tuple of bytes is an entry the cyclic GC need not track.
-                stored = tuple(bytes(memoryview(f)) for f in frames)
-                self.answered.put(request.dedup, stored, request.digest, time.monotonic(), sum(map(len, stored)))
+                # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
+                # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
+                self.answered.put(request.dedup, frames, request.digest, time.monotonic())
             if self.hold.hold(request, source):
                 request.to(State.HELD)
                 self.held[request] = frames

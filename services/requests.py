@@ -184,11 +184,13 @@ class Answered:
         return tuple(frames), digest, when
 
     def put(self, key: tuple, frames, digest: int, now: float, nbytes: int | None = None) -> None:
-        """Remember ``frames`` as the answer to ``key``. A key remembered before is found at
+        """Remember (a copy of) ``frames``, buffers, as the answer to ``key``; ``nbytes`` is not
+        needed (the frames' own lengths are counted). A key remembered before is found at
         its new record; the old one stays, counted, until its turn to go."""
         identity, rid = bytes(key[0]), key[1].encode()
+        lengths = [memoryview(f).nbytes for f in frames]  # bytes, whatever the buffer's items
         record = b"".join([self._FIXED.pack(digest & 0xFFFFFFFF, now, len(identity), len(rid), len(frames)),
-                           struct.pack(f"<{len(frames)}I", *map(len, frames)), identity, rid, *frames])
+                           struct.pack(f"<{len(frames)}I", *lengths), identity, rid, *frames])
         segment = self.segments[-1]
         if segment and len(segment) + len(record) > self.SEGMENT:
             segment = bytearray()
