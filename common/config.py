@@ -93,6 +93,10 @@ class FrontendConfig:
     #: replies queued per client before further replies to it are dropped (the client ROUTER's
     #: SNDHWM): a client that stops reading costs only itself
     client_hwm: int = 10_000
+    #: client connections kept at once; past it the one that sent least recently is hung
+    #: up and counted (``clients_hung_up``). Each costs ZeroMQ ~30-50 KB whatever it sends,
+    #: so this with ``client_hwm`` bounds what clients that connect and never read can pin
+    max_clients: int = 1024
     #: one canonical structlog line per request
     log_requests: bool = True
     metrics_port: int | None = None
@@ -126,6 +130,7 @@ class FrontendConfig:
         _check(self.dedup_max_entries >= 1, "dedup_max_entries", "must be >= 1")
         _check(self.dedup_max_bytes >= 1, "dedup_max_bytes", "must be >= 1")
         _check(self.client_hwm >= 1, "client_hwm", "must be >= 1")
+        _check(self.max_clients >= 1, "max_clients", "must be >= 1")
         _check(self.max_payload_bytes > 0, "max_payload_bytes", "must be > 0")
         for name, info in self.models.items():
             info.validate(name)

@@ -24,8 +24,8 @@ class RolloutError(RuntimeError):
 
 def configure_version(endpoint: str, version: str, timeout_s: float, model: str | None = None,
                       ctx: Any = None) -> dict | None:
-    """Ask the worker whose status endpoint is ``endpoint`` to serve ``version`` (or tell the
-    frontend there that ``model``'s workers serve it); the status it answers with. ``ctx``:
+    """Ask the worker whose status endpoint is ``endpoint`` to serve ``version``; the status
+    it answers with. ``ctx``:
     the ZeroMQ context to use (default the process's; the chaos harness passes one made
     inside a network namespace)."""
     from keel.common import protocol, transport
@@ -75,10 +75,34 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
         if not wait_until(back, timeout_s, 0.05):
             raise RolloutError(f"{w.name} serves version {version} but did not register again within {timeout_s:g} s")
         log(f"{w.name}: serving {model} version {info.get('version')}")
-    for endpoint in spec.client_endpoints:  # the frontends key their caches by the version served
-        if configure_version(endpoint, version, timeout_s, model=model, ctx=ctx) is None:
-            raise RolloutError(f"every worker serves version {version}, but the frontend at {endpoint} did not answer")
+    for fe in spec.role("frontend"):  # the frontends key their caches by the version served
+        if not tell_frontend(fe.config, model, version, timeout_s, ctx):
+            raise RolloutError(f"every worker serves version {version}, but frontend {fe.name} did not take it")
     return version
+
+
+def tell_frontend(cfg: Any, model: str, version: str, timeout_s: float, ctx: Any = None) -> bool:
+    """Tell the frontend of ``cfg`` that ``model``'s workers serve ``version``: on its
+    prediction endpoint (its clients' port refuses control messages), then wait until its
+    status says so."""
+    import zmq
+
+    from keel.common import protocol, transport
+    from keel.common.waiting import wait_until
+
+    push = transport.make_socket(ctx or zmq.Context.instance(), zmq.PUSH, connect=cfg.prediction_endpoint)
+    try:
+        transport.send(push, protocol.Configure(version=version, model=model), flags=zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    finally:
+        push.close(int(timeout_s * 1000))
+
+    def taken() -> bool:
+        info = transport.request_status(cfg.client_endpoint, 1.0, ctx=ctx) or {}
+        return (info.get("serving") or {}).get(model) == version
+
+    return bool(wait_until(taken, timeout_s, 0.05))
 
 
 def previous_version(spec: Any, model: str, ctx: Any = None) -> str:

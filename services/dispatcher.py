@@ -1,9 +1,12 @@
 """Dispatcher: one queue per model; workers pull query batches by credits (ParM §4.1, §6.1).
 
 Frontends PUSH ``Queries``; each query's deadline becomes ``time.monotonic() +
-budget_ms/1000`` at receipt, and a batch carries, per query, the ms left when it is sent
-(``Batch.budgets_ms``). A query whose deadline has passed is never dispatched (the
-frontend has answered it with the default). Workers register over ROUTER/DEALER with a
+budget_ms/1000`` at receipt less the message's transit (``protocol.transit_s``: a query's
+budget counts from the frontend's admission, so queries that waited in this process's
+socket buffer while it was frozen come out with what is left of it), and a batch
+carries, per query, the ms left when it is sent (``Batch.budgets_ms``, ``sent_at``). A
+query whose deadline has passed is never dispatched (the frontend has answered it with
+the default): it is dropped and counted ``expired``, at receipt or when its turn comes. Workers register over ROUTER/DEALER with a
 number of slots and what they are (instance kind, price, threads, max batch); a worker
 receives a batch only when it has a free slot, and its ``Done`` frees the slot and feeds
 its measured service-time profile.
@@ -47,6 +50,7 @@ from keel.common.config import DispatcherConfig
 from keel.common.ids import IdSpace
 from keel.common.protocol import (
     MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
+    transit_s,
 )
 from keel.services.base import Service
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
@@ -169,8 +173,17 @@ class Dispatcher(Service):
             return
         inputs, reply_to, append = msg.inputs, msg.reply_to, queue.entries.append
         kind = (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
+        start = now - transit_s(msg.sent_at)  # when the frontend sent them, on this clock
+        expired = 0
         for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, inputs):
-            append(Query(qid, now + budget_ms / 1000.0, reply_to, row, now, kind))
+            deadline = start + budget_ms / 1000.0
+            if deadline <= now:
+                expired += 1
+                continue
+            append(Query(qid, deadline, reply_to, row, now, kind))
+        if expired:
+            self.expired += expired
+            self.m_expired[msg.model].inc(expired)
         queue.arrive(len(msg.qids), now)
 
     def _on_answered(self, msg: Answered) -> None:
@@ -419,6 +432,7 @@ class Dispatcher(Service):
             inputs=np.stack([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
             budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
             fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
+            sent_at=time.time(),
         )
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue

@@ -8,7 +8,10 @@ computation, many waiters); admit it only while fewer than ``admission_limit`` q
 pending (else ``overloaded``); hand its model queries to the dispatcher. The first of
 {prediction, reconstruction} answers; if the deadline (monotonic clock) passes first the
 model's default output answers, marked ``default``. Every reply names its source. Late
-predictions are counted, and checked against earlier reconstructions.
+predictions are counted, and checked against earlier reconstructions. An output with NaN
+or infinity (from a worker or a reconstruction: inputs are finite, checked at admission)
+is a ``model_error`` for its query, counted (``nonfinite_outputs``), logged once per model
+and never cached.
 
 Model selection (Clipper §5, ``services.selection.runtime``): a request may name an
 application instead of a model (with a ``context``); its policy picks the models to query
@@ -26,14 +29,23 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``), and a frame above ``max_payload_bytes`` plus a header is
-refused before it is read (the sender is disconnected).
+refused before it is read (the sender is disconnected). At most ``max_clients``
+connections are kept (past it, the one that sent least recently is hung up, counted
+``clients_hung_up``): with
+``client_hwm`` and the de-duplication table's limits, that bounds the process's memory,
+and what closed connections and expired entries held is handed back to the system
+(``base.release_memory``). A client may send ``Predict``,
+``Feedback`` and ``Status`` requests; any other kind is answered ``bad_request`` and
+counted (``refused_kind``). ``Configure(model, version)`` -- a finished rollout -- is an
+operator's, and comes on the prediction endpoint, Keel's side of the frontend.
 """
 from __future__ import annotations
 
 import heapq
+import socket
 import time
 import zlib
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +57,7 @@ from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
     Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Reply, Source, Status,
 )
-from keel.services.base import Service
+from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.requests import Answered as AnsweredTable
 from keel.services.requests import Hold, Request, Selection, State
@@ -53,6 +65,10 @@ from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
+#: freed memory is handed back to the system once the de-duplication table has shrunk by
+#: this many bytes, or this many client connections have closed, since it last was
+TRIM_STEP = 8 << 20
+TRIM_CLIENTS = 64
 
 
 @dataclass(slots=True)
@@ -87,6 +103,9 @@ class Frontend(Service):
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
             max_frame_bytes=cfg.max_payload_bytes + protocol.MAX_HEADER_BYTES), self._on_clients)
+        #: client connections open, by descriptor, the one that sent least recently first
+        self.clients: OrderedDict[int, None] = OrderedDict()
+        self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.prediction_endpoint), self._on_predictions)
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
         self.reply_to = transport.endpoint_of(self.pull)
@@ -106,10 +125,14 @@ class Frontend(Service):
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
+        self.nonfinite_models: set[str] = set()  # logged once each
+        self.trim_mark, self.closed_clients = 0, 0  # since memory was last handed back
         self.every(1.0, self._forget_answered)
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
+        self.m_refused = self.metrics.counter("client_messages_refused_total",
+                                              "messages of a kind clients may not send, refused", ["kind"])
         self.dispatcher_name, self.manager = None, None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if cfg.manager_endpoints:
@@ -128,6 +151,9 @@ class Frontend(Service):
             except zmq.Again:
                 break
             start = time.perf_counter()
+            fd = frames[-1].get(zmq.SRCFD)
+            if fd in self.clients:
+                self.clients.move_to_end(fd)
             envelope, body = protocol.split_envelope(frames)
             envelope = [f.bytes for f in envelope]
             try:
@@ -139,15 +165,34 @@ class Frontend(Service):
                 self._on_predict(msg, envelope, start)
             elif isinstance(msg, Feedback) and msg.ok is None:
                 self._on_feedback(msg, envelope)
-            elif isinstance(msg, Status):
+            elif isinstance(msg, Status) and msg.info is None:
                 self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
-            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
-                # a finished rollout (keel model rollout): cache keys and replies name this version now
-                self.serving[msg.model] = msg.version
-                self._send(envelope, protocol.encode(Status(service=self.name, info={"serving": dict(self.serving)})))
-            else:
+            else:  # a control message (Configure), or an answer kind: not a client's to send
+                self.counts["refused_kind"] += 1
+                self.m_refused.labels(kind=msg.KIND).inc()
                 self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
         self._flush()
+
+    def _on_connections(self, sock: zmq.Socket) -> None:
+        """Keep the client connections; past ``max_clients``, hang up the one idle longest."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        for _ in range(10_000):
+            try:
+                event = recv_monitor_message(sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.clients[fd] = None
+                if len(self.clients) > self.cfg.max_clients:
+                    # the connection idle longest goes (a live client's DEALER reconnects)
+                    # rather than the newest: idle ones must not lock clients out
+                    self.counts["clients_hung_up"] += 1
+                    _hang_up(self.clients.popitem(last=False)[0])
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.clients.pop(fd, None)
+                self.closed_clients += 1
 
     def _on_predict(self, msg: Predict, envelope: list, start: float) -> None:
         rid = msg.request_id
@@ -236,7 +281,8 @@ class Frontend(Service):
                 transport.send(
                     self.push,
                     Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence),
+                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
+                            sent_at=time.time()),
                 )
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -282,6 +328,11 @@ class Frontend(Service):
         for _, msg in self.messages(sock, limit=2000):
             if isinstance(msg, Predictions):
                 self._on_outputs(msg)
+            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
+                # a finished rollout (keel model rollout), on Keel's side of the frontend
+                # (never the clients' port): cache keys and replies name this version now
+                self.serving[msg.model] = msg.version
+                self.counts["configured"] += 1
         self._flush()
 
     def _on_outputs(self, msg: Predictions) -> None:
@@ -296,6 +347,12 @@ class Frontend(Service):
                 outputs = outputs.reshape(len(msg.qids), info.output_size)
         elif error is None:
             error = "no outputs"
+        bad = None  # rows whose output is NaN or infinite: a model error, never an answer
+        if outputs is not None and outputs.dtype.kind == "f":
+            finite = np.isfinite(outputs).all(axis=1)
+            if not finite.all():
+                bad = ~finite
+                self._nonfinite(msg, int(bad.sum()))
         if msg.version is not None and source == Source.MODEL and info is not None:
             self.serving[msg.model] = msg.version
         epoch = self.ids.epoch
@@ -303,9 +360,10 @@ class Frontend(Service):
             if qid >> SEQ_BITS != epoch:  # a query of an earlier incarnation of this frontend
                 self.counts["stale"] += 1
                 continue
+            failed = outputs is None or (bad is not None and bad[i])
             pending = self.pending.get(qid)
             if pending is None:
-                self._late(qid, source, None if outputs is None else outputs[i])
+                self._late(qid, source, None if failed else outputs[i])
                 continue
             model = pending.models[0] if len(pending.qids) == 1 else pending.models[pending.qids.index(qid)]
             if model != msg.model:  # not this query's model: not its answer
@@ -313,13 +371,14 @@ class Frontend(Service):
                 continue
             del self.pending[qid]
             if pending.call is not None:
-                self._on_app_output(pending, model, None if outputs is None else outputs[i], source)
+                self._on_app_output(pending, model, None if failed else outputs[i], source)
                 continue
-            if outputs is None:
+            if failed:
                 if len(pending.qids) == 1 or not self._open(pending):
+                    why = f"failed on this batch: {error}" if outputs is None else "output NaN or infinity for this input"
                     self._settle(pending)
                     self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
-                                 f"model {msg.model} failed on this batch: {error}", ErrorCode.MODEL_ERROR)
+                                 f"model {msg.model} {why}", ErrorCode.MODEL_ERROR)
                 continue
             output = outputs[i]
             if source == Source.RECONSTRUCTION:
@@ -348,6 +407,16 @@ class Frontend(Service):
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
             self._answer(pending.requests, source, pending.model, version, output)
+
+    def _nonfinite(self, msg: Predictions, rows: int) -> None:
+        """A model answered NaN or infinity for a finite input (the input was checked at
+        admission): counted, and logged once per model so a broken model does not flood
+        the log."""
+        self.counts["nonfinite_outputs"] += rows
+        if msg.model not in self.nonfinite_models:
+            self.nonfinite_models.add(msg.model)
+            self.log.error("model output NaN or infinity; answered model_error, not cached", model=msg.model,
+                           worker=msg.worker, source=str(msg.source), rows=rows)
 
     def _on_app_output(self, pending: Pending, model: str, output: np.ndarray | None, source: str) -> None:
         """One selected model's output (None: its batch failed) for an application's call:
@@ -427,10 +496,9 @@ class Frontend(Service):
                                            version=version, error=error, error_code=code, models=models,
                                            confidence=confidence))
             if remember and request.dedup is not None:
-                nbytes = len(frames[0]) + (0 if output is None else output.nbytes)
-                # As a tuple of bytes: an entry the cyclic GC need not track (young tracked
-                # objects are what a collection walks, and this table holds ~200k of them).
-                self.answered.put(request.dedup, tuple(map(bytes, frames)), request.digest, time.monotonic(), nbytes)
+                # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
+                # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
+                self.answered.put(request.dedup, frames, request.digest, time.monotonic())
             if self.hold.hold(request, source):
                 request.to(State.HELD)
                 self.held[request] = frames
@@ -497,6 +565,11 @@ class Frontend(Service):
 
     def _forget_answered(self, now: float) -> None:
         self.answered.forget(now)
+        held = self.answered.bytes
+        if held + TRIM_STEP < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
+            release_memory()  # the memory freed stays the process's otherwise
+            self.trim_mark, self.closed_clients = held, 0
+        self.trim_mark = max(self.trim_mark, held)
 
     def drain(self) -> None:
         """On shutdown, every pending request still gets an answer that says why."""
@@ -519,9 +592,24 @@ class Frontend(Service):
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
                 # the gateway's model versions: what the workers serve now, not the spec's at start
                 "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},
-                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes},
+                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes}, "clients": len(self.clients),
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0}
+
+
+def _hang_up(fd: int) -> None:
+    """End the TCP connection on ``fd`` (ZeroMQ's: it sees the peer go and frees what the
+    connection held; the descriptor stays its to close)."""
+    try:
+        conn = socket.socket(fileno=fd)
+    except OSError:  # gone already
+        return
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        conn.detach()
 
 
 def _request_id_of(body: list) -> str:

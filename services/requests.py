@@ -35,7 +35,8 @@ services.requests.LifecycleError: request 'r1': answered -> answered is not a tr
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import struct
+from collections import deque
 from enum import IntEnum
 
 import numpy as np
@@ -119,40 +120,136 @@ class Answered:
     frames, input digest, when), oldest first, bounded by age, count and bytes.
 
     Only real answers are remembered (never errors), so a later valid request with the
-    same id is computed."""
+    same id is computed.
 
-    # What one entry costs beyond its frames and key: the tuple, the OrderedDict link, ints.
-    OVERHEAD = 200
+    Stored as records appended to large segments (``bytearray``), found through a dict
+    from a 64-bit hash of the key to the record's place; a record carries its key, which
+    a lookup checks, so a hash collision costs at most a forgotten entry, never a wrong
+    answer. Why not a dict of Python objects: ~10 small objects an entry, allocated among
+    everything else the frontend keeps (cache entries, metrics), pin CPython's 1 MiB
+    arenas long after the entries expire -- a table that had held 36 MB kept all of it
+    with every entry gone. Segments are freed whole as the entries in them expire.
+
+    Record: ``<IdHHB`` (digest, when, identity length, request id length, frames), one
+    ``I`` length per frame, then the identity, the request id (UTF-8) and the frames."""
+
+    #: what one entry costs beyond the bytes of its key and frames: the record's fixed
+    #: part with two frame lengths (27 bytes), the index's two ints (32-36 bytes each, in
+    #: 48-byte blocks) and its dict slot at two thirds full (~40 bytes)
+    OVERHEAD = 176
+    #: bytes a segment holds before the next starts
+    SEGMENT = 256 << 10
+
+    _FIXED = struct.Struct("<IdHHB")
 
     def __init__(self, ttl_s: float, max_entries: int, max_bytes: int):
         self.ttl_s, self.max_entries, self.max_bytes = ttl_s, max_entries, max_bytes
-        self.entries: OrderedDict[tuple, tuple[list, int, float, int]] = OrderedDict()
-        self.bytes = 0
+        self.index: dict[int, int] = {}  # hash of key -> segment number << 32 | offset
+        self.segments: deque[bytearray] = deque([bytearray()])
+        self.first = 0  # number of the oldest segment kept
+        self.head = 0  # offset of the oldest record in it not yet dropped
+        self.bytes = 0  # counted size of the records not yet dropped
+        self.peak = 0  # most index entries since the index was last rebuilt
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.index)
 
-    def get(self, key: tuple) -> tuple[list, int, float, int] | None:
-        return self.entries.get(key)
+    @property
+    def entries(self) -> list[tuple[bytes, str]]:
+        """The keys remembered, oldest first."""
+        out, number, offset = [], self.first, self.head
+        for seg in list(self.segments):
+            while offset < len(seg):
+                key, length, _ = self._key(seg, offset)
+                if self.index.get(_hash(key)) == number << 32 | offset:
+                    out.append(key)
+                offset += length
+            number, offset = number + 1, 0
+        return out
 
-    def put(self, key: tuple, frames: list, digest: int, now: float, nbytes: int) -> None:
-        """Remember ``frames`` (``nbytes`` long) as the answer to ``key``."""
-        size = self.OVERHEAD + len(key[0]) + len(key[1]) + nbytes
-        old = self.entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[3]
-        self.entries[key] = (frames, digest, now, size)
-        self.bytes += size
-        while len(self.entries) > self.max_entries or self.bytes > self.max_bytes:
-            self.bytes -= self.entries.popitem(last=False)[1][3]
+    def get(self, key: tuple) -> tuple[tuple[bytes, ...], int, float] | None:
+        """(reply frames, input digest, when) remembered for ``key``, or None."""
+        place = self.index.get(_hash(key))
+        if place is None:
+            return None
+        seg, offset = self.segments[(place >> 32) - self.first], place & 0xFFFFFFFF
+        stored, _, at = self._key(seg, offset)
+        if stored != (bytes(key[0]), key[1]):
+            return None
+        digest, when, _, _, nframes = self._FIXED.unpack_from(seg, offset)
+        frames = []
+        for n in struct.unpack_from(f"<{nframes}I", seg, offset + self._FIXED.size):
+            frames.append(bytes(seg[at:at + n]))
+            at += n
+        return tuple(frames), digest, when
+
+    def put(self, key: tuple, frames, digest: int, now: float, nbytes: int | None = None) -> None:
+        """Remember (a copy of) ``frames``, buffers, as the answer to ``key``; ``nbytes`` is not
+        needed (the frames' own lengths are counted). A key remembered before is found at
+        its new record; the old one stays, counted, until its turn to go."""
+        identity, rid = bytes(key[0]), key[1].encode()
+        lengths = [memoryview(f).nbytes for f in frames]  # bytes, whatever the buffer's items
+        record = b"".join([self._FIXED.pack(digest & 0xFFFFFFFF, now, len(identity), len(rid), len(frames)),
+                           struct.pack(f"<{len(frames)}I", *lengths), identity, rid, *frames])
+        segment = self.segments[-1]
+        if segment and len(segment) + len(record) > self.SEGMENT:
+            segment = bytearray()
+            self.segments.append(segment)
+        self.index[_hash(key)] = (self.first + len(self.segments) - 1) << 32 | len(segment)
+        segment += record
+        self.bytes += self._size(len(record), len(frames))
+        self.peak = max(self.peak, len(self.index))
+        while (len(self.index) > self.max_entries or self.bytes > self.max_bytes) and self._drop_oldest(None):
+            pass
 
     def forget(self, now: float) -> None:
         """Drop entries older than the ttl."""
         horizon = now - self.ttl_s
-        entries = self.entries
-        while entries:
-            entry = entries[next(iter(entries))]
-            if entry[2] >= horizon:
-                break
-            entries.popitem(last=False)
-            self.bytes -= entry[3]
+        while self._drop_oldest(horizon):
+            pass
+        if self.peak > 4 * len(self.index) + 1024:  # a dict never shrinks its own table
+            self.index = dict(self.index)
+            self.peak = len(self.index)
+
+    # ------------------------------------------------------------------ records
+
+    def _size(self, length: int, nframes: int) -> int:
+        """What a record of ``length`` bytes is counted: OVERHEAD + its key's and frames' bytes."""
+        return length - self._FIXED.size - 4 * nframes + self.OVERHEAD
+
+    def _key(self, seg: bytearray, offset: int) -> tuple[tuple[bytes, str], int, int]:
+        """(key, record length, offset of its first frame) of the record at ``offset``."""
+        _, _, nid, nrid, nframes = self._FIXED.unpack_from(seg, offset)
+        at = offset + self._FIXED.size + 4 * nframes
+        key = (bytes(seg[at:at + nid]), seg[at + nid:at + nid + nrid].decode())
+        data = sum(struct.unpack_from(f"<{nframes}I", seg, offset + self._FIXED.size))
+        return key, at + nid + nrid + data - offset, at + nid + nrid
+
+    def _drop_oldest(self, horizon: float | None) -> bool:
+        """Drop the oldest record (if ``horizon`` is given: only one older than it); False
+        when there was none to drop."""
+        while self.head >= len(self.segments[0]):
+            if len(self.segments) == 1:
+                if self.head:
+                    self.segments[0] = bytearray()  # emptied: start it again, its memory back
+                    self.head = 0
+                return False
+            self.segments.popleft()  # freed whole: its memory goes back
+            self.first += 1
+            self.head = 0
+        seg, offset = self.segments[0], self.head
+        _, when, _, _, nframes = self._FIXED.unpack_from(seg, offset)
+        if horizon is not None and when >= horizon:
+            return False
+        key, length, _ = self._key(seg, offset)
+        h = _hash(key)
+        if self.index.get(h) == self.first << 32 | offset:  # live, not since replaced
+            del self.index[h]
+        self.head += length
+        self.bytes -= self._size(length, nframes)
+        return True
+
+
+def _hash(key: tuple) -> int:
+    """64 bits of (identity, request id): Python's keyed hash of the pair (per process)."""
+    return hash((bytes(key[0]), key[1]))

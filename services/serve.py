@@ -6,14 +6,18 @@ supervisord, systemd and the chaos harness all start services this way.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import sys
 
 import orjson
+import zmq
 
 from keel.common.config import ConfigError
 from keel.common.roles import from_dict
 from keel.common.roles import role as role_of
+from keel.services.base import BindError, catch_signals_early
 
 
 def build(role: str, cfg):
@@ -28,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve", default=os.environ.get("KEEL_CURVE_KEYS") or None, metavar="DIR",
                         help="CURVE on every socket with the keys in DIR (keel keys generate; env KEEL_CURVE_KEYS)")
     args = parser.parse_args(argv)
+    catch_signals_early()
     raw = args.config
     if raw.startswith("@"):
         with open(raw[1:], "rb") as f:
@@ -49,11 +54,28 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         service = build(args.role, cfg)
+        service.run()
     except DeviceError as exc:  # a spec asking for hardware this host lacks: say so, once
         print(f"keel serve {args.role}: {exc}", file=sys.stderr)
         return 2
-    service.run()
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EADDRINUSE:
+            raise
+        print(f"keel serve {args.role}: {_bind_error(cfg, str(exc))}", file=sys.stderr)
+        return 2
+    except BindError as exc:
+        print(f"keel serve {args.role}: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _bind_error(cfg, text: str) -> BindError:
+    """The address a ZeroMQ bind found taken (pyzmq names it in its message) and the config
+    option that holds it."""
+    found = re.search(r"\(addr='([^']*)'\)", text)
+    address = found.group(1) if found else "an address"
+    option = next((f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) == address), "its endpoint options")
+    return BindError(address, option)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ exception, an input the model cannot take, or predictions that cannot be deliver
 give ``Done(ok=False, error=...)``; the queries that can be delivered still are. Otherwise
 one hostile batch would hold its slot for ever.
 
-Deadlines: ``Batch.budgets_ms`` become deadlines on this worker's monotonic clock when the
-batch arrives; queries whose deadline has passed are not run (their frontend has answered
+Deadlines: ``Batch.budgets_ms`` become deadlines on this worker's monotonic clock, counted
+from when the dispatcher sent the batch (``sent_at``, ``protocol.transit_s``); queries whose deadline has passed are not run (their frontend has answered
 them with the default) and ``Done.batch_size`` counts the queries actually run, so AIMD
 sees a service time that matches its batch size. Prediction copies to the decoder carry
 what is left of each query's budget.
@@ -60,7 +60,7 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.config import WorkerConfig
-from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source
+from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source, transit_s
 from keel.services.base import Service
 from keel.services.executors import Executors, Job, set_torch_threads
 from keel.common.containers import build_predictor
@@ -267,7 +267,9 @@ class Worker(Service):
     def run_batch(self, batch: Batch) -> None:
         """Hand the live queries of ``batch`` to an executor; ``_on_finished`` delivers their
         predictions and always answers Done (at once when no query is live)."""
-        received = time.monotonic()
+        # when the dispatcher sent it, on this clock: budgets count from there, so a batch
+        # that waited in a socket buffer past all its deadlines is not computed
+        received = time.monotonic() - transit_s(batch.sent_at)
         job = Job(batch, self._live_rows(batch, received), received, self.predictor, self.version)
         if not job.live:
             self._answer(job)
@@ -326,7 +328,8 @@ class Worker(Service):
         )
 
     def _live_rows(self, batch: Batch, now: float) -> list[int]:
-        """Rows whose deadline (budget at receipt, on this clock) has not passed."""
+        """Rows whose deadline (budget from ``now``, when the batch was sent, on this clock)
+        has not passed."""
         if batch.budgets_ms is None:
             return list(range(len(batch.qids)))
         deadlines = [now + budget / 1000.0 for budget in batch.budgets_ms]

@@ -20,8 +20,18 @@ dispatcher's batch and coding-group ids have the epoch chosen at the process's s
 their high bits, so after a restart nothing can match new work to an old id.
 
 Deadlines cross process boundaries as remaining budgets (``budgets_ms``: milliseconds
-left when the message was sent), never as wall-clock times, so hosts need not agree on
-the time; each receiver turns a budget into a deadline on its own monotonic clock.
+left when the message was sent) with the sender's wall-clock time of sending
+(``sent_at``, ``Queries`` and ``Batch``). A receiver's deadline is its monotonic now plus
+the budget less the message's transit (``transit_s``: its wall clock minus ``sent_at``,
+never below 0). A query's budget so counts from the frontend's admission, time in every
+queue and socket buffer included: a dispatcher frozen with queries in its socket buffer
+found them, at receipt, with their whole budget again, and computed queries the frontend
+had answered by default. Why budget plus send time, not an absolute wall-clock deadline:
+monotonic clocks of two processes are unrelated, so something must be on the wall clock;
+with the budget beside it, a receiver whose clock lags the sender's gets at most the
+budget (the transit is clamped at 0, never negative), while an absolute deadline would be
+lengthened by the whole skew. Clock skew between hosts shortens or keeps a budget; hosts
+keep their clocks in step (NTP) and the skew is the error of a query's deadline.
 
 Anything malformed -- wrong version, unknown kind, missing or mistyped field, a tensor
 whose bytes do not match its dtype and shape, a disallowed dtype, an oversized payload --
@@ -41,7 +51,7 @@ from keel.common.protocol.codec import decode, decode_header, decode_tensor, enc
 from keel.common.protocol.fields import (
     ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
-    ParityMembers, ProtocolError, Role, Source,
+    ParityMembers, ProtocolError, Role, Source, transit_s,
 )
 from keel.common.protocol.messages import (
     _FIELDS, MESSAGES, Answered, Batch, Configure, Done, Heartbeat, Leave, Predict, Predictions, Queries, Register,
@@ -53,7 +63,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
     "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
     "MemberBatch", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register", "Reply", "Role",
-    "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "split_envelope",
+    "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "split_envelope", "transit_s",
 ]
 
 # The manager's control plane (services.manager): appended, not merged above, to keep edits additive.

@@ -185,6 +185,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "result": (lambda v: isinstance(v, dict), "an object"),
     "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
     "fence": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "sent_at": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (seconds since the epoch)"),
     "values": (lambda v: isinstance(v, dict), "an object"),
     # model selection (Clipper §5)
     "context": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -90,6 +91,15 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"  # client side: no frontend answered in time
     INTERNAL = "internal"
     UNKNOWN_REQUEST = "unknown_request"  # feedback for a request the frontend does not remember (late, unknown, repeated)
+
+
+def transit_s(sent_at: float | None, now: float | None = None) -> float:
+    """Seconds a message with ``sent_at`` (its sender's wall clock when it left) has been on
+    its way by ``now`` (this host's wall clock; default: the time now): never negative, so
+    a receiver whose clock lags the sender's cannot lengthen a budget; 0 without ``sent_at``."""
+    if sent_at is None:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - sent_at)
 
 
 def _is_int(value: Any, lo: int = 0, hi: int = MAX_ID) -> bool:

@@ -80,6 +80,9 @@ class Queries:
     #: with a manager: the epoch of group "dispatcher" the frontend follows. A dispatcher
     #: that has seen an older one stops dispatching until the manager's decision reaches it
     fence: int | None = None
+    #: the frontend's wall clock when it sent these (seconds): the receiver takes the time
+    #: since off every budget (``transit_s``)
+    sent_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +105,8 @@ class Batch:
     #: with a manager: the sending dispatcher's epoch; a worker that knows a newer one
     #: refuses the batch (the sender was frozen or cut off and is stale)
     fence: int | None = None
+    #: the dispatcher's wall clock when it sent the batch (seconds), as ``Queries.sent_at``
+    sent_at: float | None = None
 
 
 @dataclass(slots=True)

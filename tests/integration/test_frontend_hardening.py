@@ -161,3 +161,21 @@ def test_a_huge_frame_is_refused_before_it_is_read(echo, zsock, client, mib):
         result = client(echo, timeout_ms=PATIENT_MS).predict("echo", x)
         assert result.source == Source.MODEL
         np.testing.assert_array_equal(result.output, head(x))
+
+
+def test_a_client_may_not_send_control_messages(echo, zsock, client):
+    """Configure (a rollout's control message) on the clients' port is refused and counted,
+    and changes nothing: the version replies and cache keys name stays the served one."""
+    dealer = zsock(zmq.DEALER, connect=echo)
+    for msg in (protocol.Configure(model="echo", version="9"), protocol.Configure(slots=4),
+                protocol.Status(service="x", info={"serving": {"echo": "9"}})):
+        transport.send(dealer, msg)
+        assert dealer.poll(PATIENT_MS)
+        reply = protocol.decode(dealer.recv_multipart())
+        assert isinstance(reply, Reply) and reply.error_code == ErrorCode.BAD_REQUEST, reply
+        assert "may not send" in reply.error
+    info = request_status(echo, 5.0)
+    assert info["answered"]["refused_kind"] == 3
+    assert info["serving"].get("echo", "1") == "1"
+    result = client(echo, timeout_ms=PATIENT_MS).predict("echo", rows(1, 30)[0])
+    assert result.source == Source.MODEL and result.version == "1"

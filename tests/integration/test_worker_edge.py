@@ -133,6 +133,20 @@ def test_expired_queries_are_not_run(worker):
     assert info["expired"] == 3
 
 
+def test_a_batch_that_expired_on_its_way_is_not_computed(worker):
+    """Budgets count from when the dispatcher sent the batch (``sent_at``), not from its
+    arrival: a batch that waited past every deadline is answered Done with nothing run."""
+    disp, frontend, good, cfg, _ = worker
+    b = disp.batch([good] * 3, budgets_ms=[500.0, 800.0, 900.0], sent_at=time.time() - 2.0)
+    done = disp.recv((Done,))
+    assert done.batch_id == b.batch_id and done.ok and done.batch_size == 0
+    assert not frontend.poll(200)
+    b = disp.batch([good, good], budgets_ms=[500.0, 60_000.0], sent_at=time.time() - 2.0)
+    done = disp.recv((Done,))
+    assert done.batch_size == 1 and predictions(frontend).qids == [b.qids[1]]
+    assert transport.request_status(cfg.status_endpoint, 5.0)["expired"] == 4
+
+
 def test_configure_is_applied_and_announced_on_the_next_register(worker):
     disp, _, _, cfg, _ = worker
     disp.send(Configure(slots=5, threads=2))
@@ -165,3 +179,43 @@ def test_sigterm_sends_leave(worker):
     leave = disp.recv((Leave,), timeout_s=5.0)
     assert leave.worker == "w-edge"
     assert run.procs[cfg.name].returncode == 0
+
+
+#: ``keel serve`` with a SIGTERM sent to itself between building the service and running it:
+#: the moment a worker has already announced itself (its Register leaves from __init__) but
+#: its loop has not started, which a test or a supervisor stopping it on that sign can hit
+TERM_BEFORE_RUN = """
+import os, signal, sys
+from keel.services import serve
+built = serve.build
+def build(role, cfg):
+    service = built(role, cfg)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return service
+serve.build = build
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_before_the_loop_starts_still_sends_leave(zsock, tmp_path):
+    """The cause of test_sigterm_sends_leave's flake: a SIGTERM that arrives after the worker's
+    Register is out but before ``run`` set its handlers killed it by the default action."""
+    import subprocess
+    import sys
+
+    from keel.common import config
+
+    disp = FakeDispatcher(zsock)
+    cfg = WorkerConfig(name="w-early", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=4,
+                       dispatcher_endpoint=disp.endpoint, status_endpoint=local_endpoint())
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", TERM_BEFORE_RUN, "worker", "--config", config.to_json(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert proc.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+        assert disp.recv((Register,), timeout_s=5.0).worker == "w-early"
+        assert disp.recv((Leave,), timeout_s=5.0).worker == "w-early"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

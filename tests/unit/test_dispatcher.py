@@ -272,6 +272,22 @@ def test_expired_queries_are_never_dispatched(harness):
     h.pump(lambda: h.d.expired == 5, what="5 expired queries counted")
 
 
+def test_budgets_count_from_when_the_frontend_sent_them(harness):
+    """Queries that waited in the dispatcher's socket buffer (it was frozen) past their
+    budget are dropped at receipt and counted expired; the rest keep what is left."""
+    h = harness({"m": BatchPolicy(fixed_batch=8)})
+    w = h.worker("w0")
+    x = np.ones((2, 4), np.float32)
+    transport.send(h.frontend, Queries(model="m", qids=[701, 702], budgets_ms=[2_000.0, 2_000.0], reply_to=REPLY_TO,
+                                       inputs=x, sent_at=time.time() - 3.0))
+    transport.send(h.frontend, Queries(model="m", qids=[703], budgets_ms=[10_000.0], reply_to=REPLY_TO,
+                                       inputs=x[:1], sent_at=time.time() - 3.0))
+    batch = h.next_batch(w)
+    assert batch.qids == [703] and 5_000 < batch.budgets_ms[0] <= 7_000
+    assert batch.sent_at is not None and abs(batch.sent_at - time.time()) < 5
+    h.pump(lambda: h.d.expired == 2, what="2 expired queries counted")
+
+
 def test_a_queue_of_only_expired_queries_dispatches_nothing(harness):
     h = harness({"m": BatchPolicy(fixed_batch=2)})
     w = h.worker("w0")

@@ -367,3 +367,55 @@ def test_answered_table_bounds():
     table.forget(now=13.5)  # r2 and r3 are older than 10 s
     assert [k[1] for k in table.entries] == ["r4"]
     assert table.bytes == AnsweredTable.OVERHEAD + 1 + 2 + 1
+
+
+def test_a_nan_or_infinite_output_is_a_model_error_never_cached(harness):
+    """Per row: the finite outputs of the same batch still answer; the bad ones are
+    model_error, counted, not cached (the same input asked again is computed again)."""
+    h = harness()
+    c = h.client()
+    xs = [x_of(200 + i) for i in range(3)]
+    for i, x in enumerate(xs):
+        h.predict(c, f"n{i}", x)
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    h.answer("m", qids, [[np.nan, 1.0], [1.0, 2.0], [np.inf, 0.0]])
+    replies = {r.request_id: r for r in (h.reply(c) for _ in range(3))}
+    assert replies["n1"].source == Source.MODEL and list(replies["n1"].output) == [1.0, 2.0]
+    for rid in ("n0", "n2"):
+        assert replies[rid].source == Source.ERROR and replies[rid].error_code == ErrorCode.MODEL_ERROR
+        assert "NaN" in replies[rid].error
+    assert h.counts()["nonfinite_outputs"] == 2
+    h.predict(c, "again", xs[0])  # not cached: computed again
+    q = h.queries()
+    h.answer("m", q.qids, [[3.0, 4.0]])
+    again = h.reply(c)
+    assert again.source == Source.MODEL and list(again.output) == [3.0, 4.0]
+
+
+def test_answered_table_counts_what_it_holds_and_gives_it_back():
+    """What the table says it holds is at least what it allocated (tracemalloc), and it
+    keeps no per-entry Python objects: forgotten entries leave next to nothing allocated."""
+    import tracemalloc
+
+    replies = [protocol.encode(Reply(request_id=f"req-{i:06d}", source=Source.MODEL, output=np.ones(2, np.float32),
+                                     model="m", version="1")) for i in range(5000)]
+    tracemalloc.start()
+    try:
+        table = AnsweredTable(ttl_s=10.0, max_entries=10**6, max_bytes=10**9)
+        base = tracemalloc.get_traced_memory()[0]
+        for i, frames in enumerate(replies):
+            stored = tuple(bytes(memoryview(f)) for f in frames)
+            table.put((b"\x00id%05d" % i, f"req-{i:06d}"), stored, i, float(i), sum(map(len, stored)))
+        held = tracemalloc.get_traced_memory()[0] - base
+        assert held <= table.bytes <= 1.5 * held, (held, table.bytes)
+        got = table.get((b"\x00id%05d" % 7, "req-000007"))
+        assert got is not None and got[1] == 7 and got[0] == tuple(bytes(memoryview(f)) for f in replies[7])
+        assert table.get((b"\x00id%05d" % 7, "req-000008")) is None
+        table.forget(now=10**6)
+        assert len(table) == 0 and table.bytes == 0
+        # what is left is the interpreter's free list of 2-tuples (the keys hashed), not the table
+        assert tracemalloc.get_traced_memory()[0] - base < 0.1 * held
+    finally:
+        tracemalloc.stop()

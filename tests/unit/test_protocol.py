@@ -185,6 +185,24 @@ def test_each_missing_required_field(msg):
             decode([orjson.dumps(broken), *frames[1:]])
 
 
+def test_sent_at_travels_and_is_checked():
+    q = Queries(model="m", qids=[1], budgets_ms=[5.0], reply_to="tcp://a:1", inputs=np.zeros((1, 2), np.float32),
+                sent_at=1_700_000_000.25)
+    assert decode(encode(q)).sent_at == 1_700_000_000.25
+    frames = [bytes(f) for f in encode(q)]
+    for bad in ("now", -1.0, True, [1.0]):
+        head = header(frames)
+        head["sent_at"] = bad
+        with pytest.raises(ProtocolError, match="sent_at"):
+            decode([orjson.dumps(head), frames[1]])
+
+
+def test_transit_is_never_negative():
+    assert protocol.transit_s(None) == 0.0
+    assert protocol.transit_s(100.0, now=103.5) == 3.5
+    assert protocol.transit_s(100.0, now=99.0) == 0.0  # a lagging receiver's clock lengthens nothing
+
+
 @pytest.mark.parametrize("field,value", [
     ("request_id", 5), ("model", ["m"]), ("timeout_ms", "fast"), ("timeout_ms", True),
 ])
