@@ -111,9 +111,12 @@ class Frontend(Service):
         self.reply_to = transport.endpoint_of(self.pull)
         self.ids = IdSpace()
         self.cache = ClockCache(cfg.cache_size) if cfg.cache_size else None
-        #: model -> the version its workers answered with last (a rollout moves it): what
-        #: cache keys and replies say before a query's own prediction names its version
+        #: model -> the version its workers serve: what cache keys and replies say before a
+        #: query's own prediction names its version. Until a rollout's ``Configure`` names it,
+        #: the version the workers answered with last; after, only the next rollout moves it
+        #: (a prediction of the old version still in flight must not move it back)
         self.serving: dict[str, str] = {}
+        self.configured: set[str] = set()
         self.pending: dict[int, Pending] = {}  # qid -> its computation
         self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
@@ -332,6 +335,7 @@ class Frontend(Service):
                 # a finished rollout (keel model rollout), on Keel's side of the frontend
                 # (never the clients' port): cache keys and replies name this version now
                 self.serving[msg.model] = msg.version
+                self.configured.add(msg.model)
                 self.counts["configured"] += 1
         self._flush()
 
@@ -353,7 +357,7 @@ class Frontend(Service):
             if not finite.all():
                 bad = ~finite
                 self._nonfinite(msg, int(bad.sum()))
-        if msg.version is not None and source == Source.MODEL and info is not None:
+        if msg.version is not None and source == Source.MODEL and info is not None and msg.model not in self.configured:
             self.serving[msg.model] = msg.version
         epoch = self.ids.epoch
         for i, qid in enumerate(msg.qids):

@@ -13,7 +13,7 @@ import zmq
 from keel.common import protocol, transport
 from keel.common.config import FrontendConfig, ModelInfo
 from keel.common.ids import SEQ_MASK, epoch_of
-from keel.common.protocol import Answered, ErrorCode, Predict, Predictions, Queries, Reply, Source
+from keel.common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source
 from keel.services.frontend import Frontend
 from keel.services.requests import Answered as AnsweredTable
 from keel.services.requests import Hold, LifecycleError, Request, Selection, State
@@ -419,3 +419,20 @@ def test_answered_table_counts_what_it_holds_and_gives_it_back():
         assert tracemalloc.get_traced_memory()[0] - base < 0.1 * held
     finally:
         tracemalloc.stop()
+
+
+def test_a_late_prediction_of_the_old_version_does_not_undo_a_rollout(harness):
+    """After a rollout's Configure says v2, a v1 prediction still in flight (computed before
+    its worker switched) answers its query but does not move the served version back: cache
+    keys and the gateway's metadata keep saying v2."""
+    h = harness()
+    c = h.client()
+    h.predict(c, "before", x_of(300))
+    q = h.queries()
+    transport.send(h.worker, Configure(model="m", version="2"))  # the rollout's last step
+    h.step(lambda: h.fe.status()["serving"]["m"] == "2")
+    transport.send(h.worker, Predictions(batch_id=1, model="m", qids=q.qids, version="1",
+                                         outputs=np.asarray([[1, 2]], np.float32)))
+    reply = h.reply(c)
+    assert reply.source == Source.MODEL and reply.version == "1"  # the reply names what computed it
+    assert h.fe.status()["serving"]["m"] == "2"
