@@ -55,8 +55,8 @@ def start(launcher, tmp_path, name: str, frontend: dict):
 
 def test_a_large_batch_grows_the_frontend_by_its_dedup_limit_and_expiry_gives_it_back(tmp_path, launcher):
     limit = 4 * MIB
-    pid, endpoint = start(launcher, tmp_path, "dedup", {"dedup_max_bytes": limit, "dedup_ttl_s": 6.0})
-    time.sleep(7.0)  # the warm-up's entries expire
+    pid, endpoint = start(launcher, tmp_path, "dedup", {"dedup_max_bytes": limit, "dedup_ttl_s": 3.0})
+    time.sleep(4.0)  # the warm-up's entries expire
     before = rss(pid)
     xs = np.random.default_rng(5).random((30_000, 4), dtype=np.float32)
     with Client(endpoint, timeout_ms=60_000, retries=0) as c:
