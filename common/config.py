@@ -18,6 +18,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,26 @@ def _check(cond: bool, key: str, reason: str, where: str = "", msg: str | None =
     """Raise ``ConfigError("{where}{key} {reason}")`` (or ``msg``) unless ``cond``."""
     if not cond:
         raise ConfigError(msg or f"{where}{key} {reason}", key, reason)
+
+
+@dataclass
+class ManagerLinkConfig:
+    """Where a process finds the Raft-replicated manager group (``services.manager``,
+    ``common.control.ManagerLink``): every replica's control endpoint and its change feed,
+    in the same order. A cluster spec with a ``[manager]`` table fills this in."""
+
+    #: the replicas' control endpoints (ROUTER: Control and Status requests)
+    endpoints: list[str] = field(default_factory=list)
+    #: the replicas' PUB endpoints (their change feed)
+    publish_endpoints: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if not self.endpoints:
+            raise ConfigError("manager.endpoints: must name the replicas' control endpoints", "endpoints",
+                              "must not be empty")
+        if len(self.publish_endpoints) != len(self.endpoints):
+            raise ConfigError(f"manager.publish_endpoints: one per replica ({len(self.endpoints)}), got "
+                              f"{len(self.publish_endpoints)}", "publish_endpoints", "one per replica")
 
 
 @dataclass
@@ -100,11 +121,9 @@ class FrontendConfig:
     #: one canonical structlog line per request
     log_requests: bool = True
     metrics_port: int | None = None
-    #: the manager group's control endpoints (services.manager, common.control); empty = no
-    #: manager: the dispatcher endpoint stays the one configured
-    manager_endpoints: list[str] = field(default_factory=list)
-    #: the manager replicas' PUB endpoints (their change feed)
-    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
+    #: stay as configured
+    manager: ManagerLinkConfig | None = None
     #: model selection (Clipper §5): application name -> its table, as
     #: ``common.spec.applications`` reads ``[applications.NAME]`` (the spec fills this in)
     applications: dict[str, dict] = field(default_factory=dict)
@@ -214,11 +233,9 @@ class DispatcherConfig:
     #: forgotten first) so a dead worker's batch is not run again for them (ParM)
     answered_limit: int = 100_000
     metrics_port: int | None = None
-    #: the manager group's control endpoints (services.manager, common.control); empty = no
-    #: manager: the dispatcher endpoint stays the one configured
-    manager_endpoints: list[str] = field(default_factory=list)
-    #: the manager replicas' PUB endpoints (their change feed)
-    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
+    #: stay as configured
+    manager: ManagerLinkConfig | None = None
     #: this dispatcher's host, as the manager records it (a standby runs on another host)
     host: str = ""
     #: a standby: registers with the manager only once another dispatcher holds the active
@@ -286,11 +303,9 @@ class WorkerConfig:
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
-    #: the manager group's control endpoints (services.manager, common.control); empty = no
-    #: manager: the dispatcher endpoint stays the one configured
-    manager_endpoints: list[str] = field(default_factory=list)
-    #: the manager replicas' PUB endpoints (their change feed)
-    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
+    #: stay as configured
+    manager: ManagerLinkConfig | None = None
 
     def validate(self) -> None:
         _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
@@ -444,11 +459,27 @@ def make(cls: type, data: Any, where: str) -> Any:
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"{where}unknown option(s) {sorted(unknown)}; options: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    data = {k: _nested(hints[k], v, f"{where}{k}: ") for k, v in data.items()}
     _check_types(cls, data, where)
     try:
         return cls(**data)
     except TypeError as exc:
         raise ConfigError(f"{where}{exc}") from None
+
+
+def _nested(hint: Any, value: Any, where: str) -> Any:
+    """A table given for an option whose type is a config dataclass (``ManagerLinkConfig``,
+    or one of it or None) is made into it, checked and validated."""
+    if not isinstance(value, dict):
+        return value
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    for cls in typing.get_args(hint) if union else (hint,):
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            made = make(cls, value, where)
+            made.validate()
+            return made
+    return value
 
 
 def to_json(cfg: Any) -> str:
@@ -553,9 +584,9 @@ class GraphOperatorConfig:
     #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
     trace_path: str | None = None
     metrics_port: int | None = None
-    #: the manager group (services.manager); empty: roles stay as the spec gives them (HAMS I)
-    manager_endpoints: list[str] = field(default_factory=list)
-    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
+    #: stay as configured
+    manager: ManagerLinkConfig | None = None
 
     def validate(self) -> None:
         _check(self.role in ("primary", "backup", "stateless", "standby"), "role",
@@ -582,9 +613,9 @@ class GraphFrontendConfig:
     #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
     trace_path: str | None = None
     metrics_port: int | None = None
-    #: the manager group (services.manager); empty: roles stay as the spec gives them (HAMS I)
-    manager_endpoints: list[str] = field(default_factory=list)
-    manager_publish_endpoints: list[str] = field(default_factory=list)
+    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
+    #: stay as configured
+    manager: ManagerLinkConfig | None = None
 
     def validate(self) -> None:
         _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")

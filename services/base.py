@@ -174,6 +174,19 @@ class Service:
     def every(self, interval: float, fn: Callable[[float], None]) -> None:
         self.chores.append(Chore(fn, interval))
 
+    def link_manager(self, link: Any, on_change: Callable[[str, dict | None], None] | None = None, **options: Any) -> Any:
+        """This process's ``common.control.ManagerLink`` to the manager group of ``link`` (a
+        ``ManagerLinkConfig``), its sockets polled by this loop, kept as ``self.manager``;
+        ``options`` are ManagerLink's (``me``, ``on_role``, ``may_register``, ``ready``). None
+        (and no import of the control plane) when there is no manager."""
+        if link is None:
+            self.manager = None
+            return None
+        from keel.common.control import ManagerLink
+
+        self.manager = ManagerLink(self, link.endpoints, link.publish_endpoints, on_change=on_change, **options)
+        return self.manager
+
     def timer(self, fn: Callable[[float], None]) -> Timer:
         timer = Timer(fn)
         self.timers.append(timer)

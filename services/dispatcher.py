@@ -124,9 +124,7 @@ class Dispatcher(Service):
         #: holder of group "dispatcher" at an epoch >= every epoch it has seen (fencing)
         self.active, self.fence_epoch, self.manager = True, 0, None
         self.paused, self.pauses = False, 0  # paused: a newer epoch was seen (``_fenced``)
-        if cfg.manager_endpoints:
-            from keel.common.control import ManagerLink
-
+        if cfg.manager is not None:
             self.active = False
             me = {"name": self.name, "group": "dispatcher", "host": cfg.host,
                   "endpoints": {"query": cfg.query_endpoint, "worker": cfg.worker_endpoint}}
@@ -136,9 +134,8 @@ class Dispatcher(Service):
                 return (not cfg.standby or time.monotonic() - started > cfg.standby_wait_s
                         or self.manager.holder("dispatcher")[0] is not None)
 
-            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
-                                       on_change=self._on_manager_change, me=me, on_role=self._on_role,
-                                       may_register=may_register)
+            self.link_manager(cfg.manager, on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                              may_register=may_register)
 
     @property
     def wake_at(self) -> float | None:

@@ -138,11 +138,7 @@ class Frontend(Service):
                                               "messages of a kind clients may not send, refused", ["kind"])
         self.dispatcher_name, self.manager = None, None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
-        if cfg.manager_endpoints:
-            from keel.common.control import ManagerLink
-
-            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
-                                       on_change=self._on_manager_change)
+        if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self._on_manager_change("group/dispatcher", None)
 
     # ------------------------------------------------------------------ clients

@@ -108,11 +108,7 @@ class Worker(Service):
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
         self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
-        if cfg.manager_endpoints:
-            from keel.common.control import ManagerLink
-
-            self.manager = ManagerLink(self, cfg.manager_endpoints, cfg.manager_publish_endpoints,
-                                       on_change=self._on_manager_change)
+        if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
             self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)
         self._connect()

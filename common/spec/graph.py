@@ -304,7 +304,7 @@ def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1",
     from keel.common.spec.topology import ServiceLaunch
 
     trace_dir = trace_dir or graph.trace_dir
-    link = {"manager_endpoints": list(manager[0]), "manager_publish_endpoints": list(manager[1])} if manager else {}
+    link = {"manager": cfg.ManagerLinkConfig(list(manager[0]), list(manager[1]))} if manager else {}
     port = iter(range(base_port, base_port + 1000))
     address_of = address_of or (lambda name: address)
 

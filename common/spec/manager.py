@@ -11,7 +11,7 @@
     heartbeat_interval_s = 0.03    # ... and any other ManagerConfig option
 
 With a ``[manager]`` table every frontend, worker and dispatcher learns the active
-dispatcher from the manager (``manager_endpoints``), and the replicas start first.
+dispatcher from the manager (``manager``), and the replicas start first.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Po
             replicas.append(ServiceLaunch(name, "manager", host, from_dict("manager", data)))
         except cfg.ConfigError as exc:
             raise SpecError(f"manager: {exc}") from None
-    link = {"manager_endpoints": control, "manager_publish_endpoints": publish}
+    link = {"manager": cfg.ManagerLinkConfig(control, publish)}
     for svc in services:
         if svc.role in FOLLOWERS:
             svc.config = dataclasses.replace(svc.config, **link)

@@ -81,11 +81,7 @@ class GraphFrontend(Service):
         self.degraded: set[int] = set()  # origins whose output a primary without a backup computed (Reply.degraded)
         self.counts["degraded"] = 0
         self.manager = None
-        if config.manager_endpoints:
-            from keel.common.control import ManagerLink
-
-            self.manager = ManagerLink(self, config.manager_endpoints, config.manager_publish_endpoints,
-                                       on_change=self._on_manager_change)
+        if self.link_manager(config.manager, on_change=self._on_manager_change):
             for key, value in list(self.manager.feed.values.items()):
                 self._on_manager_change(key, value)
 

@@ -21,7 +21,7 @@ The backup runs Algorithm 2 (``services.graph.lineage.Backup``) and, for each ap
 state, notifies the next stateful models' backups, the frontend and its primary; it keeps
 the applied outputs (with their origin, stream and lineage) until their replies left.
 
-HAMS II, with a manager (``config.manager_endpoints``): a stateful operator's primary and
+HAMS II, with a manager (``config.manager``): a stateful operator's primary and
 backup are the group ``graph/<operator>``; the backup reports the primary suspected when
 its socket to it disconnects, and the manager promotes it (a new epoch, in the Raft log)
 when the primary stops heartbeating. Every graph process follows the group's holder in the
@@ -139,7 +139,7 @@ class GraphOperator(Service):
         self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
         # a backup started at a manager epoch (> the spec's 1) joins a running group whose
         # primary runs degraded: it asks for the primary's whole state (§IV-E)
-        self.catching_up = self.assignment.role == "backup" and config.epoch > 1 and bool(config.manager_endpoints)
+        self.catching_up = self.assignment.role == "backup" and config.epoch > 1 and config.manager is not None
         self.late: deque[tuple[float, GraphState]] = deque()  # states held back (spec state_delay_ms)
         if self.spec.state_delay_ms:
             self.every(0.002, self._deliver_late)
@@ -172,23 +172,20 @@ class GraphOperator(Service):
                                              send=lambda st: self.peers.send(config.peers[f"{self.op}.backup"], st),
                                              ctx=self.ctx, backup_endpoint=config.peers[f"{self.op}.backup"])
         self.manager = None
-        if config.manager_endpoints:
+        if config.manager is not None:
             self._link_manager()
             if self.statemgr is not None:
                 self._watch_backup()
 
     # --- the manager (HAMS II) -----------------------------------------------------------
     def _link_manager(self) -> None:
-        from keel.common.control import ManagerLink
-
         me = None
         if self.stateful or self.backup is not None or self.assignment.role in ("stateless", "standby"):
             me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
         primary_first = self.backup is not None or self.standby  # the spec's primary takes the role first
-        self.manager = ManagerLink(self, self.config.manager_endpoints, self.config.manager_publish_endpoints,
-                                   on_change=self._on_manager_change, me=me, on_role=self._on_role,
-                                   ready=lambda: not self.catching_up,
-                                   may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
+        self.link_manager(self.config.manager, on_change=self._on_manager_change, me=me, on_role=self._on_role,
+                          ready=lambda: not self.catching_up,
+                          may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
         if self.backup is not None or self.standby:  # a disconnect of my socket to the primary: report it at once
             holder = self.manager.holder(f"graph/{self.op}")[0] if self.catching_up else None
             self.manager.watch(self.peers.get(self.config.peers[self.op]), holder or f"op-{self.op}")

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from keel.common.config import ManagerLinkConfig
 from keel.common.control import ManagerClient
 from keel.common.protocol import Source
 from keel.common.spec import ServiceLaunch, load_spec
@@ -41,7 +42,7 @@ def _cluster(tmp_path, launcher):
         "models": {"sleep": {"builtin": "sleep", "input_shape": [DIM], "output_size": OUT, "fixed_ms": 2.0,
                              "workers": 2, "deadline_ms": TIMEOUT_MS}},
     })
-    link = {"manager_endpoints": managers.endpoints, "manager_publish_endpoints": managers.publish_endpoints}
+    link = {"manager": ManagerLinkConfig(managers.endpoints, managers.publish_endpoints)}
     base = free_port_block(4)
     active = spec.service("dispatcher")
     active.config = dataclasses.replace(active.config, host="host-a", **link)

@@ -1,6 +1,8 @@
-"""ManagerConfig.validate: the password/loopback rule and how the timeouts relate."""
+"""The manager's configs: ManagerConfig.validate (the password/loopback rule, how the timeouts
+relate) and the one manager link every following process takes."""
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from keel.common.config import ConfigError, ManagerConfig
@@ -53,3 +55,20 @@ def test_keel_manager_and_bench_manager_are_commands():
     assert parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
     with pytest.raises(SystemExit):
         parse_args(["manager", "show"])  # needs --endpoints or --spec
+
+
+def test_a_process_config_takes_its_manager_link_as_one_table():
+    """Every process that follows the manager has one ``manager`` option, a table made into a
+    ``ManagerLinkConfig`` (checked like any config) and back into JSON unchanged."""
+    from keel.common.config import ManagerLinkConfig, to_json
+
+    link = {"endpoints": ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], "publish_endpoints": ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]}
+    for role in ("frontend", "dispatcher", "worker", "graph_operator", "graph_frontend"):
+        config = from_dict(role, {"manager": link})
+        assert config.manager == ManagerLinkConfig(**link)
+        assert from_dict(role, orjson.loads(to_json(config))) == config
+        assert from_dict(role, {}).manager is None
+    with pytest.raises(ConfigError, match="manager: unknown option"):
+        from_dict("worker", {"manager": {"endpoint": ["tcp://127.0.0.1:1"]}})
+    with pytest.raises(ConfigError, match="publish_endpoints: one per replica"):
+        from_dict("worker", {"manager": {"endpoints": link["endpoints"], "publish_endpoints": []}})

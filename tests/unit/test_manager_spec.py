@@ -17,7 +17,7 @@ def test_replicas_come_first_and_every_follower_knows_them(tmp_path):
     endpoints = [s.config.endpoint for s in spec.role("manager")]
     assert len(set(endpoints)) == 3
     for svc in spec.services[3:]:
-        assert svc.config.manager_endpoints == endpoints
+        assert svc.config.manager.endpoints == endpoints
     active, standby = spec.role("dispatcher")
     assert (active.config.standby, standby.config.standby) == (False, True)
     assert (active.host, standby.host) == ("a", "b")
