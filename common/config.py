@@ -98,7 +98,7 @@ class FrontendConfig:
     #: PULL where workers and the decoder push predictions (also each query's reply_to)
     prediction_endpoint: str = "tcp://127.0.0.1:7001"
     #: the dispatcher's query PULL endpoint this frontend PUSHes queries to
-    dispatcher_endpoint: str = "tcp://127.0.0.1:7100"
+    dispatcher_query_endpoint: str = "tcp://127.0.0.1:7100"
     models: dict[str, ModelInfo] = field(default_factory=dict)
     #: entries in the CLOCK prediction cache; 0 disables it (ParM's latency runs do)
     cache_size: int = 10_000
@@ -275,7 +275,8 @@ class WorkerConfig:
     #: service time, to stand in for a larger model
     fixed_ms: float = 0.0
     per_query_ms: float = 0.0
-    dispatcher_endpoint: str = "tcp://127.0.0.1:7101"
+    #: the dispatcher's worker ROUTER endpoint this worker's DEALER connects to
+    dispatcher_worker_endpoint: str = "tcp://127.0.0.1:7101"
     #: the decoder's PULL, for prediction copies of coded models; None = off
     decoder_endpoint: str | None = None
     #: batches this worker may hold at once (credits)
@@ -336,7 +337,7 @@ class EncoderConfig:
     #: PULL for copies of dispatched batches
     batch_endpoint: str = "tcp://127.0.0.1:7200"
     #: the dispatcher's query PULL, where parity batches go
-    dispatcher_endpoint: str = "tcp://127.0.0.1:7100"
+    dispatcher_query_endpoint: str = "tcp://127.0.0.1:7100"
     #: per deployed model: its parity model name
     parity_models: dict[str, str] = field(default_factory=dict)
     #: "add" (ParM §4.2) or "concat" (§5.2.3)

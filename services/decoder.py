@@ -45,7 +45,7 @@ import zmq
 
 from keel.common import erasure, ids, transport
 from keel.common.config import DecoderConfig
-from keel.common.protocol import Predictions, Role, Source
+from keel.common.protocol import Predictions, ModelRole, Source
 from keel.services.base import Service
 
 
@@ -98,7 +98,7 @@ class Decoder(Service):
 
     def add(self, msg: Predictions) -> None:
         tag, now = msg.group, time.monotonic()
-        parity = msg.role == Role.PARITY
+        parity = msg.role == ModelRole.PARITY
         if parity and (msg.members is None or tag.index != tag.k):
             return self._refuse("parity output without members or parity index", msg)
         if not parity and tag.index >= tag.k:

@@ -49,7 +49,7 @@ from keel.common import transport
 from keel.common.config import DispatcherConfig
 from keel.common.ids import IdSpace
 from keel.common.protocol import (
-    MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, Role, Status,
+    MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, ModelRole, Status,
     transit_s,
 )
 from keel.services.base import Service
@@ -149,7 +149,7 @@ class Dispatcher(Service):
             if kind is Queries:
                 self._fenced(msg.fence)
                 self._enqueue(msg, time.monotonic())
-            elif kind is Batch and msg.role == Role.PARITY:
+            elif kind is Batch and msg.role == ModelRole.PARITY:
                 queue = self.queues.get(msg.model)
                 if queue is not None and queue.parity:
                     queue.entries.append(msg)
@@ -236,7 +236,7 @@ class Dispatcher(Service):
         queue = self.queues.get(msg.model)
         if queue is None:
             return "the dispatcher does not serve this model"
-        if msg.role not in (Role.DEPLOYED, Role.PARITY) or (msg.role == Role.PARITY) != queue.parity:
+        if msg.role not in (ModelRole.DEPLOYED, ModelRole.PARITY) or (msg.role == ModelRole.PARITY) != queue.parity:
             return "role does not match the model: a parity model's workers have role parity, and only they"
         return None  # slots, max_batch, threads, instance and price are bounded at the wire
 

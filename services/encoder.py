@@ -40,7 +40,7 @@ import zmq
 
 from keel.common import erasure, ids, protocol, transport
 from keel.common.config import EncoderConfig
-from keel.common.protocol import Batch, Role
+from keel.common.protocol import Batch, ModelRole
 from keel.services.base import Service
 
 
@@ -59,7 +59,7 @@ class Encoder(Service):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.batch_endpoint), self._on_batches)
-        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
+        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_query_endpoint))
         self.groups: OrderedDict[tuple[str, int], OpenGroup] = OrderedDict()  # oldest first
         self.closed: OrderedDict[tuple[str, int], None] = OrderedDict()  # recently encoded or dropped
         self.epochs = ids.NewestEpochs()  # deployed model -> newest dispatcher epoch seen
@@ -83,7 +83,7 @@ class Encoder(Service):
 
     def add(self, batch: Batch) -> None:
         tag, now = batch.group, time.monotonic()
-        if tag is None or batch.role != Role.DEPLOYED or tag.index >= tag.k:
+        if tag is None or batch.role != ModelRole.DEPLOYED or tag.index >= tag.k:
             return self._refuse("not a query batch of a coding group", batch)
         if batch.model not in self.cfg.parity_models:
             return self._refuse("model has no parity model", batch)
@@ -164,7 +164,7 @@ class Encoder(Service):
         self.m_encode.observe(time.perf_counter() - start)
         batch = Batch(
             batch_id=0, model=self.cfg.parity_models[model], qids=list(range(rows)), reply_to=[""] * rows,
-            inputs=parity, role=Role.PARITY, group=protocol.CodingTag(group_id, group.k, group.k),
+            inputs=parity, role=ModelRole.PARITY, group=protocol.CodingTag(group_id, group.k, group.k),
             budgets_ms=self._parity_budgets(group, rows),
             members=protocol.ParityMembers(model, self.cfg.encoder,
                                            [None if b is None else protocol.MemberBatch(b.qids, b.reply_to)

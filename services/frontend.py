@@ -59,7 +59,7 @@ from keel.common.protocol import (
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
-from keel.services.requests import Answered as AnsweredTable
+from keel.services.requests import DedupTable
 from keel.services.requests import Hold, Request, Selection, State
 from keel.services.selection.runtime import Applications, Call
 
@@ -107,7 +107,7 @@ class Frontend(Service):
         self.clients: OrderedDict[int, None] = OrderedDict()
         self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.prediction_endpoint), self._on_predictions)
-        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_endpoint))
+        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_query_endpoint))
         self.reply_to = transport.endpoint_of(self.pull)
         self.ids = IdSpace()
         self.cache = ClockCache(cfg.cache_size) if cfg.cache_size else None
@@ -120,7 +120,7 @@ class Frontend(Service):
         self.pending: dict[int, Pending] = {}  # qid -> its computation
         self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
-        self.answered = AnsweredTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
+        self.dedup = DedupTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
         self.held: dict[Request, list] = {}  # request -> its reply frames, until released
         self.deadlines: list[tuple[float, int]] = []
         self.deadline = self.timer(self._expire)
@@ -217,7 +217,7 @@ class Frontend(Service):
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
         request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{msg.context or ''}".encode()))
-        done = self.answered.get(dkey)
+        done = self.dedup.get(dkey)
         if done is not None:  # a retry of an answered request: the same answer again
             if done[1] != digest:
                 return self._refuse(request, ErrorCode.BAD_REQUEST, "request id reused with a different input")
@@ -498,7 +498,7 @@ class Frontend(Service):
             if remember and request.dedup is not None:
                 # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
                 # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
-                self.answered.put(request.dedup, frames, request.digest, time.monotonic())
+                self.dedup.put(request.dedup, frames, request.digest, time.monotonic())
             if self.hold.hold(request, source):
                 request.to(State.HELD)
                 self.held[request] = frames
@@ -564,12 +564,12 @@ class Frontend(Service):
                          "deadline passed before a prediction; no default output is configured", ErrorCode.DEADLINE)
 
     def _forget_answered(self, now: float) -> None:
-        self.answered.forget(now)
-        held = self.answered.bytes
-        if held + TRIM_STEP < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
+        self.dedup.forget(now)
+        kept = self.dedup.bytes
+        if kept + TRIM_STEP < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
             release_memory()  # the memory freed stays the process's otherwise
-            self.trim_mark, self.closed_clients = held, 0
-        self.trim_mark = max(self.trim_mark, held)
+            self.trim_mark, self.closed_clients = kept, 0
+        self.trim_mark = max(self.trim_mark, kept)
 
     def drain(self) -> None:
         """On shutdown, every pending request still gets an answer that says why."""
@@ -592,7 +592,7 @@ class Frontend(Service):
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
                 # the gateway's model versions: what the workers serve now, not the spec's at start
                 "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},
-                "dedup": {"entries": len(self.answered), "bytes": self.answered.bytes}, "clients": len(self.clients),
+                "dedup": {"entries": len(self.dedup), "bytes": self.dedup.bytes}, "clients": len(self.clients),
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0}
 

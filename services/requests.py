@@ -115,7 +115,7 @@ class Hold:
         return False
 
 
-class Answered:
+class DedupTable:
     """Replies remembered for de-duplication: (sender identity, request id) -> (reply
     frames, input digest, when), oldest first, bounded by age, count and bytes.
 

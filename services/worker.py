@@ -107,7 +107,7 @@ class Worker(Service):
         self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0, "rollouts": 0}
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
-        self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_endpoint, None, None
+        self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_worker_endpoint, None, None
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
             self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)
@@ -360,7 +360,7 @@ class Worker(Service):
             batch_id=batch.batch_id, model=batch.model, worker=self.name, role=batch.role,
             source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error, version=version,
         )
-        if batch.role == protocol.Role.PARITY:
+        if batch.role == protocol.ModelRole.PARITY:
             # A parity output answers no client: it goes to the decoder only (rows by qid:
             # the encoder numbers parity queries by their row).
             if self.decoder is not None:

@@ -12,7 +12,7 @@ import orjson
 from keel.common.protocol.fields import (
     _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
-    Role, _is_ids, _is_int, _is_strs,
+    ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, Predict, Predictions,
@@ -161,7 +161,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "sender": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "service": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "source": (lambda v: isinstance(v, str), "a string"),
-    "role": (lambda v: v in (Role.DEPLOYED, Role.PARITY), "deployed or parity"),
+    "role": (lambda v: v in (ModelRole.DEPLOYED, ModelRole.PARITY), "deployed or parity"),
     "instance": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "version": (_str_max(MAX_NAME), "a string"),
     "error": (lambda v: isinstance(v, str), "a string"),

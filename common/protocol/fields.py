@@ -75,7 +75,9 @@ class Source(StrEnum):
     ERROR = "error"
 
 
-class Role(StrEnum):
+class ModelRole(StrEnum):
+    """What a worker serves (ParM): the deployed model, or a parity model for its coding groups."""
+
     DEPLOYED = "deployed"
     PARITY = "parity"
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from keel.common.protocol.fields import CodingTag, Kind, LineageEntry, ParityMembers, Role, Source
+from keel.common.protocol.fields import CodingTag, Kind, LineageEntry, ParityMembers, ModelRole, Source
 
 @dataclass(slots=True)
 class Predict:
@@ -96,7 +96,7 @@ class Batch:
     qids: list[int]
     reply_to: list[str]  # per query: where its prediction goes
     inputs: np.ndarray
-    role: str = Role.DEPLOYED
+    role: str = ModelRole.DEPLOYED
     group: CodingTag | None = None
     #: per query: time left to its deadline when the batch was sent (None: no deadline)
     budgets_ms: list[float] | None = None
@@ -120,7 +120,7 @@ class Predictions:
     qids: list[int]
     outputs: np.ndarray | None
     worker: str = ""
-    role: str = Role.DEPLOYED
+    role: str = ModelRole.DEPLOYED
     source: str = Source.MODEL
     group: CodingTag | None = None
     service_ms: float = 0.0
@@ -142,7 +142,7 @@ class Register:
     TENSORS: ClassVar[tuple[str, ...]] = ()
     worker: str
     model: str
-    role: str = Role.DEPLOYED
+    role: str = ModelRole.DEPLOYED
     slots: int = 1
     max_batch: int = 64
     instance: str = ""  # instance type, e.g. "c5.xlarge"; "" = unspecified

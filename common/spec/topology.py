@@ -138,7 +138,7 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     infos = {m: model_info(t) for m, t in models.items()}
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
-                               "dispatcher_endpoint": query_ep, "models": infos}, "frontend")
+                               "dispatcher_query_endpoint": query_ep, "models": infos}, "frontend")
     if placement.get("gateway"):
         add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
                                                          "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
@@ -151,13 +151,13 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         if len(kinds) > 1:
             fail(f"models.{list(coded)[-1]}.encoder", f"coded models use {sorted(kinds)}; one encoder service serves all, so they must agree")
         add("encoder", "encoder", placement["encoder"],
-            {**options["encoder"], "batch_endpoint": encoder_ep, "dispatcher_endpoint": query_ep,
+            {**options["encoder"], "batch_endpoint": encoder_ep, "dispatcher_query_endpoint": query_ep,
              "parity_models": {m: t["parity_model"] for m, t in coded.items()}, "encoder": kinds.pop()}, "encoder")
         add("decoder", "decoder", placement["decoder"], {**options["decoder"], "endpoint": decoder_ep}, "decoder")
 
     worker_options = options["worker"]
     for m, t in models.items():
-        common = {**worker_options, **t["worker_options"], "store": store, "dispatcher_endpoint": worker_ep,
+        common = {**worker_options, **t["worker_options"], "store": store, "dispatcher_worker_endpoint": worker_ep,
                   "max_batch": t["max_batch"], "decoder_endpoint": decoder_ep if t["mode"] == "parm" else None}
         # sleep model: its cost; store model: a floor on its service time (common/config.py)
         common.update(fixed_ms=t["fixed_ms"], per_query_ms=t["per_query_ms"])

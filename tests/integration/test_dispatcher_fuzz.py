@@ -20,7 +20,7 @@ from keel.common import protocol, transport
 from keel.common.config import BatchPolicy, DispatcherConfig
 from keel.common.protocol import (
     MAX_ID, Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Predict,
-    Predictions, Queries, Register, Reply, Role, Status,
+    Predictions, Queries, Register, Reply, ModelRole, Status,
 )
 from keel.common.spec import ServiceLaunch
 from keel.deploy.local import local_endpoint
@@ -153,7 +153,7 @@ names = st.one_of(st.sampled_from(["m", "plain", "m-parity", "unknown", "", "nor
 worker_names = st.sampled_from(HOSTILE_NAMES)
 floats = st.one_of(st.floats(-1e3, 1e5, allow_nan=False), st.sampled_from([0.0, -1e300, 1e300, 1e-300]))
 dtypes = st.sampled_from(["float32", "float64", "int8", "uint8", "bool", "int64"])
-roles = st.sampled_from([Role.DEPLOYED, Role.PARITY])
+roles = st.sampled_from([ModelRole.DEPLOYED, ModelRole.PARITY])
 
 
 @st.composite

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keel.common import protocol
-from keel.common.protocol import CodingTag, LineageEntry, Role, Source
+from keel.common.protocol import CodingTag, LineageEntry, ModelRole, Source
 from keel.common.spec import load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import free_port_block
@@ -70,7 +70,7 @@ def messages(draw, epoch: int):
         "budgets_ms": st.one_of(st.none(), st.lists(NUMBER, min_size=n, max_size=n)),
         "reply_to": (TEXT if cls is protocol.Queries else st.one_of(st.none(), st.lists(TEXT, min_size=n, max_size=n))),
         "source": st.sampled_from([Source.MODEL, Source.RECONSTRUCTION, "junk"]),
-        "role": st.sampled_from([Role.DEPLOYED, Role.PARITY]),
+        "role": st.sampled_from([ModelRole.DEPLOYED, ModelRole.PARITY]),
         "error": st.one_of(st.none(), st.text(max_size=30)),
         "group": st.one_of(st.none(), st.builds(CodingTag, INT, st.integers(0, 70), st.integers(0, 70))),
         "lineage": st.one_of(st.none(), st.lists(st.builds(LineageEntry, TEXT, INT, TEXT, INT), max_size=3)),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from keel.common import ids, protocol, transport
 from keel.common.config import DecoderConfig, EncoderConfig
-from keel.common.protocol import Batch, CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
+from keel.common.protocol import Batch, CodingTag, MemberBatch, ParityMembers, Predictions, ModelRole, Source
 from keel.common.spec import ServiceLaunch
 from keel.deploy.local import local_endpoint
 
@@ -65,7 +65,7 @@ def hostile_batch(draw) -> Batch:
     return Batch(batch_id=draw(st.integers(0, 2**63 - 1)), model=draw(st.sampled_from(MODELS)),
                  qids=draw(st.lists(st.integers(0, 2**63 - 1), min_size=n, max_size=n)),
                  reply_to=draw(st.lists(st.sampled_from(REPLY_TO), min_size=n, max_size=n)),
-                 inputs=draw(arrays(n)), role=draw(st.sampled_from([Role.DEPLOYED, Role.PARITY])), group=tag,
+                 inputs=draw(arrays(n)), role=draw(st.sampled_from([ModelRole.DEPLOYED, ModelRole.PARITY])), group=tag,
                  budgets_ms=draw(st.one_of(st.none(), st.lists(st.floats(-1e6, 1e6), min_size=n, max_size=n))),
                  members=members)
 
@@ -74,7 +74,7 @@ def hostile_batch(draw) -> Batch:
 def hostile_predictions(draw) -> Predictions:
     n = draw(st.integers(0, 4))
     tag = draw(st.one_of(st.none(), tags()))
-    role = draw(st.sampled_from([Role.DEPLOYED, Role.PARITY]))
+    role = draw(st.sampled_from([ModelRole.DEPLOYED, ModelRole.PARITY]))
     members = None
     if tag is not None and draw(st.booleans()):
         members = ParityMembers(draw(st.sampled_from(MODELS)), draw(st.sampled_from(["add", "concat"])),
@@ -133,7 +133,7 @@ class Coding:
         self.frontend = self.sock(zmq.PULL, bind=ANY)
         self.frontend_ep = transport.endpoint_of(self.frontend)
         self.enc_cfg = EncoderConfig(name="enc-fuzz", batch_endpoint=local_endpoint(), partial_group_ms=20.0,
-                                     dispatcher_endpoint=transport.endpoint_of(self.dispatcher),
+                                     dispatcher_query_endpoint=transport.endpoint_of(self.dispatcher),
                                      parity_models={"m": "m-parity"}, status_endpoint=local_endpoint(), max_open_groups=32)
         self.dec_cfg = DecoderConfig(name="dec-fuzz", endpoint=local_endpoint(), status_endpoint=local_endpoint(),
                                      max_open_groups=64)
@@ -184,7 +184,7 @@ class Coding:
         qid = next(self.seq) + 10**6
         out = np.arange(3, dtype=np.float32)[None]
         transport.send(self.to_decoder, Predictions(
-            batch_id=1, model="m-parity", qids=[0], outputs=out, role=Role.PARITY, group=CodingTag(g, 2, 2),
+            batch_id=1, model="m-parity", qids=[0], outputs=out, role=ModelRole.PARITY, group=CodingTag(g, 2, 2),
             members=ParityMembers("m", "add", [MemberBatch([qid], [self.frontend_ep]), None])))
         r = self._wait_for(self.frontend, lambda m: isinstance(m, Predictions) and m.qids == [qid], "decoder's reconstruction")
         assert r.source == Source.RECONSTRUCTION

@@ -33,7 +33,7 @@ def test_a_worker_runs_as_many_batches_at_once_as_its_slots(launcher, zsock):
     frontend = zsock(zmq.PULL, bind=ANY)
     good = transport.endpoint_of(frontend)
     cfg = WorkerConfig(name="w-conc", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=4,
-                       fixed_ms=300.0, dispatcher_endpoint=disp.endpoint, status_endpoint=local_endpoint(), slots=1)
+                       fixed_ms=300.0, dispatcher_worker_endpoint=disp.endpoint, status_endpoint=local_endpoint(), slots=1)
     launcher("worker").start(ServiceLaunch(cfg.name, "worker", "local", cfg))
     disp.recv((Register,))
 

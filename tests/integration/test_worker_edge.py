@@ -73,7 +73,7 @@ def worker(launcher, zsock):
     disp = FakeDispatcher(zsock)
     frontend = zsock(zmq.PULL, bind=ANY)
     cfg = WorkerConfig(name="w-edge", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=4,
-                       dispatcher_endpoint=disp.endpoint, status_endpoint=local_endpoint(), instance="c5.xlarge",
+                       dispatcher_worker_endpoint=disp.endpoint, status_endpoint=local_endpoint(), instance="c5.xlarge",
                        price=0.17, torch_threads=3, slots=2)
     run = launcher("worker")
     run.start(ServiceLaunch(cfg.name, "worker", "local", cfg))
@@ -207,7 +207,7 @@ def test_sigterm_before_the_loop_starts_still_sends_leave(zsock, tmp_path):
 
     disp = FakeDispatcher(zsock)
     cfg = WorkerConfig(name="w-early", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=4,
-                       dispatcher_endpoint=disp.endpoint, status_endpoint=local_endpoint())
+                       dispatcher_worker_endpoint=disp.endpoint, status_endpoint=local_endpoint())
     with open(tmp_path / "worker.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", TERM_BEFORE_RUN, "worker", "--config", config.to_json(cfg)],
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

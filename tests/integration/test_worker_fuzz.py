@@ -41,7 +41,7 @@ class Harness:
         self.frontend = transport.make_socket(self.ctx, zmq.PULL, bind="tcp://127.0.0.1:*")
         self.frontend_ep = transport.endpoint_of(self.frontend)
         self.cfg = WorkerConfig(name="w-fuzz", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=3,
-                                dispatcher_endpoint=transport.endpoint_of(self.router), status_endpoint=local_endpoint())
+                                dispatcher_worker_endpoint=transport.endpoint_of(self.router), status_endpoint=local_endpoint())
         self.run = run
         run.start(ServiceLaunch(self.cfg.name, "worker", "local", self.cfg))
         self.identity = None

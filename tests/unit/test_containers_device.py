@@ -41,7 +41,7 @@ def test_cuda_is_refused_clearly_without_a_gpu(store):
 
 @pytest.mark.skipif(not NO_GPU, reason="this host has a GPU")
 def test_a_worker_process_asked_for_cuda_exits_with_the_reason(store):
-    config = {"name": "w", "model": "lin", "store": store, "device": "cuda", "dispatcher_endpoint": "tcp://127.0.0.1:9"}
+    config = {"name": "w", "model": "lin", "store": store, "device": "cuda", "dispatcher_worker_endpoint": "tcp://127.0.0.1:9"}
     proc = subprocess.run([sys.executable, "-m", "keel.services.serve", "worker", "--config", orjson.dumps(config).decode()],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

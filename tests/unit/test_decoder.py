@@ -9,7 +9,7 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.config import DecoderConfig
-from keel.common.protocol import CodingTag, MemberBatch, ParityMembers, Predictions, Role, Source
+from keel.common.protocol import CodingTag, MemberBatch, ParityMembers, Predictions, ModelRole, Source
 from keel.services.decoder import Decoder
 
 ANY = "tcp://127.0.0.1:*"
@@ -51,7 +51,7 @@ def parity(group: int, k: int, outputs: np.ndarray, fe: str, sizes: list[int | N
     members = ParityMembers("m", "add", [None if n is None else MemberBatch(qids_of(i, n), [fe] * n)
                                          for i, n in enumerate(sizes)])
     qids = list(range(len(outputs))) if qids is None else qids
-    return Predictions(batch_id=9, model="m-parity", qids=qids, outputs=outputs, worker="p", role=Role.PARITY,
+    return Predictions(batch_id=9, model="m-parity", qids=qids, outputs=outputs, worker="p", role=ModelRole.PARITY,
                        group=CodingTag(group, k, k), members=members, budgets_ms=budgets)
 
 
@@ -135,7 +135,7 @@ def test_hostile_outputs_are_refused_and_groups_bounded(make):
     dec, push, fe, ep = make(max_open_groups=3)
     send(dec, push, copy(1, 0, 2, rand(1, 0), ep))
     send(dec, push, copy(1, 1, 3, rand(1, 0), ep))  # k differs from its group's
-    no_members = Predictions(batch_id=1, model="m", qids=[0], outputs=rand(1, 0), role=Role.PARITY,
+    no_members = Predictions(batch_id=1, model="m", qids=[0], outputs=rand(1, 0), role=ModelRole.PARITY,
                              group=CodingTag(1, 2, 2))
     send(dec, push, no_members)
     assert dec.counts["refused"] == 2

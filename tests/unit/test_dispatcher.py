@@ -14,7 +14,7 @@ from keel.common import protocol, transport
 from keel.common.config import BatchPolicy, ConfigError, DispatcherConfig
 from keel.common.ids import IdSpace
 from keel.common.protocol import (
-    Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Queries, Register, Role,
+    Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave, MemberBatch, ParityMembers, Queries, Register, ModelRole,
 )
 from keel.services.dispatcher import Dispatcher
 from keel.services.scheduling import POLICIES, Assignment
@@ -44,7 +44,7 @@ class Harness:
         return qids
 
     # -- a worker
-    def worker(self, name: str, model: str = "m", slots: int = 1, max_batch: int = 64, role: str = Role.DEPLOYED,
+    def worker(self, name: str, model: str = "m", slots: int = 1, max_batch: int = 64, role: str = ModelRole.DEPLOYED,
                **declared) -> zmq.Socket:
         sock = self.zsock(zmq.DEALER, connect=self.worker_endpoint, identity=name.encode())
         transport.send(sock, Register(worker=name, model=model, role=role, slots=slots, max_batch=max_batch, **declared))
@@ -397,12 +397,12 @@ def test_coding_groups_tag_consecutive_batches_and_copy_to_the_encoder(harness, 
 def test_parity_batches_go_to_parity_workers(harness):
     h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")})
     deployed = h.worker("w0")
-    parity = h.worker("p0", model="m-parity", role=Role.PARITY)
+    parity = h.worker("p0", model="m-parity", role=ModelRole.PARITY)
     members = ParityMembers("m", "add", [MemberBatch([1], [REPLY_TO]), MemberBatch([2], [REPLY_TO])])
-    transport.send(h.frontend, Batch(batch_id=0, model="m-parity", qids=[0], reply_to=[""], role=Role.PARITY,
+    transport.send(h.frontend, Batch(batch_id=0, model="m-parity", qids=[0], reply_to=[""], role=ModelRole.PARITY,
                                      inputs=np.ones((1, 4), np.float32), group=CodingTag(0, 2, 2), members=members))
     got = h.next_batch(parity, what="the parity batch")
-    assert got.role == Role.PARITY and got.members == members and got.group == CodingTag(0, 2, 2)
+    assert got.role == ModelRole.PARITY and got.members == members and got.group == CodingTag(0, 2, 2)
     assert got.batch_id > 0
     h.settle()
     assert h.batches(deployed) == []
@@ -700,8 +700,8 @@ def test_register_with_zero_slots_or_max_batch_is_refused_and_others_are_served(
 def test_the_dispatcher_refuses_registers_that_would_stall_or_misroute(harness):
     h = harness({"m": BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity")})
     refused = [  # well-formed on the wire (bounds are checked there), wrong for this dispatcher
-        Register(worker="b2", model="m", role=Role.PARITY),  # parity role, not a parity model
-        Register(worker="b3", model="m-parity", role=Role.DEPLOYED),  # a parity model's worker must be parity
+        Register(worker="b2", model="m", role=ModelRole.PARITY),  # parity role, not a parity model
+        Register(worker="b3", model="m-parity", role=ModelRole.DEPLOYED),  # a parity model's worker must be parity
         Register(worker="b4", model="unknown"),
     ]
     for msg in refused:
@@ -716,7 +716,7 @@ def test_the_dispatcher_refuses_registers_that_would_stall_or_misroute(harness):
 def test_a_parity_role_worker_for_a_deployed_model_is_refused_over_the_wire(harness):
     h = harness({"m": BatchPolicy(fixed_batch=1)})
     bad = h.zsock(zmq.DEALER, connect=h.worker_endpoint, identity=b"p0")
-    transport.send(bad, Register(worker="p0", model="m", role=Role.PARITY))
+    transport.send(bad, Register(worker="p0", model="m", role=ModelRole.PARITY))
     h.pump(lambda: h.d.refused_registers == 1, what="refused")
     good = h.worker("good")
     sent = h.send_queries("m", 1)

@@ -11,7 +11,7 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.config import EncoderConfig
-from keel.common.protocol import Batch, CodingTag, Role
+from keel.common.protocol import Batch, CodingTag, ModelRole
 from keel.services.encoder import Encoder
 
 ANY = "tcp://127.0.0.1:*"
@@ -24,7 +24,7 @@ def make(zsock):
 
     def build(**overrides):
         parity_in = zsock(zmq.PULL, bind=ANY)
-        cfg = EncoderConfig(name="enc", batch_endpoint=ANY, dispatcher_endpoint=transport.endpoint_of(parity_in),
+        cfg = EncoderConfig(name="enc", batch_endpoint=ANY, dispatcher_query_endpoint=transport.endpoint_of(parity_in),
                             parity_models={"m": "m-parity"}, **overrides)
         enc = Encoder(cfg)
         made.append(enc)
@@ -61,7 +61,7 @@ def test_full_group_is_summed(make):
     send(enc, push, a)
     send(enc, push, b)
     p = parity_batch(out)
-    assert p.role == Role.PARITY and p.model == "m-parity" and p.group == CodingTag(7, 2, 2)
+    assert p.role == ModelRole.PARITY and p.model == "m-parity" and p.group == CodingTag(7, 2, 2)
     assert p.qids == [0, 1]  # parity queries are numbered by row
     np.testing.assert_array_equal(p.inputs, a.inputs + np.vstack([b.inputs, np.zeros((1, 4), np.float32)]))
     assert [m.qids for m in p.members.batches] == [a.qids, b.qids]

@@ -15,7 +15,7 @@ from keel.common.config import FrontendConfig, ModelInfo
 from keel.common.ids import SEQ_MASK, epoch_of
 from keel.common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source
 from keel.services.frontend import Frontend
-from keel.services.requests import Answered as AnsweredTable
+from keel.services.requests import DedupTable
 from keel.services.requests import Hold, LifecycleError, Request, Selection, State
 
 DIM, OUT = 4, 2
@@ -27,7 +27,7 @@ class Harness:
         self.dispatcher = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
         models = {"m": ModelInfo([DIM], OUT), "m2": ModelInfo([DIM], OUT), "d": ModelInfo([DIM], OUT, default_output=[-1.0, -1.0])}
         cfg = FrontendConfig(name="fe", client_endpoint="tcp://127.0.0.1:*", prediction_endpoint="tcp://127.0.0.1:*",
-                             dispatcher_endpoint=transport.endpoint_of(self.dispatcher), models=models,
+                             dispatcher_query_endpoint=transport.endpoint_of(self.dispatcher), models=models,
                              log_requests=False, **options)
         self.fe = Frontend(cfg, selection, hold)
         self.worker = zsock(zmq.PUSH, connect=self.fe.reply_to)
@@ -354,19 +354,19 @@ def test_dedup_table_is_capped_by_bytes(harness):
         (qid,) = h.queries().qids
         h.answer("m", [qid], [[i, i]])
         assert h.reply(c).request_id == f"r{i}"
-    table = h.fe.answered
+    table = h.fe.dedup
     assert 0 < table.bytes <= 4000 and 0 < len(table) < 40
     assert h.fe.status()["dedup"]["bytes"] == table.bytes
 
 
 def test_answered_table_bounds():
-    table = AnsweredTable(ttl_s=10.0, max_entries=3, max_bytes=10_000)
+    table = DedupTable(ttl_s=10.0, max_entries=3, max_bytes=10_000)
     for i in range(5):
         table.put((b"c", f"r{i}"), [b"x"], 0, now=float(i), nbytes=1)
     assert [k[1] for k in table.entries] == ["r2", "r3", "r4"]
     table.forget(now=13.5)  # r2 and r3 are older than 10 s
     assert [k[1] for k in table.entries] == ["r4"]
-    assert table.bytes == AnsweredTable.OVERHEAD + 1 + 2 + 1
+    assert table.bytes == DedupTable.OVERHEAD + 1 + 2 + 1
 
 
 def test_a_nan_or_infinite_output_is_a_model_error_never_cached(harness):
@@ -403,7 +403,7 @@ def test_answered_table_counts_what_it_holds_and_gives_it_back():
                                      model="m", version="1")) for i in range(5000)]
     tracemalloc.start()
     try:
-        table = AnsweredTable(ttl_s=10.0, max_entries=10**6, max_bytes=10**9)
+        table = DedupTable(ttl_s=10.0, max_entries=10**6, max_bytes=10**9)
         base = tracemalloc.get_traced_memory()[0]
         for i, frames in enumerate(replies):
             stored = tuple(bytes(memoryview(f)) for f in frames)

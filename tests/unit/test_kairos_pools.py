@@ -13,7 +13,7 @@ import zmq
 from keel.common import protocol, transport
 from keel.common.config import BatchPolicy, ConfigError, DispatcherConfig
 from keel.common.kairos.profiles import DEFAULT_ROOT
-from keel.common.protocol import Batch, Done, Queries, Register, Role
+from keel.common.protocol import Batch, Done, Queries, Register, ModelRole
 from keel.common.spec import SpecError, load_spec
 from keel.deploy.cli import info_tables
 from keel.services.dispatcher import Dispatcher
@@ -174,7 +174,7 @@ def test_stepped_dispatcher_sends_large_queries_to_the_base_type_and_learns_from
     socks = {}
     for name, instance, price in (("base", BASE, 0.526), ("cpu0", CPU, 0.149), ("cpu1", CPU, 0.149)):
         socks[name] = dealer(name)
-        transport.send(socks[name], Register(worker=name, model="rm2", role=Role.DEPLOYED, slots=1, max_batch=8,
+        transport.send(socks[name], Register(worker=name, model="rm2", role=ModelRole.DEPLOYED, slots=1, max_batch=8,
                                              instance=instance, price=price))
     pump(d, lambda: len(d.workers) == 3, "workers registered")
     # one large query (1000 items) and two small ones; QoS 350 ms x 0.1: a large one is late on a CPU

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from keel.common import protocol
 from keel.common.protocol import (
     ALLOWED_DTYPES, MESSAGES, PROTOCOL_VERSION, Answered, Batch, CodingTag, Configure, Done, Heartbeat, Leave,
-    LineageEntry, MemberBatch, ParityMembers, Predict, Predictions, ProtocolError, Queries, Register, Reply, Role,
+    LineageEntry, MemberBatch, ParityMembers, Predict, Predictions, ProtocolError, Queries, Register, Reply, ModelRole,
     Source, Status, decode, encode, split_envelope,
 )
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
@@ -86,14 +86,14 @@ def every_kind() -> list:
         Batch(batch_id=7, model="m", qids=[1, 2, 3], reply_to=["tcp://a:1"] * 3, inputs=inputs,
               group=CodingTag(4, 1, 2), budgets_ms=[5.0, 6.0, 7.5], lineage=[LineageEntry("a", 2, "m", 3)]),
         Batch(batch_id=8, model="m-parity", qids=[0, 1, 2], reply_to=[""] * 3, inputs=tensor("float16", (3, 2, 2)),
-              role=Role.PARITY, group=CodingTag(4, 2, 2), members=members),
+              role=ModelRole.PARITY, group=CodingTag(4, 2, 2), members=members),
         Predictions(batch_id=7, model="m", qids=[1, 2, 3], outputs=tensor("float32", (3, 10)), worker="w0",
                     group=CodingTag(4, 1, 2), service_ms=1.25, reply_to=["tcp://a:1"] * 3),
-        Predictions(batch_id=8, model="m-parity", qids=[0, 1], outputs=tensor("float64", (2, 5)), role=Role.PARITY,
+        Predictions(batch_id=8, model="m-parity", qids=[0, 1], outputs=tensor("float64", (2, 5)), role=ModelRole.PARITY,
                     members=members, group=CodingTag(4, 2, 2)),
         Predictions(batch_id=9, model="m", qids=[5], outputs=None, error="RuntimeError: boom"),
         Predictions(batch_id=10, model="m", qids=[6], outputs=tensor("uint8", (1, 3)), source=Source.RECONSTRUCTION),
-        Register(worker="w0", model="m", role=Role.PARITY, slots=3, max_batch=16, instance="c5.xlarge", price=0.17,
+        Register(worker="w0", model="m", role=ModelRole.PARITY, slots=3, max_batch=16, instance="c5.xlarge", price=0.17,
                  threads=2),
         Done(worker="w0", batch_id=7, batch_size=3, service_ms=4.5, ok=False, error="no frontend"),
         Leave(worker="w0"),
@@ -518,7 +518,7 @@ def test_batch_is_checked_at_the_edge(changes, match):
 def test_partial_group_members_round_trip():
     members = ParityMembers("m", "add", [None, MemberBatch([7], ["tcp://a:1"])])
     batch = Batch(batch_id=2, model="m-parity", qids=[0], reply_to=[""], inputs=np.zeros((1, 3), np.float32),
-                  role=Role.PARITY, group=CodingTag(5, 2, 2), members=members)
+                  role=ModelRole.PARITY, group=CodingTag(5, 2, 2), members=members)
     assert decode(encode(batch)).members == members
 
 

@@ -192,7 +192,7 @@ def test_a_worker_given_omp_spincount_sets_it_before_torch_loads():
     import sys
 
     code = ("import os, sys; from keel.common.config import WorkerConfig; from keel.services.worker import Worker; "
-            "w = Worker(WorkerConfig(name='w-spin', model='m', builtin='sleep', dispatcher_endpoint='tcp://127.0.0.1:9', "
+            "w = Worker(WorkerConfig(name='w-spin', model='m', builtin='sleep', dispatcher_worker_endpoint='tcp://127.0.0.1:9', "
             "omp_spincount=10_000_000)); "
             "assert 'torch' not in sys.modules; print('spin', os.environ.get('GOMP_SPINCOUNT')); w.shutdown()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -225,7 +225,7 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
                               output_size=2)
     code = ("import torch; from keel.common.config import WorkerConfig; from keel.services.worker import Worker; "
             f"w = Worker(WorkerConfig(name='w-threads', model='lin', store={str(tmp_path)!r}, torch_threads=2, "
-            "dispatcher_endpoint='tcp://127.0.0.1:9')); "
+            "dispatcher_worker_endpoint='tcp://127.0.0.1:9')); "
             "print('threads', torch.get_num_threads(), w.executors.torch_threads); w.shutdown()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert "threads 1 2" in out.stdout.splitlines(), (out.stdout[-2000:], out.stderr[-2000:])

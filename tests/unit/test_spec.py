@@ -113,12 +113,12 @@ def test_parm_wiring():
     spec = load_spec(noop(workers=4, k=2, encoder="concat"))  # mode defaults to parm when k > 0
     fe, disp = spec.service("frontend").config, spec.service("dispatcher").config
     enc, dec = spec.service("encoder").config, spec.service("decoder").config
-    assert fe.dispatcher_endpoint == disp.query_endpoint == enc.dispatcher_endpoint
+    assert fe.dispatcher_query_endpoint == disp.query_endpoint == enc.dispatcher_query_endpoint
     assert disp.encoder_endpoint == enc.batch_endpoint
     assert disp.models["m"].parity_model == "m-parity" and enc.parity_models == {"m": "m-parity"}
     assert enc.encoder == "concat"
     for w in spec.role("worker"):
-        assert w.config.dispatcher_endpoint == disp.worker_endpoint
+        assert w.config.dispatcher_worker_endpoint == disp.worker_endpoint
         assert w.config.decoder_endpoint == dec.endpoint
     parity = [w for w in spec.role("worker") if w.config.role == "parity"]
     assert [w.name for w in parity] == ["parity-m-0", "parity-m-1"]

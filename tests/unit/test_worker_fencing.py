@@ -51,7 +51,7 @@ def test_a_batch_from_a_stale_dispatcher_is_refused_and_a_current_one_runs(zsock
     dispatcher = zsock(zmq.ROUTER, bind=ANY)
     frontend = zsock(zmq.PULL, bind=ANY)
     cfg = WorkerConfig(name="w-fence", model="m", builtin="sleep", builtin_input_shape=[DIM], builtin_output_size=DIM,
-                       dispatcher_endpoint=transport.endpoint_of(dispatcher), heartbeat_interval_s=30.0)
+                       dispatcher_worker_endpoint=transport.endpoint_of(dispatcher), heartbeat_interval_s=30.0)
     worker = Worker(cfg)
     try:
         _recv(worker, dispatcher, (Register,))
