@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import time
 
@@ -22,8 +21,9 @@ from keel.common import curve
 from keel.common.client import GRACE_MS, AsyncClient, Client, DeadlineExceeded, Reason, Refused
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec
-from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port_block
+from tests.support.curve import cluster_and_stranger
+from tests.support.loop import Ticker
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +36,7 @@ X = np.arange(DIM, dtype=np.float32)
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    root = tmp_path_factory.mktemp("keys")
-    folder = root / "cluster"
-    assert keel(["keys", "generate", str(folder)]) == 0
-    stranger = root / "stranger"  # its own keypair and the service's public key; not allowed
-    curve.generate(stranger, ("stranger",))
-    shutil.copyfile(folder / "service.key", stranger / "service.key")
-    return folder, stranger
+    return cluster_and_stranger(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="module")
@@ -73,31 +67,20 @@ def no_answer_from_both_clients(endpoint: str, want: type[DeadlineExceeded], rea
             assert exc.value.error_code == ErrorCode.TIMEOUT
 
     async def run() -> None:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        beat = asyncio.ensure_future(ticker())
-        try:
-            async with AsyncClient(endpoint, timeout_ms=TIMEOUT_MS, retries=1, raise_errors=True, **options) as ac:
-                for _ in range(2):
-                    before, start = ticks, time.perf_counter()
-                    with pytest.raises(DeadlineExceeded) as exc:
-                        await ac.predict("echo", X)
-                    assert time.perf_counter() - start <= LATEST_S
-                    assert type(exc.value) is want and exc.value.result.reason == reason, exc.value
-                    assert ticks > before, "the event loop ran nothing else during the call"
-                    start = time.perf_counter()
-                    with pytest.raises(asyncio.TimeoutError):  # the caller's shorter deadline
-                        await asyncio.wait_for(ac.predict("echo", X, timeout_ms=30_000.0), 0.2)
-                    assert time.perf_counter() - start <= 0.2 + MARGIN_S
-                assert ac.calls == {}
-        finally:
-            beat.cancel()
+        async with Ticker() as loop, AsyncClient(endpoint, timeout_ms=TIMEOUT_MS, retries=1, raise_errors=True,
+                                                 **options) as ac:
+            for _ in range(2):
+                before, start = loop.ticks, time.perf_counter()
+                with pytest.raises(DeadlineExceeded) as exc:
+                    await ac.predict("echo", X)
+                assert time.perf_counter() - start <= LATEST_S
+                assert type(exc.value) is want and exc.value.result.reason == reason, exc.value
+                assert loop.ticks > before, "the event loop ran nothing else during the call"
+                start = time.perf_counter()
+                with pytest.raises(asyncio.TimeoutError):  # the caller's shorter deadline
+                    await asyncio.wait_for(ac.predict("echo", X, timeout_ms=30_000.0), 0.2)
+                assert time.perf_counter() - start <= 0.2 + MARGIN_S
+            assert ac.calls == {}
 
     asyncio.run(run())
 

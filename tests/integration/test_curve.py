@@ -21,6 +21,7 @@ from keel.common.transport import request_status
 from keel.common.waiting import wait_until
 from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port, free_port_block
+from tests.support.curve import cluster_and_stranger
 
 pytestmark = pytest.mark.slow
 
@@ -29,16 +30,10 @@ DIM = 4
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    root = tmp_path_factory.mktemp("keys")
-    folder = root / "cluster"
-    assert keel(["keys", "generate", str(folder)]) == 0
+    folder, stranger = cluster_and_stranger(tmp_path_factory.mktemp("keys"))
     for name in ("service", "client"):
         assert (folder / f"{name}.key_secret").stat().st_mode & 0o777 == 0o600
     assert folder.stat().st_mode & 0o777 == 0o700
-    # a stranger: its own keypair, the cluster's (public) service key, not in allowed/
-    stranger = root / "stranger"
-    curve.generate(stranger, ("stranger",))
-    shutil.copyfile(folder / "service.key", stranger / "service.key")
     return folder, stranger
 
 

@@ -22,6 +22,7 @@ from keel.common.client import (GRACE_MS, AsyncClient, Client, DeadlineExceeded,
                                 Unreachable, _Call)
 from keel.common.protocol import ErrorCode, Predict, Reply, Source
 from keel.deploy.local import local_endpoint
+from tests.support.loop import Ticker
 
 TIMEOUT_MS = 300.0
 MARGIN_S = 0.5
@@ -132,32 +133,20 @@ def test_async_calls_end_by_their_deadline_and_the_loop_keeps_running(peer, kind
     endpoint = peer(kind)
 
     async def run() -> None:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        beat = asyncio.ensure_future(ticker())
-        try:
-            async with AsyncClient(endpoint, timeout_ms=TIMEOUT_MS, retries=1, raise_errors=True) as c:
-                for _ in range(3):
-                    before, start = ticks, time.perf_counter()
-                    with pytest.raises(DeadlineExceeded) as exc:
-                        await c.predict("m", X)
-                    assert time.perf_counter() - start <= LATEST_S
-                    check_no_answer(exc, kind)
-                    assert ticks > before, "the event loop ran nothing else during the call"
-                start = time.perf_counter()
+        async with Ticker() as loop, AsyncClient(endpoint, timeout_ms=TIMEOUT_MS, retries=1, raise_errors=True) as c:
+            for _ in range(3):
+                before, start = loop.ticks, time.perf_counter()
                 with pytest.raises(DeadlineExceeded) as exc:
-                    await c.predict_batch("m", [X, X, X])
+                    await c.predict("m", X)
                 assert time.perf_counter() - start <= LATEST_S
                 check_no_answer(exc, kind)
-                assert c.calls == {} and c.futures == {}
-        finally:
-            beat.cancel()
+                assert loop.ticks > before, "the event loop ran nothing else during the call"
+            start = time.perf_counter()
+            with pytest.raises(DeadlineExceeded) as exc:
+                await c.predict_batch("m", [X, X, X])
+            assert time.perf_counter() - start <= LATEST_S
+            check_no_answer(exc, kind)
+            assert c.calls == {} and c.futures == {}
 
     asyncio.run(run())
 
