@@ -224,9 +224,10 @@ class WorkerState:
 
 
 def pool_summary(workers: Iterable[WorkerState]) -> dict:
-    """Per declared instance type (Kairos' heterogeneous pool): workers, busy fraction
-    now (in-flight batches / slots), batches served, and the pool's cost per hour;
-    {} when no worker declares an instance type."""
+    """Per declared instance type (Kairos' heterogeneous pool), in name order (not the
+    order the workers happened to register in): workers, busy fraction now (in-flight
+    batches / slots), batches served, and the pool's cost per hour; {} when no worker
+    declares an instance type."""
     pools: dict[str, dict] = {}
     for w in workers:
         if not w.instance:
@@ -242,7 +243,8 @@ def pool_summary(workers: Iterable[WorkerState]) -> dict:
         p["cost_per_hour"] = round(p["cost_per_hour"], 4)
     if not pools:
         return {}
-    return {"pools": pools, "cost_per_hour": round(sum(p["cost_per_hour"] for p in pools.values()), 4)}
+    return {"pools": {name: pools[name] for name in sorted(pools)},
+            "cost_per_hour": round(sum(p["cost_per_hour"] for p in pools.values()), 4)}
 
 
 @dataclass(slots=True)

@@ -217,3 +217,17 @@ def test_single_queue_dispatcher_has_no_observer_and_no_pools(zsock):
         assert "pools" not in d.status() and "cost_per_hour" not in d.status()
     finally:
         d.shutdown()
+
+
+def test_pools_are_listed_by_instance_type_whatever_order_workers_registered_in():
+    """The registrations of several workers reach the dispatcher in any order; the pool
+    summary (and the table ``keel status`` draws from it) lists instance types by name."""
+    from keel.services.scheduling.view import WorkerState, pool_summary
+
+    def worker(name: str, instance: str, price: float) -> WorkerState:
+        return WorkerState(identity=name.encode(), name=name, model="rm2", role="deployed", slots=1, max_batch=8,
+                           batch_size=1, last_seen=0.0, instance=instance, price=price)
+
+    ws = [worker("cpu0", CPU, 0.149), worker("base", BASE, 0.526), worker("cpu1", CPU, 0.149)]
+    for order in (ws, ws[::-1], ws[1:] + ws[:1]):
+        assert list(pool_summary(order)["pools"]) == sorted([BASE, CPU])
