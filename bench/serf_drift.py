@@ -1,6 +1,6 @@
 """``keel experiment serf-drift --json PATH [--model M] [--windows N] [--pause S]``: how
 steady a model's service time is on this machine, and what that alone does to SERF's
-predictions (issue 14).
+predictions.
 
 Two measurements, ``windows`` times each, ``pause`` seconds apart, nothing else Keel's:
 

@@ -1,4 +1,4 @@
-"""``keel experiment serf --json PATH [--quick]``: SERF (issue 14) on live Keel clusters.
+"""``keel experiment serf --json PATH [--quick]``: SERF on live Keel clusters.
 
 Models: ``sleep`` (the builtin that holds each request 20 ms with the CPU idle: a control
 whose service time does not move with the machine's load, so it checks Eq. 13 and the

@@ -1,4 +1,4 @@
-"""Kairos live (issue 15): a heterogeneous pool of emulated instance types (the ``kairos``
+"""Kairos live: a heterogeneous pool of emulated instance types (the ``kairos``
 builtin: the authors' measured service times, CPU idle) behind real frontend, dispatcher
 and worker processes, the dispatcher running the Kairos policy (§5.1) with the profile.
 

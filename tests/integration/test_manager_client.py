@@ -1,6 +1,6 @@
 """The client over two frontends: when one frontend's process dies, its socket's disconnect
 sends every call it held to the other frontend at once (same request id), instead of each
-waiting for its timeout (issue 10, item 6)."""
+waiting for its timeout."""
 from __future__ import annotations
 
 import signal

@@ -1,4 +1,4 @@
-"""SERF's lever, live (issue 14): a worker runs ``slots`` batches at once, and
+"""SERF's lever, live: a worker runs ``slots`` batches at once, and
 ``Configure`` changes its concurrency and torch threads without a restart and without
 losing a query.
 

@@ -1,4 +1,4 @@
-"""SERF on live processes (issue 14): the profiler through the real path, and the
+"""SERF on live processes: the profiler through the real path, and the
 dispatcher's configurator switching a worker's configuration as the load moves.
 
 The model is the builtin "sleep" one (its service time is set and the CPU idles), so

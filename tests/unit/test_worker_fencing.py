@@ -1,5 +1,5 @@
 """A worker refuses a batch from a stale dispatcher: one stamped with an older epoch than
-the manager's newest decision the worker knows (issue 10: messages stamped with an older
+the manager's newest decision the worker knows (messages stamped with an older
 epoch are refused). A real Worker, stepped with ``tick``; the test plays the dispatcher
 (a ROUTER) and the frontend (a PULL)."""
 from __future__ import annotations
