@@ -119,14 +119,21 @@ def test_every_subpackage_is_in_the_wheel():
             assert project["package-dir"][f"keel.{top}"] == top
 
 
-def test_keel_help_imports_no_experiment_and_no_heavy_library():
-    code = ("import sys; from keel.deploy.keel import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+def modules_after(call: str) -> tuple[str, set[str]]:
+    """Run ``call`` (a statement using ``main`` or ``parse_args`` of the keel command) in a
+    fresh interpreter; -> (what it printed, the modules it had imported)."""
+    code = ("import sys; from keel.deploy.keel import main, parse_args\n"
+            f"try:\n    {call}\nexcept SystemExit:\n    pass\n"
             "print('MODULES', ' '.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert "experiment" in out.stdout and "chaos" in out.stdout  # the plug-in commands are listed
-    loaded = set(out.stdout.split("MODULES", 1)[1].split())
+    printed, _, modules = out.stdout.partition("MODULES")
+    return printed, set(modules.split())
+
+
+def test_keel_help_imports_no_experiment_and_no_heavy_library():
+    printed, loaded = modules_after("main(['--help'])")
+    assert "experiment" in printed and "chaos" in printed  # the plug-in commands are listed
     heavy = {"torch", "numpy", "zmq", "matplotlib", "scipy", "aiohttp", "pysyncobj"} & loaded
     assert not heavy, heavy
     experiments = sorted(m for m in loaded if m.startswith("keel.bench.") and m != "keel.bench.cli")
@@ -134,12 +141,7 @@ def test_keel_help_imports_no_experiment_and_no_heavy_library():
 
 
 def test_an_experiment_command_imports_only_its_own_module():
-    code = ("import sys; from keel.deploy.keel import parse_args\n"
-            "parse_args(['experiment', 'hams-timeline', '--json', 'x.json'])\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('keel.'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    loaded = set(out.stdout.split())
+    _, loaded = modules_after("parse_args(['experiment', 'hams-timeline', '--json', 'x.json'])")
     assert "keel.bench.hams_timeline" in loaded
     assert not {"keel.bench.serf_experiment", "keel.bench.kairos_experiment", "keel.chaos.parm_tail"} & loaded
 
