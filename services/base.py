@@ -179,8 +179,8 @@ class Service:
         ``ManagerLinkConfig``), its sockets polled by this loop, kept as ``self.manager``;
         ``options`` are ManagerLink's (``me``, ``on_role``, ``may_register``, ``ready``). None
         (and no import of the control plane) when there is no manager."""
+        self.manager = None  # until the link is made: its constructor may already call on_change
         if link is None:
-            self.manager = None
             return None
         from keel.common.control import ManagerLink
 

@@ -136,7 +136,7 @@ class Frontend(Service):
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_refused = self.metrics.counter("client_messages_refused_total",
                                               "messages of a kind clients may not send, refused", ["kind"])
-        self.dispatcher_name, self.manager = None, None
+        self.dispatcher_name = None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self._on_manager_change("group/dispatcher", None)

@@ -107,7 +107,7 @@ class Worker(Service):
         self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0, "rollouts": 0}
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
-        self.dispatcher_endpoint, self.dispatcher_name, self.manager = cfg.dispatcher_worker_endpoint, None, None
+        self.dispatcher_endpoint, self.dispatcher_name = cfg.dispatcher_worker_endpoint, None
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
             self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)

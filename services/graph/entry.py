@@ -80,7 +80,6 @@ class GraphFrontend(Service):
         self.resend_after: dict[str, tuple[int, int]] = {}  # operator -> (its new epoch, origin it holds up to)
         self.degraded: set[int] = set()  # origins whose output a primary without a backup computed (Reply.degraded)
         self.counts["degraded"] = 0
-        self.manager = None
         if self.link_manager(config.manager, on_change=self._on_manager_change):
             for key, value in list(self.manager.feed.values.items()):
                 self._on_manager_change(key, value)
