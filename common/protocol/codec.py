@@ -189,6 +189,8 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "values": (lambda v: isinstance(v, dict), "an object"),
     # model selection (Clipper §5)
     "context": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "key": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
+    "client": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
     "label": (lambda v: _is_int(v, 0, MAX_BATCH), f"a class index in 0..{MAX_BATCH}"),
     "confidence": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "models": (lambda v: _is_strs(v) and len(v) <= MAX_K and all(len(m) <= MAX_NAME for m in v),

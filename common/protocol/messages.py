@@ -26,6 +26,12 @@ class Predict:
     #: model selection (Clipper §5.3): whose selection state an application's call uses
     #: (a user, a session); ``model`` then names the application
     context: str | None = None
+    #: the one per-call key of every target: an application's selection context, a stateful
+    #: graph's stream; refused for a plain model (replaces ``context`` and ``stream``)
+    key: str | None = None
+    #: the calling client's id, the same on every connection and frontend it uses: with
+    #: ``request_id`` it names the request end to end (de-duplication, exactly-once effects)
+    client: str | None = None
 
 
 @dataclass(slots=True)
