@@ -594,7 +594,21 @@ class Frontend(Service):
                 "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},
                 "dedup": {"entries": len(self.dedup), "bytes": self.dedup.bytes}, "clients": len(self.clients),
                 "applications": sorted(self.apps.apps) if self.apps else [],
-                "feedback_log": len(self.apps.log) if self.apps else 0}
+                "feedback_log": len(self.apps.log) if self.apps else 0,
+                "targets": self.targets()}
+
+    def targets(self) -> dict[str, dict]:
+        """Every name a client may call, with what it takes and answers: ``kind`` (model,
+        application or graph), ``input_shape``, ``input_dtype``, ``output_size``, the
+        ``version`` served (None: the target has no versions) and whether it takes a ``key``."""
+        out = {}
+        for name, info in self.cfg.models.items():
+            out[name] = {"kind": "model", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
+                         "output_size": info.output_size, "version": self.serving.get(name, info.version), "key": False}
+        for name, info in (self.apps.infos.items() if self.apps else ()):
+            out[name] = {"kind": "application", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
+                         "output_size": info.output_size, "version": None, "key": True}
+        return out
 
 
 def _hang_up(fd: int) -> None:
