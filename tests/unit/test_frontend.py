@@ -439,7 +439,7 @@ def test_a_late_prediction_of_the_old_version_does_not_undo_a_rollout(harness):
 
 
 def test_status_lists_every_target_with_what_it_takes(harness):
-    targets = harness.fe.status()["targets"]
+    targets = harness().fe.status()["targets"]
     assert set(targets) == {"m", "m2", "d"}
     assert targets["m"] == {"kind": "model", "input_shape": [DIM], "input_dtype": "float32", "output_size": OUT,
                             "version": "1", "key": False}
