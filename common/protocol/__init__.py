@@ -51,7 +51,7 @@ from keel.common.protocol.codec import decode, decode_header, decode_tensor, enc
 from keel.common.protocol.fields import (
     ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
-    ModelRole, ParityMembers, ProtocolError, Source, transit_s,
+    ModelRole, ParityMembers, ProtocolError, Source, request_key, transit_s,
 )
 from keel.common.protocol.messages import (
     _FIELDS, MESSAGES, Answered, Batch, Configure, Done, Heartbeat, Leave, Predict, Predictions, Queries, Register,
@@ -63,7 +63,8 @@ __all__ = [
     "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
     "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
     "MemberBatch", "ModelRole", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register",
-    "Reply", "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "split_envelope", "transit_s",
+    "Reply", "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "request_key", "split_envelope",
+    "transit_s",
 ]
 
 # The manager's control plane (services.manager): appended, not merged above, to keep edits additive.

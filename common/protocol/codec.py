@@ -15,8 +15,8 @@ from keel.common.protocol.fields import (
     ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
-    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, Predict, Predictions,
-    Queries,
+    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
+    Predictions, Queries,
 )
 
 def encode(msg: Any) -> list:
@@ -202,6 +202,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 _CHECKS.update({
     "operator": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
     "origin": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "request": (_str_max(2 * MAX_NAME + MAX_REQUEST_ID + 1), "a string (request_key(client, request id))"),
     "stream": (_is_int, f"an integer in 0..{MAX_ID}"),
     "epoch": (_is_int, f"an integer in 0..{MAX_ID}"),
     "first_seq": (_is_int, f"an integer in 0..{MAX_ID}"),
@@ -231,6 +232,8 @@ def _check_types(msg: Any) -> None:
     if cls in (Predict, Feedback) and not msg.request_id:
         raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
     reply_to = getattr(msg, "reply_to", None)
+    if cls is GraphRequest and reply_to is not None and not isinstance(reply_to, str):
+        raise ProtocolError("reply_to must be a string")
     if cls is Queries and not isinstance(reply_to, str):
         raise ProtocolError("reply_to must be a string")
     if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):

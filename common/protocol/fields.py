@@ -220,3 +220,10 @@ class LineageEntry:
                 raise ProtocolError(f"lineage entry must be [predecessor, its seq, operator, seq], got {e!r}")
             out.append(LineageEntry(*e))
         return out
+
+
+def request_key(client: str, request_id: str) -> str:
+    """A client request's name end to end (de-duplication at the frontend, exactly-once
+    effects in a graph's stateful operators): the client's id and its request id, with a
+    separator neither contains in practice, prefixed by the id's length so none is ambiguous."""
+    return f"{len(client)}:{client}/{request_id}"

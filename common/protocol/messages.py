@@ -264,6 +264,12 @@ class GraphRequest:
     error: str | None = None
     #: computed by (or from an input computed by) a primary running degraded (no backup)
     degraded: bool | None = None
+    #: the client request this input belongs to, named end to end (``request_key(client,
+    #: request id)``): a stateful operator applies each request at most once
+    request: str | None = None
+    #: the frontend's graph endpoint that the graph's output for this origin goes back to
+    #: (a graph may be served by several frontends)
+    reply_to: str | None = None
 
 
 @dataclass(slots=True)

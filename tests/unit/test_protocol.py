@@ -541,3 +541,17 @@ def test_register_values_are_bounded(changes, match):
 def test_only_fields_typed_optional_may_be_null(msg, name):
     with pytest.raises(ProtocolError, match=name):
         decode(_with(msg, **{name: None}))
+
+
+def test_graph_requests_carry_their_client_request_and_the_frontend_to_answer():
+    from keel.common.protocol.messages import GraphRequest
+
+    key = protocol.request_key("c1", "r/1")
+    assert key != protocol.request_key("c1/r", "1")  # the id's length makes the pair unambiguous
+    msg = GraphRequest("frontend", 3, 3, 0, [], np.zeros(2, np.float32), request=key, reply_to="tcp://127.0.0.1:9")
+    back = protocol.decode(protocol.encode(msg))
+    assert (back.request, back.reply_to) == (key, "tcp://127.0.0.1:9")
+    bad = protocol.encode(msg)
+    bad[0] = bad[0].replace(b'"reply_to":"tcp://127.0.0.1:9"', b'"reply_to":7')
+    with pytest.raises(protocol.ProtocolError, match="reply_to"):
+        protocol.decode(bad)
