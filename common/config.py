@@ -581,6 +581,9 @@ class GraphOperatorConfig:
     graph: dict = field(default_factory=dict)
     #: node -> PULL endpoint: "frontend", each operator's name, "<operator>.backup"
     peers: dict[str, str] = field(default_factory=dict)
+    #: the graph endpoint of every frontend serving this graph: durability notices go to
+    #: each; an output goes to its request's ``reply_to`` (empty: ``peers["frontend"]`` only)
+    frontends: list[str] = field(default_factory=list)
     seed: int = 0
     #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
     trace_path: str | None = None

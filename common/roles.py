@@ -97,7 +97,8 @@ ROLES: dict[str, Role] = {r.name: r for r in (
     # stateless operators are one role; the graph's frontend assigns seqs and holds replies.
     Role("graph_operator", cfg.GraphOperatorConfig, "keel.services.graph.operator:GraphOperator",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
-         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers"}),
+         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers",
+                                            "frontends"}),
          priority=350),
     Role("graph_frontend", cfg.GraphFrontendConfig, "keel.services.graph.entry:GraphFrontend",
          binds=("client_endpoint", "endpoint"), status="client_endpoint",
