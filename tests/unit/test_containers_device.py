@@ -10,6 +10,7 @@ import orjson
 import pytest
 import torch
 
+from keel.common.architectures import build
 from keel.common.config import ConfigError
 from keel.common.roles import from_dict
 from keel.common.containers import DeviceError, TorchPredictor, check_device
@@ -20,9 +21,8 @@ NO_GPU = not torch.cuda.is_available()
 
 @pytest.fixture
 def store(tmp_path):
-    net = torch.nn.Linear(4, 2)
-    ModelStore(tmp_path).save("lin", net, arch="mlp", arch_config={"in_features": 4, "n_classes": 2, "hidden": [3]},
-                              input_shape=[4], output_size=2)
+    arch = {"in_features": 4, "n_classes": 2, "hidden": [3]}
+    ModelStore(tmp_path).save("lin", build("mlp", **arch), arch="mlp", arch_config=arch, input_shape=[4], output_size=2)
     return str(tmp_path)
 
 
