@@ -15,20 +15,23 @@ Per-request log lines are off during the benchmark (they go to a file otherwise)
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 from keel.common.client import Client
-from keel.common.loadgen import figures_table, open_loop, summarize, write_json
+from keel.common.loadgen import open_loop, summarize
 from keel.common.spec import ClusterSpec, load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher, free_port_block
 
 SLO_P99_MS = 20.0
 SHAPE = [64]
+
+#: the printed table and its targets (keel bench)
+FIGURES = ("noop_p50_us", "noop_p99_us", "noop_throughput_rps", "batching_speedup", "aimd_batch_size")
+TARGETS = {"noop_p50_us": "<= 600", "noop_throughput_rps": ">= 10000", "batching_speedup": ">= 10"}
 
 
 def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
@@ -77,7 +80,8 @@ def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: f
     return best, rows
 
 
-def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
+def run(args, log=print) -> dict:
+    quick = args.quick
     t0 = time.time()
     seconds = 1.5 if quick else 4.0
     n_latency = 2000 if quick else 10000
@@ -108,25 +112,5 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out["batch1_throughput_rps"], out["aimd_throughput_rps"] = fixed_rps, aimd_rps
     out["batching_speedup"] = aimd_rps / fixed_rps if fixed_rps else None
     out["elapsed_s"] = time.time() - t0
-
-    targets = {"noop_p50_us": "<= 600", "noop_throughput_rps": ">= 10000", "batching_speedup": ">= 10"}
-    log("")
-    for line in figures_table(out, ("noop_p50_us", "noop_p99_us", "noop_throughput_rps", "batching_speedup",
-                                    "aimd_batch_size"), targets):
-        log(line)
-    if json_path:
-        log(f"wrote {write_json(json_path, out)}")
     return out
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="keel bench core")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--quick", action="store_true", help="shorter runs (under 2 minutes)")
-    args = parser.parse_args(argv)
-    run(args.json, args.quick)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

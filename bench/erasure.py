@@ -7,17 +7,15 @@
                     (``common.erasure.subtract_decode``)
 
 Targets: encode k=4 <= 100 us, decode k=4 <= 10 us. The numbers are printed as a table
-and, with ``--json PATH``, written as JSON. Timings only; tests never assert on them.
+and written as JSON (``--json PATH``). Timings only; tests never assert on them.
 
 Example
 -------
-$ python -m keel.bench.erasure --json runs/bench-erasure.json
+$ keel bench erasure --json runs/bench-erasure.json
 """
 from __future__ import annotations
 
-import argparse
 import platform
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +23,14 @@ from typing import Any
 import numpy as np
 
 from keel.common.erasure import add_encode, subtract_decode
-from keel.common.loadgen import write_json
 
 KS = (2, 3, 4)
 QUERY_SHAPE = (3, 224, 224)
 N_CLASSES = 1000
 TARGETS_US = {"encode_k4": 100.0, "decode_k4": 10.0}
+#: the printed table and its targets (keel bench)
+FIGURES = ("encode_us_k4", "decode_us_k4")
+TARGETS = {"encode_us_k4": "<= 100", "decode_us_k4": "<= 10"}
 
 
 def median_us(fn: Callable[[], Any], repeats: int, warmup: int = 10) -> float:
@@ -45,13 +45,15 @@ def median_us(fn: Callable[[], Any], repeats: int, warmup: int = 10) -> float:
     return float(np.median(times) / 1e3)
 
 
-def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats: int = 3000) -> dict:
-    """Measure encode and decode latency for k = 2, 3, 4; print a table, optionally write JSON.
+def run(args=None, log=print, encode_repeats: int = 300, decode_repeats: int = 3000) -> dict:
+    """Measure encode and decode latency for k = 2, 3, 4; log a table.
 
     Parameters
     ----------
-    json_path : str, optional
-        Where to write the results as JSON.
+    args : argparse.Namespace
+        ``keel bench erasure``'s (it has no options of its own).
+    log : callable
+        Where the table goes.
     encode_repeats, decode_repeats : int
         Timed calls per k.
 
@@ -86,24 +88,13 @@ def run(json_path: str | None = None, encode_repeats: int = 300, decode_repeats:
         "machine": platform.machine(),
         "python": platform.python_version(),
     }
-    print(f"{'k':>3} {'encode_us':>10} {'decode_us':>10}   (3x224x224 float32 queries, {N_CLASSES}-class outputs)")
+    result["encode_us_k4"], result["decode_us_k4"] = encode_us["4"], decode_us["4"]
+    log(f"{'k':>3} {'encode_us':>10} {'decode_us':>10}   (3x224x224 float32 queries, {N_CLASSES}-class outputs)")
     for k in KS:
-        print(f"{k:>3} {encode_us[str(k)]:>10.1f} {decode_us[str(k)]:>10.2f}")
-    print(f"targets at k=4: encode <= {TARGETS_US['encode_k4']:.0f} us, decode <= {TARGETS_US['decode_k4']:.0f} us: "
-          f"{'met' if result['meets_targets'] else 'NOT met'}")
-    if json_path:
-        write_json(json_path, result)
+        log(f"{k:>3} {encode_us[str(k)]:>10.1f} {decode_us[str(k)]:>10.2f}")
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m keel.bench.erasure [--json PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m keel.bench.erasure", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
-    args = parser.parse_args(argv)
-    run(args.json)
-    return 0
+def passed(report: dict) -> bool:
+    return report["meets_targets"]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

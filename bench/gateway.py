@@ -22,7 +22,6 @@ are the generator's as much as the gateway's.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from pathlib import Path
@@ -31,13 +30,19 @@ import numpy as np
 import orjson
 
 from keel.common.client import Client
-from keel.common.loadgen import figures_table, schedule, write_json
+from keel.common.loadgen import schedule
 from keel.common.progress import bar
 from keel.common.spec import load_spec
 from keel.deploy.local import Launcher, free_port, free_port_block
 
 SLO_P99_MS = 20.0
 DIM = 8
+
+#: the printed table and its targets (keel bench)
+FIGURES = ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
+           "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
+           "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost")
+TARGETS = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
 
 
 def _body(x: np.ndarray) -> tuple[bytes, dict]:
@@ -160,7 +165,8 @@ def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
     return p50, rate
 
 
-def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
+def run(args, log=print) -> dict:
+    quick = args.quick
     t0 = time.time()
     n = 500 if quick else 3000
     warm = 100
@@ -203,27 +209,5 @@ def run(json_path: str | None = None, quick: bool = False, log=print) -> dict:
     out["curve_p50_cost"] = out["core_p50_us_with_curve"] / plain_p50 - 1 if plain_p50 else None
     out["curve_throughput_cost"] = 1 - out["core_rps_with_curve"] / plain_rps if plain_rps else None
     out["elapsed_s"] = time.time() - t0
-
-    targets = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
-    log("")
-    for line in figures_table(out, ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us",
-                                    "gateway_added_p50_us", "gateway_throughput_rps", "core_p50_us_without_curve",
-                                    "core_p50_us_with_curve", "core_rps_without_curve", "core_rps_with_curve",
-                                    "curve_p50_cost", "curve_throughput_cost"), targets):
-        log(line)
-    if json_path:
-        log(f"wrote {write_json(json_path, out)}")
     return out
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="keel bench gateway")
-    parser.add_argument("--json", help="write the figures here")
-    parser.add_argument("--quick", action="store_true", help="shorter runs")
-    args = parser.parse_args(argv)
-    run(args.json, args.quick)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

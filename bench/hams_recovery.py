@@ -60,15 +60,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from keel.common import loadgen
 from keel.common.steal import StealMeter
 
 from keel.chaos.graph_trials import (FIG6_STATE_DELAY, fig6_chain, gru_chain, ls_chain, mlp_gru, mlp_gru_gru,
@@ -141,8 +138,9 @@ def recovery_times(case: dict) -> list[float]:
     return [t[key] for t in case["trials"] if t.get(key) is not None and t[key] == t[key]]
 
 
-def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: bool | str = "auto",
-        only: set[str] | None = None) -> dict:
+def recovery(quick: bool, log, trials: int | None = None, netns: bool | str = "auto",
+             only: set[str] | None = None) -> dict:
+    """Every case's trials (``only``: those cases); -> the report."""
     from keel.chaos.hosts import resolve_netns
 
     use_netns, why = resolve_netns(netns)
@@ -202,8 +200,8 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
     ls_out["nspb_growth_ms_per_1000_requests"] = growth_per_1000(ls_out["nspb_recovery_by_kill_at"])
     if only:  # a selection of cases (--cases): their rows and the ls figures
         out = {"quick": quick, "cases": cases, **ls_out, "trials": sum(c["n"] for c in cases.values()),
-               "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0], "steal": steal.fraction()}
-        loadgen.write_json(json_path, out)
+               "elapsed_s": time.time() - t0, "loadavg_1m_at_end": os.getloadavg()[0], "steal": steal.fraction(),
+               "only": sorted(only)}
         return out
     sk, up, sl = cases["stateful_primary_kill"], cases["upstream_stateful_kill"], cases["stateless_kill"]
     bk = cases["stateful_backup_kill"]
@@ -249,7 +247,6 @@ def run(quick: bool, json_path: Path, log, trials: int | None = None, netns: boo
            **ls_out, "trials": sum(c["n"] for c in cases.values()), "cases": cases, "elapsed_s": time.time() - t0,
            # the machine's load while it ran: the figures are taken under load (2 cores, shared)
            "loadavg_1m_at_end": os.getloadavg()[0], "steal": steal.fraction()}
-    loadgen.write_json(json_path, out)
     return out
 
 
@@ -287,60 +284,45 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cmd(args: argparse.Namespace) -> int:
-    json_path = Path(args.json or ("runs/hams-recovery-quick.json" if args.quick else "runs/hams-recovery.json"))
-    log = lambda s: print(s, flush=True)  # noqa: E731
+#: the printed table (keel experiment); with --cases only the ls figures and what those cases give
+FIGURES = ("stateful_kill_median_ms", "stateful_kill_max_ms", "stateful_kill_late_median_ms", "stateful_kill_late_max_ms",
+           "detection_median_ms", "takeover_median_ms",
+           "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
+           "stateless_kill_max_ms", "backup_kill_median_ms", "backup_kill_max_ms", "freeze_partition_median_ms",
+           "freeze_partition_max_ms", "freeze_detection_median_ms",
+           "freeze_median_ms", "freeze_max_ms", "partition_trials", "partition_fenced", "partition_old_epoch_outputs_after_heal",
+           "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
+           "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
+           "correlated_adjacent_stateful_max_ms", "fig6_median_ms", "fig6_max_ms", "fig6_trials", "fig6_rolled_back_in_place",
+           "strawman_fig6_conflicts", "strawman_conflicts", "strawman_trials_with_conflicts",
+           "strawman_trials", "strawman_lost", "ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
+           "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches", "nspb_recovery_by_kill_at",
+           "nspb_growth_ms_per_1000_requests", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
+           "loadavg_1m_at_end", "steal")
+
+
+def run(args: argparse.Namespace, log=print) -> dict:
     log("HAMS recovery: kills, freezes and partitions under open load, manager-driven failover (figures under load)")
     only = set(args.cases.split(",")) if args.cases else None
-    out = run(args.quick, json_path, log, trials=args.trials, netns=args.netns, only=only)
-    plot(out, json_path.with_suffix(".png"))
-    log(f"plot: {json_path.with_suffix('.png')}")
-    if only:
-        for line in loadgen.figures_table(out, ("ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
-                                                "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches",
-                                                "nspb_recovery_by_kill_at", "nspb_growth_ms_per_1000_requests", "trials",
-                                                "loadavg_1m_at_end", "steal"), TARGETS):
-            log(line)
-        return 0
-    keys = ("stateful_kill_median_ms", "stateful_kill_max_ms", "stateful_kill_late_median_ms", "stateful_kill_late_max_ms",
-            "detection_median_ms", "takeover_median_ms",
-            "upstream_stateful_kill_median_ms", "upstream_stateful_kill_max_ms", "stateless_kill_median_ms",
-            "stateless_kill_max_ms", "backup_kill_median_ms", "backup_kill_max_ms", "freeze_partition_median_ms", "freeze_partition_max_ms", "freeze_detection_median_ms",
-            "freeze_median_ms", "freeze_max_ms", "partition_trials", "partition_fenced", "partition_old_epoch_outputs_after_heal",
-            "freeze_fenced", "freeze_old_epoch_outputs_after_thaw", "correlated_stateless_stateful_median_ms",
-            "correlated_stateless_stateful_max_ms", "correlated_adjacent_stateful_median_ms",
-            "correlated_adjacent_stateful_max_ms", "fig6_median_ms", "fig6_max_ms", "fig6_trials", "fig6_rolled_back_in_place",
-            "strawman_fig6_conflicts", "strawman_conflicts", "strawman_trials_with_conflicts",
-            "strawman_trials", "strawman_lost", "ls_conflicts", "ls_lost", "ls_kill_median_ms", "ls_kill_max_ms",
-            "ls_recovery_by_batches_since_checkpoint", "ls_growth_ms_per_1000_batches", "nspb_recovery_by_kill_at",
-            "nspb_growth_ms_per_1000_requests", "nspb_lost", "nspb_conflicts", "invariants_ok", "not_recovered", "trials",
-            "loadavg_1m_at_end", "steal")
-    for line in loadgen.figures_table(out, keys, TARGETS):
-        log(line)
-    log(f"wrote {json_path} in {out['elapsed_s']:.0f} s")
-    return 0 if (out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"]
-                 and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0
-                 and out["partition_fenced"] is not False and out["partition_old_epoch_outputs_after_heal"] == 0
-                 and out["strawman_trials_with_conflicts"] == out["strawman_trials"]
-                 and out["ls_conflicts"] > 0 and out["ls_lost"] == 0) else 1
+    return recovery(args.quick, log, trials=args.trials, netns=args.netns, only=only)
 
 
-def add_parser(which: Any) -> None:
-    """Add ``hams-recovery`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("hams-recovery", help="HAMS II: recovery time, lost replies and conflicts after kills and freezes of graph operators")
-    e.add_argument("--json", help="write the figures here")
-    e.add_argument("--quick", action="store_true", help=f"{' + '.join(str(c[-1][0]) for c in CASES)} trials (several minutes; the partition case in netns mode only)")
+def passed(out: dict) -> bool:
+    if out.get("only"):
+        return True  # a selection of cases: figures, no verdict
+    return (out["nspb_lost"] == 0 and out["nspb_conflicts"] == 0 and out["invariants_ok"] and not out["not_recovered"]
+            and out["freeze_fenced"] and out["freeze_old_epoch_outputs_after_thaw"] == 0
+            and out["partition_fenced"] is not False and out["partition_old_epoch_outputs_after_heal"] == 0
+            and out["strawman_trials_with_conflicts"] == out["strawman_trials"]
+            and out["ls_conflicts"] > 0 and out["ls_lost"] == 0)
+
+
+def options(e: argparse.ArgumentParser) -> None:
+    """``keel experiment hams-recovery``'s own options."""
     e.add_argument("--trials", type=int, help=f"trials per case (default: {'/'.join(str(c[-1][0]) for c in CASES)} quick, "
                                                     f"{'/'.join(str(c[-1][1]) for c in CASES)} full)")
     e.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
                    help="netns mode (a network namespace per process, host faults, the partition case): "
                         "auto = when the machine allows it (root with ip netns)")
     e.add_argument("--cases", help="only these cases, comma-separated (e.g. ls_stateful_kill): their rows and the ls figures")
-    e.set_defaults(func=cmd)
 
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    add_parser(p.add_subparsers(dest="experiment", required=True))
-    a = p.parse_args(["hams-recovery", *sys.argv[1:]])
-    sys.exit(cmd(a))

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from keel.common import loadgen
 from keel.deploy.local import Launcher
 
 
@@ -67,7 +66,8 @@ def plot(out: dict, path: Path, window_ms: tuple[float, float] = (-40.0, 120.0))
     plt.close(fig)
 
 
-def run(json_path: Path, kill_at: int, seed: int) -> dict:
+def timeline(kill_at: int, seed: int) -> dict:
+    """One kill trial of g2's primary and its events, from the traces."""
     from keel.chaos.graph_trials import kill_trial
     from keel.chaos.invariants import load_graph_traces
 
@@ -82,23 +82,23 @@ def run(json_path: Path, kill_at: int, seed: int) -> dict:
     out = {"victim": "g2", "kill_at": kill_at, **{k: row[k] for k in ("detection_ms", "takeover_ms", "recovery_ms",
                                                                       "lost", "conflicts", "invariants_ok")},
            **events(streams, fault_t, "g2")}
-    loadgen.write_json_and_plot(json_path, out, plot)
     return out
 
 
-def cmd(args: argparse.Namespace) -> int:
-    json_path = Path(args.json)
-    out = run(json_path, args.kill_at, args.seed)
-    print(f"fault -> promotion {out['detection_ms']:.1f} ms, -> first new output {out['recovery_ms']:.1f} ms; "
-          f"lost {out['lost']}, conflicts {out['conflicts']}, invariants {'ok' if out['invariants_ok'] else 'VIOLATED'}")
-    print(f"wrote {json_path} and {out['plot']}")
-    return 0 if out["lost"] == 0 and out["conflicts"] == 0 and out["invariants_ok"] else 1
+#: the printed table (keel experiment)
+FIGURES = ("detection_ms", "takeover_ms", "recovery_ms", "lost", "conflicts", "invariants_ok")
+TARGETS = {"lost": "0", "conflicts": "0", "invariants_ok": "True"}
 
 
-def add_parser(which: Any) -> None:
-    """Add ``hams-timeline`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("hams-timeline", help="HAMS II: one stateful primary's SIGKILL and recovery, drawn from its traces")
-    e.add_argument("--json", default="runs/hams-timeline.json", help="write the events here (the plot beside it, .png)")
+def run(args: argparse.Namespace, log=print) -> dict:
+    return timeline(args.kill_at, args.seed)
+
+
+def passed(report: dict) -> bool:
+    return report["lost"] == 0 and report["conflicts"] == 0 and report["invariants_ok"]
+
+
+def options(e: argparse.ArgumentParser) -> None:
+    """``keel experiment hams-timeline``'s own options."""
     e.add_argument("--kill-at", type=int, default=120, help="SIGKILL after this request (of 240)")
     e.add_argument("--seed", type=int, default=0)
-    e.set_defaults(func=cmd)

@@ -68,12 +68,11 @@ import numpy as np
 
 from keel.bench.kairos_sim import (allowable_throughput, latency_table, oracle_search, oracle_throughput, pool_dict,
                                    sample_sizes, simulate, tune_drs)
-from keel.common.loadgen import write_json_and_plot
 from keel.services.scheduling.kairos import (ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, feature_size,
                                         solve_timing)
 
 POLICIES = ("kairos", "kairos_urgent", "fcfs_base", "drs", "clockwork")
-TARGETS = {"rm2": 2.0, "mtwnd": 1.6, "dien": 1.6}   # kairos / best homogeneous (§8.1)
+RATIO_TARGETS = {"rm2": 2.0, "mtwnd": 1.6, "dien": 1.6}   # kairos / best homogeneous (§8.1)
 BASELINE_TARGET = 1.10                              # kairos / best of DRS and CLKWRK, same pool
 ORACLE_TARGET = 0.90                                # kairos within 10% of ORCL
 
@@ -216,7 +215,7 @@ def model_figures(prof, model: str, cfg: Config, log: Callable[[str], None], bud
         f"{pool_dict(plan.types, plus['best'].counts)} at {plus['qps']:.1f} q/s")
     best_baseline = max(rates["drs"], rates["clockwork"])
     ratio = ratios(model, rates["kairos"], best_homo, best_baseline, oracle)
-    ratio["vs_homogeneous_scaled"] = _row(rates["kairos"] / best_homo_scaled, TARGETS.get(model, 1.6))
+    ratio["vs_homogeneous_scaled"] = _row(rates["kairos"] / best_homo_scaled, RATIO_TARGETS.get(model, 1.6))
     ratio["vs_oracle_space"] = _row(rates["kairos"] / space_rps, ORACLE_TARGET)
     for key in ("vs_homogeneous", "vs_best_baseline", "vs_oracle"):  # the range over the draws
         values = [r["ratios"][key]["value"] for r in per_seed]
@@ -256,7 +255,7 @@ def _row(value: float, target: float) -> dict:
 def ratios(model: str, kairos: float, homogeneous: float, baseline: float, oracle: float) -> dict:
     """The three comparisons of §8 with their targets and whether each is met."""
     div = lambda a, b: a / b if b > 0 else float("inf")  # noqa: E731
-    return {"vs_homogeneous": _row(div(kairos, homogeneous), TARGETS.get(model, 1.6)),
+    return {"vs_homogeneous": _row(div(kairos, homogeneous), RATIO_TARGETS.get(model, 1.6)),
             "vs_best_baseline": _row(div(kairos, baseline), BASELINE_TARGET),
             "vs_oracle": _row(div(kairos, oracle), ORACLE_TARGET)}
 
@@ -292,7 +291,7 @@ def table(name: str, m: dict) -> list[str]:
     return lines
 
 
-def plot(out: dict, path: Path) -> None:
+def plot_sim(out: dict, path: Path) -> None:
     """Per model: allowable throughput per policy, planned vs homogeneous pool (top), and
     each policy's latency CDF at its allowable rate on the planned pool against the QoS
     line (bottom)."""
@@ -328,9 +327,9 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root: str | Path | None = None,
+def run_experiment(models: list[str], cfg: Config, profile_root: str | Path | None = None,
                    budget: float | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run every model, write the JSON and the PNG (``json_path`` with ``.png``); -> figures."""
+    """Run every model; -> the report (``plot`` draws it)."""
     from keel.common.kairos.profiles import Profiles
 
     t0 = time.time()
@@ -346,60 +345,61 @@ def run_experiment(models: list[str], cfg: Config, json_path: Path, profile_root
     out["solve_timing"] = timing
     out["lost"] = sum(m["lost"] for m in out["models"].values())
     out["elapsed_s"] = time.time() - t0
-    write_json_and_plot(json_path, out, plot)
     return out
 
 
-def cmd(args: argparse.Namespace) -> int:
+#: the printed table (keel experiment); each model's own table, with its targets, is logged as it runs
+FIGURES = ("plan_ms", "solve_p99_ms_28x14", "solve_p99_ms_200x200", "lost", "elapsed_s")
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
     if args.live:
-        return cmd_live(args)
+        return run_live_cmd(args, log)
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else \
         (["rm2"] if args.quick else ["rm2", "mtwnd", "dien"])
     cfg = replace(QUICK if args.quick else DEFAULT, seeds=max(1, args.seeds))
-    json_path = Path(args.json or ("runs/kairos-quick.json" if args.quick else "runs/kairos.json"))
-    log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"Kairos experiment (simulation): {', '.join(models)}; {cfg.n} queries per trial, {cfg.seeds} draw(s), "
         f"bisection to {cfg.rel_tol:.1%}; Kairos+ trials {cfg.plus_n} queries to {cfg.plus_tol:.0%}")
-    out = run_experiment(models, cfg, json_path, args.profile, args.budget, log)
+    out = run_experiment(models, cfg, args.profile, args.budget, log)
     for name, m in out["models"].items():
         for line in table(name, m):
             log(line)
-    log(f"plan_ms (slowest model) {out['plan_ms']:.2f}; matching p99 {out['solve_p99_ms_28x14']:.3f} ms at 28x14, "
-        f"{out['solve_p99_ms_200x200']:.3f} ms at 200x200; lost {out['lost']}; {out['elapsed_s']:.0f} s")
-    log(f"wrote {json_path} and {out['plot']}")
-    return 1 if out["lost"] else 0
+    return out
 
 
-def cmd_live(args: argparse.Namespace) -> int:
+def run_live_cmd(args: argparse.Namespace, log: Callable[[str], None]) -> dict:
     """``--live``: Kairos on a live cluster of the planned pool vs the simulation
     (``bench.kairos_live``); rm2 alone unless ``--models``."""
     from keel.bench.kairos_live import run_live
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else ["rm2"]
-    json_path = Path(args.json or ("runs/kairos-live-quick.json" if args.quick else "runs/kairos-live.json"))
-    log = lambda s: print(s, flush=True)  # noqa: E731
     log(f"Kairos experiment (live, emulated instances, scale {args.scale}): {', '.join(models)}")
-    out = run_live(models, args.quick, json_path, args.profile, args.budget, args.scale, log)
+    out = run_live(models, args.quick, args.profile, args.budget, args.scale, log)
     log(f"{'model':8s} {'pool':40s} {'sim q/s':>8s} {'live q/s':>9s} {'live/sim':>8s}  target  lost")
     for name, m in out["models"].items():
         log(f"{name:8s} {str(m['pool']):40s} {m['sim_rps']:8.1f} {m['kairos_live_rps']:9.1f} "
             f"{m['live_vs_sim']:8.2f}  {'met' if m['within_10pct_of_sim'] else 'MISSED'}  {m['lost']}")
-    log(f"lost {out['lost']}; {out['elapsed_s']:.0f} s; wrote {json_path} and {out['plot']}")
-    return 1 if out["lost"] else 0
+    return out
 
 
-def add_parser(which: Any) -> None:
-    """Add ``kairos`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("kairos", help="Kairos §8 in simulation: allowable throughput of Kairos vs baselines")
-    e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
+def plot(out: dict, path: Path) -> None:
+    """The simulation's bars and CDFs, or (``--live``) the live run's CDFs."""
+    if out.get("mode") == "live":
+        from keel.bench.kairos_live import plot_cdfs
+
+        plot_cdfs(out, path)
+    else:
+        plot_sim(out, path)
+
+
+def options(e: argparse.ArgumentParser) -> None:
+    """``keel experiment kairos``'s own options."""
     e.add_argument("--sim", action="store_true", help="simulation on the measured profiles (the default)")
     e.add_argument("--live", action="store_true",
                    help="Kairos on a live cluster of emulated instances (the planned pool) vs the simulation")
     e.add_argument("--scale", type=float, default=1.0, help="--live: service-time factor of the emulated instances")
-    e.add_argument("--quick", action="store_true", help="rm2 alone, shorter trials (under 3 minutes)")
     e.add_argument("--models", help="comma-separated (default: rm2,mtwnd,dien; rm2 with --quick)")
     e.add_argument("--profile", help="profile directory (default: ../shared/data/kairos)")
     e.add_argument("--budget", type=float, help="$/h (default: the search space's)")
     e.add_argument("--seeds", type=int, default=1,
                    help="--sim: draws (arrivals, sizes) per model; rates averaged, ratios' range printed")
-    e.set_defaults(func=cmd)

@@ -38,7 +38,7 @@ import numpy as np
 from keel.bench.kairos_sim import (allowable_throughput, bisect_rate, latency_table, pool_dict, sample_sizes,
                                    simulate)
 from keel.common.client import Client
-from keel.common.loadgen import open_loop, summarize, write_json_and_plot
+from keel.common.loadgen import open_loop, summarize
 from keel.common.spec import load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher, free_port_block, wait_until
@@ -161,10 +161,10 @@ def live_throughput(model: str, pool: dict[str, int], qos_ms: float, sim_rps: fl
             "elapsed_s": round(time.time() - t0, 1)}
 
 
-def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str | None = None,
+def run_live(models: list[str], quick: bool, profile_root: str | None = None,
              budget: float | None = None, scale: float = 1.0, log: Callable[[str], None] = print) -> dict:
     """Per model: the planned pool, Kairos's simulated allowable throughput on it (the
-    same trial size and seed) and the live one; JSON and the latency CDF plot."""
+    same trial size and seed) and the live one (``plot_cdfs`` draws the latency CDFs)."""
 
     from keel.common.kairos.planner import plan_pools
     from keel.common.kairos.profiles import QOS_MS, Profiles
@@ -198,7 +198,6 @@ def run_live(models: list[str], quick: bool, json_path: Path, profile_root: str 
         out["models"][model] = m
     out["lost"] = sum(m["lost"] for m in out["models"].values())
     out["elapsed_s"] = round(time.time() - t0, 1)
-    write_json_and_plot(json_path, out, plot_cdfs)
     return out
 
 

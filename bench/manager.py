@@ -29,11 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from keel.common.control import ManagerClient
-from keel.common.loadgen import figures_table, write_json
 from keel.deploy.local import Launcher
 from keel.deploy.manager_group import LocalGroup
 
-TARGETS = {"commit_p50_ms": 2.0, "failover_median_s": 0.5, "failover_max_s": 1.0}
+LIMITS = {"commit_p50_ms": 2.0, "failover_median_s": 0.5, "failover_max_s": 1.0}
+#: the printed table and its targets (keel bench)
+FIGURES = ("commit_p50_ms", "commit_p99_ms", "failover_median_s", "failover_max_s", "trials", "replicas_equal")
+TARGETS = {k: f"<= {v}" for k, v in LIMITS.items()}
 
 
 def _promote(client: ManagerClient, expected: int, name: str, timeout_s: float) -> dict:
@@ -81,7 +83,8 @@ def failover_trial(group: LocalGroup, epoch: int) -> tuple[float, int]:
     return took, result["epoch"]
 
 
-def run(json_path: str | None, quick: bool = False) -> int:
+def run(args, log=print) -> dict:
+    quick = args.quick
     commits, trials = (200, 5) if quick else (1000, 20)
     with tempfile.TemporaryDirectory(prefix="keel-bench-manager-") as tmp, Launcher(Path(tmp) / "logs") as launcher:
         group = LocalGroup(launcher, Path(tmp) / "journal")
@@ -97,7 +100,7 @@ def run(json_path: str | None, quick: bool = False) -> int:
         for t in range(trials):
             took, epoch = failover_trial(group, epoch)
             failovers.append(took)
-            print(f"  failover trial {t + 1}/{trials}: {took * 1000:.0f} ms", flush=True)
+            log(f"  failover trial {t + 1}/{trials}: {took * 1000:.0f} ms")
         client.close()
         equal = group.wait_equal(timeout_s=10.0)
         snaps = group.snapshots()
@@ -109,12 +112,10 @@ def run(json_path: str | None, quick: bool = False) -> int:
             "failover_median_s": float(statistics.median(failovers)), "failover_max_s": float(max(failovers)),
             "failover_min_s": float(min(failovers)), "failovers_s": failovers, "trials": trials,
             "replicas_equal": bool(equal), "final_seq": [s["seq"] if s else None for s in snaps],
-            "first_leader": group.endpoints[leader], "targets": TARGETS, "quick": quick,
+            "first_leader": group.endpoints[leader], "targets": LIMITS, "quick": quick,
         }
-    print()
-    for line in figures_table(result, ("commit_p50_ms", "commit_p99_ms", "failover_median_s", "failover_max_s", "trials",
-                                       "replicas_equal"), {k: f"<= {v}" for k, v in TARGETS.items()}):
-        print(line)
-    if json_path:
-        print(f"wrote {write_json(json_path, result)}")
-    return 0 if equal else 1
+    return result
+
+
+def passed(report: dict) -> bool:
+    return report["replicas_equal"]

@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from keel.bench import kairos_experiment
+from keel.bench.cli import finish
 from keel.bench.kairos_experiment import Config, UrgentKairos, run_experiment
 from keel.common.kairos.profiles import DEFAULT_ROOT
 
@@ -17,8 +19,10 @@ needs_data = pytest.mark.skipif(not (DEFAULT_ROOT / "data.tar.gz").exists(),
 def test_tiny_experiment_writes_the_keys_within_budget_and_a_plot(tmp_path):
     cfg = Config(n=250, rel_tol=0.15, plus_n=150, plus_tol=0.3, solve_reps=5, seeds=2)
     path = tmp_path / "k.json"
-    out = run_experiment(["dien"], cfg, path, log=lambda s: None)
+    out = run_experiment(["dien"], cfg, log=lambda s: None)
+    assert finish(kairos_experiment, out, path, log=lambda s: None) == 0  # what keel experiment does at its end
     saved = json.loads(path.read_text())
+    assert path.with_suffix(".png").exists() and saved["plot"] == str(path.with_suffix(".png"))
     for key in ("plan_ms", "solve_p99_ms_28x14", "solve_p99_ms_200x200", "lost", "models"):
         assert key in saved
     m = saved["models"]["dien"]
