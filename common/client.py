@@ -61,6 +61,7 @@ import math
 import os
 import time
 import uuid
+import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
@@ -69,7 +70,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from keel.common import protocol, transport
+from keel.common import inputs, protocol, transport
 from keel.common.protocol import ErrorCode, Feedback, Predict, Reply, Source
 
 
@@ -214,17 +215,44 @@ def error_for(result: Result) -> KeelError:
 
 
 def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
-    """``x`` as an array of the model's ``dtype`` when that is safe (float64 -> float32,
-    ints -> floats); ``BadInput`` naming the dtype expected otherwise. Unknown dtype: as is."""
-    arr = np.asarray(x)
-    if dtype is None or arr.dtype == dtype:
-        return arr
-    want = np.dtype(dtype)
-    if np.can_cast(arr.dtype, want, "same_kind") and not (arr.dtype.kind == "f" and want.kind in "iub"):
-        return arr.astype(want)
-    result = Result("", Source.ERROR, error=f"model {model} takes {want.name} input; {arr.dtype.name} cannot be "
-                    f"converted to it safely", error_code=ErrorCode.BAD_REQUEST, model=model)
-    raise BadInput(result, result.error)
+    """``x`` as an array of the model's ``dtype`` when that is safe (``common.inputs``: float64
+    -> float32, ints -> floats, ints that fit); ``BadInput`` naming the dtype expected
+    otherwise. Unknown dtype: as is."""
+    if dtype is None:
+        return np.asarray(x)
+    try:
+        return inputs.coerce(x, dtype, f"model {model}")  # the frontend checks shape and values
+    except inputs.InputError as exc:
+        result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
+        raise BadInput(result, result.error) from None
+
+
+def _key_of(key: str | None, context: str | None) -> str | None:
+    """The call's key; ``context`` is its old name (a DeprecationWarning)."""
+    if context is not None:
+        warnings.warn("context= is deprecated: pass key= (the same value)", DeprecationWarning, stacklevel=3)
+        if key is not None and key != context:
+            raise ValueError(f"key {key!r} and context {context!r} differ: pass key only")
+        key = context
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string, got {key!r} (timeout_ms and the rest are keyword arguments)")
+    return key
+
+
+def _rows_and_keys(xs, key: str | list[str] | None) -> tuple[list, list[str | None]]:
+    """The rows of a batch and each row's key: one key for all, or a list of one per row."""
+    rows = list(xs)
+    if not isinstance(key, list):
+        return rows, [key] * len(rows)
+    if len(key) != len(rows):
+        raise ValueError(f"{len(key)} keys for {len(rows)} rows: pass one key, or one per row")
+    return rows, [_key_of(k, None) for k in key]
+
+
+def _check_version(version: str | None) -> str | None:
+    if version is not None and not isinstance(version, str):
+        raise TypeError(f"version must be a string such as '2', got {version!r}")
+    return version
 
 
 #: calls ``predict_batch`` keeps in flight at once
@@ -281,8 +309,9 @@ class _Call:
     expires: float  # perf_counter at which the current attempt's slice ends
     attempt: int
     frontend: int
-    context: str | None = None
+    key: str | None = None
     deadline: float = 0.0  # sent + timeout: the frontend answers by then
+    version: str | None = None
 
 
 class RetryEngine:
@@ -332,10 +361,11 @@ class RetryEngine:
                 return i
         return start if start != avoid else (start + 1) % n
 
-    def message(self, rid: str, call: _Call, now: float) -> Predict:
+    def message(self, rid: str, call: _Call, now: float, client: str | None = None) -> Predict:
         """The current attempt's query: a retry carries the time left to the call's deadline."""
         timeout = call.timeout_ms if call.attempt == 0 else max(1.0, (call.deadline - now) * 1000.0)
-        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, context=call.context)
+        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, version=call.version,
+                       key=call.key, client=client)
 
     def due(self, now: float) -> tuple[list[str], list[Result]]:
         """Calls whose slice passed: (to send again, to their new frontend; ended with no answer)."""
@@ -451,7 +481,7 @@ class _Base:
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
-                 curve_keys: str | None = None, curve_name: str = "client"):
+                 curve_keys: str | None = None, curve_name: str = "client", client_id: str | None = None):
         #: CURVE (common.curve): this client's keypair ``curve_name`` from the keys folder
         from keel.common import curve
 
@@ -475,6 +505,9 @@ class _Base:
         self.calls = self.engine.calls  # request id -> call in flight
         self.suspect_until = self.engine.suspect_until
         self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        #: this client's id, sent in every Predict: with the request id it names a request on
+        #: every connection and frontend, so a retry anywhere is recognised as one
+        self.client_id = client_id or self.prefix
         self.counter = itertools.count(1)
         self.answered_by: OrderedDict[str, int] = OrderedDict()  # request id -> frontend, for feedback
         self.acks: dict[str, FeedbackResult | None] = {}  # feedback answers awaited (request id -> answer)
@@ -494,12 +527,12 @@ class _Base:
         return self.engine.expiry
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
-                  context: str | None = None) -> tuple[str, _Call]:
+                  key: str | None = None, version: str | None = None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
         x = coerce_input(model, x, self.dtypes.get(model))
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, context, now + timeout / 1000.0)
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
         self.engine.start(rid, call, now)
         return rid, call
 
@@ -552,7 +585,7 @@ class _Base:
     def _send_call(self, rid: str) -> None:
         """Queue the current attempt of call ``rid`` for its frontend."""
         call = self.calls[rid]
-        msg = self.engine.message(rid, call, time.perf_counter())
+        msg = self.engine.message(rid, call, time.perf_counter(), self.client_id)
         self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
@@ -677,9 +710,14 @@ class Client(_Base):
             self.poller.register(self.sockets[i], zmq.POLLIN | zmq.POLLOUT if waiting else zmq.POLLIN)
             (self.waiting.add if waiting else self.waiting.discard)(i)
 
-    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-               context: str | None = None) -> str:
-        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+    def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+               timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None) -> str:
+        """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
+        return self._submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
+
+    def _submit(self, name: str, x: np.ndarray, key: str | None, version: str | None, timeout_ms: float | None,
+                request_id: str | None) -> str:
+        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         self._send_call(rid)
         return rid
 
@@ -739,10 +777,34 @@ class Client(_Base):
                 else:
                     self.results[result.request_id] = result  # someone else's submit
 
-    def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                raise_errors: bool | None = None, context: str | None = None) -> Result:
-        """One query of a model, or of an application (by its name) in ``context``."""
-        rid = self.submit(model, x, timeout_ms, request_id, context)
+    def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+                timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
+                *, context: str | None = None) -> Result:
+        """One query of a target: a model, an application or a graph, by its name.
+
+        Parameters
+        ----------
+        name : str
+            The model, application or graph (``keel status`` lists a frontend's targets).
+        x : array-like
+            One input of the target's input shape.
+        key : str, optional
+            The call's key: an application's selection context (a user, a session: whose
+            learned state picks and weighs its models), a graph's stream (whose state it
+            keeps). A plain model takes none (``BadInput``). ``context=`` is its deprecated name.
+        version : str, optional
+            Pins a model version: answered by it, or refused (``UnknownModel``, naming the
+            versions served) when the frontend does not serve it.
+        timeout_ms : float, optional
+            The deadline (default: the client's ``timeout_ms``).
+        request_id : str, optional
+            The request's id (default: made up); a call sent again with the same id is
+            recognised by the frontend as a retry (with this client's ``client_id``).
+        raise_errors : bool, optional
+            Raise a ``KeelError`` instead of returning a result without a prediction
+            (default: the client's ``raise_errors``).
+        """
+        rid = self._submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
         return self._outcome(got[rid], raise_errors)
@@ -763,22 +825,26 @@ class Client(_Base):
         finally:
             del self.acks[request_id]
 
-    def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
-                      raise_errors: bool | None = None) -> list[Result]:
-        """One query per row of ``xs``; results in input order.
+    def predict_batch(self, name: str, xs, key: str | list[str] | None = None, version: str | None = None,
+                      timeout_ms: float | None = None, request_id: str | None = None,
+                      raise_errors: bool | None = None, *, window: int = WINDOW, context: str | None = None) -> list[Result]:
+        """One query per row of ``xs`` (as ``predict``); results in input order.
 
-        At most ``window`` calls are in flight at once: a frontend drops replies that do
-        not fit a client's queue, so a client that sent everything before reading would
-        lose answers on a large batch."""
+        ``key`` is one key for every row (a string) or one per row (a list as long as
+        ``xs``); ``request_id``, if given, names row ``i`` ``{request_id}-{i}``. At most
+        ``window`` calls are in flight at once: a frontend drops replies that do not fit a
+        client's queue, so a client that sent everything before reading would lose answers
+        on a large batch."""
         if timeout_ms is not None:
             _check_timeout(timeout_ms)
+        xs, keys = _rows_and_keys(xs, _key_of(key, context) if not isinstance(key, list) else key)
         rids: list[str] = []
         wanted: set[str] = set()
         got: dict[str, Result] = {}
-        for x in xs:
+        for i, x in enumerate(xs):
             if len(wanted) >= window:
                 self._gather(wanted, got, window - 1)
-            rid = self.submit(model, x, timeout_ms)
+            rid = self._submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
             rids.append(rid)
             wanted.add(rid)
         self._gather(wanted, got)
@@ -905,10 +971,12 @@ class AsyncClient(_Base):
                 self._drain(i)
         self._arm()
 
-    async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                      raise_errors: bool | None = None, context: str | None = None) -> Result:
-        """One query of a model, or of an application (by its name) in ``context``."""
-        return self._outcome(await self._predict(model, x, timeout_ms, request_id, context), raise_errors)
+    async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+                      timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
+                      *, context: str | None = None) -> Result:
+        """One query of a model, an application or a graph (as ``Client.predict``)."""
+        result = await self._predict(name, x, _key_of(key, context), version, timeout_ms, request_id)
+        return self._outcome(result, raise_errors)
 
     async def feedback(self, request_id: str, y: int, timeout_ms: float | None = None) -> FeedbackResult:
         """As ``Client.feedback``."""
@@ -927,10 +995,10 @@ class AsyncClient(_Base):
             del self.acks[request_id]
             self.ack_futures.pop(request_id, None)
 
-    async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
-                       context: str | None = None) -> Result:
+    async def _predict(self, name: str, x: np.ndarray, key: str | None, version: str | None,
+                       timeout_ms: float | None, request_id: str | None) -> Result:
         self._start()
-        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         future = self.futures[rid] = self.loop.create_future()
         try:
             self._send_call(rid)
@@ -941,19 +1009,23 @@ class AsyncClient(_Base):
                 self.engine.drop(rid)
                 self.futures.pop(rid, None)
 
-    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
-                            raise_errors: bool | None = None) -> list[Result]:
+    async def predict_batch(self, name: str, xs, key: str | list[str] | None = None, version: str | None = None,
+                            timeout_ms: float | None = None, request_id: str | None = None,
+                            raise_errors: bool | None = None, *, window: int = WINDOW,
+                            context: str | None = None) -> list[Result]:
         """One query per row of ``xs``, at most ``window`` in flight at once (see
-        ``Client.predict_batch``); results in input order."""
+        ``Client.predict_batch``: keys and request ids); results in input order."""
         if timeout_ms is not None:
             _check_timeout(timeout_ms)
+        xs, keys = _rows_and_keys(xs, _key_of(key, context) if not isinstance(key, list) else key)
         gate = asyncio.Semaphore(window)
 
-        async def one(x: np.ndarray) -> Result:
+        async def one(i: int, x: np.ndarray) -> Result:
             async with gate:
-                return await self._predict(model, x, timeout_ms, None)
+                return await self._predict(name, x, keys[i], version, timeout_ms,
+                                           f"{request_id}-{i}" if request_id else None)
 
-        return self._outcomes(list(await asyncio.gather(*(one(x) for x in xs))), raise_errors)
+        return self._outcomes(list(await asyncio.gather(*(one(i, x) for i, x in enumerate(xs)))), raise_errors)
 
     async def close(self) -> None:
         self._unwatch()
