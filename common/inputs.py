@@ -5,9 +5,10 @@ The client (``common.client``), the HTTP gateway and the gRPC gateway (through
 buffers -- and then hand the array to ``validate``, so a value is taken or refused the same
 way whichever door it came in by:
 
-- dtype: an input of another dtype is converted when no value changes kind: ints and bools
-  to floats, narrower to wider, ints to another int type when every value fits
-  (``InputError`` otherwise, never wrapped); floats never become ints or bools;
+- dtype: an input of another dtype is converted when no value changes kind (numpy's
+  ``same_kind``): bools and ints to floats, any width to any other of the same kind, ints
+  to a narrower int only when every value fits (never wrapped); floats never become ints
+  or bools, signed ints never unsigned; anything else is an ``InputError``;
 - shape: the target's ``input_shape``, or rows of it (axis 0 the batch) for a batch;
 - values: no NaN or infinity in a float input.
 
