@@ -230,9 +230,9 @@ def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
 def _key_of(key: str | None, context: str | None) -> str | None:
     """The call's key; ``context`` is its old name (a DeprecationWarning)."""
     if context is not None:
-        warnings.warn("context= is deprecated: pass key= (the same value)", DeprecationWarning, stacklevel=3)
         if key is not None and key != context:
             raise ValueError(f"key {key!r} and context {context!r} differ: pass key only")
+        warnings.warn("context= is deprecated: pass key= (the same value)", DeprecationWarning, stacklevel=3)
         key = context
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a string, got {key!r} (timeout_ms and the rest are keyword arguments)")
