@@ -713,10 +713,7 @@ class Client(_Base):
     def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
                timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None) -> str:
         """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
-        return self._submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
-
-    def _submit(self, name: str, x: np.ndarray, key: str | None, version: str | None, timeout_ms: float | None,
-                request_id: str | None) -> str:
+        key = _key_of(key, context)
         rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         self._send_call(rid)
         return rid
@@ -804,7 +801,7 @@ class Client(_Base):
             Raise a ``KeelError`` instead of returning a result without a prediction
             (default: the client's ``raise_errors``).
         """
-        rid = self._submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
+        rid = self.submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
         return self._outcome(got[rid], raise_errors)
@@ -844,7 +841,7 @@ class Client(_Base):
         for i, x in enumerate(xs):
             if len(wanted) >= window:
                 self._gather(wanted, got, window - 1)
-            rid = self._submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
+            rid = self.submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
             rids.append(rid)
             wanted.add(rid)
         self._gather(wanted, got)
