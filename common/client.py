@@ -38,15 +38,24 @@ a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded
 its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
 reply (source, error code, request id). Without it, results are values, as before.
 ``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
-to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected.
+to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected
+(the rules of ``common.inputs``, the gateways' too).
 Both clients are context managers (``with Client(...)``, ``async with AsyncClient(...)``).
 
-Model selection (Clipper §5; docs/guide/client.md): an application is called by its name,
-with a ``context`` (a user, a session) whose learned state picks and weighs its models;
-the result says which models answered (``models``) and the ``confidence``. The true class,
-once known, goes back with ``feedback(request_id, y)`` to the frontend that answered:
+One call for every target (docs/guide/client.md): ``predict(name, x, key=None,
+version=None, timeout_ms=None, request_id=None, raise_errors=None)`` reaches a model, an
+application or a graph by its name. ``key`` is the call's key: an application's selection
+context, a graph's stream (a plain model refuses one; ``context=`` is its deprecated name);
+``version`` pins a model version (answered by it or refused). Every query carries the
+client's id (``client_id``, one per client object unless given), so with the request id it
+names the request on every connection and frontend: a retry anywhere is recognised.
 
->>> result = client.predict("digits-ensemble", x, context="alice")  # doctest: +SKIP
+Model selection (Clipper §5): an application is called by its name, with a key (a user, a
+session) whose learned state picks and weighs its models; the result says which models
+answered (``models``) and the ``confidence``. The true class, once known, goes back with
+``feedback(request_id, y)`` to the frontend that answered:
+
+>>> result = client.predict("digits-ensemble", x, key="alice")  # doctest: +SKIP
 >>> result.source, result.models, result.confidence                # doctest: +SKIP
 ('ensemble', ['mlp-a', 'mlp-b', 'lenet'], 1.0)
 >>> client.feedback(result.request_id, 3).ok                       # doctest: +SKIP

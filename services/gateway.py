@@ -1,36 +1,43 @@
 """HTTP gateway: the Open Inference Protocol v2 (KServe / Triton REST) onto Keel's client path.
 
 The gateway is an aiohttp server in one asyncio loop with one ``AsyncClient`` to the
-frontends, so an HTTP request becomes Keel queries with their deadlines and request ids,
-and every Keel reply comes back to the caller. Routes (OIP v2; docs/guide/http.md)::
+frontends. It decodes HTTP (JSON or binary tensors, parameters) and encodes answers; the
+rest -- which targets the frontends serve, versions, input rules, one Keel query per row,
+errors -- is ``services.inference.Inference``, which the gRPC gateway shares. Routes (OIP
+v2; docs/guide/http.md), ``{m}`` any target the frontends serve (a model, an application,
+a graph)::
 
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
     GET  /v2                                    server metadata (name, version, extensions)
-    GET  /v2/models/{m}[/versions/{v}]          model metadata: versions served now, one input, one output
+    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, one input, one output, kind and key
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
-A model has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
+A target has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
 ``output`` of shape ``[-1, output_size]`` (FP32): each row of the input is one Keel query
-(its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all rows in flight at once.
-Tensors come as JSON (``data``, row-major) or with the binary-data extension (the
-``Inference-Header-Content-Length`` header; each input's ``binary_data_size``); outputs are
-binary when asked (``binary_data`` on the output or ``binary_data_output`` on the request).
+(its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all
+rows in flight at once. Tensors come as JSON (``data``, row-major) or with the binary-data
+extension (the ``Inference-Header-Content-Length`` header; each input's
+``binary_data_size``); outputs are binary when asked (``binary_data`` on the output or
+``binary_data_output`` on the request). The request parameter ``key`` is the call's key (an
+application's selection context, a graph's stream); a plain model refuses one.
 
 Versions are the ones the model's workers serve now, as the frontends know them (a
-``keel model rollout`` moves them), asked of the frontends at each metadata request: never
-the spec's version at start. A request pinned to a version (``/versions/{v}/``) is answered
-by that version or refused: 404 when the frontends say it is not served, 409 when a
-rollout raced the request and another version computed it.
+``keel model rollout`` moves them): never the spec's version at start. A request pinned to
+a version (``/versions/{v}/``) sends it in each query and is answered by that version or
+refused: 404 when it is not served, 409 when a rollout raced the request and another
+version computed it.
 
 The deadline of each query is the request's ``timeout`` parameter (microseconds, as
 tritonclient sends it) or ``timeout_ms``; without one, the model's own deadline. The
 response's ``parameters`` say where each row's answer came from (``keel_sources``:
-model, cache, default, reconstruction) and which version answered (``keel_versions``).
+model, cache, default, reconstruction, ensemble, ...), which version answered
+(``keel_versions``) and, for an application, which models answered and how many agree
+(``keel_models``, ``keel_confidence``).
 
 Every refusal is ``{"error": "..."}`` (JSON) with a 4xx status: 400 bad input, 401 no or
-unknown bearer token, 404 unknown model, version or path, 405 wrong method, 409 another
+unknown bearer token, 404 unknown target, version or path, 405 wrong method, 409 another
 version answered, 413 body too large; and the server's own: 503 overloaded or no frontend
 answered, 504 deadline, 500 a model's error. TLS (``tls_cert``, ``tls_key``) and a bearer
 token allow-list (``tokens_file``, read again when it changes) are off by default. The
