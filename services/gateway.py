@@ -349,6 +349,8 @@ class Gateway:
                       tokens=self.tokens is not None)
 
     async def close(self) -> None:
+        if self.inference is not None:
+            await self.inference.close()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.client is not None:

@@ -6,9 +6,10 @@ applications, graphs, from their status ``targets``), which versions, validating
 (``common.inputs``), one Keel query per row through one ``AsyncClient``, and mapping Keel's
 answers to a status and a message (``InferError``). The gateway then encodes the outputs.
 
-Targets are asked of every frontend and kept ``TARGETS_TTL_S`` (inference asks at most
-that often); a name or version not among them is asked again before it is refused, and
-metadata calls (``targets(fresh=True)``) always ask, so a rollout shows at once. A frontend
+Targets are asked of every frontend and kept: older than ``TARGETS_TTL_S`` they are asked
+again in the background while requests go on with them; a name or version not among them
+is asked again before it is refused, and metadata calls (``targets(fresh=True)``) always
+ask, so a rollout shows at once. A frontend
 that lists no ``targets`` (an older one) stands for the spec's models with the versions it
 says it serves. While no frontend answers, a request for one of the spec's models still goes
 out (the frontends may answer queries while a status is lost); anything else is a 503.
@@ -24,6 +25,7 @@ Example
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 
@@ -72,6 +74,7 @@ class Inference:
         self.known: dict[str, dict] | None = None  # the targets last asked, with when
         self.known_at = -float("inf")
         self.asking = asyncio.Lock()  # one status round at a time: the others then find it kept
+        self.refresh: asyncio.Future | None = None  # the background ask of stale targets
         self.requests = itertools.count(1)  # makes callers' request ids unique (see infer)
         self.queries = 0
 
@@ -86,18 +89,38 @@ class Inference:
 
     async def targets(self, fresh: bool = False) -> dict[str, dict]:
         """name -> target (as the frontends' ``Frontend.targets``, plus ``versions``: every
-        version some frontend serves, sorted; [] for a target without versions). Kept
-        ``TARGETS_TTL_S`` unless ``fresh``; a 503 ``InferError`` if no frontend answers."""
+        version some frontend serves, sorted; [] for a target without versions); a 503
+        ``InferError`` if no frontend answers. Unless ``fresh``, the targets last asked:
+        older than ``TARGETS_TTL_S``, they are asked again in the background meanwhile (a
+        request never waits on a status round, which a silent frontend makes last
+        ``STATUS_TIMEOUT_S``)."""
+        if not fresh and self.known is not None:
+            if time.monotonic() - self.known_at >= TARGETS_TTL_S and (self.refresh is None or self.refresh.done()):
+                self.refresh = asyncio.ensure_future(self._refresh())
+            return self.known
         asked = time.monotonic()
         async with self.asking:
-            if self.known is not None and (self.known_at >= asked or
-                                           (not fresh and time.monotonic() - self.known_at < TARGETS_TTL_S)):
+            if self.known is not None and self.known_at >= asked:  # asked while this call waited
                 return self.known
             return await self._ask()
+
+    async def _refresh(self) -> None:
+        try:
+            await self.targets(fresh=True)
+        except InferError:
+            pass  # none answered: nothing is kept now, so the next request asks (and says 503) itself
+
+    async def close(self) -> None:
+        """Stop a background ask (the gateway is stopping)."""
+        if self.refresh is not None and not self.refresh.done():
+            self.refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.refresh
 
     async def _ask(self) -> dict[str, dict]:
         statuses = await self.statuses()
         if not statuses:
+            self.known = None  # what was kept is not known to be served any more
             raise InferError(503, "no frontend answered: the targets served now are unknown")
         merged: dict[str, dict] = {}
         for status in statuses:

@@ -60,6 +60,8 @@ class StandIn:
             transport.send(self.sock, reply, envelope)
 
     def close(self) -> None:
+        if self.stop.is_set():
+            return
         self.stop.set()
         self.thread.join(5)
         self.sock.close(0)
@@ -164,3 +166,27 @@ def test_infer_sends_key_version_and_rows_and_refuses_what_a_target_does_not_tak
     assert sent["r.1-0"].key == sent["r.1-1"].key == "alice" and sent["r.1-0"].model == "ensemble"
     # no rows, no query; a version the frontends do not serve is refused before any query
     assert [m.version for m in frontend.predicts if m.model == "m"] == ["1", "1", "1"]
+
+
+def test_stale_targets_are_asked_again_in_the_background_and_forgotten_when_none_answers(standin, monkeypatch):
+    from keel.services import inference as module
+
+    monkeypatch.setattr(module, "TARGETS_TTL_S", 0.0)  # every kept answer is stale at once
+    frontend = standin({"m": MODEL})
+
+    async def body(inference: Inference):
+        first = await inference.targets()
+        asked = frontend.statuses
+        assert await inference.targets() is first  # answered from what is kept, no waiting
+        while frontend.statuses == asked:  # ... while it is asked again in the background
+            await asyncio.sleep(0.01)
+        await inference.refresh
+        frontend.close()  # no frontend answers any more
+        await inference.targets()
+        await inference.refresh
+        with pytest.raises(InferError) as exc:  # nothing kept: this request asks, and hears nothing
+            await inference.targets()
+        assert exc.value.status == 503
+        await inference.close()
+
+    run([frontend.endpoint], body)
