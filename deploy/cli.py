@@ -161,7 +161,7 @@ def _input(text: str, target: dict):
 
 def served_targets(endpoints: list[str], timeout_s: float = 2.0) -> dict[str, dict] | None:
     """name -> target (kind, input shape and dtype, output size, version, key) as the first
-    frontend that answers lists them (its status ``targets``); None if none answers."""
+    frontend that answers lists them (its status ``targets``); None if none does."""
     from keel.common.transport import request_status
 
     for endpoint in endpoints:
@@ -177,8 +177,8 @@ def _target(spec: Any, name: str) -> dict:
     targets = served_targets(spec.client_endpoints)
     if targets is None:
         if name not in spec.models:
-            raise SpecError(f"no frontend answered at {', '.join(spec.client_endpoints) or '(none)'}, and "
-                            f"{name!r} is not one of the spec's models ({sorted(spec.models)})")
+            raise SpecError(f"no frontend listed its targets (asked {', '.join(spec.client_endpoints) or 'none'}), "
+                            f"and {name!r} is not one of the spec's models ({sorted(spec.models)})")
         table = spec.models[name]
         return {"kind": "model", "input_shape": table["input_shape"], "input_dtype": table["input_dtype"], "key": False}
     if name not in targets:
