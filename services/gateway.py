@@ -349,10 +349,10 @@ class Gateway:
                       tokens=self.tokens is not None)
 
     async def close(self) -> None:
-        if self.inference is not None:
-            await self.inference.close()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.inference is not None:  # after the server: no request asks for targets any more
+            await self.inference.close()
         if self.client is not None:
             await self.client.close()
 
