@@ -264,6 +264,7 @@ class Gateway:
         self.client: AsyncClient | None = None
         self.inference: Inference | None = None
         self.tokens: Tokens | None = None
+        # "queries" is Inference's count (status() reports it): one for every transport
         self.counts = {"requests": 0, "queries": 0, "errors": 0, "unauthorized": 0}
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -402,7 +403,8 @@ class Gateway:
 
     def status(self) -> dict:
         return {"service": self.name, "role": self.role, "http_port": self.port, "tls": self.cfg.tls_cert is not None,
-                "tokens": self.tokens is not None, **self.counts}
+                "tokens": self.tokens is not None, **self.counts,
+                "queries": self.inference.queries if self.inference is not None else 0}  # every transport's
 
     # ------------------------------------------------------------------ health, metadata, versions
 
@@ -467,9 +469,7 @@ class Gateway:
         rid = header.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
             raise InferError(400, "id must be a non-empty string of at most 200 characters")
-        before = self.inference.queries
         out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid)
-        self.counts["queries"] += self.inference.queries - before
         params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
                                   "keel_versions": [r.version for r in results],
                                   "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}

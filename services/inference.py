@@ -76,7 +76,7 @@ class Inference:
         self.asking = asyncio.Lock()  # one status round at a time: the others then find it kept
         self.refresh: asyncio.Future | None = None  # the background ask of stale targets
         self.requests = itertools.count(1)  # makes callers' request ids unique (see infer)
-        self.queries = 0
+        self.queries = 0  # Keel queries sent, whatever transport asked for them
 
     # ------------------------------------------------------------------ targets
 
