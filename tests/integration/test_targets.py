@@ -141,7 +141,8 @@ def test_keel_predict_calls_an_application_and_lists_what_is_served(cluster, cap
 
 
 def test_the_gateway_lists_and_infers_an_application_with_a_key(cluster):
-    _, _, port = cluster
+    _, spec, port = cluster
+    queries = request_status(spec.status_endpoints()["gateway"])["queries"]
     status, meta = http(port, "/v2/models/ensemble")
     assert status == 200 and meta["parameters"] == {"keel_kind": "application", "keel_key": True}, meta
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, DIM]}] and meta["versions"] == []
@@ -152,6 +153,7 @@ def test_the_gateway_lists_and_infers_an_application_with_a_key(cluster):
     params = body["parameters"]
     assert params["keel_sources"] == [Source.ENSEMBLE] * 2 and [sorted(m) for m in params["keel_models"]] == [["right", "wrong"]] * 2
     assert params["keel_confidence"] == [0.5, 0.5] and body["outputs"][0]["shape"] == [2, OUT]
+    assert request_status(spec.status_endpoints()["gateway"])["queries"] == queries + 2  # one per row
     status, body = http(port, "/v2/models/right/infer", infer_doc(xs, key="alice"))
     assert status == 400 and "takes no key" in body["error"]
     status, body = http(port, "/v2/models/ensemble/infer", infer_doc(xs, key=7))
