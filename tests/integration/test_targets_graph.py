@@ -53,7 +53,7 @@ def post(port: int, path: str, doc: dict) -> tuple[int, dict]:
         return err.code, orjson.loads(err.read())
 
 
-@pytest.mark.xfail(raises=SpecError, strict=False, reason="needs named graphs ([graphs.NAME]) served by the frontend")
+@pytest.mark.xfail(raises=SpecError, strict=True, reason="needs named graphs ([graphs.NAME]) served by the frontend")
 def test_keel_predict_and_the_gateway_reach_a_graph_with_a_key(tmp_path, launcher, capsys):
     run = launcher("graph-targets")
     port = free_port()
