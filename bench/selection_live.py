@@ -1,6 +1,6 @@
 """The live half of ``keel experiment selection``: the experiment's five classifiers served
 by real worker processes behind a real frontend and dispatcher, called through the client
-as applications (``predict(app, x, context=...)``, ``feedback(request_id, y)``).
+as applications (``predict(app, x, key=...)``, ``feedback(request_id, y)``).
 
 Each classifier goes into a model store as a Python container (``ScoreContainer``): a
 scikit-learn MLP as its weights (forward pass in numpy), a LeNet-5 as TorchScript, in one
@@ -134,7 +134,7 @@ def fig8(client, app: str, xs: np.ndarray, y: np.ndarray, names: list[str], log)
     errors = 0
     t0 = time.perf_counter()
     for t in range(n):
-        r = client.predict(app, xs[t], context="fig8")
+        r = client.predict(app, xs[t], key="fig8")
         if not r.ok:
             errors += 1
             continue
@@ -158,7 +158,7 @@ def _run(client, xs: np.ndarray, y: np.ndarray, seconds: float | None) -> tuple[
     for x, label in zip(xs, y):
         if end is not None and time.monotonic() >= end:
             break
-        r = client.predict("straggle", x, context="straggler")
+        r = client.predict("straggle", x, key="straggler")
         latencies.append(r.latency_ms)
         sources[str(r.source)] += 1
         answers.append(int(np.argmax(r.output)) if r.ok else -1)
@@ -226,7 +226,7 @@ def run_live(models: list, names: list[str], best: int, data, y_seq_idx: np.ndar
             client = Client(endpoint, timeout_ms=2000.0)
             try:
                 for x in xs[:50]:  # warm-up, outside every figure
-                    client.predict("exp4", x, context="warm-up")
+                    client.predict("exp4", x, key="warm-up")
                 for app in ("exp3", "exp4"):
                     run = fig8(client, app, xs, y, names, log)
                     out[app] = run

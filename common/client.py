@@ -38,15 +38,24 @@ a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded
 its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
 reply (source, error code, request id). Without it, results are values, as before.
 ``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
-to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected.
+to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected
+(the rules of ``common.inputs``, the gateways' too).
 Both clients are context managers (``with Client(...)``, ``async with AsyncClient(...)``).
 
-Model selection (Clipper §5; docs/guide/client.md): an application is called by its name,
-with a ``context`` (a user, a session) whose learned state picks and weighs its models;
-the result says which models answered (``models``) and the ``confidence``. The true class,
-once known, goes back with ``feedback(request_id, y)`` to the frontend that answered:
+One call for every target (docs/guide/client.md): ``predict(name, x, key=None,
+version=None, timeout_ms=None, request_id=None, raise_errors=None)`` reaches a model, an
+application or a graph by its name. ``key`` is the call's key: an application's selection
+context, a graph's stream (a plain model refuses one; ``context=`` is its deprecated name);
+``version`` pins a model version (answered by it or refused). Every query carries the
+client's id (``client_id``, one per client object unless given), so with the request id it
+names the request on every connection and frontend: a retry anywhere is recognised.
 
->>> result = client.predict("digits-ensemble", x, context="alice")  # doctest: +SKIP
+Model selection (Clipper §5): an application is called by its name, with a key (a user, a
+session) whose learned state picks and weighs its models; the result says which models
+answered (``models``) and the ``confidence``. The true class, once known, goes back with
+``feedback(request_id, y)`` to the frontend that answered:
+
+>>> result = client.predict("digits-ensemble", x, key="alice")  # doctest: +SKIP
 >>> result.source, result.models, result.confidence                # doctest: +SKIP
 ('ensemble', ['mlp-a', 'mlp-b', 'lenet'], 1.0)
 >>> client.feedback(result.request_id, 3).ok                       # doctest: +SKIP
@@ -55,176 +64,71 @@ True
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
 import os
 import time
 import uuid
+import warnings
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from keel.common import protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Predict, Reply, Source
+from keel.common import inputs, protocol, transport
+from keel.common.protocol import ErrorCode, Feedback, Reply, Source
+from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
+                                 Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
+from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
 
-
-@dataclass(slots=True)
-class Result:
-    request_id: str
-    source: str
-    output: np.ndarray | None = None
-    error: str | None = None
-    error_code: str | None = None
-    model: str | None = None
-    version: str | None = None
-    latency_ms: float = 0.0
-    frontend: str = ""
-    #: an application's call: the models whose outputs the answer used, and its confidence
-    models: list[str] | None = None
-    confidence: float | None = None
-    #: a call no frontend answered (error code ``timeout``): why, when the client can tell
-    reason: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.source not in (Source.ERROR,) and self.output is not None
-
-
-    def raise_for_error(self) -> Result:
-        """This result if it carries a prediction; else the ``KeelError`` subclass of its error."""
-        if not self.ok:
-            raise error_for(self)
-        return self
-
-
-@dataclass(slots=True)
-class FeedbackResult:
-    """The frontend's answer to ``feedback``: ``ok`` if it learned from it; otherwise why not
-    (``error_code`` ``unknown_request``: unknown, repeated or expired request id;
-    ``bad_request``: not a class; ``timeout``: no answer)."""
-
-    request_id: str
-    ok: bool
-    error: str | None = None
-    error_code: str | None = None
-
+# the results, errors and retry engine live in their own modules; their names stay importable from here
+__all__ = ["ANSWERED_BY", "GRACE_MS", "WINDOW", "AsyncClient", "BadInput", "Client", "DeadlineExceeded", "FeedbackResult",
+           "InternalError", "KeelError", "Link", "ModelError", "Overloaded", "Reason", "Refused", "Result", "RetryEngine",
+           "UnknownModel", "Unreachable", "coerce_input", "error_for"]
 
 #: request id -> the frontend that answered it, kept for feedback, at most
 ANSWERED_BY = 100_000
 
 
-class KeelError(Exception):
-    """A request that ended without a prediction. ``result`` is its reply: ``source``,
-    ``error_code``, ``request_id``, ``model`` stay readable."""
-
-    code: str | None = None
-
-    def __init__(self, result: Result, message: str | None = None):
-        super().__init__(message or f"{result.error_code or result.source}: {result.error or 'no output'}"
-                         f" (model {result.model}, request {result.request_id})")
-        self.result = result
-
-    @property
-    def source(self) -> str:
-        return self.result.source
-
-    @property
-    def error_code(self) -> str | None:
-        return self.result.error_code
-
-    @property
-    def request_id(self) -> str:
-        return self.result.request_id
-
-
-class BadInput(KeelError, ValueError):
-    """The input was refused: wrong shape or dtype, NaN, too large, a reused request id."""
-
-    code = ErrorCode.BAD_REQUEST
-
-
-class UnknownModel(KeelError, LookupError):
-    """No such model (or version) is served."""
-
-    code = ErrorCode.UNKNOWN_MODEL
-
-
-class Overloaded(KeelError):
-    """The frontend's admission limit was reached: back off and retry."""
-
-    code = ErrorCode.OVERLOADED
-
-
-class DeadlineExceeded(KeelError, TimeoutError):
-    """The deadline passed with no prediction and no default output, or no frontend answered."""
-
-    code = ErrorCode.DEADLINE
-
-
-class Refused(DeadlineExceeded):
-    """No answer because the frontend refused the connection: its CURVE handshake failed (a
-    key not in its allow-list, or CURVE on one side only), or the port is not a frontend's
-    (a predictions port, the dispatcher, a graph operator)."""
-
-
-class Unreachable(DeadlineExceeded):
-    """No answer because nothing accepted a connection to the frontend within the timeout
-    (nothing listens on its port, or its host is gone)."""
-
-
-class ModelError(KeelError):
-    """The model raised on this query's batch."""
-
-    code = ErrorCode.MODEL_ERROR
-
-
-class InternalError(KeelError):
-    """Anything else that went wrong inside Keel."""
-
-    code = ErrorCode.INTERNAL
-
-
-_ERRORS: dict[str, type[KeelError]] = {
-    ErrorCode.BAD_REQUEST: BadInput, ErrorCode.UNKNOWN_MODEL: UnknownModel, ErrorCode.OVERLOADED: Overloaded,
-    ErrorCode.DEADLINE: DeadlineExceeded, ErrorCode.TIMEOUT: DeadlineExceeded, ErrorCode.MODEL_ERROR: ModelError,
-}
-
-
-class Reason(StrEnum):
-    """Why no frontend answered a call (``Result.reason``)."""
-
-    REFUSED = "refused"  # the handshake failed: CURVE refused the key, or not a frontend's socket
-    UNREACHABLE = "unreachable"  # nothing accepted a connection
-    TIMEOUT = "timeout"  # connected, no answer by the deadline
-
-
-_NO_ANSWER: dict[str, type[KeelError]] = {Reason.REFUSED: Refused, Reason.UNREACHABLE: Unreachable}
-
-
-def error_for(result: Result) -> KeelError:
-    """The typed exception of a result without a prediction."""
-    if result.error_code == ErrorCode.TIMEOUT and result.reason in _NO_ANSWER:
-        return _NO_ANSWER[result.reason](result)
-    return _ERRORS.get(result.error_code or "", InternalError)(result)
-
-
 def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
-    """``x`` as an array of the model's ``dtype`` when that is safe (float64 -> float32,
-    ints -> floats); ``BadInput`` naming the dtype expected otherwise. Unknown dtype: as is."""
-    arr = np.asarray(x)
-    if dtype is None or arr.dtype == dtype:
-        return arr
-    want = np.dtype(dtype)
-    if np.can_cast(arr.dtype, want, "same_kind") and not (arr.dtype.kind == "f" and want.kind in "iub"):
-        return arr.astype(want)
-    result = Result("", Source.ERROR, error=f"model {model} takes {want.name} input; {arr.dtype.name} cannot be "
-                    f"converted to it safely", error_code=ErrorCode.BAD_REQUEST, model=model)
-    raise BadInput(result, result.error)
+    """``x`` as an array of the model's ``dtype`` when that is safe (``common.inputs``: float64
+    -> float32, ints -> floats, ints that fit); ``BadInput`` naming the dtype expected
+    otherwise. Unknown dtype: as is."""
+    if dtype is None:
+        return np.asarray(x)
+    try:
+        return inputs.coerce(x, dtype, f"model {model}")  # the frontend checks shape and values
+    except inputs.InputError as exc:
+        result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
+        raise BadInput(result, result.error) from None
+
+
+def _key_of(key: str | None, context: str | None) -> str | None:
+    """The call's key; ``context`` is its old name (a DeprecationWarning)."""
+    if context is not None:
+        if key is not None and key != context:
+            raise ValueError(f"key {key!r} and context {context!r} differ: pass key only")
+        warnings.warn("context= is deprecated: pass key= (the same value)", DeprecationWarning, stacklevel=3)
+        key = context
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string, got {key!r} (timeout_ms and the rest are keyword arguments)")
+    return key
+
+
+def _rows_and_keys(xs, key: str | list[str] | None) -> tuple[list, list[str | None]]:
+    """The rows of a batch and each row's key: one key for all, or a list of one per row."""
+    rows = list(xs)
+    if not isinstance(key, list):
+        return rows, [key] * len(rows)
+    if len(key) != len(rows):
+        raise ValueError(f"{len(key)} keys for {len(rows)} rows: pass one key, or one per row")
+    return rows, [_key_of(k, None) for k in key]
+
+
+def _check_version(version: str | None) -> str | None:
+    if version is not None and not isinstance(version, str):
+        raise TypeError(f"version must be a string such as '2', got {version!r}")
+    return version
 
 
 #: calls ``predict_batch`` keeps in flight at once
@@ -241,209 +145,6 @@ def _check_timeout(value: float, what: str = "timeout_ms") -> float:
     return float(value)
 
 
-class Link(StrEnum):
-    """What a frontend's socket monitor last said about the connection to it."""
-
-    CONNECTING = "connecting"  # nothing accepted a connection yet
-    CONNECTED = "connected"  # TCP accepted; the ZeroMQ handshake is pending
-    UP = "up"  # handshake done: answers can come
-    DOWN = "down"  # it was up and the connection dropped (reconnecting)
-    UNREACHABLE = "unreachable"  # a connect attempt failed
-    REFUSED = "refused"  # the handshake failed; the peer will never take this socket's messages
-
-
-#: socket monitor events the client reads (the rest are noise to it)
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                     zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-LINK_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-#: links a frontend can answer over (the call waits out its grace for them)
-_OPEN = (Link.CONNECTED, Link.UP)
-
-
-def link_events(monitor: zmq.Socket) -> list[int]:
-    """Every event waiting on a socket monitor (``get_monitor_socket``), without blocking."""
-    events = []
-    while True:
-        try:
-            events.append(parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"])
-        except zmq.Again:
-            return events
-
-
-@dataclass(slots=True)
-class _Call:
-    model: str
-    x: np.ndarray
-    timeout_ms: float
-    sent: float  # perf_counter of the first send
-    expires: float  # perf_counter at which the current attempt's slice ends
-    attempt: int
-    frontend: int
-    context: str | None = None
-    deadline: float = 0.0  # sent + timeout: the frontend answers by then
-
-
-class RetryEngine:
-    """The calls in flight and their attempts, without sockets or clocks of its own
-    (sans-IO): both clients feed it the time, answers and socket monitor events, and send
-    what it says to send.
-
-    It chooses each attempt's frontend (round-robin over those not suspect), cuts a call's
-    time into ``retries + 1`` slices and moves the call to another frontend when a slice
-    passes with no answer, hands a frontend's calls to another at once when its link
-    drops, is refused or cannot be made, and ends each call by its deadline (plus the
-    grace, only while a frontend is connected and could still answer) with the reason
-    it got no answer. ``expiry`` holds one live entry per call plus stale ones, never more
-    than twice the calls in flight plus ``SLACK``.
-    """
-
-    #: stale expiry entries tolerated before the heap is rebuilt from the live calls
-    SLACK = 64
-
-    def __init__(self, frontends: list[str], retries: int, grace_s: float, suspect_s: float):
-        self.frontends, self.retries, self.grace_s, self.suspect_s = frontends, retries, grace_s, suspect_s
-        self.calls: dict[str, _Call] = {}
-        self.expiry: list[tuple[float, str]] = []  # heap of (slice end, request id); stale entries skipped
-        self.turn = 0  # round-robin: the frontend the next call tries first
-        self.suspect_until = [0.0] * len(frontends)  # perf_counter; a frontend that timed out
-        self.links = [Link.CONNECTING] * len(frontends)
-        self.accepted = [False] * len(frontends)  # the current socket's connection was accepted once
-        self.moved = 0  # calls sent to another frontend because theirs dropped, refused or was unreachable
-
-    def start(self, rid: str, call: _Call, now: float) -> None:
-        """Take a new call; its first attempt goes to ``call.frontend`` (chosen here)."""
-        call.frontend = self.pick(now)
-        self.calls[rid] = call
-        self._schedule(rid, call, now)
-
-    def pick(self, now: float, avoid: int = -1) -> int:
-        """The frontend for the next attempt: round-robin over those not suspect (and not
-        ``avoid``, the one that just failed); round-robin over all if none is left."""
-        n = len(self.frontends)
-        if n == 1:
-            return 0
-        start = self.turn
-        self.turn = (start + 1) % n
-        for j in range(n):
-            i = (start + j) % n
-            if i != avoid and self.suspect_until[i] <= now:
-                return i
-        return start if start != avoid else (start + 1) % n
-
-    def message(self, rid: str, call: _Call, now: float) -> Predict:
-        """The current attempt's query: a retry carries the time left to the call's deadline."""
-        timeout = call.timeout_ms if call.attempt == 0 else max(1.0, (call.deadline - now) * 1000.0)
-        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, context=call.context)
-
-    def due(self, now: float) -> tuple[list[str], list[Result]]:
-        """Calls whose slice passed: (to send again, to their new frontend; ended with no answer)."""
-        again, ended = [], []
-        while self.expiry and self.expiry[0][0] <= now:
-            at, rid = heapq.heappop(self.expiry)
-            call = self.calls.get(rid)
-            if call is None or call.expires != at:
-                continue  # answered, or a slice of an earlier attempt
-            if call.attempt < self.retries and now < call.deadline:
-                self.suspect_until[call.frontend] = now + self.suspect_s
-                self._next_attempt(rid, call, now)
-                again.append(rid)
-            elif now < call.deadline + self.grace_s and self.links[call.frontend] in _OPEN:
-                call.expires = call.deadline + self.grace_s  # its answer at the deadline may be on the way
-                heapq.heappush(self.expiry, (call.expires, rid))
-            else:
-                self.suspect_until[call.frontend] = now + self.suspect_s
-                del self.calls[rid]
-                ended.append(self._no_answer(rid, call, now))
-        return again, ended
-
-    def next_due(self) -> float | None:
-        """perf_counter of the next slice end (None: no call in flight)."""
-        while self.expiry:
-            at, rid = self.expiry[0]
-            call = self.calls.get(rid)
-            if call is not None and call.expires == at:
-                return at
-            heapq.heappop(self.expiry)
-        return None
-
-    def answered(self, rid: str, frontend: int) -> _Call | None:
-        """An answer from ``frontend``: the call it ends, or None for a duplicate answer (a
-        retried call's first answer counted)."""
-        self.suspect_until[frontend] = 0.0  # it answers
-        if self.links[frontend] not in _OPEN:
-            self.links[frontend] = Link.UP  # an answer outran its monitor's events
-        return self.drop(rid)
-
-    def drop(self, rid: str) -> _Call | None:
-        """Forget a call (answered, or its caller stopped waiting)."""
-        call = self.calls.pop(rid, None)
-        if len(self.expiry) > 2 * len(self.calls) + self.SLACK:
-            self.expiry = [(c.expires, r) for r, c in self.calls.items()]
-            heapq.heapify(self.expiry)
-        return call
-
-    def new_socket(self, frontend: int) -> None:
-        """``frontend`` has a new socket: its events start afresh (a refusal still holds)."""
-        self.accepted[frontend] = False
-
-    def link(self, frontend: int, event: int, now: float) -> list[str]:
-        """A socket monitor event of ``frontend``'s connection; returns the calls moved to
-        another frontend (to send now) when it dropped, was refused or could not be made."""
-        old = self.links[frontend]
-        if event == zmq.EVENT_CONNECTED:
-            self.accepted[frontend] = True
-            new = old if old == Link.REFUSED else Link.CONNECTED  # a refusal holds until a handshake passes
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            new = Link.UP
-        elif event in _HANDSHAKE_FAILED:
-            new = Link.REFUSED
-        elif event == zmq.EVENT_DISCONNECTED:
-            # dropped before any handshake event: the peer hung up on the greeting (a socket
-            # of a kind a DEALER cannot talk to)
-            new = Link.REFUSED if old in (Link.CONNECTED, Link.REFUSED) else Link.DOWN
-        elif event == zmq.EVENT_CONNECT_RETRIED:
-            # a socket retries after a refused handshake too: that peer is reachable
-            new = old if old == Link.REFUSED and self.accepted[frontend] else Link.UNREACHABLE
-        else:
-            return []
-        self.links[frontend] = new
-        if new in _OPEN or len(self.frontends) == 1:
-            return []
-        self.suspect_until[frontend] = now + self.suspect_s
-        moved = []
-        for rid, call in self.calls.items():
-            if call.frontend == frontend and call.attempt < self.retries:
-                self._next_attempt(rid, call, now, avoid=frontend)
-                moved.append(rid)
-        self.moved += len(moved)
-        return moved
-
-    def _next_attempt(self, rid: str, call: _Call, now: float, avoid: int | None = None) -> None:
-        call.attempt += 1
-        call.frontend = self.pick(now, avoid=call.frontend if avoid is None else avoid)
-        self._schedule(rid, call, now)
-
-    def _schedule(self, rid: str, call: _Call, now: float) -> None:
-        """The attempt's slice: an equal share of the time left for the attempts left."""
-        call.expires = now + max(0.0, call.deadline - now) / (self.retries - call.attempt + 1)
-        heapq.heappush(self.expiry, (call.expires, rid))
-
-    def _no_answer(self, rid: str, call: _Call, now: float) -> Result:
-        endpoint = self.frontends[call.frontend]
-        link = self.links[call.frontend]
-        if link == Link.REFUSED:
-            reason, why = Reason.REFUSED, (f"{endpoint} refused the connection: its CURVE handshake failed (a key it "
-                                           f"does not allow?), or it is not a frontend's port")
-        elif link in _OPEN:
-            reason, why = Reason.TIMEOUT, f"no answer within {call.timeout_ms:.0f} ms"
-        else:
-            reason, why = (Reason.UNREACHABLE,
-                           f"nothing accepted a connection to {endpoint} within {call.timeout_ms:.0f} ms")
-        return Result(rid, Source.ERROR, None, f"{why} after {call.attempt + 1} attempt(s)", ErrorCode.TIMEOUT,
-                      call.model, None, (now - call.sent) * 1000.0, endpoint, reason=reason)
-
 
 class _Base:
     """What both clients share: options, the retry engine, sockets with their monitors,
@@ -451,7 +152,7 @@ class _Base:
 
     def __init__(self, frontends: list[str] | str, timeout_ms: float = 1000.0, retries: int = 1, grace_ms: float | None = None,
                  suspect_s: float = 5.0, *, raise_errors: bool = False, dtypes: dict[str, str] | None = None,
-                 curve_keys: str | None = None, curve_name: str = "client"):
+                 curve_keys: str | None = None, curve_name: str = "client", client_id: str | None = None):
         #: CURVE (common.curve): this client's keypair ``curve_name`` from the keys folder
         from keel.common import curve
 
@@ -475,6 +176,9 @@ class _Base:
         self.calls = self.engine.calls  # request id -> call in flight
         self.suspect_until = self.engine.suspect_until
         self.prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        #: this client's id, sent in every Predict: with the request id it names a request on
+        #: every connection and frontend, so a retry anywhere is recognised as one
+        self.client_id = client_id or self.prefix
         self.counter = itertools.count(1)
         self.answered_by: OrderedDict[str, int] = OrderedDict()  # request id -> frontend, for feedback
         self.acks: dict[str, FeedbackResult | None] = {}  # feedback answers awaited (request id -> answer)
@@ -494,12 +198,12 @@ class _Base:
         return self.engine.expiry
 
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
-                  context: str | None = None) -> tuple[str, _Call]:
+                  key: str | None = None, version: str | None = None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
         x = coerce_input(model, x, self.dtypes.get(model))
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, context, now + timeout / 1000.0)
+        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
         self.engine.start(rid, call, now)
         return rid, call
 
@@ -552,7 +256,7 @@ class _Base:
     def _send_call(self, rid: str) -> None:
         """Queue the current attempt of call ``rid`` for its frontend."""
         call = self.calls[rid]
-        msg = self.engine.message(rid, call, time.perf_counter())
+        msg = self.engine.message(rid, call, time.perf_counter(), self.client_id)
         self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
@@ -677,9 +381,11 @@ class Client(_Base):
             self.poller.register(self.sockets[i], zmq.POLLIN | zmq.POLLOUT if waiting else zmq.POLLIN)
             (self.waiting.add if waiting else self.waiting.discard)(i)
 
-    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-               context: str | None = None) -> str:
-        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+    def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+               timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None) -> str:
+        """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
+        key = _key_of(key, context)
+        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         self._send_call(rid)
         return rid
 
@@ -739,10 +445,34 @@ class Client(_Base):
                 else:
                     self.results[result.request_id] = result  # someone else's submit
 
-    def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                raise_errors: bool | None = None, context: str | None = None) -> Result:
-        """One query of a model, or of an application (by its name) in ``context``."""
-        rid = self.submit(model, x, timeout_ms, request_id, context)
+    def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+                timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
+                *, context: str | None = None) -> Result:
+        """One query of a target: a model, an application or a graph, by its name.
+
+        Parameters
+        ----------
+        name : str
+            The model, application or graph (``keel status`` lists a frontend's targets).
+        x : array-like
+            One input of the target's input shape.
+        key : str, optional
+            The call's key: an application's selection context (a user, a session: whose
+            learned state picks and weighs its models), a graph's stream (whose state it
+            keeps). A plain model takes none (``BadInput``). ``context=`` is its deprecated name.
+        version : str, optional
+            Pins a model version: answered by it, or refused (``UnknownModel``, naming the
+            versions served) when the frontend does not serve it.
+        timeout_ms : float, optional
+            The deadline (default: the client's ``timeout_ms``).
+        request_id : str, optional
+            The request's id (default: made up); a call sent again with the same id is
+            recognised by the frontend as a retry (with this client's ``client_id``).
+        raise_errors : bool, optional
+            Raise a ``KeelError`` instead of returning a result without a prediction
+            (default: the client's ``raise_errors``).
+        """
+        rid = self.submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
         return self._outcome(got[rid], raise_errors)
@@ -763,22 +493,26 @@ class Client(_Base):
         finally:
             del self.acks[request_id]
 
-    def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
-                      raise_errors: bool | None = None) -> list[Result]:
-        """One query per row of ``xs``; results in input order.
+    def predict_batch(self, name: str, xs, key: str | list[str] | None = None, version: str | None = None,
+                      timeout_ms: float | None = None, request_id: str | None = None,
+                      raise_errors: bool | None = None, *, window: int = WINDOW, context: str | None = None) -> list[Result]:
+        """One query per row of ``xs`` (as ``predict``); results in input order.
 
-        At most ``window`` calls are in flight at once: a frontend drops replies that do
-        not fit a client's queue, so a client that sent everything before reading would
-        lose answers on a large batch."""
+        ``key`` is one key for every row (a string) or one per row (a list as long as
+        ``xs``); ``request_id``, if given, names row ``i`` ``{request_id}-{i}``. At most
+        ``window`` calls are in flight at once: a frontend drops replies that do not fit a
+        client's queue, so a client that sent everything before reading would lose answers
+        on a large batch."""
         if timeout_ms is not None:
             _check_timeout(timeout_ms)
+        xs, keys = _rows_and_keys(xs, _key_of(key, context) if not isinstance(key, list) else key)
         rids: list[str] = []
         wanted: set[str] = set()
         got: dict[str, Result] = {}
-        for x in xs:
+        for i, x in enumerate(xs):
             if len(wanted) >= window:
                 self._gather(wanted, got, window - 1)
-            rid = self.submit(model, x, timeout_ms)
+            rid = self.submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
             rids.append(rid)
             wanted.add(rid)
         self._gather(wanted, got)
@@ -905,10 +639,12 @@ class AsyncClient(_Base):
                 self._drain(i)
         self._arm()
 
-    async def predict(self, model: str, x: np.ndarray, timeout_ms: float | None = None, request_id: str | None = None,
-                      raise_errors: bool | None = None, context: str | None = None) -> Result:
-        """One query of a model, or of an application (by its name) in ``context``."""
-        return self._outcome(await self._predict(model, x, timeout_ms, request_id, context), raise_errors)
+    async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+                      timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
+                      *, context: str | None = None) -> Result:
+        """One query of a model, an application or a graph (as ``Client.predict``)."""
+        result = await self._predict(name, x, _key_of(key, context), version, timeout_ms, request_id)
+        return self._outcome(result, raise_errors)
 
     async def feedback(self, request_id: str, y: int, timeout_ms: float | None = None) -> FeedbackResult:
         """As ``Client.feedback``."""
@@ -927,10 +663,10 @@ class AsyncClient(_Base):
             del self.acks[request_id]
             self.ack_futures.pop(request_id, None)
 
-    async def _predict(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
-                       context: str | None = None) -> Result:
+    async def _predict(self, name: str, x: np.ndarray, key: str | None, version: str | None,
+                       timeout_ms: float | None, request_id: str | None) -> Result:
         self._start()
-        rid, _ = self._new_call(model, x, timeout_ms, request_id, context)
+        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         future = self.futures[rid] = self.loop.create_future()
         try:
             self._send_call(rid)
@@ -941,19 +677,23 @@ class AsyncClient(_Base):
                 self.engine.drop(rid)
                 self.futures.pop(rid, None)
 
-    async def predict_batch(self, model: str, xs, timeout_ms: float | None = None, window: int = WINDOW,
-                            raise_errors: bool | None = None) -> list[Result]:
+    async def predict_batch(self, name: str, xs, key: str | list[str] | None = None, version: str | None = None,
+                            timeout_ms: float | None = None, request_id: str | None = None,
+                            raise_errors: bool | None = None, *, window: int = WINDOW,
+                            context: str | None = None) -> list[Result]:
         """One query per row of ``xs``, at most ``window`` in flight at once (see
-        ``Client.predict_batch``); results in input order."""
+        ``Client.predict_batch``: keys and request ids); results in input order."""
         if timeout_ms is not None:
             _check_timeout(timeout_ms)
+        xs, keys = _rows_and_keys(xs, _key_of(key, context) if not isinstance(key, list) else key)
         gate = asyncio.Semaphore(window)
 
-        async def one(x: np.ndarray) -> Result:
+        async def one(i: int, x: np.ndarray) -> Result:
             async with gate:
-                return await self._predict(model, x, timeout_ms, None)
+                return await self._predict(name, x, keys[i], version, timeout_ms,
+                                           f"{request_id}-{i}" if request_id else None)
 
-        return self._outcomes(list(await asyncio.gather(*(one(x) for x in xs))), raise_errors)
+        return self._outcomes(list(await asyncio.gather(*(one(i, x) for i, x in enumerate(xs)))), raise_errors)
 
     async def close(self) -> None:
         self._unwatch()

@@ -112,7 +112,7 @@ def open_loop(client: Any, model: str, inputs: np.ndarray, rate: float, count: i
         now = time.time()
         while i < n and start + offsets[i] <= now:
             sent = time.time()
-            rid = client.submit(model, inputs[picks[i]], timeout_ms)
+            rid = client.submit(model, inputs[picks[i]], timeout_ms=timeout_ms)
             rec = Record(rid, int(picks[i]), sent)
             records.append(rec)
             by_id[rid] = rec

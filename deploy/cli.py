@@ -13,6 +13,7 @@ Example
     keel up deploy/examples/noop.toml
     keel up deploy/examples/noop.toml --apply      # after an edit: roll and restart what changed
     keel predict --spec deploy/examples/noop.toml noop --input '[0, 0, 0, 0]'
+    keel predict --spec deploy/examples/selection.toml digits --key alice --input '[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]'
     keel status deploy/examples/noop.toml
     keel down deploy/examples/noop.toml
 """
@@ -107,13 +108,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def info_tables(info: dict[str, Any]) -> list[tuple[str, list[dict]]]:
     """A service's status dict as tables: scalars as key/value rows, then one table per
-    dict-of-dicts (e.g. per-worker batch sizes and queue lengths) or list of dicts."""
+    dict-of-dicts (e.g. per-worker batch sizes and queue lengths) or list of dicts; a
+    frontend's ``targets`` as one row per target (what ``keel predict`` can call)."""
     scalars = [{"key": k, "value": v} for k, v in info.items() if not _is_table(v)]
     tables: list[tuple[str, list[dict]]] = [("", scalars)] if scalars else []
     for key, value in info.items():
-        if _is_table(value):
+        if key == "targets" and _is_table(value):
+            tables.append(("targets", target_rows(value)))
+        elif _is_table(value):
             tables.append((key, [{key: k, **v} for k, v in value.items()] if isinstance(value, dict) else value))
     return tables
+
+
+def target_rows(targets: dict[str, dict]) -> list[dict]:
+    """One row per target: its name, kind, version (- for none), whether it takes a key,
+    its input and output."""
+    return [{"target": name, "kind": t.get("kind", "-"), "version": t.get("version") or "-",
+             "key": "yes" if t.get("key") else "no",
+             "input": f"{t.get('input_dtype', '?')}{t.get('input_shape', '?')}", "output": t.get("output_size", "-"),
+             **{k: v for k, v in t.items() if k not in ("kind", "version", "key", "input_dtype", "input_shape", "output_size")}}
+            for name, t in sorted(targets.items())]
 
 
 def _is_table(value: Any) -> bool:
@@ -122,8 +136,12 @@ def _is_table(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
-def _input(text: str, dtype: str, shape: list[int]):
+def _input(text: str, target: dict):
+    """``--input`` (a JSON list or a .npy file) as one input of ``target``: reshaped when
+    its values fill the target's shape, converted by the rules every caller shares."""
     import numpy as np
+
+    from keel.common import inputs
 
     if text.endswith(".npy"):
         x = np.load(text, allow_pickle=False)
@@ -132,10 +150,41 @@ def _input(text: str, dtype: str, shape: list[int]):
             x = np.asarray(orjson.loads(text))
         except orjson.JSONDecodeError as exc:
             raise SpecError(f"--input: neither a .npy file nor a JSON list: {exc}") from None
-    x = np.ascontiguousarray(x, dtype=dtype)
+    shape = target["input_shape"]
     if list(x.shape) != shape and x.size == int(np.prod(shape)):
         x = x.reshape(shape)
-    return x
+    try:
+        return np.ascontiguousarray(inputs.validate(x, shape, target["input_dtype"], what="--input"))
+    except inputs.InputError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def served_targets(endpoints: list[str], timeout_s: float = 2.0) -> dict[str, dict] | None:
+    """name -> target (kind, input shape and dtype, output size, version, key) as the first
+    frontend that answers lists them (its status ``targets``); None if none does."""
+    from keel.common.transport import request_status
+
+    for endpoint in endpoints:
+        info = request_status(endpoint, timeout_s=timeout_s)
+        if info is not None and isinstance(info.get("targets"), dict):
+            return info["targets"]
+    return None
+
+
+def _target(spec: Any, name: str) -> dict:
+    """What ``name`` is: a model, an application or a graph, as the frontends serve it; the
+    spec's model table while no frontend answers."""
+    targets = served_targets(spec.client_endpoints)
+    if targets is None:
+        if name not in spec.models:
+            raise SpecError(f"no frontend listed its targets (asked {', '.join(spec.client_endpoints) or 'none'}), "
+                            f"and {name!r} is not one of the spec's models ({sorted(spec.models)})")
+        table = spec.models[name]
+        return {"kind": "model", "input_shape": table["input_shape"], "input_dtype": table["input_dtype"], "key": False}
+    if name not in targets:
+        served = ", ".join(f"{n} ({t.get('kind')})" for n, t in sorted(targets.items())) or "nothing"
+        raise SpecError(f"{name!r} is not served; the frontends serve: {served}")
+    return targets[name]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -144,15 +193,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec, _addresses(args.address))
         use_for_spec(spec)
-        if args.model not in spec.models:
-            raise SpecError(f"model {args.model!r} is not in the spec (models: {sorted(spec.models)})")
-        table = spec.models[args.model]
-        x = _input(args.input, table["input_dtype"], table["input_shape"])
+        target = _target(spec, args.model)
+        if args.key is not None and not target.get("key"):
+            raise SpecError(f"{target.get('kind', 'model')} {args.model!r} takes no --key (applications and graphs do)")
+        x = _input(args.input, target)
     except (SpecError, OSError, ValueError) as exc:
         return _fail(str(exc))
     with Client(spec.client_endpoints) as client:
-        result = client.predict(args.model, x, timeout_ms=args.timeout_ms)
-    out = {k: getattr(result, k, None) for k in ("request_id", "source", "model", "version", "latency_ms", "error", "error_code")}
+        result = client.predict(args.model, x, key=args.key, version=args.version, timeout_ms=args.timeout_ms)
+    fields = ("request_id", "source", "model", "version", "latency_ms", "error", "error_code", "models", "confidence")
+    out = {k: getattr(result, k, None) for k in fields}
     out["output"] = None if result.output is None else result.output.tolist()
     print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
     return 0 if result.error is None and result.output is not None else 1
@@ -210,11 +260,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_status)
 
-    p = subparsers.add_parser("predict", help="send one query to a running cluster")
+    p = subparsers.add_parser("predict", help="send one query to a model, application or graph of a running cluster")
     p.add_argument("--spec", required=True, help="cluster spec (TOML)")
-    p.add_argument("model")
+    p.add_argument("model", metavar="NAME", help="a model, application or graph the frontends serve (keel status)")
     p.add_argument("--input", required=True, help="a JSON list, or a .npy file")
-    p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the model's deadline_ms)")
+    p.add_argument("--key", default=None, help="an application's context (a user, a session) or a graph's stream")
+    p.add_argument("--version", default=None, help="a model version: answered by it or refused")
+    p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the client's, 1000 ms)")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_predict)
 

@@ -1,36 +1,43 @@
 """HTTP gateway: the Open Inference Protocol v2 (KServe / Triton REST) onto Keel's client path.
 
 The gateway is an aiohttp server in one asyncio loop with one ``AsyncClient`` to the
-frontends, so an HTTP request becomes Keel queries with their deadlines and request ids,
-and every Keel reply comes back to the caller. Routes (OIP v2; docs/guide/http.md)::
+frontends. It decodes HTTP (JSON or binary tensors, parameters) and encodes answers; the
+rest -- which targets the frontends serve, versions, input rules, one Keel query per row,
+errors -- is ``services.inference.Inference``, which the gRPC gateway shares. Routes (OIP
+v2; docs/guide/http.md), ``{m}`` any target the frontends serve (a model, an application,
+a graph)::
 
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
     GET  /v2                                    server metadata (name, version, extensions)
-    GET  /v2/models/{m}[/versions/{v}]          model metadata: versions served now, one input, one output
+    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, one input, one output, kind and key
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
-A model has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
+A target has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
 ``output`` of shape ``[-1, output_size]`` (FP32): each row of the input is one Keel query
-(its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all rows in flight at once.
-Tensors come as JSON (``data``, row-major) or with the binary-data extension (the
-``Inference-Header-Content-Length`` header; each input's ``binary_data_size``); outputs are
-binary when asked (``binary_data`` on the output or ``binary_data_output`` on the request).
+(its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all
+rows in flight at once. Tensors come as JSON (``data``, row-major) or with the binary-data
+extension (the ``Inference-Header-Content-Length`` header; each input's
+``binary_data_size``); outputs are binary when asked (``binary_data`` on the output or
+``binary_data_output`` on the request). The request parameter ``key`` is the call's key (an
+application's selection context, a graph's stream); a plain model refuses one.
 
 Versions are the ones the model's workers serve now, as the frontends know them (a
-``keel model rollout`` moves them), asked of the frontends at each metadata request: never
-the spec's version at start. A request pinned to a version (``/versions/{v}/``) is answered
-by that version or refused: 404 when the frontends say it is not served, 409 when a
-rollout raced the request and another version computed it.
+``keel model rollout`` moves them): never the spec's version at start. A request pinned to
+a version (``/versions/{v}/``) sends it in each query and is answered by that version or
+refused: 404 when it is not served, 409 when a rollout raced the request and another
+version computed it.
 
 The deadline of each query is the request's ``timeout`` parameter (microseconds, as
 tritonclient sends it) or ``timeout_ms``; without one, the model's own deadline. The
 response's ``parameters`` say where each row's answer came from (``keel_sources``:
-model, cache, default, reconstruction) and which version answered (``keel_versions``).
+model, cache, default, reconstruction, ensemble, ...), which version answered
+(``keel_versions``) and, for an application, which models answered and how many agree
+(``keel_models``, ``keel_confidence``).
 
 Every refusal is ``{"error": "..."}`` (JSON) with a 4xx status: 400 bad input, 401 no or
-unknown bearer token, 404 unknown model, version or path, 405 wrong method, 409 another
+unknown bearer token, 404 unknown target, version or path, 405 wrong method, 409 another
 version answered, 413 body too large; and the server's own: 503 overloaded or no frontend
 answered, 504 deadline, 500 a model's error. TLS (``tls_cert``, ``tls_key``) and a bearer
 token allow-list (``tokens_file``, read again when it changes) are off by default. The
@@ -55,38 +62,25 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from keel.common import curve, logs, protocol, transport
+from keel.common import curve, inputs, logs, protocol, transport
 from keel.common.client import AsyncClient
-from keel.common.config import GatewayConfig, ModelInfo
+from keel.common.config import GatewayConfig
+from keel.common.inputs import DATATYPES, OIP_OF
 from keel.common.metrics import Metrics
-from keel.common.protocol import ErrorCode
+from keel.services.inference import Inference, InferError
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-#: OIP datatype <-> numpy dtype
-DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-             "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
-             "FP32": "float32", "FP64": "float64"}
-OIP_OF = {v: k for k, v in DATATYPES.items()}
-
 #: the longest deadline a request may name (ms): a day; a longer one is a mistake, not a wish
 MAX_TIMEOUT_MS = 86_400_000.0
 #: paths a load balancer probes without a token
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
+#: the longest key a request may name (characters)
+MAX_KEY = 200
 
-#: Keel error code -> HTTP status
-STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode.OVERLOADED: 503,
-             ErrorCode.DEADLINE: 504, ErrorCode.TIMEOUT: 504, ErrorCode.MODEL_ERROR: 500, ErrorCode.INTERNAL: 500}
-
-
-class InferError(Exception):
-    """A request the gateway answers with an OIP error: ``status`` and a message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+__all__ = ["Gateway", "GatewayError", "InferError"]  # InferError lives in services.inference
 
 
 class GatewayError(Exception):
@@ -98,10 +92,7 @@ def error_response(status: int, message: str, headers: dict | None = None) -> we
                         headers=headers)
 
 
-def _short(value: Any) -> str:
-    """``repr(value)``, cut short: messages echo what came, never all of it."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+_short = inputs.short
 
 
 def _object(value: Any, what: str) -> dict:
@@ -134,44 +125,14 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     return header, binary
 
 
-def cast(x: np.ndarray, dtype: str | np.dtype, what: str) -> np.ndarray:
-    """``x`` as ``dtype``; an integer outside an integer dtype's range is a 400, not wrapped."""
-    target = np.dtype(dtype)
-    if x.dtype == target:
-        return x
-    if target.kind in "iu" and x.dtype.kind in "iu" and x.size:
-        lo, hi, fits = x.min(), x.max(), np.iinfo(target)
-        if lo < fits.min or hi > fits.max:
-            raise InferError(400, f"{what}: values {lo}..{hi} do not fit {OIP_OF.get(target.name, target.name)} "
-                                  f"({fits.min}..{fits.max})")
-    with np.errstate(over="ignore", invalid="ignore"):  # a float beyond the range becomes inf: the frontend refuses it
-        return x.astype(target)
-
-
-def json_tensor(data: Any, datatype: str, what: str) -> np.ndarray:
-    """A tensor's JSON ``data`` (a list, flat or nested) as ``datatype``: numbers for the
-    numeric types (integers for the integer ones), true/false for BOOL."""
-    if not isinstance(data, list):
-        raise InferError(400, f"{what}: data must be a list of values, got {_short(data)}")
-    try:
-        x = np.asarray(data)  # bool, int64, uint64 or float64; strings, nulls and objects are refused below
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InferError(400, f"{what}: data is not a tensor of {datatype}: {exc}") from None
-    target = np.dtype(DATATYPES[datatype])
-    allowed = "b" if target.kind == "b" else "biu" if target.kind in "iu" else "biuf"
-    if x.size and x.dtype.kind not in allowed:
-        kind = "true/false" if target.kind == "b" else "integers" if target.kind in "iu" else "numbers"
-        raise InferError(400, f"{what}: data for {datatype} must be {kind}, got {x.dtype.name} values")
-    return cast(x, target, what)
-
-
-def read_input(header: dict, binary: bytes, info: ModelInfo) -> np.ndarray:
-    """The one input tensor of a request as (rows, *input_shape) of the model's dtype."""
-    inputs = header.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        n = len(inputs) if isinstance(inputs, list) else 0
-        raise InferError(400, f"a Keel model takes exactly one input tensor (an object in inputs), got {n}")
-    tensor = inputs[0]
+def read_input(header: dict, binary: bytes, target: dict) -> np.ndarray:
+    """The one input tensor of a request, decoded from JSON ``data`` or the binary part,
+    as (rows, *input_shape) of its own datatype; ``Inference`` validates and converts it."""
+    inputs_ = header.get("inputs")
+    if not isinstance(inputs_, list) or len(inputs_) != 1 or not isinstance(inputs_[0], dict):
+        n = len(inputs_) if isinstance(inputs_, list) else 0
+        raise InferError(400, f"a Keel target takes exactly one input tensor (an object in inputs), got {n}")
+    tensor = inputs_[0]
     name, shape, datatype = tensor.get("name", "input"), tensor.get("shape"), tensor.get("datatype")
     if not isinstance(name, str):
         raise InferError(400, f"input name must be a string, got {_short(name)}")
@@ -180,10 +141,10 @@ def read_input(header: dict, binary: bytes, info: ModelInfo) -> np.ndarray:
         raise InferError(400, f"{what}: shape must be a list of sizes >= 0, got {_short(shape)}")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise InferError(400, f"{what}: datatype {_short(datatype)} is not one of {sorted(DATATYPES)}")
-    want = list(info.input_shape)
-    if shape[1:] != want:
+    want = list(target["input_shape"])
+    if shape[1:] != want:  # before the data: the size it must have follows from the shape
         raise InferError(400, f"{what}: shape {_short(shape)} is not [-1, {', '.join(map(str, want))}] "
-                              f"(rows of the model's input shape {want})")
+                              f"(rows of the input shape {want})")
     # exact (Python ints): a shape whose product overflows int64 is only a size that does not match
     count = shape[0] * math.prod(want)
     dtype = np.dtype(DATATYPES[datatype])
@@ -200,16 +161,13 @@ def read_input(header: dict, binary: bytes, info: ModelInfo) -> np.ndarray:
         data = tensor.get("data")
         if data is None:
             raise InferError(400, f"{what} has neither data nor binary_data_size")
-        x = json_tensor(data, datatype, what)
+        try:
+            x = inputs.from_values(data, datatype, what)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
         if x.size != count:
             raise InferError(400, f"{what}: {x.size} values do not fill shape {shape}")
-    x = x.reshape(shape)
-    if x.dtype != np.dtype(info.input_dtype):
-        if not np.can_cast(x.dtype, info.input_dtype, "same_kind"):
-            wanted = OIP_OF.get(info.input_dtype, info.input_dtype)
-            raise InferError(400, f"{what}: datatype {datatype} cannot be taken as the model's {wanted}")
-        x = cast(x, info.input_dtype, what)
-    return x
+    return x.reshape(shape)
 
 
 def deadline_ms(header: dict) -> float | None:
@@ -227,6 +185,15 @@ def deadline_ms(header: dict) -> float | None:
     return None
 
 
+def request_key(header: dict) -> str | None:
+    """The request's ``key`` parameter (an application's context, a graph's stream), or None."""
+    key = _object(header.get("parameters"), "parameters").get("key")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
+        raise InferError(400, f"parameters.key must be a non-empty string of at most {MAX_KEY} characters, "
+                              f"got {_short(key)}")
+    return key
+
+
 def wants_binary(header: dict) -> bool:
     """Whether the output is asked for as binary data; a malformed ``outputs`` is a 400."""
     binary = bool(_object(header.get("parameters"), "parameters").get("binary_data_output"))
@@ -242,10 +209,6 @@ def wants_binary(header: dict) -> bool:
             raise InferError(400, f"outputs[{i}]: a Keel model has one output, 'output', not {_short(output.get('name'))}")
         binary |= bool(_object(output.get("parameters"), f"outputs[{i}].parameters").get("binary_data"))
     return binary
-
-
-def _version_order(version: str) -> tuple:
-    return (0, int(version), "") if version.isascii() and version.isdigit() else (1, 0, version)
 
 
 class Tokens:
@@ -298,9 +261,10 @@ class Gateway:
         self.cfg = cfg
         self.name = cfg.name
         self.log = logs.setup(cfg.name)
-        self.models = cfg.models
         self.client: AsyncClient | None = None
+        self.inference: Inference | None = None
         self.tokens: Tokens | None = None
+        # "queries" is Inference's count (status() reports it): one for every transport
         self.counts = {"requests": 0, "queries": 0, "errors": 0, "unauthorized": 0}
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -375,6 +339,7 @@ class Gateway:
         self.tokens = Tokens(self.cfg.tokens_file) if self.cfg.tokens_file else None
         self.client = AsyncClient(self.cfg.frontend_endpoints, timeout_ms=self.cfg.timeout_ms,
                                   retries=self.cfg.retries)
+        self.inference = Inference(self.cfg, self.client)
         self.runner = web.AppRunner(self.app(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True, ssl_context=tls)
@@ -387,6 +352,8 @@ class Gateway:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.inference is not None:  # after the server: no request asks for targets any more
+            await self.inference.close()
         if self.client is not None:
             await self.client.close()
 
@@ -436,67 +403,46 @@ class Gateway:
 
     def status(self) -> dict:
         return {"service": self.name, "role": self.role, "http_port": self.port, "tls": self.cfg.tls_cert is not None,
-                "tokens": self.tokens is not None, **self.counts}
+                "tokens": self.tokens is not None, **self.counts,
+                "queries": self.inference.queries if self.inference is not None else 0}  # every transport's
 
     # ------------------------------------------------------------------ health, metadata, versions
 
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    async def _statuses(self) -> list[dict]:
-        """The Status of every frontend that answers within half a second, all asked at once."""
-        loop = asyncio.get_running_loop()
-        asks = [loop.run_in_executor(None, transport.request_status, ep, 0.5) for ep in self.cfg.frontend_endpoints]
-        return [info for info in await asyncio.gather(*asks) if info is not None]
-
-    async def _versions(self, name: str, info: ModelInfo) -> list[str] | None:
-        """The versions of ``name`` its workers serve now, as the frontends know them (a
-        rollout tells them); None when no frontend answered. Asked at each call, never
-        kept: a version list kept from start or from a timer is what went stale."""
-        statuses = await self._statuses()
-        if not statuses:
-            return None
-        served = {s["serving"][name] for s in statuses if isinstance(s.get("serving"), dict) and name in s["serving"]}
-        return sorted(served or {info.version}, key=_version_order)  # a frontend that does not say: the spec's
-
     async def ready(self, request: web.Request) -> web.Response:
-        if not await self._statuses():
+        if not await self.inference.statuses():
             raise InferError(503, "no frontend answered")
         return web.Response(status=200)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": "keel", "version": VERSION, "extensions": EXTENSIONS}, dumps=_dumps)
 
-    def _model(self, request: web.Request) -> tuple[str, ModelInfo, str | None]:
-        """(name, info, the version the path pins or None); an unknown model is a 404."""
+    async def _target(self, request: web.Request, fresh: bool = False) -> tuple[str, dict, str | None]:
+        """(name, target, the version the path pins or None): 404 unknown, 503 no frontend."""
         name = request.match_info["model"]
-        info = self.models.get(name)
-        if info is None:
-            raise InferError(404, f"unknown model {_short(name)}; models: {sorted(self.models)}")
-        return name, info, request.match_info.get("version") or None
+        pinned = request.match_info.get("version") or None
+        if fresh:  # metadata and readiness say what is served now: a rollout shows at once
+            await self.inference.targets(fresh=True)
+        return name, await self.inference.target(name, pinned), pinned
 
-    async def _served(self, name: str, info: ModelInfo, pinned: str | None) -> list[str]:
-        """The versions served now; a 503 when no frontend says, a 404 when ``pinned`` is not one."""
-        versions = await self._versions(name, info)
-        if versions is None:
-            raise InferError(503, f"no frontend answered: the versions of {name!r} served now are unknown")
-        if pinned is not None and pinned not in versions:
-            raise InferError(404, _not_served(name, pinned, versions))
-        return versions
+    async def _infer_target(self, request: web.Request) -> tuple[str, dict, str | None]:
+        name, pinned = request.match_info["model"], request.match_info.get("version") or None
+        return name, await self.inference.target_or_spec(name, pinned), pinned
 
     async def model_metadata(self, request: web.Request) -> web.Response:
-        name, info, pinned = self._model(request)
-        versions = await self._served(name, info, pinned)
+        name, target, _ = await self._target(request, fresh=True)
         return web.json_response({
-            "name": name, "versions": versions, "platform": "keel",
-            "inputs": [{"name": "input", "datatype": OIP_OF.get(info.input_dtype, info.input_dtype),
-                        "shape": [-1, *info.input_shape]}],
-            "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, info.output_size]}],
+            "name": name, "versions": target["versions"], "platform": "keel",
+            "inputs": [{"name": "input", "datatype": OIP_OF.get(target["input_dtype"], target["input_dtype"]),
+                        "shape": [-1, *target["input_shape"]]}],
+            "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, target["output_size"]]}],
+            "parameters": {"keel_kind": target["kind"], "keel_key": target["key"]},
         }, dumps=_dumps)
 
     async def model_ready(self, request: web.Request) -> web.Response:
-        name, info, pinned = self._model(request)
-        await self._served(name, info, pinned)
+        await self._target(request, fresh=True)
         return web.Response(status=200)
 
     # ------------------------------------------------------------------ infer
@@ -516,44 +462,21 @@ class Gateway:
         return response
 
     async def _infer(self, request: web.Request) -> web.Response:
-        name, info, pinned = self._model(request)
+        name, target, pinned = await self._infer_target(request)
         header, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
-        x = read_input(header, binary, info)
-        timeout = deadline_ms(header) or info.deadline_ms
-        binary_output = wants_binary(header)
+        x = read_input(header, binary, target)
+        timeout, key, binary_output = deadline_ms(header), request_key(header), wants_binary(header)
         rid = header.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
             raise InferError(400, "id must be a non-empty string of at most 200 characters")
-        if pinned is not None:  # refused before any work when the frontends already know it is not served
-            await self._served(name, info, pinned)
-        assert self.client is not None
-        self.counts["queries"] += len(x)
-        # HTTP callers pick ids freely (two may both send "1"), so a Keel id is the caller's
-        # id made unique by this request's number: traceable in the frontends' logs, never
-        # taken for a retry of another caller's query
-        tag = f"{rid}.{self.counts['requests']}" if rid else None
-        calls = [self.client.predict(name, row, timeout_ms=timeout, request_id=f"{tag}-{i}" if tag else None)
-                 for i, row in enumerate(x)]
-        results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)  # one row: no task
-        failed = next((r for r in results if r.output is None), None)
-        if failed is not None:
-            code = failed.error_code or ErrorCode.INTERNAL
-            where = f" (row {results.index(failed)})" if len(results) > 1 else ""
-            raise InferError(STATUS_OF.get(code, 500), f"{code}{where}: {failed.error or failed.source}")
-        # The client cannot pin a version, so a rollout may move the workers between the
-        # check above and the computation: an answer of another version is refused, never passed off.
-        other = next((r for r in results if pinned is not None and r.version != pinned), None)
-        if other is not None:
-            raise InferError(409, f"model {name!r} version {pinned} was asked, but version {other.version} answered: "
-                                  "a rollout moved the workers; send it again, or without a version")
-        out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
-            np.zeros((0, info.output_size), np.float32)
-        body: dict[str, Any] = {
-            "model_name": name,
-            "parameters": {"keel_sources": [str(r.source) for r in results],
-                           "keel_versions": [r.version for r in results],
-                           "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)},
-        }
+        out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid)
+        params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
+                                  "keel_versions": [r.version for r in results],
+                                  "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}
+        if any(r.models is not None for r in results):  # an application's: which models answered, how sure
+            params["keel_models"] = [r.models for r in results]
+            params["keel_confidence"] = [r.confidence for r in results]
+        body: dict[str, Any] = {"model_name": name, "parameters": params}
         version = results[0].version if results else pinned
         if version is not None:
             body["model_version"] = version
@@ -569,10 +492,6 @@ class Gateway:
         head = _dumps(body).encode()
         return web.Response(body=head + raw, content_type="application/octet-stream",
                             headers={HEADER_LENGTH: str(len(head))})
-
-
-def _not_served(name: str, version: str, versions: list[str]) -> str:
-    return f"model {name!r} version {version[:40]} is not served; its workers serve version(s) {', '.join(versions)}"
 
 
 def _dumps(obj: Any) -> str:

@@ -30,7 +30,7 @@ with tempfile.TemporaryDirectory() as tmp:
             # straggler deadline does not leave them out of the first call
             for model in data["applications"]["digits"]["models"]:
                 client.predict(model, x)
-            r = client.predict("digits", x, context="alice")
+            r = client.predict("digits", x, key="alice")
             print(f"digits for alice: class {r.output.argmax()} from {r.models}, "
                   f"confidence {r.confidence:.2f}, source {r.source}")
             print("feedback:", client.feedback(r.request_id, TRUE))
@@ -38,7 +38,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
             picks = []
             for _ in range(30):  # Exp3 learns that "right-a" is right for bob
-                r = client.predict("pick-one", x, context="bob")
+                r = client.predict("pick-one", x, key="bob")
                 picks.append(r.models[0])
                 client.feedback(r.request_id, TRUE)
             print("pick-one for bob, last 10 picks:", picks[-10:])

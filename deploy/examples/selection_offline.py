@@ -2,7 +2,7 @@
 feedback, one state per user kept in a SQLite context store that survives reopening.
 
 Run: ``PYTHONPATH=. python deploy/examples/selection_offline.py``
-The same through a live cluster, with ``client.predict(app, x, context=...)`` and
+The same through a live cluster, with ``client.predict(app, x, key=...)`` and
 ``client.feedback``: deploy/examples/selection_client.py.
 """
 from __future__ import annotations

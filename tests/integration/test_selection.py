@@ -70,10 +70,10 @@ def weights(spec, app: str, context: str) -> dict[str, float]:
 def test_an_application_call_says_which_models_answered_and_how_sure(cluster, client):
     _, spec = cluster
     c = client(spec.client_endpoints[0], timeout_ms=PATIENT_MS)
-    r = c.predict("ensemble", X, context="alice")
+    r = c.predict("ensemble", X, key="alice")
     assert r.source == Source.ENSEMBLE and sorted(r.models) == ["right-a", "right-b", "wrong"], r
     assert int(np.argmax(r.output)) == TRUE and r.confidence == pytest.approx(2 / 3)
-    low = c.predict("robust", X, context="alice")  # 1 of 2 agree < threshold 0.9: the default output
+    low = c.predict("robust", X, key="alice")  # 1 of 2 agree < threshold 0.9: the default output
     assert low.source == Source.LOW_CONFIDENCE and low.confidence == pytest.approx(0.5)
     np.testing.assert_allclose(low.output, [0.25] * OUT)
     plain = c.predict("right-a", X)  # a model called by name: as before
@@ -84,7 +84,7 @@ def test_feedback_moves_weight_to_the_right_models_once_per_call(cluster, client
     _, spec = cluster
     c = client(spec.client_endpoints[0], timeout_ms=PATIENT_MS)
     for _ in range(5):
-        r = c.predict("ensemble", X, context="bob")
+        r = c.predict("ensemble", X, key="bob")
         assert c.feedback(r.request_id, TRUE).ok
     w = weights(spec, "ensemble", "bob")
     assert w["wrong"] < 0.5 * w["right-a"], w
@@ -92,10 +92,10 @@ def test_feedback_moves_weight_to_the_right_models_once_per_call(cluster, client
     assert not again.ok and again.error_code == ErrorCode.UNKNOWN_REQUEST
     unknown = c.feedback("never-asked", TRUE)
     assert not unknown.ok and unknown.error_code == ErrorCode.UNKNOWN_REQUEST and "never-asked" in unknown.error
-    r = c.predict("ensemble", X, context="bob")
+    r = c.predict("ensemble", X, key="bob")
     bad = c.feedback(r.request_id, OUT + 3)  # not a class: refused, the call's feedback still possible
     assert bad.error_code == ErrorCode.BAD_REQUEST and c.feedback(r.request_id, TRUE).ok
-    assert c.predict("ensemble", X, context="bob").confidence == pytest.approx(2 / 3)  # the service still serves
+    assert c.predict("ensemble", X, key="bob").confidence == pytest.approx(2 / 3)  # the service still serves
 
 
 def test_exp3_learns_to_pick_the_right_model_per_context(cluster, client):
@@ -103,14 +103,14 @@ def test_exp3_learns_to_pick_the_right_model_per_context(cluster, client):
     c = client(spec.client_endpoints[0], timeout_ms=PATIENT_MS)
     picks = []
     for _ in range(40):
-        r = c.predict("pick", X, context="dave")
+        r = c.predict("pick", X, key="dave")
         assert r.source == Source.MODEL and len(r.models) == 1
         picks.append(r.models[0])
         assert c.feedback(r.request_id, TRUE).ok
     assert picks[-10:].count("right-a") >= 8, picks
     assert weights(spec, "pick", "dave")["right-a"] > 0.9
     # another context starts from equal weights
-    c.predict("pick", X, context="erin")
+    c.predict("pick", X, key="erin")
     assert weights(spec, "pick", "erin") == pytest.approx({"wrong": 0.5, "right-a": 0.5})
 
 
@@ -119,7 +119,7 @@ def test_async_client_predicts_and_gives_feedback(cluster):
 
     async def run():
         async with AsyncClient(spec.client_endpoints[0], timeout_ms=PATIENT_MS) as c:
-            r = await c.predict("ensemble", X, context="async")
+            r = await c.predict("ensemble", X, key="async")
             ack = await c.feedback(r.request_id, TRUE)
             return r, ack
 
@@ -133,7 +133,7 @@ def test_a_frozen_model_is_a_straggler_the_ensemble_answers_without(cluster, cli
     frozen = launcher.procs["worker-right-b-0"]
     frozen.send_signal(signal.SIGSTOP)
     try:
-        results = [c.predict("ensemble", X, context="frank") for _ in range(3)]
+        results = [c.predict("ensemble", X, key="frank") for _ in range(3)]
     finally:
         frozen.send_signal(signal.SIGCONT)
     for r in results:
@@ -143,7 +143,7 @@ def test_a_frozen_model_is_a_straggler_the_ensemble_answers_without(cluster, cli
         assert r.confidence == pytest.approx(1 / 3)
         # answered at the application's deadline, not the client's 10 s
         assert r.latency_ms < PATIENT_MS / 2
-    r = c.predict("ensemble", X, context="frank")  # thawed: everyone answers again
+    r = c.predict("ensemble", X, key="frank")  # thawed: everyone answers again
     assert r.source == Source.ENSEMBLE
 
 
@@ -151,7 +151,7 @@ def test_learned_context_state_survives_a_frontend_restart(cluster, client):
     launcher, spec = cluster
     c = client(spec.client_endpoints[0], timeout_ms=PATIENT_MS)
     for _ in range(3):
-        r = c.predict("ensemble", X, context="gina")
+        r = c.predict("ensemble", X, key="gina")
         assert c.feedback(r.request_id, TRUE).ok
     before = weights(spec, "ensemble", "gina")
     launcher.kill("frontend", signal.SIGKILL)
@@ -160,7 +160,7 @@ def test_learned_context_state_survives_a_frontend_restart(cluster, client):
     assert weights(spec, "ensemble", "gina") == pytest.approx(before)
     stale = c.feedback(r.request_id, TRUE)  # the feedback log is the old incarnation's: gone
     assert not stale.ok and stale.error_code == ErrorCode.UNKNOWN_REQUEST
-    r = c.predict("ensemble", X, context="gina")
+    r = c.predict("ensemble", X, key="gina")
     assert r.source == Source.ENSEMBLE and c.feedback(r.request_id, TRUE).ok
     after = weights(spec, "ensemble", "gina")
     assert after["wrong"] < before["wrong"], (before, after)  # learning went on from the stored state

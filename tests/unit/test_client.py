@@ -100,3 +100,86 @@ def test_a_frontend_that_timed_out_is_avoided_until_it_answers(zsock):
         assert {r.source for r in got} == {Source.MODEL}
         silent.recv_multipart()
         assert not silent.poll(100), "a suspect frontend got a new call"
+
+
+def received(router: zmq.Socket, n: int = 1) -> list[Predict]:
+    """The next ``n`` Predicts a stand-in frontend got."""
+    out = []
+    for _ in range(n):
+        assert router.poll(5000), "no call arrived"
+        _, body = protocol.split_envelope(router.recv_multipart())
+        msg = protocol.decode(body)
+        assert isinstance(msg, Predict)
+        out.append(msg)
+    return out
+
+
+def test_every_predict_carries_its_key_version_and_the_client_id(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        rid = c.submit("ensemble", np.zeros(4, np.float32), key="alice", request_id="r-1")
+        plain = c.submit("m", np.zeros(4, np.float32), version="2")
+        (first, second) = received(router, 2)
+    assert (first.request_id, first.model, first.key, first.version, first.context) == (rid, "ensemble", "alice", None, None)
+    assert (second.request_id, second.key, second.version) == (plain, None, "2")
+    assert first.client == second.client == c.client_id and c.client_id
+
+
+def test_clients_with_one_client_id_name_the_same_requests(zsock):
+    """A retry from a new connection (or process) with the same client id is the same request."""
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    for _ in range(2):
+        with Client(transport.endpoint_of(router), timeout_ms=5000, client_id="shop-7") as c:
+            c.submit("m", np.zeros(4, np.float32), request_id="order-1")
+            (msg,) = received(router)
+            assert (msg.client, msg.request_id) == ("shop-7", "order-1")
+    with Client(transport.endpoint_of(router)) as a, Client(transport.endpoint_of(router)) as b:
+        assert a.client_id != b.client_id  # one id per Client object by default
+
+
+def test_context_is_a_deprecated_alias_of_key(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        with pytest.warns(DeprecationWarning, match="key="):
+            c.submit("ensemble", np.zeros(4, np.float32), context="bob")
+        (msg,) = received(router)
+        assert (msg.key, msg.context) == ("bob", None)  # sent as the key, never as context
+        with pytest.raises(ValueError, match="differ"):
+            c.submit("ensemble", np.zeros(4, np.float32), key="a", context="b")
+        with pytest.raises(TypeError, match="key must be a string"):
+            c.submit("m", np.zeros(4, np.float32), 100.0)  # an old positional timeout_ms
+        with pytest.raises(TypeError, match="version must be a string"):
+            c.submit("m", np.zeros(4, np.float32), version=2)
+
+
+def test_predict_batch_takes_one_key_or_one_per_row(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    xs = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with Client(transport.endpoint_of(router), timeout_ms=5000, retries=0, grace_ms=0) as c:
+        with pytest.raises(ValueError, match="2 keys for 3 rows"):
+            c.predict_batch("ensemble", xs, key=["a", "b"])
+        c.predict_batch("ensemble", xs, key=["a", "b", "c"], request_id="batch", timeout_ms=300)
+        msgs = sorted(received(router, 3), key=lambda m: m.request_id)
+        assert [(m.request_id, m.key) for m in msgs] == [("batch-0", "a"), ("batch-1", "b"), ("batch-2", "c")]
+        c.predict_batch("ensemble", xs, key="z", version="1", timeout_ms=300)
+        assert {(m.key, m.version) for m in received(router, 3)} == {("z", "1")}
+
+
+def test_the_async_client_sends_the_same_fields(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+
+    async def run() -> tuple[list, list]:
+        async with AsyncClient(transport.endpoint_of(router), timeout_ms=300, grace_ms=0, retries=0,
+                               client_id="a-1") as c:
+            one = await c.predict("ensemble", np.zeros(4, np.float32), key="k", version="3", request_id="x")
+            many = await c.predict_batch("ensemble", np.zeros((2, 4), np.float32), key=["p", "q"], request_id="y")
+            with pytest.warns(DeprecationWarning):
+                await c.predict("ensemble", np.zeros(4, np.float32), context="old")
+            return [one], many
+
+    one, many = asyncio.run(run())
+    assert one[0].error_code == "timeout" and len(many) == 2  # nobody answers: each call ends at its deadline
+    msgs = {m.request_id: m for m in received(router, 4)}
+    assert (msgs["x"].key, msgs["x"].version, msgs["x"].client) == ("k", "3", "a-1")
+    assert (msgs["y-0"].key, msgs["y-1"].key) == ("p", "q")
+    assert [m.key for m in msgs.values() if m.request_id not in ("x", "y-0", "y-1")] == ["old"]
