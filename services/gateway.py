@@ -260,6 +260,8 @@ class Gateway:
         self.counts = {"requests": 0, "queries": 0, "errors": 0, "unauthorized": 0}
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.grpc: Any = None  # the gRPC server (services.gateway_grpc.GrpcServer) when grpc_port is set
+        self.grpc_port: int | None = None
         self.stopping: asyncio.Event | None = None
         self.metrics = Metrics(cfg.name)
         self.m_requests = self.metrics.counter("http_requests_total", "infer requests answered, by HTTP status", ["code"])
@@ -337,11 +339,18 @@ class Gateway:
         site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True, ssl_context=tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # the bound port (http_port 0: any)
+        if self.cfg.grpc_port is not None:
+            # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
+            from keel.services.gateway_grpc import GrpcServer
+            self.grpc = GrpcServer(self.cfg, self.inference, self.tokens, self.log, self.counts, self.metrics)
+            self.grpc_port = await self.grpc.start()
         scheme = "https" if tls else "http"
         self.log.info("started", role=self.role, pid=os.getpid(), http=f"{scheme}://{self.cfg.http_host}:{self.port}",
-                      tokens=self.tokens is not None)
+                      grpc=self.grpc_port, tokens=self.tokens is not None)
 
     async def close(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.client is not None:
@@ -392,8 +401,8 @@ class Gateway:
             ctx.term()
 
     def status(self) -> dict:
-        return {"service": self.name, "role": self.role, "http_port": self.port, "tls": self.cfg.tls_cert is not None,
-                "tokens": self.tokens is not None, **self.counts}
+        return {"service": self.name, "role": self.role, "http_port": self.port, "grpc_port": self.grpc_port,
+                "tls": self.cfg.tls_cert is not None, "tokens": self.tokens is not None, **self.counts}
 
     # ------------------------------------------------------------------ health, metadata, versions
 
