@@ -342,8 +342,11 @@ class Gateway:
         if self.cfg.grpc_port is not None:
             # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
             from keel.services.gateway_grpc import GrpcServer
-            self.grpc = GrpcServer(self.cfg, self.inference, self.tokens, self.log, self.counts, self.metrics)
-            self.grpc_port = await self.grpc.start()
+            self.grpc = GrpcServer(self, VERSION, lambda header: (request_key(header), deadline_ms(header)))
+            try:
+                self.grpc_port = await self.grpc.start()
+            except OSError as exc:  # a port in use, an unreadable TLS file: the gateway cannot start as configured
+                raise GatewayError(f"grpc_port {self.cfg.grpc_port}: {exc}") from None
         scheme = "https" if tls else "http"
         self.log.info("started", role=self.role, pid=os.getpid(), http=f"{scheme}://{self.cfg.http_host}:{self.port}",
                       grpc=self.grpc_port, tokens=self.tokens is not None)

@@ -33,20 +33,21 @@ INTERNAL. TLS when ``tls_cert`` and ``tls_key`` are set.
 
 The generated modules define the protobuf package ``inference``, as tritonclient's do:
 one process can load only one of them, so the gateway imports this module only when
-``grpc_port`` is set, and tests talk to it from another process.
+``grpc_port`` is set, and tests talk to it from another process. What it shares with the
+HTTP gateway (its Inference, token list, counts, metrics, version and request parameter
+rules) the gateway hands to ``GrpcServer``: this module imports nothing of it, so the
+gateway may import this one.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import numpy as np
 
 from keel.common import inputs
-from keel.common.config import GatewayConfig
 from keel.common.protocol import ErrorCode
-from keel.services.gateway import VERSION, GatewayError, Tokens, deadline_ms, request_key
 from keel.services.inference import Inference, InferError
 from keel.services.oip import grpc_predict_v2_pb2 as pb
 from keel.services.oip import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -56,6 +57,10 @@ SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = (f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady")
 #: how long in-flight calls have to finish when the gateway stops (s)
 STOP_GRACE_S = 2.0
+
+#: the request parameter rules of the HTTP gateway: (key, deadline in ms) of a header
+#: holding ``parameters`` (``services.gateway.request_key`` and ``deadline_ms``)
+Options = Callable[[dict], tuple[str | None, float | None]]
 
 #: the HTTP gateway's status -> gRPC status code
 CODE_OF = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -122,10 +127,10 @@ def read_input(request: pb.ModelInferRequest) -> np.ndarray:
         raise InferError(400, str(exc)) from None
 
 
-def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
+                    options: Options) -> dict[str, Any]:
     """``Inference.infer``'s keywords from the request: key, version, deadline, id."""
-    header = {"parameters": parameters(request.parameters)}  # as the HTTP gateway reads its JSON header
-    key, timeout = request_key(header), deadline_ms(header)
+    key, timeout = options({"parameters": parameters(request.parameters)})  # read as the HTTP gateway's JSON
     left = context.time_remaining()  # the caller's own deadline (tritonclient's client_timeout)
     if timeout is None and left is not None:
         timeout = max(left * 1000.0, 1.0)
@@ -145,10 +150,12 @@ def tensor_metadata(name: str, datatype: str, shape: list[int]) -> pb.ModelMetad
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     """The six OIP v2 methods Keel serves, on one ``Inference`` (see the module docstring)."""
 
-    def __init__(self, inference: Inference, log: Any, counts: dict[str, int], m_requests: Any):
-        self.inference = inference
-        self.log = log
-        self.counts = counts  # the gateway's: its status counts both transports' requests
+    def __init__(self, gateway: Any, version: str, options: Options, m_requests: Any):
+        self.inference: Inference = gateway.inference
+        self.log = gateway.log
+        self.counts = gateway.counts  # the gateway's: its status counts both transports' requests
+        self.version = version
+        self.options = options
         self.m_requests = m_requests
 
     async def _answer(self, context: grpc.aio.ServicerContext, work: Any, method: str) -> Any:
@@ -191,7 +198,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, ready(), "ModelReady")
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name="keel", version=VERSION)
+        return pb.ServerMetadataResponse(name="keel", version=self.version)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def metadata() -> pb.ModelMetadataResponse:
@@ -211,7 +218,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         x = read_input(request)
-        options = request_options(request, context)
+        options = request_options(request, context, self.options)
         before = self.inference.queries
         out, results = await self.inference.infer(request.model_name, x, **options)
         self.counts["queries"] += self.inference.queries - before
@@ -235,7 +242,7 @@ class BearerTokens(grpc.aio.ServerInterceptor):
     """The HTTP gateway's token allow-list, asked of the ``authorization`` metadata of
     every call but the server health methods."""
 
-    def __init__(self, tokens: Tokens, counts: dict[str, int]):
+    def __init__(self, tokens: Any, counts: dict[str, int]):
         self.tokens = tokens
         self.counts = counts
 
@@ -256,15 +263,19 @@ def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
 
 
 class GrpcServer:
-    """The gRPC server of a gateway: ``start()`` binds ``http_host:grpc_port`` in the
-    running loop and returns the port bound; ``stop()`` lets in-flight calls finish."""
+    """The gRPC server of a gateway (``services.gateway.Gateway``, started: its ``cfg``,
+    ``inference``, ``tokens``, ``log``, ``counts``, ``metrics``), with the gateway's
+    ``version`` and request parameter rules (``options``). ``start()`` binds
+    ``http_host:grpc_port`` in the running loop and returns the port bound (``OSError``
+    when it cannot); ``stop()`` lets in-flight calls finish."""
 
-    def __init__(self, cfg: GatewayConfig, inference: Inference, tokens: Tokens | None, log: Any,
-                 counts: dict[str, int], metrics: Any):
-        self.cfg = cfg
-        m_requests = metrics.counter("grpc_requests_total", "gRPC infer requests answered, by status code", ["code"])
-        self.servicer = Servicer(inference, log, counts, m_requests)
-        self.interceptors = [BearerTokens(tokens, counts)] if tokens is not None else []
+    def __init__(self, gateway: Any, version: str, options: Options):
+        self.cfg = gateway.cfg
+        m_requests = gateway.metrics.counter("grpc_requests_total", "gRPC infer requests answered, by status code",
+                                             ["code"])
+        self.servicer = Servicer(gateway, version, options, m_requests)
+        tokens = gateway.tokens
+        self.interceptors = [BearerTokens(tokens, gateway.counts)] if tokens is not None else []
         self.server: grpc.aio.Server | None = None
 
     def credentials(self) -> grpc.ServerCredentials | None:
@@ -274,7 +285,7 @@ class GrpcServer:
             with open(self.cfg.tls_key, "rb") as key, open(self.cfg.tls_cert, "rb") as cert:
                 return grpc.ssl_server_credentials([(key.read(), cert.read())])
         except OSError as exc:
-            raise GatewayError(f"tls_cert {self.cfg.tls_cert} / tls_key {self.cfg.tls_key}: {exc}") from None
+            raise OSError(f"tls_cert {self.cfg.tls_cert} / tls_key {self.cfg.tls_key}: {exc}") from None
 
     async def start(self) -> int:
         options = [("grpc.max_receive_message_length", self.cfg.max_body_bytes),
@@ -288,9 +299,9 @@ class GrpcServer:
             port = (self.server.add_secure_port(address, credentials) if credentials is not None
                     else self.server.add_insecure_port(address))
         except RuntimeError as exc:  # grpc's word for "cannot bind"
-            raise GatewayError(f"grpc_port: cannot listen on {address}: {exc}") from None
+            raise OSError(f"cannot listen on {address}: {exc}") from None
         if port == 0:
-            raise GatewayError(f"grpc_port: cannot listen on {address}")
+            raise OSError(f"cannot listen on {address}")
         await self.server.start()
         return port
 
