@@ -8,7 +8,12 @@ generated modules define the same package, so only the gateway process loads the
 """
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import numpy as np
+import orjson
 import pytest
 
 from keel.common.spec import load_spec
@@ -41,7 +46,8 @@ def gateway(module_launcher):
         "cluster": {"name": "gwgrpc", "base_port": free_port_block(), "run_dir": str(run.log_dir)},
         "gateway": {"http_port": http, "grpc_port": port, "max_body_bytes": BODY_LIMIT},
         "frontend": {"cache_size": 0},
-        "models": models(),
+        "models": {**models(), "slow": {"builtin": "sleep", "fixed_ms": 2000.0, "input_shape": [DIM],
+                                        "output_size": OUT, "deadline_ms": 5000}},
         "applications": {"pick": {"models": ["echo", "zeros"], "policy": "exp3"}},
     })
     run.start_spec(spec)
@@ -74,6 +80,19 @@ def test_spec_carries_grpc_port_to_the_gateway_and_preflight():
                      "gateway": {"http_port": 8000}, "models": models()})
     assert off.service("gateway").config.grpc_port is None
     assert [w for _, w, _, _ in bound_ports(off) if w == "grpc_port"] == []
+
+
+def test_a_grpc_port_in_use_stops_the_gateway_at_start():
+    """Not shared (grpc's SO_REUSEPORT is off) and not ignored: the gateway says why and exits 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = {"http_port": 0, "grpc_port": port, "frontend_endpoints": ["tcp://127.0.0.1:9"]}
+        proc = subprocess.run([sys.executable, "-m", "keel.services.serve", "gateway", "--config",
+                               orjson.dumps(config).decode()], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"grpc_port {port}: cannot listen on 127.0.0.1:{port}" in proc.stdout
 
 
 def test_health_and_metadata(gateway):
@@ -163,6 +182,14 @@ def test_bad_input_is_invalid_argument_and_the_gateway_keeps_serving(gateway):
     refused("RESOURCE_EXHAUSTED", infer, client, big)
     np.testing.assert_allclose(infer(client, ok).as_numpy("output"), ok[:, :OUT])
     assert client.is_server_ready()
+
+
+def test_deadline_parameter(gateway):
+    """tritonclient's ``timeout`` (us) is each row's deadline: a model slower than it is refused in time."""
+    client, _ = gateway
+    message = refused("DEADLINE_EXCEEDED", infer, client, np.ones((1, DIM), np.float32), model="slow", timeout=300_000)
+    assert "deadline" in message
+    refused("INVALID_ARGUMENT", infer, client, np.ones((1, DIM), np.float32), model="slow", timeout=-5)
 
 
 def test_application_with_a_key(gateway):
