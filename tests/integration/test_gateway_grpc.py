@@ -19,6 +19,7 @@ import pytest
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port, free_port_block
 from keel.deploy.preflight import bound_ports
+from keel.deploy.units import render_systemd
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
@@ -71,11 +72,13 @@ def refused(code: str, call, *args, **kwargs) -> str:
     return exc.value.message()
 
 
-def test_spec_carries_grpc_port_to_the_gateway_and_preflight():
+def test_spec_carries_grpc_port_to_the_gateway_and_preflight(tmp_path):
     spec = load_spec({"cluster": {"name": "g", "base_port": 7600, "run_dir": "/tmp/keel-g"},
                       "gateway": {"http_port": 8000, "grpc_port": 8001}, "models": models()})
     assert spec.service("gateway").config.grpc_port == 8001
     assert ("gateway", "grpc_port", "127.0.0.1", 8001) in bound_ports(spec)
+    render_systemd(spec, "local", tmp_path, python="/usr/bin/python3", workdir="/srv/keel", etc_dir="/etc/keel")
+    assert orjson.loads((tmp_path / "keel" / "gateway.json").read_bytes())["grpc_port"] == 8001
     off = load_spec({"cluster": {"name": "g", "base_port": 7600, "run_dir": "/tmp/keel-g"},
                      "gateway": {"http_port": 8000}, "models": models()})
     assert off.service("gateway").config.grpc_port is None
