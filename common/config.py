@@ -391,13 +391,16 @@ class GatewayConfig:
     #: where the HTTP server listens; port 0 = any free port
     http_host: str = "127.0.0.1"
     http_port: int = 8000
+    #: the same protocol's gRPC form (``inference.GRPCInferenceService``), on ``http_host``
+    #: too; None = off, 0 = any free port
+    grpc_port: int | None = None
     #: the frontends' client endpoints (the gateway is one AsyncClient of them)
     frontend_endpoints: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:7000"])
     models: dict[str, ModelInfo] = field(default_factory=dict)
     #: the client's default deadline for a request that names none and a model unknown to it (ms)
     timeout_ms: float = 1000.0
     retries: int = 1
-    #: largest HTTP request body
+    #: largest HTTP request body, and largest gRPC request message
     max_body_bytes: int = 16 * 1024 * 1024
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
@@ -412,6 +415,9 @@ class GatewayConfig:
 
     def validate(self) -> None:
         _check(0 <= self.http_port <= 65535, "http_port", "must be a port in 0..65535")
+        _check(self.grpc_port is None or 0 <= self.grpc_port <= 65535, "grpc_port", "must be a port in 0..65535")
+        _check(self.grpc_port in (None, 0) or self.grpc_port != self.http_port, "grpc_port",
+               f"must differ from http_port ({self.http_port})")
         missing, given = ("tls_key", "tls_cert") if self.tls_key is None else ("tls_cert", "tls_key")
         _check((self.tls_cert is None) == (self.tls_key is None), missing, f"must be given with {given} (both or neither)")
         for key in ("tls_cert", "tls_key", "tokens_file"):

@@ -22,7 +22,7 @@ class PreflightError(RuntimeError):
 
 def bound_ports(spec: Any) -> list[tuple[str, str, str, int]]:
     """(service, what, address, port) for every TCP port the spec's services bind: ZeroMQ
-    endpoints, the gateway's HTTP port, metrics ports, the manager's Raft port."""
+    endpoints, the gateway's HTTP and gRPC ports, metrics ports, the manager's Raft port."""
     out = []
     for svc in spec.services:
         c = svc.config
@@ -31,8 +31,9 @@ def bound_ports(spec: Any) -> list[tuple[str, str, str, int]]:
             if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[1].isdigit():
                 address, port = endpoint[len("tcp://"):].rsplit(":", 1)
                 out.append((svc.name, field, address, int(port)))
-        if getattr(c, "http_port", 0):
-            out.append((svc.name, "http_port", c.http_host, c.http_port))
+        for what in ("http_port", "grpc_port"):  # the gateway's: OIP v2 over HTTP, and over gRPC
+            if getattr(c, what, None):
+                out.append((svc.name, what, c.http_host, getattr(c, what)))
         if getattr(c, "metrics_port", None):
             out.append((svc.name, "metrics_port", "127.0.0.1", c.metrics_port))
         raft = getattr(c, "raft_address", "")
@@ -58,7 +59,7 @@ def check_ports(spec: Any) -> None:
     """Raise ``PreflightError`` naming the first port the spec binds that is in use."""
     for service, what, address, port in bound_ports(spec):
         if _in_use(address, port):
-            hint = ("change [gateway] http_port" if what == "http_port"
+            hint = (f"change [gateway] {what}" if what in ("http_port", "grpc_port")
                     else "change [cluster] metrics_base_port" if what == "metrics_port"
                     else "change [cluster] base_port")
             raise PreflightError(f"port {port} on {address} ({service} {what}) is in use by another process: "

@@ -264,10 +264,12 @@ class Gateway:
         self.client: AsyncClient | None = None
         self.inference: Inference | None = None
         self.tokens: Tokens | None = None
-        # "queries" is Inference's count (status() reports it): one for every transport
-        self.counts = {"requests": 0, "queries": 0, "errors": 0, "unauthorized": 0}
+        # the queries are Inference's count (status() reports it): one for every transport
+        self.counts = {"requests": 0, "errors": 0, "unauthorized": 0}
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.grpc: Any = None  # the gRPC server (services.gateway_grpc.GrpcServer) when grpc_port is set
+        self.grpc_port: int | None = None
         self.stopping: asyncio.Event | None = None
         self.metrics = Metrics(cfg.name)
         self.m_requests = self.metrics.counter("http_requests_total", "infer requests answered, by HTTP status", ["code"])
@@ -345,11 +347,21 @@ class Gateway:
         site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True, ssl_context=tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # the bound port (http_port 0: any)
+        if self.cfg.grpc_port is not None:
+            # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
+            from keel.services.gateway_grpc import GrpcServer
+            self.grpc = GrpcServer(self, VERSION, lambda header: (request_key(header), deadline_ms(header)))
+            try:
+                self.grpc_port = await self.grpc.start()
+            except OSError as exc:  # a port in use, an unreadable TLS file: the gateway cannot start as configured
+                raise GatewayError(f"grpc_port {self.cfg.grpc_port}: {exc}") from None
         scheme = "https" if tls else "http"
         self.log.info("started", role=self.role, pid=os.getpid(), http=f"{scheme}://{self.cfg.http_host}:{self.port}",
-                      tokens=self.tokens is not None)
+                      grpc=self.grpc_port, tokens=self.tokens is not None)
 
     async def close(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.inference is not None:  # after the server: no request asks for targets any more
@@ -402,8 +414,8 @@ class Gateway:
             ctx.term()
 
     def status(self) -> dict:
-        return {"service": self.name, "role": self.role, "http_port": self.port, "tls": self.cfg.tls_cert is not None,
-                "tokens": self.tokens is not None, **self.counts,
+        return {"service": self.name, "role": self.role, "http_port": self.port, "grpc_port": self.grpc_port,
+                "tls": self.cfg.tls_cert is not None, "tokens": self.tokens is not None, **self.counts,
                 "queries": self.inference.queries if self.inference is not None else 0}  # every transport's
 
     # ------------------------------------------------------------------ health, metadata, versions
