@@ -35,8 +35,9 @@ class ServiceLaunch:
         return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:
-        """The endpoints this service binds (workers bind none)."""
-        return [getattr(self.config, f) for f in ROLES[self.role].binds]
+        """The endpoints this service binds (workers bind none; a frontend one per graph too)."""
+        graphs = [g.endpoint for g in getattr(self.config, "graphs", {}).values()]
+        return [getattr(self.config, f) for f in ROLES[self.role].binds] + graphs
 
 
 @dataclass
@@ -115,7 +116,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
          options: dict[str, dict[str, Any]]) -> tuple[list[ServiceLaunch], list[str]]:
     """The services of a single-model-per-queue deployment (Clipper/ParM) and the client
     endpoints. ``placement``: ``frontend`` (list of hosts), ``dispatcher``, ``encoder``,
-    ``decoder`` (a host each); ``options``: role -> options from its spec table."""
+    ``decoder`` (a host each); ``options``: role -> options from its spec table. With no
+    models (a spec of graphs only) just the frontends (and the gateway)."""
 
     def endpoint(host: str, owner: str) -> str:
         return f"tcp://{hosts[host]}:{ports.take(hosts[host], owner)}"
@@ -123,7 +125,7 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     fe_hosts, disp_host = placement["frontend"], placement["dispatcher"]
     fe_names = ["frontend"] if len(fe_hosts) == 1 else [f"frontend-{i}" for i in range(len(fe_hosts))]
     fe_endpoints = [(endpoint(h, n), endpoint(h, n)) for n, h in zip(fe_names, fe_hosts)]
-    query_ep, worker_ep = endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")
+    query_ep, worker_ep = (endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")) if models else (None, None)
     coded = {m: t for m, t in models.items() if t["mode"] == "parm"}
     encoder_ep = endpoint(placement["encoder"], "encoder") if coded else None
     decoder_ep = endpoint(placement["decoder"], "decoder") if coded else None
@@ -138,10 +140,12 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     infos = {m: model_info(t) for m, t in models.items()}
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
-                               "dispatcher_query_endpoint": query_ep, "models": infos}, "frontend")
+                               **({"dispatcher_query_endpoint": query_ep} if models else {}), "models": infos}, "frontend")
     if placement.get("gateway"):
         add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
                                                          "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
+    if not models:
+        return services, [c for c, _ in fe_endpoints]
     add("dispatcher", "dispatcher", disp_host,
         {**_kairos_profile(models, options["dispatcher"]), **options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
          "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")
@@ -188,3 +192,27 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         if disagree:
             fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
     return services, [c for c, _ in fe_endpoints]
+
+
+def wire_graphs(graphs: dict, services: list[ServiceLaunch], hosts: dict[str, str], ports: Ports,
+                host: str) -> list[ServiceLaunch]:
+    """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
+    ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
+    the graphs' operators run on ``host`` and send to the frontends (``frontends``; the
+    first is ``peers["frontend"]``). Returns the operators' services; operator processes
+    are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has several graphs."""
+    from keel.common.spec.graph import graph_operators, route_config
+
+    frontends = [s for s in services if s.role == "frontend"]
+    operators = []
+    for name, graph in graphs.items():
+        routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
+        address = hosts[host]
+        prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
+        ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,
+                                     prefix=prefix)
+        operators += ops
+        for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):
+            fe.config.graphs = {**fe.config.graphs, name: route_config(graph, name, endpoint, peers, lane, len(frontends),
+                                                                       frontend=fe.name)}
+    return operators

@@ -49,7 +49,8 @@ def test_ls_mode_checkpoints_every_150_batches_unless_told_and_needs_a_place_for
     with pytest.raises(GraphError, match="graph.checkpoint_dir: mode 'ls' needs"):
         graph_services(g, 20000)  # neither a checkpoint_dir nor a trace_dir: nowhere to checkpoint
     services, _ = graph_services(g, 20000, trace_dir=str(tmp_path))
-    assert {s.config.graph["checkpoint_dir"] for s in services} == {str(tmp_path)}  # every process, the same storage
+    tables = [s.config.graphs["graph"].graph if s.role == "frontend" else s.config.graph for s in services]
+    assert {t["checkpoint_dir"] for t in tables} == {str(tmp_path)}  # every process, the same storage
 
 
 def test_join_shapes_and_unknown_kind():
@@ -68,7 +69,9 @@ def test_join_shapes_and_unknown_kind():
 def test_cluster_spec_runs_a_graph():
     spec = load_spec({"graph": chain()})
     roles = sorted((s.name, s.role) for s in spec.services)
-    assert ("graph-frontend", "graph_frontend") in roles and ("op-a-backup", "graph_operator") in roles
+    assert ("frontend", "frontend") in roles and ("op-a-backup", "graph_operator") in roles
+    route = spec.service("frontend").config.graphs["keel"]  # the [graph] table: a graph named after the cluster
+    assert spec.service("op-a").config.peers["frontend"] == route.endpoint == spec.service("op-a").config.frontends[0]
     assert len(spec.services) == 5 and spec.client_endpoints  # frontend, a + backup, b, the mlp standby
     standby = next(s for s in spec.services if s.name == "op-standby0")
     assert standby.config.role == "standby" and standby.config.operator == "b"
@@ -109,4 +112,4 @@ def test_example_graph_specs_load(name):
 
     path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
     spec = load_spec(tomllib.loads(path.read_text()))
-    assert spec.client_endpoints and all(s.role in ("graph_frontend", "graph_operator") for s in spec.services)
+    assert spec.client_endpoints and all(s.role in ("frontend", "graph_operator") for s in spec.services)
