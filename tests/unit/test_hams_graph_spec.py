@@ -113,3 +113,47 @@ def test_example_graph_specs_load(name):
     path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
     spec = load_spec(tomllib.loads(path.read_text()))
     assert spec.client_endpoints and all(s.role in ("frontend", "graph_operator") for s in spec.services)
+
+
+def test_named_graphs_beside_models_served_by_every_frontend():
+    """[graphs.NAME] tables beside a model, two frontends: each frontend serves every graph
+    on an endpoint of its own and a lane of its own; each operator knows every frontend."""
+    spec = load_spec({"hosts": {"a": "127.0.0.1", "b": "127.0.0.2"}, "frontend": {"hosts": ["a", "b"]},
+                      "models": {"m": {"builtin": "noop", "workers": 1}},
+                      "graphs": {"one": chain(), "two": chain(mode="bare")}})
+    frontends = spec.role("frontend")
+    assert [f.name for f in frontends] == ["frontend-0", "frontend-1"] and len(spec.client_endpoints) == 2
+    for name in ("one", "two"):
+        routes = [f.config.graphs[name] for f in frontends]
+        assert [r.lane for r in routes] == [0, 1] and {r.lanes for r in routes} == {2}
+        assert routes[1].endpoint.startswith("tcp://127.0.0.2:")  # on its own frontend's host
+        op = spec.service(f"op-{name}-a")  # several graphs: operators named by graph
+        assert op.config.frontends == [r.endpoint for r in routes] and op.config.peers["frontend"] == routes[0].endpoint
+        assert routes[0].peers["a"] == op.config.endpoint
+    ports = [ep for s in spec.services for ep in s.endpoints()]
+    assert len(ports) == len(set(ports))
+
+
+def test_a_graph_only_spec_gets_a_frontend_and_its_gateway():
+    spec = load_spec({"graphs": {"g": chain()}, "gateway": {}})
+    assert {s.role for s in spec.services} == {"frontend", "gateway", "graph_operator"}
+    assert spec.service("gateway").config.frontend_endpoints == spec.client_endpoints
+    assert spec.service("frontend").config.models == {} and list(spec.service("frontend").config.graphs) == ["g"]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"graphs": {"m": chain()}, "models": {"m": {"builtin": "noop"}}}, "graphs.m: 'm' is also a model's"),
+    ({"cluster": {"name": "c"}, "graph": chain(), "graphs": {"c": chain()}}, "graphs.c: the \\[graph\\] table"),
+    ({"graphs": {"g": chain(input_shape=[5])}}, "graphs.g.edges"),
+])
+def test_graph_names_are_targets_names(data, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(data)
+
+
+def test_the_front_door_example_serves_a_model_an_application_and_a_graph():
+    from pathlib import Path
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "deploy" / "examples" / "front-door.toml")
+    fe = spec.service("frontend").config
+    assert list(fe.models) == ["m", "m2"] and list(fe.applications) == ["ensemble"] and list(fe.graphs) == ["chain"]
