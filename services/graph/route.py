@@ -121,7 +121,7 @@ class GraphRoute:
         #: what the frontend validates a call against; a graph has no versions
         self.info = ModelInfo(list(self.graph.input_shape), prod(self.graph.operators[last].output_shape),
                               deadline_ms=1000 * config.request_timeout_s)
-        self.peers_ = dict(config.peers)  # node -> endpoint, followed in the manager's feed
+        self.endpoints = dict(config.peers)  # node -> endpoint, followed in the manager's feed
         self.inbox = service.add_socket(transport.make_socket(service.ctx, zmq.PULL, bind=config.endpoint), self.on_inbox)
         self.reply_to = transport.endpoint_of(self.inbox)
         self.peers = transport.Peers(service.ctx, on_new=service.sockets.append)
@@ -157,7 +157,7 @@ class GraphRoute:
         self.expiry.at_latest(call.deadline)
         for op in self.graph.successors(FRONTEND):
             if op not in self.awaiting:
-                self.peers.send(self.peers_[op], out)
+                self.peers.send(self.endpoints[op], out)
         return call
 
     # ------------------------------------------------------------------ the graph's messages
@@ -217,7 +217,7 @@ class GraphRoute:
         self.awaiting.discard(op)
         mine = self.ids.owns(after)
         for origin in sorted(o for o, c in self.calls.items() if c.output is None and (o > after or not mine)):
-            self.peers.send(self.peers_[op], self.calls[origin].input)
+            self.peers.send(self.endpoints[op], self.calls[origin].input)
             self.counts["resent"] += 1
 
     def _void(self, operator: str, epoch: int, max_seq: int) -> None:
@@ -277,8 +277,8 @@ class GraphRoute:
             # epoch 1: an operator reads a frontend notice at a newer epoch as a takeover
             note = GraphDurable(FRONTEND, 1, self.answered_below - 1)
             for op in [*self.graph.operators, *(f"{n}.backup" for n in self.graph.stateful)]:
-                if op in self.peers_:
-                    self.peers.send(self.peers_[op], note)
+                if op in self.endpoints:
+                    self.peers.send(self.endpoints[op], note)
 
     def close(self) -> None:
         """On shutdown every request still in the graph is answered (``internal``)."""
@@ -303,9 +303,9 @@ class GraphRoute:
         if op in self.group_epochs and op in self.graph.successors(FRONTEND):
             self.awaiting.add(op)  # a takeover: resend in origin order once its ack says from where
         if op in self.group_epochs and op in self.graph.stateful:
-            self.peers_[f"{op}.backup"] = endpoint  # GC notices: the new primary passes them on
+            self.endpoints[f"{op}.backup"] = endpoint  # GC notices: the new primary passes them on
         self.group_epochs[op] = value.get("epoch", 0)
-        self.peers_[op] = endpoint
+        self.endpoints[op] = endpoint
         pending = self.resend_after.get(op)
         if pending is not None and pending[0] <= self.group_epochs[op]:
             del self.resend_after[op]
