@@ -356,6 +356,27 @@ def route_config(graph: GraphSpec, name: str, endpoint: str, peers: dict[str, st
                                 trace_path=f"{trace_dir}/{frontend}-{name}.jsonl" if trace_dir else None)
 
 
+def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports, host: str) -> list:
+    """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
+    ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
+    the graphs' operators run on ``host`` and send to the frontends (``frontends``; the
+    first is ``peers["frontend"]``). Returns the operators' services; operator processes
+    are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has several graphs."""
+    frontends = [s for s in services if s.role == "frontend"]
+    operators = []
+    for name, graph in graphs.items():
+        routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
+        address = hosts[host]
+        prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
+        ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,
+                                     prefix=prefix)
+        operators += ops
+        for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):
+            fe.config.graphs = {**fe.config.graphs, name: route_config(graph, name, endpoint, peers, lane, len(frontends),
+                                                                       frontend=fe.name)}
+    return operators
+
+
 def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
                    seed: int = 0, trace_dir: str | None = None,
                    manager: tuple[list[str], list[str]] | None = None,

@@ -11,7 +11,7 @@ from keel.common.spec.models import read_model
 from keel.common.spec.pools import read_pool_prices
 from keel.common.spec.ports import Ports, assign_metrics_ports
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
-from keel.common.spec.topology import ClusterSpec, wire, wire_graphs
+from keel.common.spec.topology import ClusterSpec, wire
 from keel.common.spec.manager import read_manager, wire_manager
 
 
@@ -136,6 +136,8 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     if manager is not None:
         wire_manager(services, hosts, ports, manager, run_dir_)
     if graphs:
+        from keel.common.spec.graph import wire_graphs
+
         services += wire_graphs(graphs, services, hosts, ports, placement["frontend"][0])
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)

@@ -193,26 +193,3 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
             fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
     return services, [c for c, _ in fe_endpoints]
 
-
-def wire_graphs(graphs: dict, services: list[ServiceLaunch], hosts: dict[str, str], ports: Ports,
-                host: str) -> list[ServiceLaunch]:
-    """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
-    ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
-    the graphs' operators run on ``host`` and send to the frontends (``frontends``; the
-    first is ``peers["frontend"]``). Returns the operators' services; operator processes
-    are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has several graphs."""
-    from keel.common.spec.graph import graph_operators, route_config
-
-    frontends = [s for s in services if s.role == "frontend"]
-    operators = []
-    for name, graph in graphs.items():
-        routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
-        address = hosts[host]
-        prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
-        ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,
-                                     prefix=prefix)
-        operators += ops
-        for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):
-            fe.config.graphs = {**fe.config.graphs, name: route_config(graph, name, endpoint, peers, lane, len(frontends),
-                                                                       frontend=fe.name)}
-    return operators
