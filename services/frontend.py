@@ -31,8 +31,9 @@ updates the context's state from the outputs kept in the feedback log.
 
 A request's states are in ``services.requests``; de-duplication is by (``Predict.client``
 when the client sends it, else the connection, request id). Query ids come from this
-incarnation's ``IdSpace``: a prediction for a query of an earlier incarnation (the frontend restarted on the same endpoint) is
-counted ``stale`` and dropped, never matched to a new query. A query answered by a
+incarnation's ``IdSpace``: a prediction for a query of an earlier incarnation (the
+frontend restarted on the same endpoint) is counted ``stale`` and dropped, never matched
+to a new query. A query answered by a
 reconstruction is reported to the dispatcher (``Answered``) so it is not run again.
 
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
