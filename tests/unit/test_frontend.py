@@ -158,6 +158,9 @@ def test_a_graph_reply_is_held_until_its_lineage_is_durable(harness, zsock):
     assert request.state is State.ANSWERED and route.calls == {}
     transport.send(out, GraphDurable("g", 1, 0))  # again: nothing is answered twice
     h.no_reply(c)
+    labels = {"service": "fe", "source": "model", "target": "graph", "kind": "graph"}  # one set of metrics, per target
+    assert h.fe.metrics.registry.get_sample_value("keel_requests_total", labels) == 1
+    assert h.fe.metrics.registry.get_sample_value("keel_request_seconds_count", labels) == 1
 
 
 def test_an_application_fans_out_and_combines(harness, tmp_path):
