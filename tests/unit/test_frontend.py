@@ -15,7 +15,7 @@ from keel.common.config import FrontendConfig, GraphRouteConfig, ModelInfo
 from keel.common.ids import SEQ_MASK, epoch_of
 from keel.common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source
 from keel.common.protocol.fields import LineageEntry
-from keel.common.protocol.messages import GraphDurable, GraphRequest
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.services.frontend import Frontend
 from keel.services.requests import DedupTable, LifecycleError, Request, State
 
@@ -236,6 +236,26 @@ def test_a_graph_takes_only_its_own_origins_and_times_out_from_a_heap(harness, z
     reply = h.reply(c)
     assert reply.error_code == ErrorCode.DEADLINE and "graph graph" in reply.error
     assert route.calls == {} and route.timeouts == []
+
+
+def test_a_graph_ack_after_a_takeover_resends_the_waiting_requests_in_origin_order(harness, zsock):
+    """The operator I feed was taken over: its ack names the highest of my origins its state
+    holds, and the waiting requests above it go again; an ack naming an origin not mine
+    (another frontend's, an earlier incarnation's) resends every waiting one."""
+    graphs, g = gru_graph(zsock, mode="bare")
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
+    c = h.client()
+    for rid in ("a", "b", "c"):
+        transport.send(c, Predict(request_id=rid, model="graph", input=x_of(20), key="1"))
+    origins = [graph_input(h, g).origin for _ in range(3)]
+    assert origins == sorted(origins)
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    transport.send(out, GraphAck("g", 2, origins[0]))
+    assert [graph_input(h, g).origin for _ in range(2)] == origins[1:]
+    transport.send(out, GraphAck("g", 3, 5))
+    assert [graph_input(h, g).origin for _ in range(3)] == origins
+    assert route.counts["resent"] == 5
 
 
 def test_keys_unknown_names_and_targets(harness, zsock):
