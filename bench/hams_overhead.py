@@ -77,7 +77,7 @@ class StreamClient:
 
     def submit(self, model: str, x: np.ndarray, timeout_ms=None) -> str:
         rid = f"{self.n}-{uuid.uuid4().hex[:6]}"
-        transport.send(self.sock, Predict(rid, model, x, stream=self.n % 16))
+        transport.send(self.sock, Predict(rid, model, x, key=str(self.n % 16)))
         self.n += 1
         return rid
 
@@ -116,7 +116,7 @@ def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: f
         summary = loadgen.summarize(records)
         stats = [transport.request_status(s.config.status_endpoint) for s in services if s.role == "graph_operator"]
         stats = [s for s in stats if s and "batches" in s and s["assignment"] not in ("backup", "standby")]
-        fe = transport.request_status(client_ep) or {}
+        fe = (transport.request_status(client_ep) or {}).get("graphs", {}).get("graph", {})  # the frontend's graph route
         primaries = [s for s in stats if "copy_ms_mean" in s]
         done = [r.received for r in records if r.received is not None]
         span = (max(done) - records[0].sent) if done else 1.0

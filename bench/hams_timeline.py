@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from keel.common.ids import SEQ_MASK
 from keel.deploy.local import Launcher
 
 
@@ -27,7 +28,8 @@ def events(streams: dict[str, list[dict]], fault_t: float, victim: str) -> dict[
     for a in streams["graph_apply"]:
         series.setdefault(f"{a['operator']} durable" + (" (degraded)" if a.get("degraded") else ""), []).append(
             (ms(a["t"]), a["last_seq"]))
-    series["frontend release"] = [(ms(r["t"]), r["origin"]) for r in streams["graph_release"]]
+    # origins carry the frontend's incarnation in their high bits: the request's number is the low ones
+    series["frontend release"] = [(ms(r["t"]), r["origin"] & SEQ_MASK) for r in streams["graph_release"]]
     first_new = min((t for t, _ in series.get(f"{victim} output (new epoch)", [])), default=None)
     return {"series": {k: sorted(v) for k, v in series.items()},
             "takeover_ms": ms(takeover["t"]) if takeover else None, "max_seq": takeover["max_seq"] if takeover else None,

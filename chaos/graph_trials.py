@@ -163,7 +163,7 @@ def open_load(sock: zmq.Socket, inputs, streams, on_sent: Callable[[int], None],
             wait_ms = 0
 
     for i, (x, s) in enumerate(zip(inputs, streams)):
-        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), stream=int(s)))
+        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), key=str(int(s))))
         on_sent(i)
         drain(int(gap_s * 1000))
     deadline = time.monotonic() + timeout_s
@@ -283,7 +283,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             backup_of = {victims[0]: joiner}  # the group's holder at the end
         backup_of.update({v: f"op-{v}" for v in lone})  # its primary goes on: the group's holder at a new epoch
         backups = {v: ask_status(by_name[backup_of[v]].config.status_endpoint) or {} for v in (*victims, *lone)}
-        frontend = ask_status(by_name["graph-frontend"].config.client_endpoint)
+        frontend = (ask_status(by_name["frontend"].config.client_endpoint) or {}).get("graphs", {}).get("graph", {})
         thawed = {}
         if frozen:  # the thawed old primary: fenced, and says so
             wait_until(lambda: all((ask_status(by_name[f].config.status_endpoint) or {}).get("fenced") for f in frozen),

@@ -91,6 +91,32 @@ class ModelInfo:
 
 
 @dataclass
+class GraphRouteConfig:
+    """One HAMS service graph a frontend serves (``services.graph.route``): where its
+    operators are, and the PULL this frontend binds for the graph's outputs and
+    durability notices."""
+
+    #: the graph's table (common.spec.graph), as GraphSpec.to_dict() writes it
+    graph: dict = field(default_factory=dict)
+    #: PULL this frontend binds for the graph (each GraphRequest's ``reply_to``)
+    endpoint: str = "tcp://127.0.0.1:7601"
+    #: node -> PULL endpoint: each operator's name, "<operator>.backup"
+    peers: dict[str, str] = field(default_factory=dict)
+    #: a request not answered by then (durable, with a hold) is answered ``deadline`` (s)
+    request_timeout_s: float = 10.0
+    #: this frontend's place among the graph's ``lanes`` frontends: origins of frontends
+    #: started in the same 10 ms tick still differ (``services.graph.route.origin_space``)
+    lane: int = 0
+    lanes: int = 1
+    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
+    trace_path: str | None = None
+
+    def validate(self, name: str = "") -> None:
+        _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0", f"graph {name}: ")
+        _check(0 <= self.lane < self.lanes, "lane", "must be in 0..lanes-1", f"graph {name}: ")
+
+
+@dataclass
 class FrontendConfig:
     name: str = "frontend"
     #: ROUTER that clients' DEALERs connect to
@@ -137,6 +163,9 @@ class FrontendConfig:
     #: how long (s) and how many answered application calls are remembered for feedback
     feedback_ttl_s: float = 600.0
     feedback_cap: int = 100_000
+    #: HAMS service graphs this frontend serves: graph name -> where its operators are (the
+    #: spec fills this in)
+    graphs: dict[str, GraphRouteConfig] = field(default_factory=dict)
 
     def validate(self) -> None:
         _check(self.context_ttl_s > 0, "context_ttl_s", "must be > 0")
@@ -153,6 +182,8 @@ class FrontendConfig:
         _check(self.max_payload_bytes > 0, "max_payload_bytes", "must be > 0")
         for name, info in self.models.items():
             info.validate(name)
+        for name, route in self.graphs.items():
+            route.validate(name)
 
 
 @dataclass
@@ -603,30 +634,3 @@ class GraphOperatorConfig:
                "must be primary, backup, stateless or standby")
         _check(self.epoch >= 1, "epoch", "must be >= 1")
         _check(bool(self.operator), "operator", "must name an operator of the graph")
-
-
-@dataclass
-class GraphFrontendConfig:
-    """The entry and exit of a HAMS service graph (``services.graph.entry``)."""
-
-    name: str = "graph-frontend"
-    #: ROUTER that clients' DEALERs connect to (Predict / Reply)
-    client_endpoint: str = "tcp://127.0.0.1:7600"
-    #: PULL for the graph's outputs and durability notices
-    endpoint: str = "tcp://127.0.0.1:7601"
-    graph: dict = field(default_factory=dict)
-    peers: dict[str, str] = field(default_factory=dict)
-    #: a request not answered by then is answered with an error (s)
-    request_timeout_s: float = 10.0
-    #: requests in the graph at most; beyond it a request is answered ``overloaded``
-    admission_limit: int = 10_000
-    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
-    trace_path: str | None = None
-    metrics_port: int | None = None
-    #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints
-    #: stay as configured
-    manager: ManagerLinkConfig | None = None
-
-    def validate(self) -> None:
-        _check(self.request_timeout_s > 0, "request_timeout_s", "must be > 0")
-        _check(self.admission_limit > 0, "admission_limit", "must be > 0")

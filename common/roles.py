@@ -63,8 +63,9 @@ _COMMON_SET = {"name", "metrics_port"}
 ROLES: dict[str, Role] = {r.name: r for r in (
     Role("frontend", cfg.FrontendConfig, "keel.services.frontend:Frontend",
          binds=("client_endpoint", "prediction_endpoint"),
-         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "prediction_endpoint", "dispatcher_query_endpoint", "models"}),
-         nested={"models": cfg.ModelInfo}, status="client_endpoint", priority=300),
+         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "prediction_endpoint", "dispatcher_query_endpoint", "models",
+                                            "graphs"}),
+         nested={"models": cfg.ModelInfo, "graphs": cfg.GraphRouteConfig}, status="client_endpoint", priority=300),
     Role("dispatcher", cfg.DispatcherConfig, "keel.services.dispatcher:Dispatcher",
          binds=("query_endpoint", "worker_endpoint"),
          spec_sets=frozenset(_COMMON_SET | {"query_endpoint", "worker_endpoint", "encoder_endpoint", "models"}),
@@ -94,15 +95,12 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          spec_sets=frozenset(_COMMON_SET | {"status_endpoint", "frontend_endpoints", "models"}),
          nested={"models": cfg.ModelInfo}, priority=450),
     # HAMS service graphs: a stateful operator's primary and backup (each with its statemgr) and
-    # stateless operators are one role; the graph's frontend assigns seqs and holds replies.
+    # stateless operators are one role; the frontends (their graph route) number and hold requests.
     Role("graph_operator", cfg.GraphOperatorConfig, "keel.services.graph.operator:GraphOperator",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers",
                                             "frontends"}),
          priority=350),
-    Role("graph_frontend", cfg.GraphFrontendConfig, "keel.services.graph.entry:GraphFrontend",
-         binds=("client_endpoint", "endpoint"), status="client_endpoint",
-         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "endpoint", "graph", "peers"}), priority=300),
 )}
 
 

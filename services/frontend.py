@@ -13,17 +13,27 @@ or infinity (from a worker or a reconstruction: inputs are finite, checked at ad
 is a ``model_error`` for its query, counted (``nonfinite_outputs``), logged once per model
 and never cached.
 
+Routes: what a request is sent to is chosen by its target (``Predict.model``): a model
+(this module: cache, dispatcher, reconstructions, dispatcher failover), an application
+(``services.selection.runtime``), a HAMS service graph (``services.graph.route``: origins
+of this incarnation, the hold until durable). Admission, validation, de-duplication, the
+request lifecycle, metrics (per ``target`` and ``kind``) and the one log line per request
+are the frontend's for all three. ``Predict.key`` is the one per-call key: an
+application's context, a graph's stream (``route.stream_of``); a plain model refuses one.
+A name that is none of these is ``unknown_model``, the reply listing what is served.
+
 Model selection (Clipper §5, ``services.selection.runtime``): a request may name an
-application instead of a model (with a ``context``); its policy picks the models to query
+application instead of a model (with a ``key``); its policy picks the models to query
 (in the context's state), their outputs are combined when all arrived, or at the deadline
 with those that did (stragglers count as disagreeing, the reply says ``partial``), and the
 reply names the models used and the confidence. A ``Feedback`` message with the true class
 updates the context's state from the outputs kept in the feedback log.
 
-A request's states and the seams for model selection and durable replies are in
-``services.requests``. Query ids come from this incarnation's ``IdSpace``: a prediction
-for a query of an earlier incarnation (the frontend restarted on the same endpoint) is
-counted ``stale`` and dropped, never matched to a new query. A query answered by a
+A request's states are in ``services.requests``; de-duplication is by (``Predict.client``
+when the client sends it, else the connection, request id). Query ids come from this
+incarnation's ``IdSpace``: a prediction for a query of an earlier incarnation (the
+frontend restarted on the same endpoint) is counted ``stale`` and dropped, never matched
+to a new query. A query answered by a
 reconstruction is reported to the dispatcher (``Answered``) so it is not run again.
 
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
@@ -59,8 +69,8 @@ from keel.common.protocol import (
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
-from keel.services.requests import DedupTable
-from keel.services.requests import Hold, Request, Selection, State
+from keel.services.graph.route import GraphRoute
+from keel.services.requests import DedupTable, Request, State
 from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
@@ -73,8 +83,9 @@ TRIM_CLIENTS = 64
 
 @dataclass(slots=True)
 class Pending:
-    """One computation: the model queries a request made (``Selection.select``), shared by
-    its retries and by identical requests that arrived while it was in flight."""
+    """One computation: the model queries a request made (one, or an application's
+    selection), shared by its retries and by identical requests that arrived while it was
+    in flight."""
 
     qids: tuple[int, ...]  # one per selected model
     models: tuple[str, ...]
@@ -83,8 +94,6 @@ class Pending:
     deadline: float  # monotonic
     key: bytes | None  # cache key
     requests: list[Request]
-    outputs: dict[str, np.ndarray] | None = None  # arrived so far, by model (fan-out only)
-    source: str = Source.MODEL
     #: the query's input, kept (with a manager) to re-send it to a newly active dispatcher
     input: np.ndarray | None = None
     call: Call | None = None  # an application's call (model selection)
@@ -93,12 +102,9 @@ class Pending:
 class Frontend(Service):
     role = "frontend"
 
-    def __init__(self, cfg: FrontendConfig, selection: Selection | None = None, hold: Hold | None = None):
+    def __init__(self, cfg: FrontendConfig):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
-        self.selection = selection or Selection()
-        self.hold = hold or Hold()
-        self.identity = type(self.selection) is Selection  # one model, its output as is: skip combine
         self.apps = Applications(cfg, self.metrics) if cfg.applications else None
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
@@ -107,7 +113,9 @@ class Frontend(Service):
         self.clients: OrderedDict[int, None] = OrderedDict()
         self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.prediction_endpoint), self._on_predictions)
-        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=cfg.dispatcher_query_endpoint))
+        # a frontend of graphs only has no dispatcher to send to
+        self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH,
+                                                          connect=cfg.dispatcher_query_endpoint if cfg.models else None))
         self.reply_to = transport.endpoint_of(self.pull)
         self.ids = IdSpace()
         self.cache = ClockCache(cfg.cache_size) if cfg.cache_size else None
@@ -121,7 +129,6 @@ class Frontend(Service):
         self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
         self.dedup = DedupTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
-        self.held: dict[Request, list] = {}  # request -> its reply frames, until released
         self.deadlines: list[tuple[float, int]] = []
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
@@ -131,15 +138,24 @@ class Frontend(Service):
         self.nonfinite_models: set[str] = set()  # logged once each
         self.trim_mark, self.closed_clients = 0, 0  # since memory was last handed back
         self.every(1.0, self._forget_answered)
-        self.m_requests = self.metrics.counter("requests_total", "requests answered, by source", ["source"])
-        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source"])
+        # per target: ``target`` its name ("" for a request refused before it named one), ``kind``
+        # model, application or graph
+        self.m_requests = self.metrics.counter("requests_total", "requests answered, by source and target",
+                                               ["source", "target", "kind"])
+        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source", "target", "kind"])
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_refused = self.metrics.counter("client_messages_refused_total",
                                               "messages of a kind clients may not send, refused", ["kind"])
+        #: HAMS service graphs: a route each, answering through ``_answer`` like every target
+        self.graphs = {name: GraphRoute(name, route, self, self._answer_graph, cfg.admission_limit)
+                       for name, route in cfg.graphs.items()}
         self.dispatcher_name = None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self._on_manager_change("group/dispatcher", None)
+            for key, value in list(self.manager.feed.values.items()):
+                if key.startswith("group/graph/"):
+                    self._on_manager_change(key, value)
 
     # ------------------------------------------------------------------ clients
 
@@ -195,28 +211,37 @@ class Frontend(Service):
 
     def _on_predict(self, msg: Predict, envelope: list, start: float) -> None:
         rid = msg.request_id
-        info = self.cfg.models.get(msg.model)
-        app = msg.model if info is None and self.apps is not None and msg.model in self.apps else None
-        if app is not None:
-            info = self.apps.infos[app]
-        x = msg.input
-        dkey = (envelope[0], rid)
+        # de-duplication: the client's own id when it sends one (the same on every
+        # connection and frontend), else the connection it came on
+        dkey = (msg.client.encode() if msg.client else envelope[0], rid)
         request = Request(envelope, rid, start, dkey)
-        if info is None:
-            known = ", ".join(sorted([*self.cfg.models, *(self.apps.apps if self.apps else ())])) or "none"
+        kind = self._kind(msg.model)
+        if kind is None:
+            known = ", ".join(sorted(self.targets())) or "none"
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
+        info = (self.cfg.models[msg.model] if kind == "model" else self.apps.infos[msg.model] if kind == "application"
+                else self.graphs[msg.model].info)
+        # the one per-call key; ``context`` (old clients' application context) and ``stream``
+        # (old clients' graph stream) are read as it until they are gone from the protocol
+        key = msg.key if msg.key is not None else msg.context
+        if key is None and msg.stream is not None and kind == "graph":
+            key = str(msg.stream)
+        x = msg.input
         if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes {info.input_dtype} input, got {x.dtype}")
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{kind} {msg.model} takes {info.input_dtype} input, got {x.dtype}")
         if list(x.shape) != info.input_shape:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{kind} {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             return self._refuse(request, ErrorCode.BAD_REQUEST, "input contains NaN or infinity")
-        if app is not None and msg.version is not None:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{app} is an application: it has no versions")
-        if msg.version not in (None, info.version) and app is None:
+        if kind != "model" and msg.version is not None:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{msg.model} is an {kind}: it has no versions"
+                                if kind == "application" else f"{msg.model} is a graph: it has no versions")
+        if kind == "model" and key is not None:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes no key (applications and graphs do)")
+        if msg.version not in (None, info.version) and kind == "model":
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
-        request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{msg.context or ''}".encode()))
+        request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{key or ''}".encode()))
         done = self.dedup.get(dkey)
         if done is not None:  # a retry of an answered request: the same answer again
             if done[1] != digest:
@@ -226,20 +251,27 @@ class Frontend(Service):
             self._send(envelope, done[0])
             return
         waiting = self.by_request.get(dkey)
-        if waiting is not None:  # a retry while it is still being computed
+        if waiting is not None:  # a retry while it is still being computed: it joins, in their state
             if waiting[1] != digest:
                 return self._refuse(request, ErrorCode.BAD_REQUEST, "request id reused with a different input")
-            request.to(State.WAITING)
+            request.to(waiting[0].requests[0].state)
             waiting[0].requests.append(request)
             return
-        key = None
-        version = self.serving.get(msg.model, info.version) if app is None else None
-        if self.cache is not None and app is None:  # an application's answer depends on its learned state
-            key = b"%s\0%s\0%s" % (msg.model.encode(), version.encode(), x.tobytes())
-            output = self.cache.get(key)
+        if kind == "graph":
+            client = msg.client if msg.client else envelope[0].hex()
+            call = self.graphs[msg.model].admit(request, x, key, protocol.request_key(client, rid))
+            if call is None:
+                return self._refuse(request, ErrorCode.OVERLOADED, f"graph {msg.model} is full; try again later")
+            self.by_request[dkey] = (call, digest)
+            return
+        cache_key = None
+        version = self.serving.get(msg.model, info.version) if kind == "model" else None
+        if self.cache is not None and kind == "model":  # an application's answer depends on its learned state
+            cache_key = b"%s\0%s\0%s" % (msg.model.encode(), version.encode(), x.tobytes())
+            output = self.cache.get(cache_key)
             if output is not None:
                 return self._answer([request], Source.CACHE, msg.model, version, output)
-            shared = self.by_key.get(key)
+            shared = self.by_key.get(cache_key)
             if shared is not None:  # the same query is in flight: share its computation
                 request.to(State.WAITING)
                 shared.requests.append(request)
@@ -249,16 +281,16 @@ class Frontend(Service):
             return self._refuse(request, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
         timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.deadline_ms
         call = None
-        if app is not None:
-            budget = self.apps.apps[app].deadline_ms  # stragglers (§5.2.2): answer with what arrived by then
+        if kind == "application":
+            budget = self.apps.apps[msg.model].deadline_ms  # stragglers (§5.2.2): answer with what arrived by then
             if budget is not None:
                 timeout_ms = min(timeout_ms, budget) if msg.timeout_ms else budget
-            models, call = self.apps.select(app, msg.context or "", x)
+            models, call = self.apps.select(msg.model, key or "", x)
         else:
-            models = self.selection.select(msg.model)
+            models = (msg.model,)
         deadline = time.monotonic() + timeout_ms / 1000.0
         qids = tuple(self.ids.next() for _ in models)
-        pending = Pending(qids, models, msg.model, version, deadline, key, [request], call=call)
+        pending = Pending(qids, models, msg.model, version, deadline, cache_key, [request], call=call)
         if self.manager is not None:
             pending.input = x
         request.to(State.WAITING)
@@ -267,9 +299,17 @@ class Frontend(Service):
             self.outbox[model].append((qid, deadline, x))
             heapq.heappush(self.deadlines, (deadline, qid))  # fan-out: the first still open expires it
         self.by_request[dkey] = (pending, digest)
-        if key is not None:
-            self.by_key[key] = pending
+        if cache_key is not None:
+            self.by_key[cache_key] = pending
         self.deadline.at_latest(deadline)
+
+    def _kind(self, name: str) -> str | None:
+        """What ``name`` is to this frontend: "model", "application", "graph", or None."""
+        if name in self.cfg.models:
+            return "model"
+        if self.apps is not None and name in self.apps:
+            return "application"
+        return "graph" if name in self.graphs else None
 
     def _flush(self) -> None:
         """One Queries message per model for everything admitted in this tick, and one
@@ -296,8 +336,15 @@ class Frontend(Service):
         """The manager named another active dispatcher: send it every query admitted and not
         yet answered (the old one's queue died with it), so none waits for its deadline.
         Query ids stay the same: whichever prediction comes first answers, later ones are
-        counted late (de-duplication by qid; ids carry this frontend's incarnation)."""
-        if key != "group/dispatcher" or self.manager is None:
+        counted late (de-duplication by qid; ids carry this frontend's incarnation). A graph
+        operator's group goes to the graph routes (where each sends)."""
+        if self.manager is None:
+            return
+        if key.startswith("group/graph/"):
+            for route in self.graphs.values():
+                route.on_manager_change(key, value)
+            return
+        if key != "group/dispatcher":
             return
         holder, epoch, endpoints = self.manager.holder("dispatcher")
         endpoint = endpoints.get("query")
@@ -373,12 +420,11 @@ class Frontend(Service):
             if pending.call is not None:
                 self._on_app_output(pending, model, None if failed else outputs[i], source)
                 continue
+            self._settle(pending)
             if failed:
-                if len(pending.qids) == 1 or not self._open(pending):
-                    why = f"failed on this batch: {error}" if outputs is None else "output NaN or infinity for this input"
-                    self._settle(pending)
-                    self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
-                                 f"model {msg.model} {why}", ErrorCode.MODEL_ERROR)
+                why = f"failed on this batch: {error}" if outputs is None else "output NaN or infinity for this input"
+                self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
+                             f"model {msg.model} {why}", ErrorCode.MODEL_ERROR)
                 continue
             output = outputs[i]
             if source == Source.RECONSTRUCTION:
@@ -386,23 +432,7 @@ class Frontend(Service):
                 self.reconstructed[qid] = output
                 if len(self.reconstructed) > GRADED:
                     del self.reconstructed[next(iter(self.reconstructed))]
-            if len(pending.qids) > 1:  # fan-out: combine what has arrived
-                pending.source = source
-                if pending.outputs is None:
-                    pending.outputs = {}
-                pending.outputs[model] = output
-                output = self.selection.combine(pending.model, pending.outputs, not self._open(pending))
-                if output is None:
-                    continue
-                self._settle(pending)
-            else:
-                self._settle(pending)
-                if not self.identity:
-                    output = self.selection.combine(pending.model, {model: output}, True)
-                    if output is None:  # the selection refused its only output: as at the deadline
-                        self._default(pending)
-                        continue
-            version = pending.version if msg.version is None or len(pending.qids) > 1 else msg.version
+            version = pending.version if msg.version is None else msg.version
             # the key names the version expected at admission: another version's output is not cached under it
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
@@ -480,7 +510,7 @@ class Frontend(Service):
             self.by_request.pop(request.dedup, None)
         if pending.key is not None:
             self.by_key.pop(pending.key, None)
-        if len(pending.qids) > 1 or pending.call is not None:
+        if pending.call is not None:
             for qid in pending.qids:
                 self.pending.pop(qid, None)
 
@@ -488,36 +518,36 @@ class Frontend(Service):
 
     def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None, models: list[str] | None = None,
-                confidence: float | None = None) -> None:
+                confidence: float | None = None, degraded: bool | None = None) -> None:
+        """The one way a reply leaves: remembered for de-duplication (real answers only),
+        counted and logged per target."""
         now = time.perf_counter()
         remember = code is None
+        kind = self._kind(model) or ""
         for request in requests:
             frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
                                            version=version, error=error, error_code=code, models=models,
-                                           confidence=confidence))
+                                           confidence=confidence, degraded=degraded))
             if remember and request.dedup is not None:
                 # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
                 # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
                 self.dedup.put(request.dedup, frames, request.digest, time.monotonic())
-            if self.hold.hold(request, source):
-                request.to(State.HELD)
-                self.held[request] = frames
-            else:
-                request.to(State.ANSWERED)
-                self._send(request.envelope, frames)
+            request.to(State.ANSWERED)
+            self._send(request.envelope, frames)
             latency = now - request.start
             self.counts[str(source)] += 1
-            self.m_requests.labels(source=source).inc()
-            self.m_latency.labels(source=source).observe(latency)
+            self.m_requests.labels(source=source, target=model if kind else "", kind=kind).inc()
+            self.m_latency.labels(source=source, target=model if kind else "", kind=kind).observe(latency)
             if self.cfg.log_requests:
-                self.log.info("request", request_id=request.request_id, model=model, source=source,
-                              latency_ms=round(latency * 1000, 3), error=code)
+                self.log.info("request", request_id=request.request_id, model=model, kind=kind, source=source,
+                              latency_ms=round(latency * 1000, 3), error=code, **({"degraded": True} if degraded else {}))
 
-    def release(self, request: Request) -> None:
-        """The hold let go of ``request``: its reply leaves now (HAMS: it became durable)."""
-        frames = self.held.pop(request)
-        request.to(State.ANSWERED)
-        self._send(request.envelope, frames)
+    def _answer_graph(self, requests: list[Request], source: str, graph: str, output: np.ndarray | None,
+                      error: str | None, code: str | None, degraded: bool | None) -> None:
+        """A graph route's answer (it left the hold: durable): its requests are no longer in flight."""
+        for request in requests:
+            self.by_request.pop(request.dedup, None)
+        self._answer(requests, source, graph, None, output, error, code, degraded=degraded)
 
     def _send(self, envelope: list, frames: list) -> None:
         """A reply to a client, never blocking: one that does not fit its queue is dropped."""
@@ -540,12 +570,6 @@ class Frontend(Service):
             self._settle(pending)
             if pending.call is not None:
                 self._answer_app(pending)
-                continue
-            output = None
-            if pending.outputs:  # fan-out: what arrived may be enough
-                output = self.selection.combine(pending.model, pending.outputs, True)
-            if output is not None:
-                self._answer(pending.requests, pending.source, pending.model, pending.version, output)
             else:
                 self._default(pending)
         # Heap entries of answered queries are dropped lazily; keep the heap from growing.
@@ -579,8 +603,8 @@ class Frontend(Service):
             self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
                          "frontend shutting down", ErrorCode.INTERNAL)
         self.pending.clear()
-        for request, frames in list(self.held.items()):
-            self.release(request)
+        for route in self.graphs.values():
+            route.close()
         if self.apps is not None:
             self.apps.close()
 
@@ -595,12 +619,14 @@ class Frontend(Service):
                 "dedup": {"entries": len(self.dedup), "bytes": self.dedup.bytes}, "clients": len(self.clients),
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0,
+                "graphs": {name: route.status() for name, route in self.graphs.items()},
                 "targets": self.targets()}
 
     def targets(self) -> dict[str, dict]:
         """Every name a client may call, with what it takes and answers: ``kind`` (model,
         application or graph), ``input_shape``, ``input_dtype``, ``output_size``, the
-        ``version`` served (None: the target has no versions) and whether it takes a ``key``."""
+        ``version`` served (None: the target has no versions) and whether it takes a ``key``;
+        a graph also its ``mode``."""
         out = {}
         for name, info in self.cfg.models.items():
             out[name] = {"kind": "model", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
@@ -608,6 +634,8 @@ class Frontend(Service):
         for name, info in (self.apps.infos.items() if self.apps else ()):
             out[name] = {"kind": "application", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
                          "output_size": info.output_size, "version": None, "key": True}
+        for name, route in self.graphs.items():
+            out[name] = route.target()
         return out
 
 

@@ -1,5 +1,6 @@
-"""A client request's life at the frontend, in one place: its states, the one transition
-function, and the two seams where later layers attach.
+"""A client request's life at the frontend, in one place: its states and the one
+transition function, whatever its route (model, application, graph); and the
+de-duplication table of answered requests.
 
 States (``State``)::
 
@@ -11,18 +12,10 @@ States (``State``)::
 
 - ADMITTED: decoded and checked; nothing is computing for it yet.
 - WAITING: its model queries are in flight (or it shares a computation already in flight).
-- HELD: its answer is decided but the hold keeps it from leaving (HAMS: not yet durable).
+- HELD: its answer is decided but the hold keeps it from leaving (the graph route's
+  ``ReleaseGate``, HAMS §IV-D: not yet durable).
 - ANSWERED: its one reply has left. Any transition out of ANSWERED -- answering twice --
   raises ``LifecycleError``: exactly one answer per accepted request is the invariant.
-
-Seams:
-
-- ``Selection`` (Clipper §5, model selection): which model queries a request makes and
-  how their outputs combine into its answer -- when enough of them answered, or with what
-  arrived by the deadline. Today one model and the identity.
-- ``Hold`` (HAMS §IV, the frontend as the last stateful node): may keep a decided reply
-  from leaving until a durability notice arrives; ``Frontend.release(request)`` sends it
-  then. Today every reply leaves at once.
 
 Example
 -------
@@ -38,8 +31,6 @@ from __future__ import annotations
 import struct
 from collections import deque
 from enum import IntEnum
-
-import numpy as np
 
 
 class State(IntEnum):
@@ -87,32 +78,6 @@ class Request:
 
     def __repr__(self) -> str:
         return f"Request({self.request_id[:64]!r}, {self.state})"
-
-
-class Selection:
-    """Seam for model selection (Clipper §5): one request fanned out to several models.
-
-    ``select`` names the models a request for ``model`` queries (each must be served by
-    this frontend; the request's own model need not be among them). ``combine`` is called
-    with the outputs that have arrived, by model, each time one arrives (``final`` False)
-    and once more at the deadline if the answer is still open (``final`` True); it returns
-    the request's answer or None to keep waiting (at the deadline, None answers the
-    model's default output). Keel today: one model, its output as is."""
-
-    def select(self, model: str) -> tuple[str, ...]:
-        return (model,)
-
-    def combine(self, model: str, outputs: dict[str, np.ndarray], final: bool) -> np.ndarray | None:
-        return outputs.get(model)
-
-
-class Hold:
-    """Seam for HAMS's durable replies: ``hold`` returns True to keep ``request``'s decided
-    reply (it is then HELD) until the frontend's ``release(request)`` is called, e.g. when
-    every state on the request's lineage is durable. Keel today: release at once."""
-
-    def hold(self, request: Request, source: str) -> bool:
-        return False
 
 
 class DedupTable:

@@ -289,56 +289,117 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
                                  f"{name} takes {list(op.input_shape)}")
 
 
-def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
-                   seed: int = 0, trace_dir: str | None = None,
-                   manager: tuple[list[str], list[str]] | None = None,
-                   address_of: Callable[[str], str] | None = None) -> tuple[list, str]:
-    """The processes of ``graph`` (``ServiceLaunch``es) and the client endpoint: the graph's
-    frontend; per stateless operator one process; per stateful operator a primary and,
-    unless the mode is bare, a backup (roles and epoch 1 from the spec: the manager's
-    ``Assignment`` seam changes them later); unless the mode is bare, one hot standby per
-    kind of stateless operator (``standby0``, ...), which HAMS II's failover promotes.
-    ``address_of(service name)``: where that process listens (default ``address`` for all;
-    per process when each runs on its own emulated host)."""
+def graph_operators(graph: GraphSpec, frontends: list[str], endpoint: Callable[[str], str], host: str = "local",
+                    seed: int = 0, trace_dir: str | None = None, manager: tuple[list[str], list[str]] | None = None,
+                    prefix: str = "op-") -> tuple[list, dict[str, str]]:
+    """The operator processes of ``graph`` (``ServiceLaunch``es) and the peers table every
+    frontend's route and every operator reads (node -> PULL endpoint): per stateless
+    operator one process; per stateful operator a primary and, unless the mode is bare, a
+    backup (roles and epoch 1 from the spec: the manager's ``Assignment`` seam changes them
+    later); unless the mode is bare, one hot standby per kind of stateless operator
+    (``standby0``, ...), which HAMS II's failover promotes. ``frontends``: the graph
+    endpoint of each frontend serving the graph (``peers["frontend"]`` is the first);
+    ``endpoint(service name)`` allocates an endpoint where that process listens; process
+    names are ``prefix`` + the operator (``op-g1``, ``op-g1-backup``)."""
     from keel.common import config as cfg
     from keel.common.spec.topology import ServiceLaunch
 
     trace_dir = trace_dir or graph.trace_dir
     link = {"manager": cfg.ManagerLinkConfig(list(manager[0]), list(manager[1]))} if manager else {}
-    port = iter(range(base_port, base_port + 1000))
-    address_of = address_of or (lambda name: address)
-
-    def ep(name: str) -> str:
-        return f"tcp://{address_of(name)}:{next(port)}"
 
     def service(key: str) -> str:
-        return f"op-{key.replace('.', '-')}"
+        return f"{prefix}{key.replace('.', '-')}"
 
-    table = graph.to_dict()
-    if graph.mode == "ls":  # the checkpoints' global storage: every process of the graph reads the same place
-        table["checkpoint_dir"] = graph.checkpoint_dir or trace_dir
-        if not table["checkpoint_dir"]:
-            raise GraphError("graph.checkpoint_dir: mode 'ls' needs a checkpoint_dir (or a trace_dir) for its checkpoints")
-    peers = {FRONTEND: ep("graph-frontend")}
-    client = ep("graph-frontend")
+    table = graph_table(graph, trace_dir)
+    peers = {FRONTEND: frontends[0]}
     plan = []
     for name in graph.order:
         op = graph.operators[name]
         roles = ["primary", "backup"] if name in graph.stateful else ["primary" if op.stateful else "stateless"]
         for r in roles:
             key = f"{name}.backup" if r == "backup" else name
-            peers[key] = ep(service(key))
+            peers[key] = endpoint(service(key))
             plan.append((key, name, r))
     for i, kind in enumerate(graph.standby_kinds):  # a standby is named by the first operator of its kind
         first = next(n for n in graph.order if graph.operators[n].kind == kind)
-        peers[f"standby{i}"] = ep(service(f"standby{i}"))
+        peers[f"standby{i}"] = endpoint(service(f"standby{i}"))
         plan.append((f"standby{i}", first, "standby"))
-    services = [ServiceLaunch("graph-frontend", "graph_frontend", host, cfg.GraphFrontendConfig(
-        client_endpoint=client, endpoint=peers[FRONTEND], graph=table, peers=peers,
-        trace_path=f"{trace_dir}/graph-frontend.jsonl" if trace_dir else None, **link))]
+    services = []
     for key, name, r in plan:
         services.append(ServiceLaunch(service(key), "graph_operator", host, cfg.GraphOperatorConfig(
             name=service(key), operator=name, role=r, epoch=1, endpoint=peers[key],
-            status_endpoint=ep(service(key)), graph=table, peers=peers, seed=seed,
-            trace_path=f"{trace_dir}/op-{key}.jsonl" if trace_dir else None, **link)))
-    return services, client
+            status_endpoint=endpoint(service(key)), graph=table, peers=peers, frontends=list(frontends), seed=seed,
+            trace_path=f"{trace_dir}/{prefix}{key}.jsonl" if trace_dir else None, **link)))
+    return services, peers
+
+
+def graph_table(graph: GraphSpec, trace_dir: str | None = None) -> dict:
+    """The graph's table as every process of it reads it (``ls``: the checkpoints' place)."""
+    table = graph.to_dict()
+    if graph.mode == "ls":  # the checkpoints' global storage: every process of the graph reads the same place
+        table["checkpoint_dir"] = graph.checkpoint_dir or trace_dir or graph.trace_dir
+        if not table["checkpoint_dir"]:
+            raise GraphError("graph.checkpoint_dir: mode 'ls' needs a checkpoint_dir (or a trace_dir) for its checkpoints")
+    return table
+
+
+def route_config(graph: GraphSpec, name: str, endpoint: str, peers: dict[str, str], lane: int = 0, lanes: int = 1,
+                 trace_dir: str | None = None, frontend: str = "frontend"):
+    """What a frontend needs to serve ``graph`` as ``name`` (``GraphRouteConfig``): its
+    graph endpoint (a PULL it binds), where the operators are, its lane among ``lanes``
+    frontends, and its trace (``<trace_dir>/<frontend>-<name>.jsonl``)."""
+    from keel.common import config as cfg
+
+    trace_dir = trace_dir or graph.trace_dir
+    return cfg.GraphRouteConfig(graph=graph_table(graph, trace_dir), endpoint=endpoint,
+                                peers={k: v for k, v in peers.items() if k != FRONTEND}, lane=lane, lanes=lanes,
+                                trace_path=f"{trace_dir}/{frontend}-{name}.jsonl" if trace_dir else None)
+
+
+def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports, host: str) -> list:
+    """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
+    ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
+    the graphs' operators run on ``host`` and send to the frontends (``frontends``; the
+    first is ``peers["frontend"]``). Returns the operators' services; operator processes
+    are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has several graphs."""
+    frontends = [s for s in services if s.role == "frontend"]
+    operators = []
+    for name, graph in graphs.items():
+        routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
+        address = hosts[host]
+        prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
+        ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,
+                                     prefix=prefix)
+        operators += ops
+        for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):
+            fe.config.graphs = {**fe.config.graphs, name: route_config(graph, name, endpoint, peers, lane, len(frontends),
+                                                                       frontend=fe.name)}
+    return operators
+
+
+def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
+                   seed: int = 0, trace_dir: str | None = None,
+                   manager: tuple[list[str], list[str]] | None = None,
+                   address_of: Callable[[str], str] | None = None, name: str = "graph") -> tuple[list, str]:
+    """One graph on its own (tests, chaos trials, benchmarks): a frontend (``frontend``)
+    serving ``graph`` as ``name`` and nothing else, and the graph's operators
+    (``graph_operators``), on ports from ``base_port``; -> (services, the frontend's client
+    endpoint). ``address_of(service name)``: where that process listens (default
+    ``address`` for all; per process when each runs on its own emulated host)."""
+    from keel.common import config as cfg
+    from keel.common.spec.topology import ServiceLaunch
+
+    port = iter(range(base_port, base_port + 1000))
+    address_of = address_of or (lambda svc: address)
+
+    def ep(svc: str) -> str:
+        return f"tcp://{address_of(svc)}:{next(port)}"
+
+    trace_dir = trace_dir or graph.trace_dir
+    graph_ep, client, predictions = ep("frontend"), ep("frontend"), ep("frontend")
+    operators, peers = graph_operators(graph, [graph_ep], ep, host, seed, trace_dir, manager)
+    link = {"manager": cfg.ManagerLinkConfig(list(manager[0]), list(manager[1]))} if manager else {}
+    frontend = ServiceLaunch("frontend", "frontend", host, cfg.FrontendConfig(
+        client_endpoint=client, prediction_endpoint=predictions,
+        graphs={name: route_config(graph, name, graph_ep, peers, trace_dir=trace_dir)}, **link))
+    return [frontend, *operators], client

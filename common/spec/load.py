@@ -106,10 +106,10 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         opts["gateway"] = options("gateway", gw_table)
 
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
-    graph_table = root.take("graph", dict, None)  # a HAMS service graph (common.spec.graph)
-    models_table = Table(root.take("models", dict, {}) if graph_table is not None else root.take("models", dict), "models")
-    if not models_table.data and graph_table is None:
-        fail("models", "needs at least one [models.NAME] table")
+    graphs = _read_graphs(root, name)
+    models_table = Table(root.take("models", dict, {}) if graphs else root.take("models", dict), "models")
+    if not models_table.data and not graphs:
+        fail("models", "needs at least one [models.NAME] table (or a [graphs.NAME] table)")
     models = {}
     for model in list(models_table.data):
         models_table.take(model, dict)
@@ -122,26 +122,46 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         from keel.common.spec.applications import read_applications
 
         applications = read_applications(applications, list(models))
+    for graph in graphs:
+        if graph in models or graph in (applications or {}):
+            fail(f"graphs.{graph}", f"{graph!r} is also a model's or an application's name; a target has one name")
     root.finish()
 
     ports = Ports(base_port)
-    services, client_endpoints = wire(hosts, ports, store, models, placement, opts) if models else ([], [])
+    services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
     if applications:
         from keel.common.spec.applications import attach
 
         attach(applications, services, run_dir_)
     if manager is not None:
         wire_manager(services, hosts, ports, manager, run_dir_)
-    if graph_table is not None:
-        from keel.common.spec.graph import graph_services, read_graph
+    if graphs:
+        from keel.common.spec.graph import wire_graphs
 
-        graph_host = placement["frontend"][0]
-        graph_svcs, graph_client = graph_services(read_graph(graph_table), ports.last() + 1, hosts[graph_host], graph_host)
-        services += graph_svcs
-        client_endpoints.append(graph_client)
+        services += wire_graphs(graphs, services, hosts, ports, placement["frontend"][0])
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:
         svc.curve_keys = curve_keys
     return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
                        client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)
+
+
+def _read_graphs(root: Table, cluster: str) -> dict:
+    """The spec's HAMS service graphs by name (``common.spec.graph``): ``[graphs.NAME]``
+    tables, and a single ``[graph]`` table (the older form) named after the cluster."""
+    from keel.common.spec.graph import read_graph
+
+    graphs = {}
+    single = root.take("graph", dict, None)
+    if single is not None:
+        graphs[cluster] = read_graph(single, "graph")
+    for graph, table in (root.take("graphs", dict, None) or {}).items():
+        if not NAME.match(graph):
+            fail(f"graphs.{graph}", f"{graph!r} must be letters, digits, '_', '.', '-'")
+        if graph in graphs:
+            fail(f"graphs.{graph}", f"the [graph] table is already the graph named {graph!r} (the cluster's name)")
+        if not isinstance(table, dict):
+            fail(f"graphs.{graph}", "must be a table")
+        graphs[graph] = read_graph(table, f"graphs.{graph}")
+    return graphs

@@ -35,8 +35,9 @@ class ServiceLaunch:
         return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
 
     def endpoints(self) -> list[str]:
-        """The endpoints this service binds (workers bind none)."""
-        return [getattr(self.config, f) for f in ROLES[self.role].binds]
+        """The endpoints this service binds (workers bind none; a frontend one per graph too)."""
+        graphs = [g.endpoint for g in getattr(self.config, "graphs", {}).values()]
+        return [getattr(self.config, f) for f in ROLES[self.role].binds] + graphs
 
 
 @dataclass
@@ -115,7 +116,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
          options: dict[str, dict[str, Any]]) -> tuple[list[ServiceLaunch], list[str]]:
     """The services of a single-model-per-queue deployment (Clipper/ParM) and the client
     endpoints. ``placement``: ``frontend`` (list of hosts), ``dispatcher``, ``encoder``,
-    ``decoder`` (a host each); ``options``: role -> options from its spec table."""
+    ``decoder`` (a host each); ``options``: role -> options from its spec table. With no
+    models (a spec of graphs only) just the frontends (and the gateway)."""
 
     def endpoint(host: str, owner: str) -> str:
         return f"tcp://{hosts[host]}:{ports.take(hosts[host], owner)}"
@@ -123,7 +125,7 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     fe_hosts, disp_host = placement["frontend"], placement["dispatcher"]
     fe_names = ["frontend"] if len(fe_hosts) == 1 else [f"frontend-{i}" for i in range(len(fe_hosts))]
     fe_endpoints = [(endpoint(h, n), endpoint(h, n)) for n, h in zip(fe_names, fe_hosts)]
-    query_ep, worker_ep = endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")
+    query_ep, worker_ep = (endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")) if models else (None, None)
     coded = {m: t for m, t in models.items() if t["mode"] == "parm"}
     encoder_ep = endpoint(placement["encoder"], "encoder") if coded else None
     decoder_ep = endpoint(placement["decoder"], "decoder") if coded else None
@@ -138,10 +140,12 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     infos = {m: model_info(t) for m, t in models.items()}
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
         add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
-                               "dispatcher_query_endpoint": query_ep, "models": infos}, "frontend")
+                               **({"dispatcher_query_endpoint": query_ep} if models else {}), "models": infos}, "frontend")
     if placement.get("gateway"):
         add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
                                                          "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
+    if not models:
+        return services, [c for c, _ in fe_endpoints]
     add("dispatcher", "dispatcher", disp_host,
         {**_kairos_profile(models, options["dispatcher"]), **options["dispatcher"], "query_endpoint": query_ep, "worker_endpoint": worker_ep,
          "encoder_endpoint": encoder_ep, "models": {m: batch_policy(t) for m, t in models.items()}}, "dispatcher")
@@ -188,3 +192,4 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         if disagree:
             fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
     return services, [c for c, _ in fe_endpoints]
+

@@ -19,7 +19,7 @@ def trial(clusters, tmp_path, fault: str) -> dict:
     # one host each: every process (graph and manager replicas) at its own namespace address
     addresses = row["addresses"]
     assert len(set(addresses.values())) == len(addresses) >= 5, addresses
-    assert {"manager-1", "manager-2", "manager-3", "op-g2", "op-g2-backup", "graph-frontend"} <= set(cluster.hosts)
+    assert {"manager-1", "manager-2", "manager-3", "op-g2", "op-g2-backup", "frontend"} <= set(cluster.hosts)
     assert not any(a.startswith("127.") for a in addresses.values())
     return row
 

@@ -1,5 +1,5 @@
-"""Service graphs for the tests: a graph table, its processes started and answering, and
-every request's reply."""
+"""Service graphs for the tests: a graph table, its processes (a frontend serving it as
+``graph``, and its operators) started and answering, and every request's reply."""
 from __future__ import annotations
 
 import time
@@ -35,7 +35,7 @@ def ask(zsock, client, inputs, streams, timeout_s=60.0):
     """Send every request at once; the replies by request index."""
     sock = zsock(zmq.DEALER, connect=client)
     for i, (x, s) in enumerate(zip(inputs, streams)):
-        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), stream=int(s)))
+        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), key=str(int(s))))
     replies = {}
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
@@ -49,6 +49,8 @@ def ask(zsock, client, inputs, streams, timeout_s=60.0):
     return [replies[f"r{i}"] for i in range(len(inputs))]
 
 
-def status(svc):
-    """A graph process's status."""
-    return transport.request_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
+def status(svc, graph="graph"):
+    """A graph process's status: an operator's, or the frontend's route to ``graph``."""
+    if svc.role == "graph_operator":
+        return transport.request_status(svc.config.status_endpoint)
+    return transport.request_status(svc.config.client_endpoint)["graphs"][graph]

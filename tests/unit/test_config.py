@@ -107,7 +107,8 @@ def test_numbers_may_be_ints_where_floats_are_expected():
 def full_configs() -> dict:
     return {
         "frontend": cfg.FrontendConfig(name="fe", cache_size=0, models={
-            "m": cfg.ModelInfo([3, 4], 5, default_output=[0.0] * 5, deadline_ms=50.0)}),
+            "m": cfg.ModelInfo([3, 4], 5, default_output=[0.0] * 5, deadline_ms=50.0)}, graphs={
+            "g": cfg.GraphRouteConfig(request_timeout_s=2.5, peers={"g": "tcp://127.0.0.1:9"}, lane=1, lanes=2)}),
         "dispatcher": cfg.DispatcherConfig(encoder_endpoint="tcp://127.0.0.1:9", models={
             "m": cfg.BatchPolicy(fixed_batch=1, k=2, parity_model="m-parity"), "n": cfg.BatchPolicy(batch_delay_ms=2.5)}),
         "worker": cfg.WorkerConfig(name="w", builtin="sleep", fixed_ms=1.5, role="parity", slots=2),
@@ -119,7 +120,6 @@ def full_configs() -> dict:
             "m": cfg.ModelInfo([3], 2, version="4")}),
         "graph_operator": cfg.GraphOperatorConfig(operator="g", role="backup", epoch=2, graph={"mode": "nspb"},
                                                   peers={"g": "tcp://127.0.0.1:9"}, trace_path="t.jsonl"),
-        "graph_frontend": cfg.GraphFrontendConfig(request_timeout_s=2.5, peers={"g": "tcp://127.0.0.1:9"}),
     }
 
 
@@ -131,6 +131,8 @@ def test_json_round_trip(role):
     assert again == original
     if role in ("frontend", "dispatcher", "gateway"):
         assert all(dataclasses.is_dataclass(v) for v in again.models.values())
+    if role == "frontend":
+        assert all(dataclasses.is_dataclass(v) for v in again.graphs.values())
 
 
 def test_model_objects_pass_through():

@@ -1,5 +1,5 @@
 """The frontend stepped with ``tick``: a raw DEALER as the client, a PULL as the dispatcher
-and a PUSH as the worker. Covers the request lifecycle and its seams, incarnation ids,
+and a PUSH as the worker. Covers the request lifecycle and its routes (model, application, graph), incarnation ids,
 monotonic deadlines and de-duplication by (sender, request id)."""
 from __future__ import annotations
 
@@ -11,25 +11,26 @@ import pytest
 import zmq
 
 from keel.common import protocol, transport
-from keel.common.config import FrontendConfig, ModelInfo
+from keel.common.config import FrontendConfig, GraphRouteConfig, ModelInfo
 from keel.common.ids import SEQ_MASK, epoch_of
 from keel.common.protocol import Answered, Configure, ErrorCode, Predict, Predictions, Queries, Reply, Source
+from keel.common.protocol.fields import LineageEntry
+from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.services.frontend import Frontend
-from keel.services.requests import DedupTable
-from keel.services.requests import Hold, LifecycleError, Request, Selection, State
+from keel.services.requests import DedupTable, LifecycleError, Request, State
 
 DIM, OUT = 4, 2
 
 
 class Harness:
-    def __init__(self, zsock, selection=None, hold=None, **options):
+    def __init__(self, zsock, **options):
         self.zsock = zsock
         self.dispatcher = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
         models = {"m": ModelInfo([DIM], OUT), "m2": ModelInfo([DIM], OUT), "d": ModelInfo([DIM], OUT, default_output=[-1.0, -1.0])}
         cfg = FrontendConfig(name="fe", client_endpoint="tcp://127.0.0.1:*", prediction_endpoint="tcp://127.0.0.1:*",
                              dispatcher_query_endpoint=transport.endpoint_of(self.dispatcher), models=models,
                              log_requests=False, **options)
-        self.fe = Frontend(cfg, selection, hold)
+        self.fe = Frontend(cfg)
         self.worker = zsock(zmq.PUSH, connect=self.fe.reply_to)
 
     def client(self) -> zmq.Socket:
@@ -117,68 +118,164 @@ def test_one_query_answered_once(harness):
     assert h.counts()["late_model"] == 1
 
 
-def test_hold_delays_the_reply_until_released(harness):
-    class HoldAll(Hold):
-        def __init__(self):
-            self.held = []
+def gru_graph(zsock, mode: str = "nspb") -> tuple[dict, zmq.Socket]:
+    """frontend -> g (a stateful GRU) -> frontend, g being a PULL of the test's; -> (graphs option, g)."""
+    g = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
+    table = {"mode": mode, "input_shape": [DIM], "edges": [["frontend", "g"], ["g", "frontend"]],
+             "operators": {"g": {"kind": "gru", "input_shape": [DIM], "output_shape": [OUT]}}}
+    return {"graph": GraphRouteConfig(graph=table, endpoint="tcp://127.0.0.1:*", peers={"g": transport.endpoint_of(g)})}, g
 
-        def hold(self, request, source):
-            self.held.append(request)
-            return True
 
-    hold = HoldAll()
-    h = harness(hold=hold)
+def graph_input(h, g) -> GraphRequest:
+    """The next GraphRequest the operator g receives (GC notices skipped)."""
+    while True:
+        msg = protocol.decode(h.step(lambda: g.poll(0) and g.recv_multipart()))
+        if isinstance(msg, GraphRequest):
+            return msg
+
+
+def test_a_graph_reply_is_held_until_its_lineage_is_durable(harness, zsock):
+    """The graph route's hold (HAMS §IV-D, ``ReleaseGate``): g's output leaves only once g's
+    state up to its seq is durable; the request is HELD meanwhile and answered once."""
+    graphs, g = gru_graph(zsock)
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
     c = h.client()
-    h.predict(c, "a", x_of(2))
-    q = h.queries()
-    h.answer("m", q.qids, [[3, 4]])
-    h.step(lambda: hold.held)
+    transport.send(c, Predict(request_id="a", model="graph", input=x_of(2), key="7", client="alice"))
+    sent = graph_input(h, g)
+    assert route.ids.owns(sent.origin) and sent.stream == 7 and sent.reply_to == route.reply_to
+    assert sent.request == protocol.request_key("alice", "a")
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    lineage = [LineageEntry("frontend", sent.origin, "g", 0)]
+    transport.send(out, GraphRequest("g", 0, sent.origin, 7, lineage, np.asarray([3, 4], np.float32)))
+    h.step(lambda: route.status()["held_now"] == 1)
     h.no_reply(c)
-    (request,) = hold.held
+    (request,) = route.calls[sent.origin].requests
     assert request.state is State.HELD
-    h.fe.release(request)
-    assert list(h.reply(c).output) == [3.0, 4.0]
-    assert request.state is State.ANSWERED
-    with pytest.raises(KeyError):
-        h.fe.release(request)
+    transport.send(out, GraphDurable("g", 1, 0))
+    reply = h.reply(c)
+    assert (reply.request_id, reply.source, reply.model, list(reply.output)) == ("a", Source.MODEL, "graph", [3.0, 4.0])
+    assert request.state is State.ANSWERED and route.calls == {}
+    transport.send(out, GraphDurable("g", 1, 0))  # again: nothing is answered twice
+    h.no_reply(c)
+    labels = {"service": "fe", "source": "model", "target": "graph", "kind": "graph"}  # one set of metrics, per target
+    assert h.fe.metrics.registry.get_sample_value("keel_requests_total", labels) == 1
+    assert h.fe.metrics.registry.get_sample_value("keel_request_seconds_count", labels) == 1
 
 
-class Mean(Selection):
-    """Two models per request; the mean once both answered, or what arrived at the deadline."""
-
-    def select(self, model):
-        return ("m", "m2")
-
-    def combine(self, model, outputs, final):
-        if len(outputs) == 2 or (final and outputs):
-            return np.mean(list(outputs.values()), axis=0).astype(np.float32)
-        return None
-
-
-def test_selection_fans_out_and_combines(harness):
-    h = harness(selection=Mean())
+def test_an_application_fans_out_and_combines(harness, tmp_path):
+    """The application route (Clipper §5): one call queries each selected model and is
+    answered once all answered."""
+    h = harness(applications={"app": {"models": ["m", "m2"], "policy": "exp4", "params": {"eta": 0.3}}},
+                selection_store=str(tmp_path / "sel.sqlite"))
     c = h.client()
-    h.predict(c, "a", x_of(3))
+    transport.send(c, Predict(request_id="a", model="app", input=x_of(3), key="alice", timeout_ms=10_000))
     first, second = h.queries(), h.queries()
     assert {first.model, second.model} == {"m", "m2"}
     by_model = {q.model: q.qids[0] for q in (first, second)}
-    h.answer("m", [by_model["m"]], [[1, 1]])
+    h.answer("m", [by_model["m"]], [[1, 5]])
     h.no_reply(c)  # one of two: wait
-    h.answer("m2", [by_model["m2"]], [[3, 5]])
-    assert list(h.reply(c).output) == [2.0, 3.0]
+    h.answer("m2", [by_model["m2"]], [[0, 3]])
+    reply = h.reply(c)
+    assert reply.source == Source.ENSEMBLE and sorted(reply.models) == ["m", "m2"] and np.argmax(reply.output) == 1
     assert h.fe.pending == {}
 
 
-def test_selection_combines_what_arrived_by_the_deadline(harness):
-    h = harness(selection=Mean())
+def test_an_application_combines_what_arrived_by_the_deadline(harness, tmp_path):
+    h = harness(applications={"app": {"models": ["m", "m2"], "policy": "exp4", "params": {"eta": 0.3}}},
+                selection_store=str(tmp_path / "sel.sqlite"))
     c = h.client()
-    h.predict(c, "a", x_of(4), timeout_ms=150)
+    transport.send(c, Predict(request_id="a", model="app", input=x_of(4), key="alice", timeout_ms=150))
     first, second = h.queries(), h.queries()
     q = first if first.model == "m" else second
-    h.answer("m", q.qids, [[7, 8]])
+    h.answer("m", [q.qids[0]], [[7, 8]])
     reply = h.reply(c)
-    assert reply.source == Source.MODEL and list(reply.output) == [7.0, 8.0]
+    assert reply.source == Source.PARTIAL and reply.models == ["m"] and np.argmax(reply.output) == 1
     assert h.fe.pending == {}
+
+
+def test_a_graph_retry_is_answered_by_the_frontend_never_sent_again(harness, zsock):
+    """De-duplication by (Predict.client, request id), whatever the connection: a retry in
+    flight joins the waiting request, a retry after the answer gets the remembered reply;
+    the graph sees the request once."""
+    graphs, g = gru_graph(zsock, mode="bare")  # nothing to hold: the output answers at once
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
+    first, second, third = h.client(), h.client(), h.client()
+    x = x_of(9)
+    transport.send(first, Predict(request_id="r", model="graph", input=x, key="user-1", client="alice"))
+    sent = graph_input(h, g)
+    transport.send(second, Predict(request_id="r", model="graph", input=x, key="user-1", client="alice"))
+    h.step(lambda: len(route.calls[sent.origin].requests) == 2)
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    transport.send(out, GraphRequest("g", 0, sent.origin, sent.stream, [LineageEntry("frontend", sent.origin, "g", 0)],
+                                     np.asarray([1, 2], np.float32)))
+    assert list(h.reply(first).output) == list(h.reply(second).output) == [1.0, 2.0]
+    transport.send(third, Predict(request_id="r", model="graph", input=x, key="user-1", client="alice"))
+    assert list(h.reply(third).output) == [1.0, 2.0]
+    h.no_reply(first)
+    assert not any(isinstance(protocol.decode(f), GraphRequest) for f in iter(lambda: g.poll(0) and g.recv_multipart(), 0))
+    assert h.counts()["duplicate"] == 1 and route.counts["answered"] == 1
+    transport.send(third, Predict(request_id="r", model="graph", input=x_of(10), key="user-1", client="alice"))
+    assert h.reply(third).error_code == ErrorCode.BAD_REQUEST  # the same id, another input: not a retry
+
+
+def test_a_graph_takes_only_its_own_origins_and_times_out_from_a_heap(harness, zsock):
+    graphs, g = gru_graph(zsock, mode="bare")
+    graphs["graph"].request_timeout_s = 0.2
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
+    c = h.client()
+    transport.send(c, Predict(request_id="a", model="graph", input=x_of(11)))
+    sent = graph_input(h, g)
+    assert sent.stream == 0 and sent.origin >> 32 == route.ids.epoch  # no key: stream 0; origins carry the incarnation
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    for origin in (sent.origin & 0xFFFFFFFF, (route.ids.epoch - 1) << 32 | (sent.origin & 0xFFFFFFFF)):
+        transport.send(out, GraphRequest("g", 0, origin, 0, [], np.asarray([1, 2], np.float32)))  # not mine
+    h.step(lambda: route.counts["foreign"] == 2)
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.DEADLINE and "graph graph" in reply.error
+    assert route.calls == {} and route.timeouts == []
+
+
+def test_a_graph_ack_after_a_takeover_resends_the_waiting_requests_in_origin_order(harness, zsock):
+    """The operator I feed was taken over: its ack names the highest of my origins its state
+    holds, and the waiting requests above it go again; an ack naming an origin not mine
+    (another frontend's, an earlier incarnation's) resends every waiting one."""
+    graphs, g = gru_graph(zsock, mode="bare")
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
+    c = h.client()
+    for rid in ("a", "b", "c"):
+        transport.send(c, Predict(request_id=rid, model="graph", input=x_of(20), key="1"))
+    origins = [graph_input(h, g).origin for _ in range(3)]
+    assert origins == sorted(origins)
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    transport.send(out, GraphAck("g", 2, origins[0]))
+    assert [graph_input(h, g).origin for _ in range(2)] == origins[1:]
+    transport.send(out, GraphAck("g", 3, 5))
+    assert [graph_input(h, g).origin for _ in range(3)] == origins
+    assert route.counts["resent"] == 5
+
+
+def test_keys_unknown_names_and_targets(harness, zsock):
+    from keel.services.graph.route import stream_of
+
+    graphs, _ = gru_graph(zsock)
+    h = harness(graphs=graphs)
+    c = h.client()
+    transport.send(c, Predict(request_id="k", model="m", input=x_of(12), key="alice"))
+    assert h.reply(c).error_code == ErrorCode.BAD_REQUEST  # a plain model takes no key
+    h.predict(c, "u", x_of(13), model="nope")
+    reply = h.reply(c)
+    assert reply.error_code == ErrorCode.UNKNOWN_MODEL and "graph, m" in reply.error
+    transport.send(c, Predict(request_id="v", model="graph", input=x_of(14), version="2"))
+    assert h.reply(c).error_code == ErrorCode.BAD_REQUEST  # a graph has no versions
+    target = h.fe.status()["targets"]["graph"]
+    assert target == {"kind": "graph", "input_shape": [DIM], "input_dtype": "float32", "output_size": OUT,
+                      "version": None, "key": True, "mode": "nspb"}
+    assert stream_of("12") == 12 and stream_of("x") == stream_of("x") != stream_of("y") and stream_of(None) == 0
+    assert 0 <= stream_of("x") < 2**63 and stream_of(str(2**63)) < 2**63
 
 
 # --------------------------------------------------------------------------- incarnations

@@ -49,7 +49,8 @@ def test_ls_mode_checkpoints_every_150_batches_unless_told_and_needs_a_place_for
     with pytest.raises(GraphError, match="graph.checkpoint_dir: mode 'ls' needs"):
         graph_services(g, 20000)  # neither a checkpoint_dir nor a trace_dir: nowhere to checkpoint
     services, _ = graph_services(g, 20000, trace_dir=str(tmp_path))
-    assert {s.config.graph["checkpoint_dir"] for s in services} == {str(tmp_path)}  # every process, the same storage
+    tables = [s.config.graphs["graph"].graph if s.role == "frontend" else s.config.graph for s in services]
+    assert {t["checkpoint_dir"] for t in tables} == {str(tmp_path)}  # every process, the same storage
 
 
 def test_join_shapes_and_unknown_kind():
@@ -68,7 +69,9 @@ def test_join_shapes_and_unknown_kind():
 def test_cluster_spec_runs_a_graph():
     spec = load_spec({"graph": chain()})
     roles = sorted((s.name, s.role) for s in spec.services)
-    assert ("graph-frontend", "graph_frontend") in roles and ("op-a-backup", "graph_operator") in roles
+    assert ("frontend", "frontend") in roles and ("op-a-backup", "graph_operator") in roles
+    route = spec.service("frontend").config.graphs["keel"]  # the [graph] table: a graph named after the cluster
+    assert spec.service("op-a").config.peers["frontend"] == route.endpoint == spec.service("op-a").config.frontends[0]
     assert len(spec.services) == 5 and spec.client_endpoints  # frontend, a + backup, b, the mlp standby
     standby = next(s for s in spec.services if s.name == "op-standby0")
     assert standby.config.role == "standby" and standby.config.operator == "b"
@@ -109,4 +112,48 @@ def test_example_graph_specs_load(name):
 
     path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
     spec = load_spec(tomllib.loads(path.read_text()))
-    assert spec.client_endpoints and all(s.role in ("graph_frontend", "graph_operator") for s in spec.services)
+    assert spec.client_endpoints and all(s.role in ("frontend", "graph_operator") for s in spec.services)
+
+
+def test_named_graphs_beside_models_served_by_every_frontend():
+    """[graphs.NAME] tables beside a model, two frontends: each frontend serves every graph
+    on an endpoint of its own and a lane of its own; each operator knows every frontend."""
+    spec = load_spec({"hosts": {"a": "127.0.0.1", "b": "127.0.0.2"}, "frontend": {"hosts": ["a", "b"]},
+                      "models": {"m": {"builtin": "noop", "workers": 1}},
+                      "graphs": {"one": chain(), "two": chain(mode="bare")}})
+    frontends = spec.role("frontend")
+    assert [f.name for f in frontends] == ["frontend-0", "frontend-1"] and len(spec.client_endpoints) == 2
+    for name in ("one", "two"):
+        routes = [f.config.graphs[name] for f in frontends]
+        assert [r.lane for r in routes] == [0, 1] and {r.lanes for r in routes} == {2}
+        assert routes[1].endpoint.startswith("tcp://127.0.0.2:")  # on its own frontend's host
+        op = spec.service(f"op-{name}-a")  # several graphs: operators named by graph
+        assert op.config.frontends == [r.endpoint for r in routes] and op.config.peers["frontend"] == routes[0].endpoint
+        assert routes[0].peers["a"] == op.config.endpoint
+    ports = [ep for s in spec.services for ep in s.endpoints()]
+    assert len(ports) == len(set(ports))
+
+
+def test_a_graph_only_spec_gets_a_frontend_and_its_gateway():
+    spec = load_spec({"graphs": {"g": chain()}, "gateway": {}})
+    assert {s.role for s in spec.services} == {"frontend", "gateway", "graph_operator"}
+    assert spec.service("gateway").config.frontend_endpoints == spec.client_endpoints
+    assert spec.service("frontend").config.models == {} and list(spec.service("frontend").config.graphs) == ["g"]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"graphs": {"m": chain()}, "models": {"m": {"builtin": "noop"}}}, "graphs.m: 'm' is also a model's"),
+    ({"cluster": {"name": "c"}, "graph": chain(), "graphs": {"c": chain()}}, "graphs.c: the \\[graph\\] table"),
+    ({"graphs": {"g": chain(input_shape=[5])}}, "graphs.g.edges"),
+])
+def test_graph_names_are_targets_names(data, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(data)
+
+
+def test_the_front_door_example_serves_a_model_an_application_and_a_graph():
+    from pathlib import Path
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "deploy" / "examples" / "front-door.toml")
+    fe = spec.service("frontend").config
+    assert list(fe.models) == ["m", "m2"] and list(fe.applications) == ["ensemble"] and list(fe.graphs) == ["chain"]

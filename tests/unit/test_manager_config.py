@@ -63,7 +63,7 @@ def test_a_process_config_takes_its_manager_link_as_one_table():
     from keel.common.config import ManagerLinkConfig, to_json
 
     link = {"endpoints": ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], "publish_endpoints": ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]}
-    for role in ("frontend", "dispatcher", "worker", "graph_operator", "graph_frontend"):
+    for role in ("frontend", "dispatcher", "worker", "graph_operator"):
         config = from_dict(role, {"manager": link})
         assert config.manager == ManagerLinkConfig(**link)
         assert from_dict(role, orjson.loads(to_json(config))) == config
