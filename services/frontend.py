@@ -238,8 +238,10 @@ class Frontend(Service):
                                 if kind == "application" else f"{msg.model} is a graph: it has no versions")
         if kind == "model" and key is not None:
             return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes no key (applications and graphs do)")
-        if msg.version not in (None, info.version) and kind == "model":
-            return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {info.version}, not {msg.version}")
+        if msg.version is not None and kind == "model":
+            served = self.serving.get(msg.model, info.version)  # after a rollout, the rollout's version
+            if msg.version != served:
+                return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {served}, not {msg.version}")
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
         request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{key or ''}".encode()))
         done = self.dedup.get(dkey)

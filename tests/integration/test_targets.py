@@ -75,14 +75,12 @@ def test_the_client_calls_an_application_with_a_key(cluster, client):
     assert plain.source == Source.MODEL and plain.models is None
 
 
-@pytest.mark.xfail(strict=True, reason="needs the frontend to refuse Predict.key for a plain model")
 def test_a_plain_model_refuses_a_key(cluster, client):
     _, spec, _ = cluster
     keyed = client(spec.client_endpoints, timeout_ms=PATIENT_MS).predict("right", X, key="alice")
     assert keyed.error_code == ErrorCode.BAD_REQUEST, keyed
 
 
-@pytest.mark.xfail(strict=True, reason="needs the frontend to read Predict.key (the client no longer sends context)")
 def test_an_applications_state_is_per_key(cluster, client):
     _, spec, _ = cluster
     c = client(spec.client_endpoints, timeout_ms=PATIENT_MS)
@@ -109,8 +107,6 @@ def test_a_pinned_version_is_answered_by_it_and_another_is_refused(cluster, clie
     assert c.predict("ensemble", X, key="k", version="1").error_code == ErrorCode.BAD_REQUEST  # no versions
 
 
-@pytest.mark.xfail(strict=True, reason="needs the frontend to de-duplicate by (Predict.client, request id), "
-                                        "not by connection")
 def test_a_retry_from_a_new_connection_with_the_same_client_id_is_answered_once(cluster):
     _, spec, _ = cluster
     endpoint = spec.client_endpoints[0]

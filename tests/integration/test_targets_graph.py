@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from keel.common.spec import SpecError, load_spec
+from keel.common.spec import load_spec
 from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port, free_port_block
 
@@ -53,7 +53,6 @@ def post(port: int, path: str, doc: dict) -> tuple[int, dict]:
         return err.code, orjson.loads(err.read())
 
 
-@pytest.mark.xfail(raises=SpecError, strict=True, reason="needs named graphs ([graphs.NAME]) served by the frontend")
 def test_keel_predict_and_the_gateway_reach_a_graph_with_a_key(tmp_path, launcher, capsys):
     run = launcher("graph-targets")
     port = free_port()
