@@ -35,7 +35,7 @@ import zmq
 
 from keel.common import transport
 from keel.common.config import GraphFrontendConfig
-from keel.common.protocol.fields import ErrorCode
+from keel.common.protocol.fields import ErrorCode, request_key
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, Predict, Reply, Status
 from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.modes import MODES
@@ -124,7 +124,10 @@ class GraphFrontend(Service):
             req = Request(envelope, msg.request_id, time.monotonic())
             req.to(State.WAITING)
             self.requests[origin] = req
-            out = self.inputs[origin] = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input)
+            client = msg.client if msg.client is not None else bytes(envelope[0]).hex()  # anonymous: its connection
+            out = self.inputs[origin] = GraphRequest(FRONTEND, origin, origin, msg.stream or 0, [], msg.input,
+                                                     request=request_key(client, msg.request_id),
+                                                     reply_to=self.config.endpoint)
             for op in self.graph.successors(FRONTEND):
                 if op not in self.awaiting:
                     self.peers.send(self.config.peers[op], out)
