@@ -57,8 +57,9 @@ class Applied(NamedTuple):
 class AppliedRequests:
     """Request key -> ``Applied``, oldest first."""
 
-    def __init__(self, limit: int = LIMIT, max_age_s: float = MAX_AGE_S):
-        self.limit, self.max_age_s = limit, max_age_s
+    def __init__(self, limit: int | None = None, max_age_s: float | None = None):
+        self.limit = LIMIT if limit is None else limit
+        self.max_age_s = MAX_AGE_S if max_age_s is None else max_age_s
         self.entries: OrderedDict[str, Applied] = OrderedDict()
 
     def __len__(self) -> int:
@@ -92,7 +93,7 @@ class AppliedRequests:
                 for k, a in self.entries.items()]
 
     @classmethod
-    def from_json(cls, rows: list, limit: int = LIMIT, max_age_s: float = MAX_AGE_S) -> AppliedRequests:
+    def from_json(cls, rows: list, limit: int | None = None, max_age_s: float | None = None) -> AppliedRequests:
         table = cls(limit, max_age_s)
         for key, seq, origin, t, dtype, shape, values in rows:
             table.entries[key] = Applied(seq, origin, np.asarray(values, dtype=np.dtype(dtype)).reshape(shape), t)

@@ -52,7 +52,14 @@ Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` 
 primary sends its successors and the next backups): a successor's primary that took an
 output above max_seq rolls back: it steps down and asks the manager to promote its
 backup, whose state (Algorithm 2) never took one; a backup drops pending states that did.
-Every operator drops an input whose seq it already took from that sender (resends).
+Every operator drops an input whose seq it already took from that sender (resends); the
+frontend's seqs are origins, taken per frontend incarnation (several frontends interleave).
+
+Exactly-once effects (docs/design/hams.md): a stateful operator answers an input whose
+request key its state applied already from its table (``services.graph.applied``) instead of
+applying it again; the table ships with the state and is the backup's as of the state it
+applied. An output leaving the graph goes to its request's ``reply_to``; durability notices
+go to every frontend (``config.frontends``); the GC horizon is per frontend incarnation.
 """
 from __future__ import annotations
 
