@@ -217,11 +217,12 @@ class GraphOperator(Service):
     def _ack_pred(self, pred: str, operator: str, epoch: int, seqs: dict[str, int]) -> None:
         """Tell ``pred`` the highest of its seqs ``operator``'s state (or successors) hold,
         from ``seqs`` (by ``source_of``). The frontends get one ack per frontend incarnation
-        seen, each to every frontend: one resends only above the ack of its own incarnation."""
+        seen, each to every frontend: one resends above the ack of its own incarnation, and
+        everything when none carries its incarnation (-1 alone: nothing of anyone's is held)."""
         if pred != FRONTEND:
             self.peers.send(self.config.peers[pred], GraphAck(operator, epoch, seqs.get(pred, -1)))
             return
-        acks = [seq for source, seq in seqs.items() if source.partition("#")[0] == FRONTEND] or [-1]
+        acks = [seq for source, seq in seqs.items() if source.partition("#")[0] == FRONTEND and seq >= 0] or [-1]
         for endpoint in self._frontend_endpoints():
             for seq in acks:
                 self.peers.send(endpoint, GraphAck(operator, epoch, seq))
