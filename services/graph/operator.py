@@ -576,7 +576,9 @@ class GraphOperator(Service):
                 self.consumed[source] = max(self.consumed.get(source, -1), e.predecessor_seq)
         self.took = dict(self.consumed)
         self.taken = {}
-        self.resync = {p: seq + 1 for p, seq in self.consumed.items()}
+        # resync needs consecutive seqs: an operator's, or a frontend numbering its graph requests from
+        # 0; a frontend incarnation's origins skip what it sent elsewhere (it waits for my ack instead)
+        self.resync = {p: seq + 1 for p, seq in self.consumed.items() if "#" not in p}
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.max_applied_seq = last
         self.degraded, self.takeovers = True, self.takeovers + 1
