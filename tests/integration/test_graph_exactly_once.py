@@ -33,25 +33,25 @@ class FakeFrontend:
     """One frontend incarnation: numbers origins ``incarnation << 32 | n`` (keel.common.ids)
     and collects what comes back on its own graph endpoint."""
 
-    def __init__(self, zsock, incarnation: int, first_op: str):
+    def __init__(self, zsock, incarnation: int):
         self.pull = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
         self.endpoint = transport.endpoint_of(self.pull)
-        self.push = None
-        self.first_op = first_op
+        self.pushes: list[zmq.Socket] = []  # one per operator the frontend feeds
         self.base, self.n = incarnation << 32, 0
         self.outputs: dict[int, GraphRequest] = {}  # origin -> the graph's output
         self.key_of: dict[int, str] = {}  # origin -> request key
         self.notices: list[GraphDurable] = []
 
-    def connect(self, zsock, endpoint: str) -> None:
-        self.push = zsock(zmq.PUSH, connect=endpoint)
+    def connect(self, zsock, *endpoints: str) -> None:
+        self.pushes = [zsock(zmq.PUSH, connect=e) for e in endpoints]
 
     def send(self, key: str, x: np.ndarray, stream: int) -> int:
         self.n += 1
         origin = self.base | self.n
         self.key_of[origin] = key
-        transport.send(self.push, GraphRequest(FRONTEND, origin, origin, stream, [], np.asarray(x, np.float32),
-                                               request=key, reply_to=self.endpoint))
+        for push in self.pushes:
+            transport.send(push, GraphRequest(FRONTEND, origin, origin, stream, [], np.asarray(x, np.float32),
+                                              request=key, reply_to=self.endpoint))
         return origin
 
     def drain(self, wait_ms: int = 0) -> None:
@@ -86,7 +86,7 @@ def by_key(frontends) -> dict[str, list[np.ndarray]]:
 def test_every_retry_is_answered_with_the_first_output_and_applied_once(launcher, zsock, wait):
     table = gru_chain(max_batch=4)
     graph = read_graph(table)
-    a, b = FakeFrontend(zsock, 7, "g1"), FakeFrontend(zsock, 9, "g1")
+    a, b = FakeFrontend(zsock, 7), FakeFrontend(zsock, 9)
     services, _ = graph_services(graph, free_port_block(64))
     ops = [dataclasses.replace(s, config=dataclasses.replace(s.config, peers={**s.config.peers, FRONTEND: a.endpoint},
                                                              frontends=[a.endpoint, b.endpoint]))
@@ -161,7 +161,7 @@ def test_after_a_takeover_every_retry_is_still_applied_once(launcher, zsock, tmp
     table = gru_chain(max_batch=4)
     managers, graph, run, by_name, _, probe = start_graph(launcher, tmp_path / "journal", table, tmp_path / "trace")
     try:
-        fe = FakeFrontend(zsock, 5, "g1")
+        fe = FakeFrontend(zsock, 5)
         fe.connect(zsock, by_name["op-g1"].config.endpoint)
         rng = np.random.default_rng(4)
         n, m = 20, 12
@@ -194,3 +194,83 @@ def test_after_a_takeover_every_retry_is_still_applied_once(launcher, zsock, tmp
             assert all(np.array_equal(out, first[key][0]) for out in got[key]), key
     result = EachRequestAppliedOnce().check([], CheckContext(streams=load_graph_traces(tmp_path / "trace")))
     assert result.ok and result.checked >= 2 * (n + m), result.detail
+
+
+def test_stateless_operators_and_a_join_carry_the_request_key_to_the_stateful_join(launcher, zsock):
+    """frontend -> (g1 stateful, m stateless) -> combining join j (stateful GRU): m keeps no
+    table but passes each input's key and frontend on, j joins inputs by (frontend, origin)
+    (two frontend incarnations interleave) and answers every retry from its table."""
+    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
+                                                          ["m", "j"], ["j", "frontend"]],
+             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [2], "max_batch": 4},
+                           "j": {"kind": "gru", "input_shape": [5], "output_shape": [2], "max_batch": 4}}}
+    graph = read_graph(table)
+    a, b = FakeFrontend(zsock, 3), FakeFrontend(zsock, 4)
+    services, _ = graph_services(graph, free_port_block(64))
+    ops = [dataclasses.replace(s, config=dataclasses.replace(s.config, peers={**s.config.peers, FRONTEND: a.endpoint},
+                                                             frontends=[a.endpoint, b.endpoint]))
+           for s in services if s.role == "graph_operator" and s.config.role != "standby"]
+    run = launcher("exactly-once-join")
+    for svc in ops:
+        run.start(svc)
+    for svc in ops:
+        run.wait_status(svc.config.status_endpoint)
+    by_name = {s.name: s for s in ops}
+    for f in (a, b):
+        f.connect(zsock, by_name["op-g1"].config.endpoint, by_name["op-m"].config.endpoint)
+    rng = np.random.default_rng(5)
+    n = 16
+    inputs, streams = rng.normal(size=(n, 4)), rng.integers(0, 3, size=n)
+    keys = [protocol.request_key("client-3", f"r{i}") for i in range(n)]
+    for i in range(n // 2):
+        a.send(keys[i], inputs[i], streams[i])
+    collect([a, b], n // 2)
+    for i in range(n // 2):  # the first half again from b, interleaved with the second half from a
+        b.send(keys[i], inputs[i], streams[i])
+        a.send(keys[n // 2 + i], inputs[n // 2 + i], streams[n // 2 + i])
+    collect([a, b], n + n // 2)
+    expected = run_offline(graph, inputs, streams)[0]
+    got = by_key([a, b])
+    for i, key in enumerate(keys):
+        assert len(got[key]) == (2 if i < n // 2 else 1), key
+        assert all(np.allclose(out, expected[i], atol=1e-5) for out in got[key]), (i, key)
+    assert status(by_name["op-j"])["duplicates"] == n // 2 and status(by_name["op-g1"])["duplicates"] == n // 2
+    assert status(by_name["op-m"])["applied_requests"] is None  # stateless: no table, re-run
+
+
+def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once(launcher, zsock):
+    """End to end: a client sends every request again with the same (client, request id), on
+    a new connection; the frontend numbers each retry anew, the GRUs answer it from their
+    tables: the same reply, and the states move once per request."""
+    from keel.common.protocol.messages import Predict
+    from tests.support.graphs import start
+
+    graph, services, client = start(launcher("exactly-once-e2e"), gru_chain(max_batch=4))
+    rng = np.random.default_rng(6)
+    n = 30
+    inputs, streams = rng.normal(size=(n + 3, 4)), rng.integers(0, 3, size=n + 3)
+    streams[n:] = range(3)
+
+    def ask(ids) -> dict:
+        sock = zsock(zmq.DEALER, connect=client)  # a new connection each time, as after a reconnect
+        for i in ids:
+            transport.send(sock, Predict(f"r{i}", "graph", inputs[i].astype(np.float32), stream=int(streams[i]),
+                                         client="client-4"))
+        replies, deadline = {}, time.monotonic() + 60
+        while len(replies) < len(ids) and time.monotonic() < deadline:
+            if sock.poll(200):
+                msg = protocol.decode(sock.recv_multipart())
+                replies[int(msg.request_id[1:])] = msg
+        assert len(replies) == len(ids)
+        assert all(r.error is None for r in replies.values()), [r.error for r in replies.values() if r.error]
+        return replies
+
+    first = ask(range(n))
+    again = ask(range(n))
+    assert all(np.array_equal(again[i].output, first[i].output) for i in range(n))
+    probes = ask(range(n, n + 3))  # one per stream: the states applied each request once
+    expected = run_offline(graph, inputs, streams)[0]
+    assert all(np.allclose(r.output, expected[i], atol=1e-5) for i, r in {**first, **probes}.items())
+    by_name = {s.name: s for s in services}
+    assert status(by_name["op-g1"])["duplicates"] == n and status(by_name["op-g2"])["duplicates"] == n
