@@ -154,10 +154,12 @@ def test_every_retry_is_answered_with_the_first_output_and_applied_once(launcher
 
 
 def test_after_a_takeover_every_retry_is_still_applied_once(launcher, zsock, tmp_path):
-    """g2's primary is SIGKILLed once its backup applied every request; the manager promotes
-    the backup, whose table came with the state it applied: every key sent again is
-    answered with its first output and applied nowhere again, new keys go on from a state
-    that holds each request once, and the traces pass the at-most-once invariant."""
+    """g2's primary is SIGKILLed with requests in flight, after its backup applied the
+    earlier ones; the manager promotes the backup, whose table came with the state it
+    applied. Every key sent again is answered from a table (the first ones with their very
+    first output) and applied nowhere again; keys in flight at the kill are applied once,
+    by the old primary's state if it became durable, else by the new primary; probes show
+    final states that hold each request once; the traces pass the at-most-once invariant."""
     table = gru_chain(max_batch=4)
     managers, graph, run, by_name, _, probe = start_graph(launcher, tmp_path / "journal", table, tmp_path / "trace")
     try:
@@ -165,22 +167,26 @@ def test_after_a_takeover_every_retry_is_still_applied_once(launcher, zsock, tmp
         fe.connect(zsock, by_name["op-g1"].config.endpoint)
         rng = np.random.default_rng(4)
         n, m = 20, 12
-        inputs, streams = rng.normal(size=(n + m, 4)), rng.integers(0, 4, size=n + m)
-        keys = [protocol.request_key("client-2", f"r{i}") for i in range(n + m)]
+        inputs, streams = rng.normal(size=(n + m + 4, 4)), rng.integers(0, 4, size=n + m + 4)
+        streams[-4:] = range(4)
+        keys = [protocol.request_key("client-2", f"r{i}") for i in range(n + m + 4)]
         for i in range(n):
             fe.send(keys[i], inputs[i], streams[i])
         collect([fe], n)
         first = by_key([fe])
         wait_until(lambda: status(by_name["op-g2-backup"]).get("max_applied_seq") == n - 1, timeout_s=20)
+        for i in range(n, n + m):  # in flight at the kill
+            fe.send(keys[i], inputs[i], streams[i])
         run.kill("op-g2", signal.SIGKILL)
         wait_until(lambda: status(by_name["op-g2-backup"]).get("assignment") == "primary", timeout_s=30)
-        for i in range(n):  # every key again, then new ones
+        for i in range(n + m):  # every key again
             fe.send(keys[i], inputs[i], streams[i])
-        for i in range(n, n + m):
+        collect([fe], n + m + n + m)
+        for i in range(n + m, n + m + 4):  # a probe per stream
             fe.send(keys[i], inputs[i], streams[i])
-        collect([fe], 2 * n + m)
+        collect([fe], 2 * (n + m) + 4)
         new_primary = status(by_name["op-g2-backup"])
-        assert new_primary["duplicates"] == n and new_primary["applied_requests"] == n + m, new_primary
+        assert new_primary["applied_requests"] == n + m + 4 and new_primary["duplicates"] == n + m, new_primary
     finally:
         run.stop()
         managers.close()
@@ -188,12 +194,12 @@ def test_after_a_takeover_every_retry_is_still_applied_once(launcher, zsock, tmp
     expected = run_offline(graph, inputs, streams)[0]
     got = by_key([fe])
     for i, key in enumerate(keys):
-        assert len(got[key]) == (2 if i < n else 1), key
+        assert len(got[key]) == (2 if i < n + m else 1), key
         assert all(np.allclose(out, expected[i], atol=1e-5) for out in got[key]), (i, key)
         if i < n:
             assert all(np.array_equal(out, first[key][0]) for out in got[key]), key
     result = EachRequestAppliedOnce().check([], CheckContext(streams=load_graph_traces(tmp_path / "trace")))
-    assert result.ok and result.checked >= 2 * (n + m), result.detail
+    assert result.ok and result.checked >= 2 * (n + m + 4), result.detail
 
 
 def test_stateless_operators_and_a_join_carry_the_request_key_to_the_stateful_join(launcher, zsock):
