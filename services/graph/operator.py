@@ -802,7 +802,7 @@ class GraphOperator(Service):
         rows = self._next_batch()
         # exactly once: a request my state applied already is not applied again (its saved
         # output goes on, numbered like any output); only the others are computed and applied
-        fresh = [r for r in rows if self.applied is None or self.applied.get(r.request) is None]
+        fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
         batch, computed = None, {}
         if fresh:
             batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
@@ -827,9 +827,9 @@ class GraphOperator(Service):
         first = self.next_seq
         sends, lineages, outs, recorded = [], [], [], []  # recorded: (request, seq, origin, output) newly applied
         for r in rows:
-            out = computed[id(r)] if id(r) in computed else self.applied.get(r.request).output
+            out = computed[id(r)] if id(r) in computed else self.applied.get(self._key(r)).output
             if id(r) in computed and self.applied is not None and r.request is not None:
-                recorded.append((r.request, self.next_seq, r.origin, out))
+                recorded.append((self._key(r), self.next_seq, r.origin, out))
             outs.append(out)
             if self.stateful:
                 source = source_of(r.sender, r.seq)
@@ -903,13 +903,20 @@ class GraphOperator(Service):
         rows, keys, later = [], set(), []
         while self.queue and len(rows) < self.spec.max_batch:
             r = self.queue.popleft()
-            if self.applied is not None and r.request is not None and r.request in keys:
+            if self.applied is not None and r.request is not None and self._key(r) in keys:
                 later.append(r)
             else:
-                keys.add(r.request)
+                keys.add(self._key(r))
                 rows.append(r)
         self.queue.extendleft(reversed(later))
         return rows
+
+    def _key(self, r: GraphRequest) -> str | None:
+        """The name of an input in my table: its request's key; behind an interleaving join a
+        request has an input from each predecessor, each applied once: key@predecessor."""
+        if r.request is None or len(self.preds) == 1 or self.spec.join != "interleave":
+            return r.request
+        return f"{r.request}@{r.sender}"
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with

@@ -280,3 +280,35 @@ def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once
     assert all(np.allclose(r.output, expected[i], atol=1e-5) for i, r in {**first, **probes}.items())
     by_name = {s.name: s for s in services}
     assert status(by_name["op-g1"])["duplicates"] == n and status(by_name["op-g2"])["duplicates"] == n
+
+
+def test_behind_an_interleaving_join_each_input_of_a_request_is_applied_once(launcher, zsock):
+    """An interleaving join takes an input of every request from each predecessor, each
+    applied to its state: both are applied once (the table names an input key@predecessor),
+    and a client's retry of every request is answered from the table, applying nothing."""
+    from keel.common.protocol.messages import Predict
+    from tests.support.graphs import start
+
+    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
+                                                          ["m", "j"], ["j", "frontend"]],
+             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                           "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
+                                 "join": "interleave"}}}
+    graph, services, client = start(launcher("exactly-once-interleave"), table)
+    rng = np.random.default_rng(8)
+    n = 20
+    inputs, streams = rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, size=n)
+    for attempt in range(2):
+        sock = zsock(zmq.DEALER, connect=client)
+        for i in range(n):
+            transport.send(sock, Predict(f"r{i}", "graph", inputs[i], stream=int(streams[i]), client="client-5"))
+        replies, deadline = set(), time.monotonic() + 60
+        while len(replies) < n and time.monotonic() < deadline:
+            if sock.poll(200):
+                msg = protocol.decode(sock.recv_multipart())
+                assert msg.error is None, msg.error
+                replies.add(msg.request_id)
+        assert len(replies) == n, attempt
+    j = status({s.name: s for s in services}["op-j"])
+    assert j["rows"] == 4 * n and j["applied_requests"] == 2 * n and j["duplicates"] == 2 * n, j
