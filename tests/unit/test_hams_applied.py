@@ -105,3 +105,56 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
         for op in made:
             op.shutdown()
         sink.close(0)
+
+
+def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnation():
+    """A promoted backup whose state holds inputs of two frontend incarnations sends each
+    frontend one ack per incarnation (the highest origin of it the state holds) and its
+    durability note; a saved output goes back to the frontend its request came from."""
+    from keel.common.protocol.fields import LineageEntry
+    from keel.common.protocol.messages import GraphAck, GraphDurable
+
+    ctx = zmq.Context.instance()
+    pulls = [ctx.socket(zmq.PULL) for _ in range(3)]  # frontends a and b, and g2
+    a, b, g2 = (f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in pulls)
+    cfg = GraphOperatorConfig(name="op-g2-backup", operator="g2", role="backup", epoch=1, endpoint="tcp://127.0.0.1:*",
+                              graph=gru_chain(), frontends=[a, b],
+                              peers={"frontend": a, "g1": g2, "g1.backup": g2, "g2": g2, "g2.backup": g2})
+    op = GraphOperator(cfg)
+    try:
+        op.consumed = {"g1": 4}
+        op.kept[4] = GraphRequest("g2", 4, (9 << 32) | 2, 0, [LineageEntry("g1", 4, "g2", 4)], np.zeros(3, np.float32),
+                                  request="1:c/r2", reply_to=b)
+        op.backup.max_applied_seq = 4
+        op.take_over(2)
+        got = {a: [], b: [], g2: []}
+        for endpoint, sock in zip((a, b, g2), pulls):
+            while sock.poll(300):
+                got[endpoint].append(decode(sock.recv_multipart()))
+        for endpoint in (a, b):
+            assert any(isinstance(m, GraphDurable) and m.operator == "g2" and m.seq == 4 for m in got[endpoint])
+        assert [m.request for m in got[b] if isinstance(m, GraphRequest)] == ["1:c/r2"]  # its reply_to
+        assert not any(isinstance(m, GraphRequest) for m in got[a])
+        assert [m.seq for m in got[g2] if isinstance(m, GraphAck)] == [4]  # g1: an operator's own seqs
+
+        # g1 (stateful, fed by the frontends) promoted with inputs of incarnations 7 and 9 in its state
+        cfg1 = GraphOperatorConfig(name="op-g1-backup", operator="g1", role="backup", epoch=1,
+                                   endpoint="tcp://127.0.0.1:*", graph=gru_chain(), frontends=[a, b],
+                                   peers={"frontend": a, "g1": g2, "g1.backup": g2, "g2": g2, "g2.backup": g2})
+        op1 = GraphOperator(cfg1)
+        try:
+            op1.consumed = {"frontend#7": (7 << 32) | 5, "frontend#9": (9 << 32) | 3}
+            op1.take_over(2)
+            for endpoint, sock in zip((a, b), pulls):
+                acks = []
+                while sock.poll(300):
+                    m = decode(sock.recv_multipart())
+                    if isinstance(m, GraphAck):
+                        acks.append(m.seq)
+                assert sorted(acks) == [(7 << 32) | 5, (9 << 32) | 3], endpoint
+        finally:
+            op1.shutdown()
+    finally:
+        op.shutdown()
+        for s in pulls:
+            s.close(0)
