@@ -14,6 +14,8 @@ Built in:
   the model computes offline for that input (``np.allclose``, atol 1e-4); with the
   version the reply names, when a rollout left several (predictors ``model@version``)
 - ``NoConflictingAnswers``  no request id got two different answers
+- ``EachRequestAppliedOnce`` (HAMS graphs) each (client, request id) changes each stateful
+  operator's state at most once, over the states its backups applied
 - ``UniquePerKey``          generic "no two different values for one key anywhere":
   stateful graphs use it for (operator, sequence number) -> output, e.g.
   ``UniquePerKey("operator_outputs_unique", stream="operator_outputs",
@@ -385,12 +387,49 @@ class OnePrimaryPerEpoch:
         return res
 
 
+class EachRequestAppliedOnce:
+    """Exactly-once effects: each (client, request id) changes each stateful operator's
+    state at most once. Read over the operator's durable states, in the order they were
+    applied: an ``apply`` names the requests its state applied (``requests``: [request key,
+    seq], the primary's table records, services.graph.applied); a ``takeover`` at
+    ``max_seq`` (a promoted backup, a roll-back in place, an ls replay from a checkpoint)
+    goes on from the state at ``max_seq``, so requests applied above it belong to a state
+    that no longer exists and may be applied again. A key applied at two seqs of the
+    surviving states is a violation (one apply traced twice, at the same seq, is not)."""
+
+    name = "graph_request_applied_once"
+
+    def check(self, records: list[dict], ctx: CheckContext) -> InvariantResult:
+        if "graph_apply" not in ctx.streams:
+            return InvariantResult(self.name, None, detail="not checked: no graph traces in this run")
+        events = [(a["t"], 1, a) for a in ctx.streams["graph_apply"]] + \
+                 [(t["t"], 0, t) for t in ctx.streams.get("graph_takeover", [])]
+        applied: dict[str, dict[str, int]] = {}  # operator -> request key -> seq its state applied it at
+        res = InvariantResult(self.name, True)
+        for _, is_apply, e in sorted(events, key=lambda x: (x[0], x[1])):
+            held = applied.setdefault(e["operator"], {})
+            if not is_apply:
+                for key in [k for k, seq in held.items() if seq > e["max_seq"]]:
+                    del held[key]  # the state above max_seq is gone: its requests come again
+                continue
+            for key, seq in e.get("requests") or []:
+                res.checked += 1
+                if held.setdefault(key, seq) != seq:
+                    res.violations += 1
+                    if len(res.examples) < MAX_EXAMPLES:
+                        res.examples.append({"operator": e["operator"], "request": key, "seqs": [held[key], seq]})
+        res.ok = res.violations == 0
+        res.detail = f"{res.violations} requests applied twice to one operator's state, of {res.checked} applied"
+        return res
+
+
 def graph_invariants(stateful: Iterable[str]) -> list[Invariant]:
     """The HAMS invariants: durable before release; Algorithm 2 order; one output per
-    (operator, seq); one primary per (operator, epoch)."""
+    (operator, seq); one primary per (operator, epoch); each request applied once per
+    stateful operator."""
     stateful = list(stateful)
     return [DurableBeforeRelease(stateful), AppliedInAlgorithm2Order(stateful), OneOutputPerOperatorSeq(),
-            OnePrimaryPerEpoch()]
+            OnePrimaryPerEpoch(), EachRequestAppliedOnce()]
 
 
 def graph_checks(graph_table: dict, trace_dir: str | Path) -> tuple[list[Invariant], dict[str, list[dict]]]:

@@ -52,7 +52,14 @@ Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` 
 primary sends its successors and the next backups): a successor's primary that took an
 output above max_seq rolls back: it steps down and asks the manager to promote its
 backup, whose state (Algorithm 2) never took one; a backup drops pending states that did.
-Every operator drops an input whose seq it already took from that sender (resends).
+Every operator drops an input whose seq it already took from that sender (resends); the
+frontend's seqs are origins, taken per frontend incarnation (several frontends interleave).
+
+Exactly-once effects (docs/design/hams.md): a stateful operator answers an input whose
+request key its state applied already from its table (``services.graph.applied``) instead of
+applying it again; the table ships with the state and is the backup's as of the state it
+applied. An output leaving the graph goes to its request's ``reply_to``; durability notices
+go to every frontend (``config.frontends``); the GC horizon is per frontend incarnation.
 """
 from __future__ import annotations
 
@@ -64,12 +71,14 @@ import numpy as np
 import zmq
 
 from keel.common import transport
+from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.common.spec.graph import FRONTEND, operator_class, read_graph
 from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.graph import lineage as lin
+from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.assignment import Assignment
 from keel.services.graph.models import GraphBatch
 from keel.services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
@@ -84,6 +93,14 @@ LEASE_S = 0.1
 #: a primary whose backup disconnected waits this long for a predecessor's takeover note (Fig. 6:
 #: roll back to a state that took nothing above its max_seq) before it goes on alone
 BACKUP_GRACE_S = 0.2
+
+
+def source_of(sender: str, seq: int) -> str:
+    """Whose numbering ``seq`` is: an operator's, or a frontend incarnation's (the origin's
+    high bits, ``keel.common.ids``). Per source seqs arrive in order (resends aside): several
+    frontends interleave their origins on one edge, so "taken already" is per incarnation."""
+    incarnation = epoch_of(seq) if sender == FRONTEND and seq >= 0 else 0
+    return f"{sender}#{incarnation}" if incarnation else sender
 
 
 class GraphOperator(Service):
@@ -101,19 +118,25 @@ class GraphOperator(Service):
         self.serve_status(config.status_endpoint)
         self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
         self.queue: deque[GraphRequest] = deque()
-        self.joining: dict[int, dict[str, GraphRequest]] = {}  # origin -> predecessor -> its request
+        # (reply_to, origin) -> predecessor -> its request: origins are unique per frontend only
+        self.joining: dict[tuple, dict[str, GraphRequest]] = {}
         self.preds = self.graph.predecessors(self.op)
         self.succs = self.graph.successors(self.op)
         self._shapes = {p: self.graph.input_shape if p == FRONTEND else self.graph.operators[p].output_shape
                         for p in self.preds}
         self.next_seq = 0
-        self.released_origin = -1  # the frontend's notice: replies up to here left the graph
+        # per frontend incarnation (an origin's high bits), the frontend's notice: replies up
+        # to this origin left the graph (one frontend's notice frees none of another's outputs)
+        self.released: dict[int, int] = {}
         self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
         self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
         self.batches = self.rows = self.errors = 0
+        self.duplicates = 0  # rows answered from the table of applied requests, not applied again
         self.lineage_s = 0.0
         self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
+        # the requests my state (a backup: the state it applied) holds: a retry is answered, not applied
+        self.applied = AppliedRequests() if self.spec.stateful else None
         self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
         self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
         self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
@@ -176,6 +199,33 @@ class GraphOperator(Service):
             self._link_manager()
             if self.statemgr is not None:
                 self._watch_backup()
+
+    # --- where things go: several frontends -------------------------------------------------
+    def _send_on(self, target: str, msg: GraphRequest) -> None:
+        """An output to a successor; one leaving the graph to its request's frontend."""
+        endpoint = msg.reply_to if target == FRONTEND and msg.reply_to else self.config.peers[target]
+        self.peers.send(endpoint, msg)
+
+    def _frontend_endpoints(self) -> list[str]:
+        """Every frontend serving the graph (durability notices and acks go to each)."""
+        return list(self.config.frontends) or [self.config.peers[FRONTEND]]
+
+    def _notice_targets(self, targets: list[str]) -> list[str]:
+        """Endpoints of peer names, ``FRONTEND`` standing for every frontend."""
+        return [e for t in targets for e in (self._frontend_endpoints() if t == FRONTEND else [self.config.peers[t]])]
+
+    def _ack_pred(self, pred: str, operator: str, epoch: int, seqs: dict[str, int]) -> None:
+        """Tell ``pred`` the highest of its seqs ``operator``'s state (or successors) hold,
+        from ``seqs`` (by ``source_of``). The frontends get one ack per frontend incarnation
+        seen, each to every frontend: one resends above the ack of its own incarnation, and
+        everything when none carries its incarnation (-1 alone: nothing of anyone's is held)."""
+        if pred != FRONTEND:
+            self.peers.send(self.config.peers[pred], GraphAck(operator, epoch, seqs.get(pred, -1)))
+            return
+        acks = [seq for source, seq in seqs.items() if source.partition("#")[0] == FRONTEND and seq >= 0] or [-1]
+        for endpoint in self._frontend_endpoints():
+            for seq in acks:
+                self.peers.send(endpoint, GraphAck(operator, epoch, seq))
 
     # --- the manager (HAMS II) -----------------------------------------------------------
     def _link_manager(self) -> None:
@@ -264,6 +314,7 @@ class GraphOperator(Service):
         self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
         self.assignment.role, self.assignment.epoch = "backup", epoch
         self.kept, self.consumed, self.catching_up = OrderedDict(), {}, True
+        self.applied = AppliedRequests()  # the holder's whole state brings its table
 
     def _rejoin(self, holder: str, epoch: int) -> None:
         """HAMS §IV-E: "the old primary can immediately work as a backup by overwriting its
@@ -301,6 +352,7 @@ class GraphOperator(Service):
             state, meta = checkpoint
             max_seq = meta["last_seq"]
             self.consumed = dict(meta["consumed"])  # the predecessors resend by lineage what came after
+            self.applied = AppliedRequests.from_json(meta.get("applied", []))  # the requests that state holds
         if state:
             self.model.load_state(state)
         if self.mode.checkpoints:
@@ -316,13 +368,13 @@ class GraphOperator(Service):
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
-                self.peers.send(self.config.peers[target], msg)
+                self._send_on(target, msg)
         note = GraphDurable(self.op, epoch, max_seq)
         succs = [n for n in self.succs if n != FRONTEND]
-        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs:
-            self.peers.send(self.config.peers[target], note)
+        for endpoint in self._notice_targets([FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs):
+            self.peers.send(endpoint, note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed.get(p, -1)))
+            self._ack_pred(p, self.op, epoch, self.consumed)
         for successor, (its_epoch, after) in self.early_acks.items():
             self._on_successor_ack(successor, its_epoch, after)
         self.early_acks = {}
@@ -338,7 +390,8 @@ class GraphOperator(Service):
         predecessor, my output seq) to global storage; predecessors free what it holds."""
         t0 = time.monotonic()
         write_checkpoint(self.checkpoint_path(self.op), self.model.state_arrays(),
-                         {"last_seq": last, "consumed": dict(self.consumed), "epoch": self.assignment.epoch})
+                         {"last_seq": last, "consumed": dict(self.consumed), "epoch": self.assignment.epoch,
+                          "applied": self.applied.to_json()})
         self.since_checkpoint = 0
         self.trace.write("checkpoint", operator=self.op, epoch=self.assignment.epoch, last_seq=last,
                          consumed=dict(self.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
@@ -411,7 +464,9 @@ class GraphOperator(Service):
         seqs = sorted(self.outputs)
         last = self.next_seq - 1
         meta = {"whole": True, "origins": [self.outputs[s].origin for s in seqs], "streams": [self.outputs[s].stream for s in seqs],
-                "consumed": dict(self.consumed), "durable": dict(self.own.durable.seqs)}
+                "requests": [self.outputs[s].request for s in seqs], "reply_to": [self.outputs[s].reply_to for s in seqs],
+                "consumed": dict(self.consumed), "durable": dict(self.own.durable.seqs),
+                "table": self.applied.to_json()}  # the requests this state holds travel with it
         blob = pack(self.model.state_arrays(), {s: self.outputs[s].input for s in seqs}, meta)
         lineage = lin.join(self.outputs[s].lineage for s in seqs)
         self.peers.send(endpoint, GraphState(self.op, self.assignment.epoch, seqs[0] if seqs else last, last, lineage, blob))
@@ -513,11 +568,17 @@ class GraphOperator(Service):
         self.next_seq = last + 1
         for seq in [s for s in self.outputs if s > last]:
             del self.outputs[seq]  # numbered after the state I go on from: re-run, never released
-        self.consumed = {p: max([e.predecessor_seq for e in lineage if e.operator == self.op and e.predecessor == p],
-                                default=-1) for p in self.preds}
+        self.applied.forget_after(last)  # the requests applied after it come again and apply again
+        self.consumed = {p: -1 for p in self.preds}
+        for e in lineage:
+            if e.operator == self.op and e.predecessor in self.preds:
+                source = source_of(e.predecessor, e.predecessor_seq)
+                self.consumed[source] = max(self.consumed.get(source, -1), e.predecessor_seq)
         self.took = dict(self.consumed)
-        self.taken = {p: set() for p in self.preds}
-        self.resync = {p: seq + 1 for p, seq in self.consumed.items()}
+        self.taken = {}
+        # resync needs consecutive seqs: an operator's, or a frontend numbering its graph requests from
+        # 0; a frontend incarnation's origins skip what it sent elsewhere (it waits for my ack instead)
+        self.resync = {p: seq + 1 for p, seq in self.consumed.items() if "#" not in p}
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.max_applied_seq = last
         self.degraded, self.takeovers = True, self.takeovers + 1
@@ -528,11 +589,11 @@ class GraphOperator(Service):
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
         self.trace.flush()
         note = GraphDurable(self.op, epoch, last)
-        for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + \
-                [n for n in self.succs if n != FRONTEND]:
-            self.peers.send(self.config.peers[target], note)
+        for endpoint in self._notice_targets([FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]
+                                             + [n for n in self.succs if n != FRONTEND]):
+            self.peers.send(endpoint, note)
         for p in self.preds:
-            self.peers.send(self.config.peers[p], GraphAck(self.op, epoch, self.consumed[p]))
+            self._ack_pred(p, self.op, epoch, self.consumed)
         self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
 
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
@@ -541,7 +602,7 @@ class GraphOperator(Service):
         self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
         before = self.took_before.get(op, {})
         for p in self.graph.predecessors(op):
-            self.peers.send(self.config.peers[p], GraphAck(op, epoch, before.get(p, -1)))
+            self._ack_pred(p, op, epoch, before)
 
     def _on_successor_ack(self, successor: str, epoch: int, after: int) -> None:
         if epoch > self.epochs.get(successor, 0):  # its promotion has not reached my feed yet
@@ -555,7 +616,7 @@ class GraphOperator(Service):
         self.awaiting.discard(successor)
         msgs = [m for s, m in self.outputs.items() if s > after]
         for msg in msgs:
-            self.peers.send(self.config.peers[successor], msg)
+            self._send_on(successor, msg)
         self.log.info("resent by lineage", successor=successor, after=after, count=len(msgs))
 
     # --- messages -------------------------------------------------------------------
@@ -600,34 +661,38 @@ class GraphOperator(Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
-        if msg.seq <= self.took.get(msg.sender, -1) and self.taken is None:
-            return  # a resent input taken already (each sender's seqs arrive in order, resends aside)
-        if msg.sender in self.resync:
-            if msg.seq > self.resync[msg.sender]:
+        source = source_of(msg.sender, msg.seq)
+        if msg.seq <= self.took.get(source, -1) and self.taken is None:
+            return  # a resent input taken already (each source's seqs arrive in order, resends aside)
+        if source in self.resync:
+            if msg.seq > self.resync[source]:
                 return  # sent before the sender heard of my roll-back: its resend carries it, in order
-            if msg.seq == self.resync[msg.sender]:
-                del self.resync[msg.sender]  # the resend (or the next new input) arrived: in order again
+            if msg.seq == self.resync[source]:
+                del self.resync[source]  # the resend (or the next new input) arrived: in order again
         if msg.lineage:  # for a predecessor's replacement (_report_taken, _roll_back)
-            self.took[msg.sender] = max(msg.seq, self.took.get(msg.sender, -1))
-            entry, before = msg.lineage[-1], self.took_before.setdefault(msg.sender, {})
-            before[entry.predecessor] = max(before.get(entry.predecessor, -1), entry.predecessor_seq)
+            self.took[source] = max(msg.seq, self.took.get(source, -1))
+            entry, before = msg.lineage[-1], self.took_before.setdefault(source, {})
+            came_from = source_of(entry.predecessor, entry.predecessor_seq)
+            before[came_from] = max(before.get(came_from, -1), entry.predecessor_seq)
         if self.taken is not None:  # after a takeover predecessors resend: each input once
-            if msg.seq <= self.consumed.get(msg.sender, -1) or msg.seq in self.taken[msg.sender]:
+            taken = self.taken.setdefault(source, set())
+            if msg.seq <= self.consumed.get(source, -1) or msg.seq in taken:
                 return
-            self.taken[msg.sender].add(msg.seq)
+            taken.add(msg.seq)
         if len(self.preds) == 1 or self.spec.join == "interleave":
             self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
-        parts = self.joining.setdefault(msg.origin, {})
+        parts = self.joining.setdefault((msg.reply_to, msg.origin), {})
         parts[msg.sender] = msg
         if len(parts) == len(self.preds):  # combine: every input of this origin arrived
-            del self.joining[msg.origin]
+            del self.joining[msg.reply_to, msg.origin]
             ins = [parts[p] for p in self.preds]
             lineage = lin.join([m.lineage for m in ins])
             lineage += [lin.LineageEntry(m.sender, m.seq, "?", -1) for m in ins[1:]]  # numbered in step()
             self.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
                                            np.concatenate([m.input for m in ins], axis=-1),
-                                           degraded=True if any(m.degraded for m in ins) else None))
+                                           degraded=True if any(m.degraded for m in ins) else None,
+                                           request=msg.request, reply_to=msg.reply_to))
 
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
@@ -638,6 +703,7 @@ class GraphOperator(Service):
             for op, seq in header["durable"].items():
                 self.backup.durable.notify(op, seq)
             self.consumed.update(header["consumed"])
+            self.applied = AppliedRequests.from_json(header.get("table", []))
             self.catching_up = False
             self.trace.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
             self.log.warning("joined as backup: the primary's whole state", operator=self.op, epoch=msg.epoch,
@@ -650,20 +716,32 @@ class GraphOperator(Service):
             self.peers.send(self.config.peers[self.op], GraphAck(self.op, msg.epoch, msg.last_seq))
 
     def _keep(self, applied: list[lin.ShippedState]) -> None:
-        """A backup keeps each applied output (never recomputed after a takeover) and, per
-        predecessor, the highest of its seqs the applied state holds."""
+        """A backup keeps each applied output (never recomputed after a takeover), per
+        predecessor the highest of its seqs the applied state holds, and the requests the
+        state applied (its table: what the primary recorded with this state)."""
         for state in applied:
             entries = state.lineages[0]
             for e in entries:
                 if e.operator == self.op and e.predecessor in self.preds:
-                    self.consumed[e.predecessor] = max(self.consumed.get(e.predecessor, -1), e.predecessor_seq)
+                    source = source_of(e.predecessor, e.predecessor_seq)
+                    self.consumed[source] = max(self.consumed.get(source, -1), e.predecessor_seq)
             header = header_of(state.state["blob"])
             if not header.get("origins"):
                 continue
             outs = unpack(state.state["blob"])[1]
-            for seq, origin, stream in zip(header["seqs"], header["origins"], header["streams"]):
-                if origin > self.released_origin:
-                    self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq), outs[seq])
+            n = len(header["seqs"])
+            requests, reply_to = header.get("requests") or [None] * n, header.get("reply_to") or [None] * n
+            origin_of = dict(zip(header["seqs"], header["origins"]))
+            for key, seq in header.get("applied", []):  # the same records, in the same order, as the primary's
+                self.applied.record(key, seq, origin_of[seq], outs[seq], header["t"])
+            for seq, origin, stream, request, to in zip(header["seqs"], header["origins"], header["streams"], requests, reply_to):
+                if not self._released(origin):
+                    self.kept[seq] = GraphRequest(self.op, seq, origin, stream, lin.lineage_of(entries, self.op, seq),
+                                                  outs[seq], request=request, reply_to=to)
+
+    def _released(self, origin: int) -> bool:
+        """Has the reply of ``origin`` left the graph (its frontend incarnation's notice)?"""
+        return origin <= self.released.get(epoch_of(origin), -1)
 
     def _on_durable(self, msg: GraphDurable) -> None:
         if self.relaying and msg.operator != self.op:  # others send my backup's notices to the holder: pass them on
@@ -676,16 +754,21 @@ class GraphOperator(Service):
                 self._roll_back(msg.operator, msg.seq)
                 return
         if msg.operator == FRONTEND:
-            self.released_origin = max(self.released_origin, msg.seq)
+            if msg.seq < 0:
+                return  # nothing left yet
+            incarnation = epoch_of(msg.seq)  # a frontend's notice frees only its own origins
+            self.released[incarnation] = max(self.released.get(incarnation, -1), msg.seq)
             stashed = self._stashed() if self.mode.checkpoints else None  # ls: kept until a successor checkpoints
             for saved in (self.outputs, self.kept):
-                for seq in [s for s, m in saved.items() if m.origin <= self.released_origin
+                for seq in [s for s, m in saved.items() if self._released(m.origin)
                             and (stashed is None or s <= stashed)]:
                     del saved[seq]  # its reply left the graph: no resend will need it
-            for origin in [o for o in self.joining if o <= self.released_origin]:
-                del self.joining[origin]  # answered already (another branch's error): the join never completes
+            for key in [k for k in self.joining if self._released(k[1])]:
+                del self.joining[key]  # answered already (another branch's error): the join never completes
         elif self.backup is not None:
-            self._notify(self.backup.on_notify(msg.operator, msg.seq))
+            applied = self.backup.on_notify(msg.operator, msg.seq)
+            self._notify(applied)
+            self._keep(applied)  # its outputs, what it took and its requests: as for a state applied on arrival
         elif self.own is not None and self.degraded and msg.operator != self.op:
             self._notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.statemgr is not None and msg.operator == self.op and msg.epoch == self.assignment.epoch:
@@ -695,12 +778,16 @@ class GraphOperator(Service):
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         for state in applied:
-            self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
-                             lineage=[e.to_json() for lineage in state.lineages for e in lineage])
+            if self.trace:  # the requests this state applied, for the checker's "at most once"
+                requests = state.state["applied"] if "applied" in state.state else \
+                    header_of(state.state["blob"]).get("applied", []) if "blob" in state.state else []
+                self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
+                                 lineage=[e.to_json() for lineage in state.lineages for e in lineage], requests=requests)
             self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
             note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            for target in [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded):
-                self.peers.send(self.config.peers[target], note)
+            targets = [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded)
+            for endpoint in self._notice_targets(targets):
+                self.peers.send(endpoint, note)
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
@@ -712,37 +799,52 @@ class GraphOperator(Service):
             self._guarded("step", self.step, None)
 
     def step(self, _=None) -> None:
-        rows = [self.queue.popleft() for _ in range(min(self.spec.max_batch, len(self.queue)))]
-        batch = GraphBatch(np.stack([r.input for r in rows]), [r.stream for r in rows])
-        t0 = time.perf_counter()
-        try:
-            outputs = self.model.compute(batch)
-        except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
-            rows, batch, outputs = self._without_failing_rows(rows)
-            if not rows:
-                return
-        pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
-        if pad > 0:
-            time.sleep(pad)  # the experiments' model service time
+        rows = self._next_batch()
+        # exactly once: a request my state applied already is not applied again (its saved
+        # output goes on, numbered like any output); only the others are computed and applied
+        fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
+        batch, computed = None, {}
+        if fresh:
+            batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
+            t0 = time.perf_counter()
+            try:
+                outputs = self.model.compute(batch)
+            except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
+                failed = {id(r) for r in fresh}
+                fresh, batch, outputs = self._without_failing_rows(fresh)
+                failed -= {id(r) for r in fresh}
+                rows = [r for r in rows if id(r) not in failed]
+                if not rows:
+                    return
+            pad = self.spec.pad_ms / 1000 - (time.perf_counter() - t0)
+            if pad > 0:
+                time.sleep(pad)  # the experiments' model service time
+            computed = {id(r): out for r, out in zip(fresh, outputs if fresh else [])}
         if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
             self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
             return
         t1 = time.perf_counter()
         first = self.next_seq
-        sends, lineages = [], []
-        for r, out in zip(rows, outputs):
+        sends, lineages, outs, recorded = [], [], [], []  # recorded: (request, seq, origin, output) newly applied
+        for r in rows:
+            out = computed[id(r)] if id(r) in computed else self.applied.get(self._key(r)).output
+            if id(r) in computed and self.applied is not None and r.request is not None:
+                recorded.append((self._key(r), self.next_seq, r.origin, out))
+            outs.append(out)
             if self.stateful:
-                self.consumed[r.sender] = max(self.consumed.get(r.sender, -1), r.seq)  # what my state holds
+                source = source_of(r.sender, r.seq)
+                self.consumed[source] = max(self.consumed.get(source, -1), r.seq)  # what my state holds
             lineage = [e for e in r.lineage if e.seq >= 0]
             lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
                         for e in r.lineage if e.seq < 0]  # a combined join's other inputs
             lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
             lineages.extend(lineage)
             msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out,
-                               degraded=True if (self.degraded or r.degraded) else None)  # the client is told
+                               degraded=True if (self.degraded or r.degraded) else None,  # the client is told
+                               request=r.request, reply_to=r.reply_to)
             if self.trace:
                 self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
-                                 origin=r.origin, output=out)
+                                 origin=r.origin, output=out, request=r.request, duplicate=id(r) not in computed or None)
             sends += [(s, msg) for s in self.succs]
             if self.stateful:
                 self.outputs[self.next_seq] = msg
@@ -751,6 +853,7 @@ class GraphOperator(Service):
         self.lineage_s += time.perf_counter() - t1
         self.batches += 1
         self.rows += len(rows)
+        self.duplicates += len(rows) - len(computed)
         if self.stateful and self.mode.hold_outputs:
             self.held[last] = sends
         else:
@@ -758,30 +861,62 @@ class GraphOperator(Service):
                 self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
             for target, msg in sends:
                 if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
-                    self.peers.send(self.config.peers[target], msg)
+                    self._send_on(target, msg)
         if not self.model.stateful:
             return
         t2 = time.perf_counter()
         if self.stateful and not self.degraded and self.mode.ships_state and not self._wait_for_update():
             return  # rolled back (or stepped down) while waiting: this batch is re-run from its resent inputs
         t3 = time.perf_counter()
-        self.model.update(batch, outputs)
+        if batch is not None:
+            self.model.update(batch, outputs)
+        # the table changes with the state it describes (a batch abandoned above recorded nothing)
+        now = time.time()
+        for request, seq, origin, out in recorded:
+            self.applied.record(request, seq, origin, out, now)
+        applied = [[request, seq] for request, seq, _, _ in recorded]
         self.update_wait_s += t3 - t2
         self.update_s += time.perf_counter() - t3
         if self.degraded:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
-            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages])))
+            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages],
+                                                           {"applied": applied})))
         elif self.stateful and self.mode.ships_state:
-            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows]}
-            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outputs)), first, last, lineages,
+            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
+                    "requests": [r.request for r in rows], "reply_to": [r.reply_to for r in rows],
+                    "applied": applied, "t": now}  # the backup records the same requests at the same t
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
         if self.stateful and self.mode.checkpoints:
             if self.takeovers:  # ls: the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
                 # its outputs count for the checker as a backup's applied state would
                 self.trace.write("apply", operator=self.op, last_seq=last, epoch=self.assignment.epoch, degraded=True,
-                                 replay=True, lineage=[e.to_json() for e in lineages if e.operator == self.op])
+                                 replay=True, lineage=[e.to_json() for e in lineages if e.operator == self.op],
+                                 requests=applied)
             self.since_checkpoint += 1
             if self.since_checkpoint >= self.graph.checkpoint_every:
                 self._checkpoint(last)
+
+    def _next_batch(self) -> list[GraphRequest]:
+        """The next batch's rows. A second row of one request (a retry queued beside the
+        first) waits for the next batch: by then the first is applied, and it is answered
+        from the table."""
+        rows, keys, later = [], set(), []
+        while self.queue and len(rows) < self.spec.max_batch:
+            r = self.queue.popleft()
+            if self.applied is not None and r.request is not None and self._key(r) in keys:
+                later.append(r)
+            else:
+                keys.add(self._key(r))
+                rows.append(r)
+        self.queue.extendleft(reversed(later))
+        return rows
+
+    def _key(self, r: GraphRequest) -> str | None:
+        """The name of an input in my table: its request's key; behind an interleaving join a
+        request has an input from each predecessor, each applied once: key@predecessor."""
+        if r.request is None or len(self.preds) == 1 or self.spec.join != "interleave":
+            return r.request
+        return f"{r.request}@{r.sender}"
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
         """The model raised on a batch: find the rows it fails on alone and answer them with
@@ -809,8 +944,8 @@ class GraphOperator(Service):
             if id(r) in errors:
                 self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
                 self.errors += 1
-                self.peers.send(self.config.peers[FRONTEND], GraphRequest(self.op, 0, r.origin, r.stream, [],
-                                                                          np.zeros(0, np.float32), error=errors[id(r)]))
+                self._send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
+                                                     error=errors[id(r)], request=r.request, reply_to=r.reply_to))
         return good, batch, outputs
 
     def _wait_for_update(self) -> bool:
@@ -834,13 +969,15 @@ class GraphOperator(Service):
     def _release_held(self, seq: int) -> None:
         for last in [s for s in self.held if s <= seq]:
             for target, msg in self.held.pop(last):
-                self.peers.send(self.config.peers[target], msg)
+                self._send_on(target, msg)
 
     def status(self) -> dict:
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
                     degraded=self.degraded, takeovers=self.takeovers, fenced=self.fenced,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
+                    duplicates=self.duplicates,  # applied_requests: bounded by count and age, not by replies leaving
+                    applied_requests=len(self.applied) if self.applied is not None else None,
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
                     update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),

@@ -22,7 +22,7 @@ def test_hams_fault_free_experiment_passes_the_graph_invariants(tmp_path):
     report = run_experiment(load_experiment(raw), json_path=tmp_path / "hams.json")
     results = {i["name"]: i for i in report["invariants_all"]}
     for name in ("answered_exactly_once", "graph_durable_before_release", "graph_algorithm2_order",
-                 "graph_one_output_per_operator_seq"):
+                 "graph_one_output_per_operator_seq", "graph_request_applied_once"):
         assert results[name]["ok"] is True and results[name]["checked"] > 0, results[name]
     assert results["graph_durable_before_release"]["checked"] == report["modes"]["nspb"]["answered"] > 100
     assert report["leftovers"] == []

@@ -117,8 +117,10 @@ def _trace():
     """A correct run: g1's backup applies seq 0, then g2's applies its seq 0 (which depends
     on g1 seq 0), then the reply leaves."""
     lin = [["frontend", 0, "g1", 0], ["g1", 0, "g2", 0]]
-    return {"graph_apply": [{"operator": "g1", "last_seq": 0, "epoch": 1, "lineage": [lin[0]], "t": 1.0},
-                            {"operator": "g2", "last_seq": 0, "epoch": 1, "lineage": lin, "t": 2.0}],
+    return {"graph_apply": [{"operator": "g1", "last_seq": 0, "epoch": 1, "lineage": [lin[0]], "t": 1.0,
+                             "requests": [["1:c/r0", 0]]},
+                            {"operator": "g2", "last_seq": 0, "epoch": 1, "lineage": lin, "t": 2.0,
+                             "requests": [["1:c/r0", 0]]}],
             "graph_release": [{"origin": 0, "lineage": lin, "t": 3.0}],
             "graph_output": [{"operator": "g1", "seq": 0, "epoch": 1, "origin": 0, "output": [1.0]},
                              {"operator": "g2", "seq": 0, "epoch": 1, "origin": 0, "output": [2.0]}]}
@@ -131,7 +133,7 @@ def _graph_results(streams):
 def test_a_correct_graph_trace_passes_the_hams_invariants():
     results = _graph_results(_trace())
     assert all(r.ok for r in results.values()), [r.detail for r in results.values()]
-    assert [r.checked for r in results.values()] == [1, 2, 2, 2]
+    assert [r.checked for r in results.values()] == [1, 2, 2, 2, 2]
 
 
 def test_a_reply_released_before_its_lineage_was_durable_fails():
@@ -215,7 +217,7 @@ def test_an_output_a_backup_applied_counts_even_if_no_reply_shows_it():
 
 def test_graph_invariants_without_traces_are_unchecked_not_passed():
     results = _graph_results({})
-    assert [r.ok for r in results.values()] == [None, None, None, None]
+    assert [r.ok for r in results.values()] == [None, None, None, None, None]
 
 
 def test_two_processes_numbering_at_one_operator_epoch_fail_one_primary_per_epoch():
@@ -248,3 +250,42 @@ def test_load_graph_traces_tells_apart_two_processes_that_wrote_one_file(tmp_pat
                           b'{"stream": "output", "operator": "g2", "seq": 1, "epoch": 3, "origin": 1, "output": [2.0]}\n')
     outs = load_graph_traces(tmp_path)["graph_output"]
     assert [o["process"] for o in outs] == [f"op-g2:{os.getpid()}", "op-g2:424242"]
+
+
+# --- exactly-once effects: each (client, request id) changes each stateful operator's state once ---
+
+def _retried_trace():
+    """A correct run with a retry: request c/r1 came again (a new origin); g1's and g2's
+    states answered it from their tables (seq 2 applied nothing), so each applies it once."""
+    streams = _trace()
+    streams["graph_apply"] += [
+        {"operator": "g1", "last_seq": 2, "epoch": 1, "lineage": [], "t": 3.0, "requests": [["1:c/r1", 1]]},
+        {"operator": "g2", "last_seq": 2, "epoch": 1, "lineage": [], "t": 4.0, "requests": [["1:c/r1", 1]]}]
+    return streams
+
+
+def test_a_request_applied_once_per_operator_passes():
+    result = _graph_results(_retried_trace())["graph_request_applied_once"]
+    assert result.ok is True and result.checked == 4 and result.violations == 0, result.detail
+
+
+def test_a_request_applied_twice_to_one_operators_state_fails():
+    streams = _retried_trace()
+    # g2's state applied the retry of c/r1 again, at seq 2: its state moved twice
+    streams["graph_apply"].append({"operator": "g2", "last_seq": 3, "epoch": 1, "lineage": [], "t": 5.0,
+                                   "requests": [["1:c/r1", 3]]})
+    result = _graph_results(streams)["graph_request_applied_once"]
+    assert result.ok is False and result.violations == 1
+    assert result.examples == [{"operator": "g2", "request": "1:c/r1", "seqs": [1, 3]}]
+
+
+def test_a_request_applied_again_above_a_takeovers_max_seq_is_not_twice():
+    streams = _retried_trace()
+    # g2's primary rolled back in place to seq 0: its state at seq 1-2 is gone, and c/r1 is applied again
+    streams["graph_takeover"] = [{"operator": "g2", "epoch": 2, "max_seq": 0, "t": 4.5}]
+    streams["graph_apply"].append({"operator": "g2", "last_seq": 1, "epoch": 2, "lineage": [], "t": 5.0,
+                                   "requests": [["1:c/r1", 1]]})
+    assert _graph_results(streams)["graph_request_applied_once"].ok is True
+    # applied again before that takeover (at another seq), it contradicts the state it was in
+    streams["graph_apply"][-1].update(t=4.2, requests=[["1:c/r1", 2]])
+    assert _graph_results(streams)["graph_request_applied_once"].ok is False

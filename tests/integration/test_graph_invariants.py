@@ -35,11 +35,14 @@ def test_fault_free_run_passes_graph_invariants(launcher, zsock, tmp_path):
     assert all(r.checked > 0 for r in results)
 
     # each invariant can fail: a release before its apply, an apply before its dependency, two outputs for one seq,
-    # two processes numbering at one (operator, epoch)
+    # two processes numbering at one (operator, epoch), one request applied at two seqs of g1's state
     bad = copy.deepcopy(streams)
     bad["graph_release"][0]["t"] = -1.0
     g2 = [a for a in bad["graph_apply"] if a["operator"] == "g2"]
     g2[0]["t"] = -1.0
     bad["graph_output"].append(dict(bad["graph_output"][0], output=[9.0] * len(bad["graph_output"][0]["output"]),
                                     process="op-g1-backup:1"))
-    assert [r.ok for r in checker.run([], CheckContext(streams=bad))] == [False, False, False, False]
+    g1 = [a for a in bad["graph_apply"] if a["operator"] == "g1" and a["requests"]]
+    key, seq = g1[0]["requests"][0]
+    g1[-1]["requests"].append([key, seq + 1000])
+    assert [r.ok for r in checker.run([], CheckContext(streams=bad))] == [False, False, False, False, False]
