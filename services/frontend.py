@@ -221,11 +221,7 @@ class Frontend(Service):
             return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
         info = (self.cfg.models[msg.model] if kind == "model" else self.apps.infos[msg.model] if kind == "application"
                 else self.graphs[msg.model].info)
-        # the one per-call key; ``context`` (old clients' application context) and ``stream``
-        # (old clients' graph stream) are read as it until they are gone from the protocol
-        key = msg.key if msg.key is not None else msg.context
-        if key is None and msg.stream is not None and kind == "graph":
-            key = str(msg.stream)
+        key = msg.key
         x = msg.input
         if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
             return self._refuse(request, ErrorCode.BAD_REQUEST, f"{kind} {msg.model} takes {info.input_dtype} input, got {x.dtype}")

@@ -188,7 +188,6 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "sent_at": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (seconds since the epoch)"),
     "values": (lambda v: isinstance(v, dict), "an object"),
     # model selection (Clipper §5)
-    "context": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "key": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "client": (_str_max(MAX_NAME, empty=False), f"a non-empty string of at most {MAX_NAME} characters"),
     "label": (lambda v: _is_int(v, 0, MAX_BATCH), f"a class index in 0..{MAX_BATCH}"),

@@ -22,12 +22,9 @@ class Predict:
     input: np.ndarray
     timeout_ms: float | None = None
     version: str | None = None
-    stream: int | None = None  # HAMS: the stream whose state a stateful graph keeps
-    #: model selection (Clipper §5.3): whose selection state an application's call uses
-    #: (a user, a session); ``model`` then names the application
-    context: str | None = None
-    #: the one per-call key of every target: an application's selection context, a stateful
-    #: graph's stream; refused for a plain model (replaces ``context`` and ``stream``)
+    #: the one per-call key of every target: an application's selection context (Clipper
+    #: §5.3: a user, a session), a stateful graph's stream (HAMS: whose state it keeps);
+    #: refused for a plain model
     key: str | None = None
     #: the calling client's id, the same on every connection and frontend it uses: with
     #: ``request_id`` it names the request end to end (de-duplication, exactly-once effects)

@@ -247,12 +247,15 @@ def test_stateless_operators_and_a_join_carry_the_request_key_to_the_stateful_jo
 
 def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once(launcher, zsock):
     """End to end: a client sends every request again with the same (client, request id), on
-    a new connection; the frontend numbers each retry anew, the GRUs answer it from their
-    tables: the same reply, and the states move once per request."""
+    a new connection. The frontend answers those retries from its de-duplication; after the
+    frontend is SIGKILLed and restarted (its table gone, a new incarnation numbering each
+    retry anew), the GRUs answer them from their tables: the same reply each time, and the
+    states move once per request."""
     from keel.common.protocol.messages import Predict
     from tests.support.graphs import start
 
-    graph, services, client = start(launcher("exactly-once-e2e"), gru_chain(max_batch=4))
+    run = launcher("exactly-once-e2e")
+    graph, services, client = start(run, gru_chain(max_batch=4))
     rng = np.random.default_rng(6)
     n = 30
     inputs, streams = rng.normal(size=(n + 3, 4)), rng.integers(0, 3, size=n + 3)
@@ -261,7 +264,7 @@ def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once
     def ask(ids) -> dict:
         sock = zsock(zmq.DEALER, connect=client)  # a new connection each time, as after a reconnect
         for i in ids:
-            transport.send(sock, Predict(f"r{i}", "graph", inputs[i].astype(np.float32), stream=int(streams[i]),
+            transport.send(sock, Predict(f"r{i}", "graph", inputs[i].astype(np.float32), key=str(int(streams[i])),
                                          client="client-4"))
         replies, deadline = {}, time.monotonic() + 60
         while len(replies) < len(ids) and time.monotonic() < deadline:
@@ -273,12 +276,18 @@ def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once
         return replies
 
     first = ask(range(n))
-    again = ask(range(n))
+    again = ask(range(n))  # the same frontend: its de-duplication answers, nothing reaches the graph
     assert all(np.array_equal(again[i].output, first[i].output) for i in range(n))
+    by_name = {s.name: s for s in services}
+    assert status(by_name["op-g1"])["duplicates"] == 0 and status(by_name["op-g2"])["duplicates"] == 0
+    run.kill("frontend", signal.SIGKILL)  # its de-duplication table dies with it
+    run.start(by_name["frontend"])
+    run.wait_status(client, timeout_s=60)
+    after = ask(range(n))  # retries the new incarnation sends into the graph: the tables answer
+    assert all(np.array_equal(after[i].output, first[i].output) for i in range(n))
     probes = ask(range(n, n + 3))  # one per stream: the states applied each request once
     expected = run_offline(graph, inputs, streams)[0]
     assert all(np.allclose(r.output, expected[i], atol=1e-5) for i, r in {**first, **probes}.items())
-    by_name = {s.name: s for s in services}
     assert status(by_name["op-g1"])["duplicates"] == n and status(by_name["op-g2"])["duplicates"] == n
 
 
@@ -302,7 +311,7 @@ def test_behind_an_interleaving_join_each_input_of_a_request_is_applied_once(lau
     for attempt in range(2):
         sock = zsock(zmq.DEALER, connect=client)
         for i in range(n):
-            transport.send(sock, Predict(f"r{i}", "graph", inputs[i], stream=int(streams[i]), client="client-5"))
+            transport.send(sock, Predict(f"r{i}", "graph", inputs[i], key=str(int(streams[i])), client="client-5"))
         replies, deadline = set(), time.monotonic() + 60
         while len(replies) < n and time.monotonic() < deadline:
             if sock.poll(200):
