@@ -356,16 +356,19 @@ def route_config(graph: GraphSpec, name: str, endpoint: str, peers: dict[str, st
                                 trace_path=f"{trace_dir}/{frontend}-{name}.jsonl" if trace_dir else None)
 
 
-def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports, host: str) -> list:
+def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports,
+                where: dict[str, str]) -> list:
     """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
     ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
-    the graphs' operators run on ``host`` and send to the frontends (``frontends``; the
-    first is ``peers["frontend"]``). Returns the operators' services; operator processes
-    are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has several graphs."""
+    a graph's operators run on its host (``where``: graph -> host) and send to the frontends
+    (``frontends``; the first is ``peers["frontend"]``). Returns the operators' services;
+    operator processes are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has
+    several graphs."""
     frontends = [s for s in services if s.role == "frontend"]
     operators = []
     for name, graph in graphs.items():
         routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
+        host = where[name]
         address = hosts[host]
         prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
         ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,

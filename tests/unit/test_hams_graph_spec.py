@@ -157,3 +157,19 @@ def test_the_front_door_example_serves_a_model_an_application_and_a_graph():
     spec = load_spec(Path(__file__).resolve().parents[2] / "deploy" / "examples" / "front-door.toml")
     fe = spec.service("frontend").config
     assert list(fe.models) == ["m", "m2"] and list(fe.applications) == ["ensemble"] and list(fe.graphs) == ["chain"]
+
+
+def test_a_graphs_operators_run_on_its_host_and_send_to_every_frontend():
+    graph = {"input_shape": [4], "edges": [["frontend", "g"], ["g", "frontend"]], "host": "ops",
+             "operators": {"g": {"kind": "gru", "input_shape": [4], "output_shape": [2]}}}
+    spec = load_spec({"cluster": {"name": "c", "base_port": 9000},
+                      "hosts": {"fe1": "127.0.0.2", "fe2": "127.0.0.3", "ops": "127.0.0.4"},
+                      "frontend": {"hosts": ["fe1", "fe2"]}, "graphs": {"chain": graph}})
+    ops = [s for s in spec.services if s.role == "graph_operator"]
+    assert ops and {s.host for s in ops} == {"ops"}
+    fronts = [s for s in spec.services if s.role == "frontend"]
+    routes = [fe.config.graphs["chain"].endpoint for fe in fronts]
+    assert [r.split(":")[1] for r in routes] == ["//127.0.0.2", "//127.0.0.3"]
+    assert all(s.config.frontends == routes for s in ops)
+    with pytest.raises(SpecError, match=r"graphs\.chain\.host: unknown host 'nowhere'"):
+        load_spec({"cluster": {"name": "c", "base_port": 9000}, "graphs": {"chain": {**graph, "host": "nowhere"}}})
