@@ -100,6 +100,8 @@ class GraphSpec:
     #: ls: batches between checkpoints; where they are written (None: the trace_dir)
     checkpoint_every: int = 150
     checkpoint_dir: str | None = None
+    #: the host of a cluster spec where the operators run (None: the first frontend's)
+    host: str | None = None
 
     @property
     def stateful(self) -> frozenset[str]:
@@ -187,6 +189,9 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     trace_dir = table.pop("trace_dir", None)
     if trace_dir is not None and not isinstance(trace_dir, str):
         raise GraphError(f"{prefix}.trace_dir: must be a path")
+    host = table.pop("host", None)
+    if host is not None and not isinstance(host, str):
+        raise GraphError(f"{prefix}.host: must name a host of the spec")
     raw_ops = table.pop("operators", None)
     if not isinstance(raw_ops, dict) or not raw_ops:
         raise GraphError(f"{prefix}.operators: needs at least one [{prefix}.operators.NAME] table")
@@ -230,7 +235,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
     order = _topological(operators, edges, prefix)
     graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir, checkpoint_every,
-                      checkpoint_dir)
+                      checkpoint_dir, host)
     _check_shapes(graph, prefix)
     return graph
 
@@ -356,19 +361,18 @@ def route_config(graph: GraphSpec, name: str, endpoint: str, peers: dict[str, st
                                 trace_path=f"{trace_dir}/{frontend}-{name}.jsonl" if trace_dir else None)
 
 
-def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports,
-                where: dict[str, str]) -> list:
+def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports, default_host: str) -> list:
     """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
     ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
-    a graph's operators run on its host (``where``: graph -> host) and send to the frontends
-    (``frontends``; the first is ``peers["frontend"]``). Returns the operators' services;
-    operator processes are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec has
-    several graphs."""
+    a graph's operators run on its ``host`` (``default_host`` when it names none) and send to
+    the frontends (``frontends``; the first is ``peers["frontend"]``). Returns the operators'
+    services; operator processes are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec
+    has several graphs."""
     frontends = [s for s in services if s.role == "frontend"]
     operators = []
     for name, graph in graphs.items():
         routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
-        host = where[name]
+        host = graph.host or default_host
         address = hosts[host]
         prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
         ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,

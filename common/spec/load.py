@@ -106,7 +106,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         opts["gateway"] = options("gateway", gw_table)
 
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
-    graphs, graph_hosts = _read_graphs(root, name)
+    graphs = _read_graphs(root, name, hosts)
     models_table = Table(root.take("models", dict, {}) if graphs else root.take("models", dict), "models")
     if not models_table.data and not graphs:
         fail("models", "needs at least one [models.NAME] table (or a [graphs.NAME] table)")
@@ -138,11 +138,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     if graphs:
         from keel.common.spec.graph import wire_graphs
 
-        for graph, (host, key) in graph_hosts.items():
-            if host is not None and host not in hosts:
-                fail(key, f"unknown host {host!r}; hosts: {sorted(hosts)}")
-        where = {graph: graph_hosts[graph][0] or placement["frontend"][0] for graph in graphs}
-        services += wire_graphs(graphs, services, hosts, ports, where)
+        services += wire_graphs(graphs, services, hosts, ports, placement["frontend"][0])
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:
@@ -151,18 +147,22 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
                        client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)
 
 
-def _read_graphs(root: Table, cluster: str) -> tuple[dict, dict]:
+def _read_graphs(root: Table, cluster: str, hosts: dict[str, str]) -> dict:
     """The spec's HAMS service graphs by name (``common.spec.graph``): ``[graphs.NAME]``
-    tables, and a single ``[graph]`` table (the older form) named after the cluster; -> (the
-    graphs, per graph (the host its ``host`` key names for its operators or None, that key))."""
+    tables, and a single ``[graph]`` table (the older form) named after the cluster; each
+    graph's ``host`` one of ``hosts``."""
     from keel.common.spec.graph import read_graph
 
-    graphs, hosts = {}, {}
+    def read(table: dict, prefix: str):
+        graph = read_graph(table, prefix)
+        if graph.host is not None and graph.host not in hosts:
+            fail(f"{prefix}.host", f"{graph.host!r} is not in [hosts] ({sorted(hosts)})")
+        return graph
+
+    graphs = {}
     single = root.take("graph", dict, None)
     if single is not None:
-        single = dict(single)
-        hosts[cluster] = (single.pop("host", None), "graph.host")
-        graphs[cluster] = read_graph(single, "graph")
+        graphs[cluster] = read(single, "graph")
     for graph, table in (root.take("graphs", dict, None) or {}).items():
         if not NAME.match(graph):
             fail(f"graphs.{graph}", f"{graph!r} must be letters, digits, '_', '.', '-'")
@@ -170,7 +170,5 @@ def _read_graphs(root: Table, cluster: str) -> tuple[dict, dict]:
             fail(f"graphs.{graph}", f"the [graph] table is already the graph named {graph!r} (the cluster's name)")
         if not isinstance(table, dict):
             fail(f"graphs.{graph}", "must be a table")
-        table = dict(table)
-        hosts[graph] = (table.pop("host", None), f"graphs.{graph}.host")
-        graphs[graph] = read_graph(table, f"graphs.{graph}")
-    return graphs, hosts
+        graphs[graph] = read(table, f"graphs.{graph}")
+    return graphs

@@ -171,5 +171,5 @@ def test_a_graphs_operators_run_on_its_host_and_send_to_every_frontend():
     routes = [fe.config.graphs["chain"].endpoint for fe in fronts]
     assert [r.split(":")[1] for r in routes] == ["//127.0.0.2", "//127.0.0.3"]
     assert all(s.config.frontends == routes for s in ops)
-    with pytest.raises(SpecError, match=r"graphs\.chain\.host: unknown host 'nowhere'"):
+    with pytest.raises(SpecError, match=r"graphs\.chain\.host: 'nowhere' is not in \[hosts\]"):
         load_spec({"cluster": {"name": "c", "base_port": 9000}, "graphs": {"chain": {**graph, "host": "nowhere"}}})
