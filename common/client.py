@@ -324,7 +324,7 @@ class _Base:
         output = None if reply.output is None else np.array(reply.output)
         return Result(reply.request_id, reply.source, output, reply.error, reply.error_code, reply.model, reply.version,
                       (time.perf_counter() - call.sent) * 1000.0, self.frontends[frontend], reply.models,
-                      reply.confidence)
+                      reply.confidence, degraded=bool(reply.degraded))
 
     def _feedback_message(self, request_id: str, y: int) -> tuple[int, Feedback]:
         """(frontend, message) of a feedback: it goes to the frontend that answered the call."""

@@ -29,11 +29,13 @@ class Result:
     confidence: float | None = None
     #: a call no frontend answered (error code ``timeout``): why, when the client can tell
     reason: str | None = None
+    #: a graph's answer computed while a stateful operator on its path ran without a backup
+    #: (consistent, but one more failure there could not be masked)
+    degraded: bool = False
 
     @property
     def ok(self) -> bool:
         return self.source not in (Source.ERROR,) and self.output is not None
-
 
     def raise_for_error(self) -> Result:
         """This result if it carries a prediction; else the ``KeelError`` subclass of its error."""

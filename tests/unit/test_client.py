@@ -184,3 +184,18 @@ def test_the_async_client_sends_the_same_fields(zsock):
     assert (msgs["x"].key, msgs["x"].version, msgs["x"].client) == ("k", "3", "a-1")
     assert (msgs["y-0"].key, msgs["y-1"].key) == ("p", "q")
     assert [m.key for m in msgs.values() if m.request_id not in ("x", "y-0", "y-1")] == ["old"]
+
+
+def test_a_graph_answer_says_it_was_degraded(zsock):
+    from keel.common.protocol import Reply
+
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        for degraded in (True, None):
+            rid = c.submit("chain", np.zeros(4, np.float32), key="7")
+            assert router.poll(5000)
+            envelope, _ = protocol.split_envelope(router.recv_multipart())
+            router.send_multipart([*envelope, *protocol.encode(Reply(rid, Source.MODEL, np.ones(2, np.float32),
+                                                                     degraded=degraded))])
+            (result,) = c.collect(5000)
+            assert result.request_id == rid and result.ok and result.degraded is bool(degraded)
