@@ -179,15 +179,13 @@ class GraphOperator(Service):
         self.statemgr = None
         self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
         if self.assignment.role == "standby":
-            cls = operator_class(self.spec.kind)
             for name, spec in self.graph.operators.items():
                 if spec.kind == self.spec.kind:
-                    self.standby_for[name] = cls(spec.input_shape, spec.output_shape, seed=config.seed, **spec.options)
+                    self.standby_for[name] = self._new_model(spec)
         elif self.assignment.role == "backup":
             self.backup = lin.Backup(self.op, self.graph.stateful, self.assignment.epoch)
         else:
-            cls = operator_class(self.spec.kind)
-            self.model = cls(self.spec.input_shape, self.spec.output_shape, seed=config.seed, **self.spec.options)
+            self.model = self._new_model(self.spec)
             if self.model.stateful:
                 self.model.start()
             if self.stateful:
@@ -213,6 +211,21 @@ class GraphOperator(Service):
     def _notice_targets(self, targets: list[str]) -> list[str]:
         """Endpoints of peer names, ``FRONTEND`` standing for every frontend."""
         return [e for t in targets for e in (self._frontend_endpoints() if t == FRONTEND else [self.config.peers[t]])]
+
+    def _announce_durable(self, epoch: int, seq: int, successors: bool = False, primary: bool = False) -> None:
+        """Algorithm 2's notify: my state up to ``seq`` is durable, to every frontend and the
+        backups of the next stateful models; after a takeover or a roll-back also to my
+        successors (they drop what came after it), and on a backup to my primary."""
+        targets = [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]
+        targets += [n for n in self.succs if n != FRONTEND] if successors else []
+        targets += [self.op] if primary else []
+        note = GraphDurable(self.op, epoch, seq)
+        for endpoint in self._notice_targets(targets):
+            self.peers.send(endpoint, note)
+
+    def _new_model(self, spec):
+        """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's."""
+        return operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=self.config.seed, **spec.options)
 
     def _ack_pred(self, pred: str, operator: str, epoch: int, seqs: dict[str, int]) -> None:
         """Tell ``pred`` the highest of its seqs ``operator``'s state (or successors) hold,
@@ -344,8 +357,7 @@ class GraphOperator(Service):
         t0 = time.monotonic()
         max_seq = self.backup.max_applied_seq
         state = unpack(self.backup.applied.state["blob"])[0] if self.backup.applied is not None else {}
-        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
-                                                    **self.spec.options)
+        self.model = self._new_model(self.spec)
         self.model.start()
         checkpoint = read_checkpoint(self.checkpoint_path(self.op)) if self.mode.checkpoints else None
         if checkpoint is not None:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
@@ -369,10 +381,7 @@ class GraphOperator(Service):
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self._send_on(target, msg)
-        note = GraphDurable(self.op, epoch, max_seq)
-        succs = [n for n in self.succs if n != FRONTEND]
-        for endpoint in self._notice_targets([FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + succs):
-            self.peers.send(endpoint, note)
+        self._announce_durable(epoch, max_seq, successors=True)
         for p in self.preds:
             self._ack_pred(p, self.op, epoch, self.consumed)
         for successor, (its_epoch, after) in self.early_acks.items():
@@ -559,8 +568,7 @@ class GraphOperator(Service):
         self._drop_pending(last)  # what came after the state I go on from: my acks below have it resent, in order
         self.statemgr.close()
         self.statemgr = None
-        self.model = operator_class(self.spec.kind)(self.spec.input_shape, self.spec.output_shape, seed=self.config.seed,
-                                                    **self.spec.options)
+        self.model = self._new_model(self.spec)
         self.model.start()
         if tensors:
             self.model.load_state(tensors)
@@ -588,10 +596,7 @@ class GraphOperator(Service):
                              lineage=[e.to_json() for e in lineage])
         self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
         self.trace.flush()
-        note = GraphDurable(self.op, epoch, last)
-        for endpoint in self._notice_targets([FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]
-                                             + [n for n in self.succs if n != FRONTEND]):
-            self.peers.send(endpoint, note)
+        self._announce_durable(epoch, last, successors=True)
         for p in self.preds:
             self._ack_pred(p, self.op, epoch, self.consumed)
         self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
@@ -784,10 +789,7 @@ class GraphOperator(Service):
                 self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=self.degraded,
                                  lineage=[e.to_json() for lineage in state.lineages for e in lineage], requests=requests)
             self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
-            note = GraphDurable(self.op, self.assignment.epoch, state.last_seq)
-            targets = [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)] + [self.op] * (not self.degraded)
-            for endpoint in self._notice_targets(targets):
-                self.peers.send(endpoint, note)
+            self._announce_durable(self.assignment.epoch, state.last_seq, primary=not self.degraded)
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
