@@ -58,3 +58,17 @@ def test_the_step_loads_low_phases_last_longer_and_every_figure_follows_them():
     # a switch 0.5 s after each step, in phases of unequal length
     seen = [(0.0, "1x8", None), (6.5, "4x2", None), (8.5, "1x8", None), (14.5, "4x2", None)]
     assert switch_times(seen, 0.0, starts, lengths) == [0.5, 0.5, 0.5]
+
+
+def test_a_real_models_drift_is_how_far_its_second_profile_moves_eq13_at_the_points():
+    from keel.bench.serf_experiment import drift_error
+
+    a = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
+    same = Profile("m", "1", 2, dict(a.service_ms))
+    slower = Profile("m", "1", 2, {k: 1.1 * v for k, v in a.service_ms.items()})
+    points = [{"config": [1, 1], "rate": 5.0}, {"config": [2, 1], "rate": 60.0}]
+    assert drift_error(points, a, same) == 0.0
+    moved = drift_error(points, a, slower)
+    assert 0.1 < moved < 1.0  # 10% slower service, more than 10% longer latency under load
+    # a point the second profile finds unstable counts as a 100% move
+    assert drift_error([{"config": [1, 1], "rate": 49.0}], a, slower) == 1.0
