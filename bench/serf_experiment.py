@@ -275,7 +275,7 @@ def drift_error(points: list[dict], a, b) -> float:
 
 def run_model(store: str, model: str, quick: bool, log) -> dict:
     # each point: chunks of ``chunk_s`` until its standard error is 1% of its mean, or ``cap_s``
-    chunk_s, cap_s, loads, phase_s = (2.0, 3.0, QUICK_LOADS, 1.5) if quick else (4.0, 20.0, LOADS, 6.0)
+    chunk_s, cap_s, loads, phase_s = (2.0, 2.0, QUICK_LOADS, 1.5) if quick else (4.0, 20.0, LOADS, 6.0)
     cores = cores_of(model)
     launcher_dir = Path(f"runs/serf/{model}")
     inputs = inputs_for(model)
