@@ -330,6 +330,9 @@ class WorkerConfig:
     kairos_model: str = ""
     kairos_scale: float = 1.0
     kairos_profile: str = ""
+    #: "serf_host" model: its curves (``common.serf_host.curves``: base_ms, speedup,
+    #: interference, cores)
+    serf_host: dict | None = None
     heartbeat_interval_s: float = 0.25
     heartbeat_liveness: int = 8
     #: ROUTER answering Status requests; None = none
@@ -341,8 +344,8 @@ class WorkerConfig:
 
     def validate(self) -> None:
         _check(self.role in ("deployed", "parity"), "role", f"must be deployed or parity, got {self.role!r}")
-        _check(self.builtin in (None, "noop", "sleep", "kairos"), "builtin",
-               f"must be noop, sleep or kairos, got {self.builtin!r}")
+        _check(self.builtin in (None, "noop", "sleep", "kairos", "serf_host"), "builtin",
+               f"must be noop, sleep, kairos or serf_host, got {self.builtin!r}")
         if self.builtin == "kairos":
             _check(bool(self.kairos_model), "kairos_model", "the kairos model needs the profiled model's name")
             _check(bool(self.instance), "instance", "the kairos model needs the worker's instance type")

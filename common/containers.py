@@ -236,6 +236,11 @@ def store_predictor(store: str, name: str, version: str | None, threads: int = 1
 def build_predictor(cfg: WorkerConfig) -> Predictor:
     if cfg.builtin is not None:
         check_device(cfg.device)  # a builtin uses no torch, but the spec asked for a GPU: say so
+        if cfg.builtin == "serf_host":
+            from keel.common.serf_host import SerfHost, curves
+
+            return SerfHost(**(cfg.serf_host or curves(None)), input_shape=cfg.builtin_input_shape,
+                            output_size=cfg.builtin_output_size)
         if cfg.builtin == "kairos":
             return KairosPredictor(cfg.instance, cfg.kairos_model, cfg.kairos_scale, cfg.kairos_profile,
                                    cfg.builtin_input_shape, cfg.builtin_output_size)

@@ -23,14 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-
-def _rho_products(mu: Sequence[float], lam: float) -> list[float]:
-    """prod_{i<=n} rho_i / n! for n = 0..c."""
-    out, prod = [1.0], 1.0
-    for n, m in enumerate(mu, start=1):
-        prod *= lam / m
-        out.append(prod / math.factorial(n))
-    return out
+import numpy as np
 
 
 def utilisation(mu: Sequence[float], lam: float) -> float:
@@ -38,25 +31,41 @@ def utilisation(mu: Sequence[float], lam: float) -> float:
     return lam / (len(mu) * mu[-1])
 
 
+def latencies(mu: Sequence[float], rates) -> np.ndarray:
+    """Mean latency (s) of the M/D_interf/c queue at each arrival rate (Eq. 13), NaN where
+    it is unstable (rho >= 1). One array operation per term across the rates: the
+    reference table of 20 configurations (8 cores) x 200 rates took 57-64 ms one rate at a
+    time, where the configurator's table is meant to take under 10 ms."""
+    c = len(mu)
+    if c == 0 or any(m <= 0 for m in mu):
+        raise ValueError("need c >= 1 profiled rates > 0")
+    lam = np.asarray(rates, float)
+    rho = lam / (c * mu[-1])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        terms = [np.ones_like(lam)]  # terms[n] = prod_{i<=n} rho_i / n!
+        for n, m in enumerate(mu, start=1):
+            terms.append(terms[-1] * lam / m / n)
+        tail = terms[c] / (1 - rho)  # sum_{n>=c} p_n / p0
+        p0 = 1.0 / (sum(terms[:c]) + tail)  # Eq. 3-4
+        service = sum(p0 * terms[i - 1] / mu[i - 1] for i in range(1, c + 1)) + p0 * tail / mu[-1]  # Eq. 12, corrected
+        wait_mm = p0 * terms[c] / lam * rho / (1 - rho) ** 2  # Eq. 7 (terms[c] holds the 1/c!)
+        f = (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * c)  # Eq. 9
+        g = (1 - rho) / rho  # Eq. 10
+        wait = 0.5 * (1 + f * g) * wait_mm  # Eq. 8, 11
+        out = service + wait  # Eq. 13
+    return np.where((rho < 1) & (lam > 0), out, np.nan)
+
+
 def latency(mu: Sequence[float], lam: float) -> float:
     """Mean latency (s) of the M/D_interf/c queue at arrival rate ``lam`` (Eq. 13).
 
     Raises ValueError when the queue is unstable (rho >= 1) or an input is not positive."""
-    c = len(mu)
-    if c == 0 or lam <= 0 or any(m <= 0 for m in mu):
+    if len(mu) == 0 or lam <= 0 or any(m <= 0 for m in mu):
         raise ValueError("need c >= 1 profiled rates > 0 and an arrival rate > 0")
     rho = utilisation(mu, lam)
     if rho >= 1:
         raise ValueError(f"unstable: utilisation {rho:.3f} >= 1")
-    terms = _rho_products(mu, lam)  # terms[n] = prod_{i<=n} rho_i / n!
-    tail = terms[c] / (1 - rho)  # sum_{n>=c} p_n / p0
-    p0 = 1.0 / (sum(terms[:c]) + tail)  # Eq. 3-4
-    service = sum(p0 * terms[i - 1] / mu[i - 1] for i in range(1, c + 1)) + p0 * tail / mu[-1]  # Eq. 12, corrected
-    wait_mm = p0 * terms[c] / lam * rho / (1 - rho) ** 2  # Eq. 7 (terms[c] holds the 1/c!)
-    f = (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * c)  # Eq. 9
-    g = (1 - rho) / rho  # Eq. 10
-    wait = 0.5 * (1 + f * g) * wait_mm  # Eq. 8, 11
-    return service + wait  # Eq. 13
+    return float(latencies(mu, [lam])[0])
 
 
 def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, warmup: float = 0.1,
@@ -100,13 +109,13 @@ def reference_table(profiles: dict[tuple[int, int], Sequence[float]], rates: Seq
     ``profiles`` maps a configuration (c requests at once, t threads each) to its profiled
     rates ``mu[0..c-1]``; a configuration unstable at a rate is left out of that row.
     Rows: ``{"rate", "latency_s": {config: W}, "best": config or None}``."""
+    by_config = {}
+    for config, mu in profiles.items():
+        if len(mu) != config[0]:
+            raise ValueError(f"configuration {config}: needs {config[0]} profiled rates, got {len(mu)}")
+        by_config[config] = latencies(mu, rates).tolist()
     table = []
-    for lam in rates:
-        row = {}
-        for config, mu in profiles.items():
-            if len(mu) != config[0]:
-                raise ValueError(f"configuration {config}: needs {config[0]} profiled rates, got {len(mu)}")
-            if utilisation(mu, lam) < 1:
-                row[config] = latency(mu, lam)
+    for k, lam in enumerate(rates):
+        row = {config: w[k] for config, w in by_config.items() if w[k] == w[k]}  # NaN: unstable there
         table.append({"rate": lam, "latency_s": row, "best": min(row, key=row.get) if row else None})
     return table

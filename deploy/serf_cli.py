@@ -45,6 +45,12 @@ def _model_version(spec, model: str) -> tuple[str, str, str | None]:
     return cfg.store_name or model, str(cfg.version or "1"), cfg.store
 
 
+def model_cores(spec, model: str) -> int:
+    """The cores ``model`` is given: an emulated SERF host's own (8), else this machine's 2."""
+    cfg = next(s.config for s in spec.services if s.role == "worker" and s.config.model == model)
+    return int(cfg.serf_host["cores"]) if cfg.builtin == "serf_host" and cfg.serf_host else 2
+
+
 def profile_path(spec, model: str):
     from keel.services.serf.profile import where
 
@@ -87,8 +93,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     spec = _spec(args)
     path, version = profile_path(spec, args.model)
     try:
-        p = profile_model(spec, args.model, args.cores, warmup=args.warmup, samples=args.samples, version=version,
-                          log=print)
+        p = profile_model(spec, args.model, args.cores or model_cores(spec, args.model), warmup=args.warmup,
+                          samples=args.samples, version=version, log=print)
     except ProfileError as exc:
         print(f"keel: {exc}")
         return 1
@@ -133,7 +139,7 @@ def add_parser(sub) -> None:
     s = which.add_parser("profile", help="profile every (requests at once, threads) tuple through the cluster")
     s.add_argument("spec")
     s.add_argument("--model", required=True)
-    s.add_argument("--cores", type=int, default=2, help="cores the model is given (default: %(default)s)")
+    s.add_argument("--cores", type=int, help="cores the model is given (default: an emulated serf_host's, else 2)")
     s.add_argument("--warmup", type=int, default=5, help="warm-up requests per tuple (default: %(default)s)")
     s.add_argument("--samples", type=int, default=20, help="samples per tuple (default: %(default)s)")
     s.set_defaults(func=cmd_profile)

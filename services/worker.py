@@ -89,7 +89,9 @@ class Worker(Service):
         #: (SERF's i): count, sum and sum of squares (ms). SERF's profiler reads them before
         #: and after a phase (mean and SCV of mu_i); an experiment, during a run
         self.service: dict[str, dict[str, float]] = {}
-        self.executors = Executors(self._compute, None if cfg.builtin is not None else set_torch_threads)
+        # an emulated host (serf_host) takes each executor's threads as torch would
+        set_threads = getattr(self.predictor, "set_threads", None) or (None if cfg.builtin is not None else set_torch_threads)
+        self.executors = Executors(self._compute, set_threads)
         self.executors.torch_threads = self.threads
         self.executors.ensure(self.slots)
         self.poller.register(self.executors.fd, zmq.POLLIN)

@@ -19,6 +19,8 @@ from keel.common.spec.tables import NAME, SpecError, Table, fail, options
 MODES = ("none", "equal", "parm")
 #: the keys of a resolved model that make its ModelInfo (frontend) and BatchPolicy (dispatcher)
 INFO_KEYS = ("input_shape", "output_size", "input_dtype", "version", "default_output", "deadline_ms")
+#: the emulated SERF host's keys (``read_serf_host``)
+SERF_HOST_KEYS = ("serf_host", "base_ms", "speedup", "interference")
 POLICY_KEYS = ("batch_budget_ms", "max_batch", "fixed_batch", "batch_delay_ms", "aimd_step", "aimd_backoff")
 
 
@@ -33,6 +35,26 @@ def batch_policy(model: dict[str, Any]) -> dict[str, Any]:
     if model.get("mode") == "parm":
         out.update(k=model["k"], parity_model=model["parity_model"])
     return out
+
+
+def read_serf_host(t: Table, builtin: str | None) -> dict[str, Any] | None:
+    """The emulated SERF host's curves of a ``builtin = "serf_host"`` model
+    (``common.serf_host``): a preset (``serf_host`` = "small" or "large") and any of
+    ``base_ms``, ``speedup``, ``interference`` given in its place."""
+    if builtin != "serf_host":
+        for key in SERF_HOST_KEYS:
+            if t.has(key):
+                fail(t.key(key), 'only used with builtin = "serf_host"')
+        return None
+    from keel.common.serf_host import CurveError, curves
+
+    given = {"preset": t.take("serf_host", str, None), "base_ms": t.take("base_ms", float, None),
+             "speedup": t.take("speedup", list[float], None), "interference": t.take("interference", list[float], None)}
+    try:
+        return curves(**given)
+    except CurveError as exc:
+        key = next((k for k in ("speedup", "interference", "base_ms") if k in str(exc)), "serf_host")
+        raise SpecError(f"{t.key(key)}: {exc}") from None
 
 
 def _validated(t: Table, model: str, make: Callable[[], Any]) -> None:
@@ -54,9 +76,10 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
         fail(t.path, "model names must be letters, digits, '_', '.', '-'")
     out: dict[str, Any] = {}
     builtin = out["builtin"] = t.take("builtin", str, None)
-    if builtin not in (None, "noop", "sleep", "kairos"):
-        fail(t.key("builtin"), f'must be "noop", "sleep" or "kairos", got {builtin!r}')
+    if builtin not in (None, "noop", "sleep", "kairos", "serf_host"):
+        fail(t.key("builtin"), f'must be "noop", "sleep", "kairos" or "serf_host", got {builtin!r}')
     out.update(read_kairos(t, builtin))
+    host = read_serf_host(t, builtin)
     if builtin and t.has("store_name"):
         fail(t.key("store_name"), "a builtin model has no store_name; give one or the other")
     out["store_name"] = t.take("store_name", str, None if builtin else model)
@@ -69,7 +92,7 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
     dtype = t.take("input_dtype", str, None)
     for key in ("fixed_ms", "per_query_ms"):
         out[key] = t.take(key, float, 0.0)
-        if t.has(key) and builtin in ("noop", "kairos"):
+        if t.has(key) and builtin in ("noop", "kairos", "serf_host"):
             fail(t.key(key), f'the builtin "{builtin}" model has no cost to set')
         if out[key] < 0:
             fail(t.key(key), "must be >= 0")
@@ -154,5 +177,7 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
                 fail(t.key(key), f"{value!r} but parity model {pm.name}/{pm.version} was trained for {key} = {trained!r}")
         out["parity_version"] = pm.version
     out["worker_options"] = options("worker", Table(t.take("worker", dict, {}), t.key("worker")))
+    if host is not None:
+        out["worker_options"]["serf_host"] = host  # the workers' emulated curves, as a worker option
     t.finish()
     return out

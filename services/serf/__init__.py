@@ -1,7 +1,8 @@
 """SERF (../shared/papers/001_313fc55731948098.txt): choose each model's parallelism for
 the current load from a queueing model, and switch it live.
 
-Design on Keel (a 2-core machine here):
+Design on Keel (a 2-core machine here; SERF's 8-core testbed host is emulated by the
+``serf_host`` builtin, ``common.serf_host``, where its choice matters):
 
 - A *configuration* is (c, t): up to c requests run at once on a worker, each with t torch
   intra-op threads, c x t <= the cores the model is given ((1,1), (1,2), (2,1) on two

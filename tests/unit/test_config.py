@@ -61,7 +61,7 @@ def test_missing_model_field_is_named():
     ("dispatcher", {"models": {"m": {"k": 1, "parity_model": "p"}}}, "m: k must be 0"),
     ("dispatcher", {"models": {"m": {"k": 2}}}, "m: k > 0 needs parity_model"),
     ("worker", {"role": "leader"}, "role must be deployed or parity, got 'leader'"),
-    ("worker", {"builtin": "gpu"}, "builtin must be noop, sleep or kairos, got 'gpu'"),
+    ("worker", {"builtin": "gpu"}, "builtin must be noop, sleep, kairos or serf_host, got 'gpu'"),
     ("worker", {"slots": 0}, "slots"),
     ("worker", {"max_batch": 0}, "max_batch"),
     ("worker", {"fixed_ms": -1.0}, "fixed_ms"),

@@ -247,7 +247,7 @@ def test_argv_round_trips_through_from_dict():
     (lambda d: d["models"]["m"].update(workers=0), r"^models\.m\.workers: must be >= 1"),
     (lambda d: d["models"]["m"].update(hosts=["x"]), r"^models\.m\.hosts: 'x' is not in \[hosts\]"),
     (lambda d: d["models"]["m"].update(wrokers=2), r"^models\.m\.wrokers: unknown key"),
-    (lambda d: d["models"]["m"].update(builtin="magic"), r"^models\.m\.builtin: must be \"noop\", \"sleep\" or \"kairos\""),
+    (lambda d: d["models"]["m"].update(builtin="magic"), r"^models\.m\.builtin: must be \"noop\", \"sleep\", \"kairos\" or \"serf_host\""),
     (lambda d: d["models"]["m"].update(store_name="x"), r"^models\.m\.store_name: a builtin model has no store_name"),
     (lambda d: d["models"]["m"].update(fixed_ms=3), r"^models\.m\.fixed_ms: the builtin \"noop\" model has no cost"),
     (lambda d: d["models"]["m"].update(input_shape=[0]), r"^models\.m\.input_shape: must be positive"),

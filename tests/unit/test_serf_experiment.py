@@ -1,0 +1,74 @@
+"""The SERF experiment's own arithmetic (bench/serf_experiment.py, bench/serf_step.py): a
+point's standard error by batch means, the candidate configurations on the emulated
+8-core host, and the step load's longer low phases."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from keel.bench.serf_experiment import batch_means_se, candidates
+from keel.bench.serf_step import oracle_mean, phase_means, step_offsets, switch_times
+from keel.common.serf_host import PRESETS, SerfHost
+from keel.services.serf.profile import Profile, tuples
+
+
+def test_batch_means_see_the_correlation_a_queue_puts_in_its_latencies():
+    rng = np.random.default_rng(3)
+    independent = rng.normal(100.0, 10.0, 1000)
+    # independent values: batch means agree with sigma / sqrt(n) (within their own noise)
+    assert batch_means_se(independent) == pytest.approx(10.0 / math.sqrt(1000), rel=0.5)
+    # a slow drift (as a queue's waits): the plain formula sees the same spread, batch means far more
+    drifting = independent + 30.0 * np.sin(np.linspace(0, 3 * np.pi, 1000))
+    assert batch_means_se(drifting) > 3 * np.std(drifting) / math.sqrt(1000)
+    assert batch_means_se([1.0, 2.0, 3.0]) == float("inf")  # too few to say
+
+
+def _host_profile(preset: str) -> Profile:
+    host = SerfHost(**PRESETS[preset])
+    return Profile("m", "1", 8, {(i, t): host.service_ms(t, i) for i, t in tuples(8)}, path_ms=3.0,
+                   handoff_ms={c: 2.0 for c in range(1, 9)})
+
+
+def test_the_candidates_are_the_tables_picks_and_the_extremes():
+    small = candidates(_host_profile("small"))
+    assert (1, 8) in small and (8, 1) in small and len(small) <= 6
+    assert any(c * t == 8 and 1 < c < 8 for c, t in small)  # a middle configuration is best somewhere
+    large = candidates(_host_profile("large"))
+    assert (2, 4) in large  # the interfering model's heavy-load pick (SERF Fig. 12)
+    two = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
+    assert candidates(two) == two.configurations()  # on 2 cores: all three
+
+
+def test_the_step_loads_low_phases_last_longer_and_every_figure_follows_them():
+    offsets, starts, lengths = step_offsets(10.0, 100.0, 2.0, seed=1, low_factor=3.0)
+    assert lengths == [6.0, 2.0, 6.0, 2.0] and starts == [0.0, 6.0, 8.0, 14.0]
+    counts = [np.sum((offsets >= s) & (offsets < s + n)) for s, n in zip(starts, lengths)]
+    assert all(40 <= c <= 300 for c in counts), counts  # about 60, 200, 60, 200 requests
+    series = [[float(t), 10.0 if t < 6 or 8 <= t < 14 else 50.0] for t in np.arange(0, 16, 0.1)]
+
+    class R:
+        def __init__(self, t, ms):
+            self.sent, self.latency_ms = t, ms
+
+    assert phase_means([R(t, ms) for t, ms in series], starts, lengths) == pytest.approx([10.0, 50.0, 10.0, 50.0])
+    mean, picks = oracle_mean({"a": {"phases_ms": [10.0, 50.0, 10.0, 50.0], "series": series}}, starts, lengths)
+    assert picks == ["a"] * 4
+    # a switch 0.5 s after each step, in phases of unequal length
+    seen = [(0.0, "1x8", None), (6.5, "4x2", None), (8.5, "1x8", None), (14.5, "4x2", None)]
+    assert switch_times(seen, 0.0, starts, lengths) == [0.5, 0.5, 0.5]
+
+
+def test_a_real_models_drift_is_how_far_its_second_profile_moves_eq13_at_the_points():
+    from keel.bench.serf_experiment import drift_error
+
+    a = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0})
+    same = Profile("m", "1", 2, dict(a.service_ms))
+    slower = Profile("m", "1", 2, {k: 1.1 * v for k, v in a.service_ms.items()})
+    points = [{"config": [1, 1], "rate": 5.0}, {"config": [2, 1], "rate": 60.0}]
+    assert drift_error(points, a, same) == 0.0
+    moved = drift_error(points, a, slower)
+    assert 0.1 < moved < 1.0  # 10% slower service, more than 10% longer latency under load
+    # a point the second profile finds unstable counts as a 100% move
+    assert drift_error([{"config": [1, 1], "rate": 49.0}], a, slower) == 1.0
