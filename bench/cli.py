@@ -63,8 +63,10 @@ EXPERIMENTS: dict[str, Command] = {
                              "from its traces", None),
     "selection": Command("keel.bench.selection_experiment", "Clipper §5 model selection replayed offline: Fig. 8, "
                          "ensemble, contexts", "fewer context and live queries (under 5 minutes)"),
-    "serf": Command("keel.bench.serf_experiment", "SERF: profile, predict and switch parallelism as the load moves"),
-    "serf-drift": Command("keel.bench.serf_drift", "SERF: how far a model's profile moves from one window to the next"),
+    "serf": Command("keel.bench.serf_experiment", "SERF on an emulated 8-core host: profile, predicted vs measured "
+                    "latency, best pick, step load", "one short chunk per point, short phases (under 5 minutes)"),
+    "serf-drift": Command("keel.bench.serf_drift", "SERF: how steady a model's service time is here, and how far that "
+                          "alone moves Eq. 13's predictions", None),
 }
 
 
@@ -130,14 +132,7 @@ def _register(subparsers: Any, commands: dict[str, Command], argv: Sequence[str]
     which = subparsers.add_subparsers(dest=dest, required=True, metavar=dest.upper())
     chosen = argv[1] if len(argv) > 1 else None
     for name, command in commands.items():
-        if name == chosen and name in _OWN_PARSER:
-            importlib.import_module(command.module).add_parser(which)
-            continue
         _add(which, name, command, options=name == chosen)
-
-
-#: experiments that still add their own parser and write their own report (moving to the registry)
-_OWN_PARSER = {"serf", "serf-drift"}
 
 
 def add_bench(subparsers: Any, argv: Sequence[str] = ()) -> None:

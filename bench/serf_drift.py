@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common.loadgen import figures_table, write_json_and_plot
+from keel.common.loadgen import figures_table
 from keel.common.steal import StealMeter
 
 LOADS = (0.55, 0.85)
@@ -101,8 +101,9 @@ def spread(values: list[float]) -> dict[str, float]:
             "cv": round(float(v.std() / v.mean()), 4)}
 
 
-def run(json_path: str | None, model: str = "resnet18", windows: int = 8, pause: float = 15.0,
-        store: str = "runs/serf/store", log=print) -> dict:
+def drift(model: str = "resnet18", windows: int = 8, pause: float = 15.0, store: str = "runs/serf/store",
+          log=print) -> dict:
+    """The model's service time window after window, outside Keel and profiled; -> the report."""
     t0, meter = time.time(), StealMeter()
     log(f"-- {model} outside Keel: {windows} windows of 30 forwards, one thread, {pause:g} s apart")
     outside = outside_keel(model, windows, pause, log)
@@ -134,9 +135,6 @@ def run(json_path: str | None, model: str = "resnet18", windows: int = 8, pause:
     log(f"(Eq. 13 at 55% / 85% of capacity, one profile against the next: the prediction's move when only the "
         f"minute of profiling changes; steal {out['steal'] or 0:.0%} over the run, {out['steal_max_window']:.0%} at most "
         f"in a window; {out['elapsed_s']} s)")
-    if json_path:
-        png = write_json_and_plot(json_path, out, plot)
-        log(f"wrote {json_path} and {png}")
     return out
 
 
@@ -161,17 +159,20 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cmd(args: argparse.Namespace) -> int:
-    run(args.json, args.model, args.windows, args.pause)
-    return 0
+#: the printed table (keel experiment); the swings are logged as they come
+FIGURES = ("steal", "steal_max_window", "elapsed_s")
 
 
-def add_parser(which: Any) -> None:
-    """Add ``serf-drift`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("serf-drift", help="SERF: how steady a model's service time is here, and how far that "
-                                            "alone moves Eq. 13's predictions")
-    e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
+def run(args: argparse.Namespace, log=print) -> dict:
+    return drift(args.model, args.windows, args.pause, log=log)
+
+
+def passed(report: dict) -> bool:
+    return True  # a measurement of the machine: no verdict
+
+
+def options(e: argparse.ArgumentParser) -> None:
+    """``keel experiment serf-drift``'s own options."""
     e.add_argument("--model", default="resnet18", choices=["resnet18", "widemlp"])
     e.add_argument("--windows", type=int, default=8, help="measurements of each kind (default 8)")
     e.add_argument("--pause", type=float, default=15.0, help="seconds between them (default 15)")
-    e.set_defaults(func=cmd)

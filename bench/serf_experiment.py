@@ -50,7 +50,7 @@ import numpy as np
 
 from keel.bench.serf_step import WARMUP, mean_after_warmup, oracle_mean, run_load, step_load  # noqa: F401 (oracle_mean: tests)
 from keel.common.client import Client
-from keel.common.loadgen import figures_table, write_json_and_plot
+from keel.common.loadgen import figures_table
 from keel.common.queueing import latency, utilisation
 from keel.common.spec import load_spec
 from keel.common.steal import StealMeter, least_starved
@@ -336,8 +336,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
     }
 
 
-def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=print,
-        models: list[str] | None = None) -> dict:
+def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: list[str] | None = None) -> dict:
+    """Every model's points, best picks and step load; -> the report (the per-model tables logged)."""
     models = models or list(EMULATED)
     t0 = time.time()
     load_before, meter = os.getloadavg(), StealMeter()
@@ -385,26 +385,18 @@ def run(json_path: str | None, quick: bool, store: str = "runs/serf/store", log=
         "steal": meter.fraction(), "steal_max_point": max((pt["steal"] or 0.0 for m in ms for pt in m["points"]), default=None),
         "elapsed_s": round(time.time() - t0, 1),
     })
-    keys = ["mean_error", "p90_error", "max_error", "max_point_stderr", "best_pick_rate", "profiling_s",
-            "exhaustive_over_profiling", "exhaustive_stable_over_profiling", "adaptive_over_best_fixed",
-            "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "switch_s", "table_ms"]
     for name, figures in out["per_model"].items():
         log(f"-- {name}")
-        for line in figures_table(figures, [k for k in keys if k in figures] + [
-                "points_capped", "fixed_again_over_first", "inrun_mean_error", "inrun_p90_error", "drift_error",
+        for line in figures_table(figures, [k for k in FIGURES if k in figures] + [
+                "fixed_again_over_first", "inrun_mean_error", "inrun_p90_error", "drift_error",
                 "error_over_drift"], TARGETS):
             log(line)
-    log("-- all emulated models" if len(ms) < len(out["models"]) else "-- all models")
-    for line in figures_table(out, keys + ["points_capped"], TARGETS):
-        log(line)
     for name, figures in (out["real"] or {}).items():
         log(f"-- {name} (real, 2 cores): mean error {figures['mean_error']:.1%}, drift in the same run "
             f"{figures['drift_error']:.1%}: {figures['error_over_drift']:.2f} x the drift (target <= 1.5)")
-    log(f"(2-core machine shared with other work: load average {out['load_average']}; steal {out['steal'] or 0:.0%} over "
-        f"the run, {out['steal_max_point'] or 0:.0%} at its worst load point; {out['elapsed_s']} s)")
-    if json_path:
-        png = write_json_and_plot(json_path, out, plot)
-        log(f"wrote {json_path} and {png}")
+    log(f"(load average {out['load_average']}; steal {out['steal'] or 0:.0%} over the run, "
+        f"{out['steal_max_point'] or 0:.0%} at its worst load point; {out['elapsed_s']} s)")
+    log("-- all emulated models" if len(ms) < len(out["models"]) else "-- all models")
     return out
 
 
@@ -447,16 +439,21 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cmd(args: argparse.Namespace) -> int:
-    run(args.json, args.quick, models=args.models)
-    return 0
+#: the printed table (keel experiment): every model's figures; the targets are the emulated host's
+FIGURES = ("mean_error", "p90_error", "max_error", "max_point_stderr", "points_capped", "best_pick_rate", "profiling_s",
+           "exhaustive_over_profiling", "exhaustive_stable_over_profiling", "adaptive_over_best_fixed",
+           "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "switch_s", "table_ms")
 
 
-def add_parser(which: Any) -> None:
-    """Add ``serf`` to ``keel experiment``'s subparsers."""
-    e = which.add_parser("serf", help="SERF: profile, predicted vs measured latency, best pick, step load")
-    e.add_argument("--json", help="write the figures here (the plot beside it, .png)")
-    e.add_argument("--quick", action="store_true", help="shorter runs (under 5 minutes)")
+def run(args: argparse.Namespace, log=print) -> dict:
+    return experiment(args.quick, log=log, models=args.models)
+
+
+def passed(report: dict) -> bool:
+    return True  # figures against targets, met or missed; nothing here is lost
+
+
+def options(e: argparse.ArgumentParser) -> None:
+    """``keel experiment serf``'s own options."""
     e.add_argument("--models", nargs="+", choices=list(MODELS),
                    help=f"these models (default: the emulated 8-core host's {', '.join(EMULATED)})")
-    e.set_defaults(func=cmd)
