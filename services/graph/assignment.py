@@ -1,17 +1,19 @@
 """Who is primary, who is backup, and in which epoch: the one seam between an operator
 process and the manager (HAMS §III-A).
 
-Today the assignment is static, from the spec (a stateful operator's primary and backup,
-epoch 1). The Raft manager (a later issue) drives it by calling ``change`` with what its
-log applied; the operator reads ``role`` and ``epoch`` on every batch and every state, so
-a promotion needs no other change here. Messages of another epoch are dropped.
+A process starts with the role and epoch of its spec (a stateful operator's primary and
+backup, epoch 1); the Raft manager's decisions move it (``change``, a newer epoch only).
+The operator reads ``role`` and ``epoch`` on every batch and every state, so a promotion
+needs no other change here. Messages of another epoch are dropped.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 
-class Assignment:
+class EpochRole:
+    """The role this process holds and the epoch it holds it in."""
+
     def __init__(self, role: str, epoch: int = 1):
         self.role, self.epoch = role, epoch
         self.listeners: list[Callable[[str, int], None]] = []

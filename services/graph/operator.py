@@ -79,7 +79,7 @@ from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
-from keel.services.graph.assignment import Assignment
+from keel.services.graph.assignment import EpochRole
 from keel.services.graph.models import GraphBatch
 from keel.services.graph.statemgr import StateManager, header_of, pack, read_checkpoint, unpack, write_checkpoint
 from keel.services.graph.trace import Trace
@@ -113,7 +113,7 @@ class GraphOperator(Service):
         self.spec = self.graph.operators[config.operator]
         self.op = config.operator
         self.mode = MODES[self.graph.mode]
-        self.assignment = Assignment(config.role, config.epoch)
+        self.assignment = EpochRole(config.role, config.epoch)
         self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
         self.serve_status(config.status_endpoint)
         self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)

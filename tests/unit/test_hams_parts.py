@@ -10,14 +10,14 @@ import zmq
 from keel.common import protocol
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.services.graph.assignment import Assignment
+from keel.services.graph.assignment import EpochRole
 from keel.common.spec.graph import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
 
 
 def test_assignment_changes_only_to_a_newer_epoch():
-    a, seen = Assignment("backup", 1), []
+    a, seen = EpochRole("backup", 1), []
     a.listeners.append(lambda role, epoch: seen.append((role, epoch)))
     a.change("primary", 1)
     a.change("primary", 2)

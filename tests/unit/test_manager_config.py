@@ -52,7 +52,7 @@ def test_keel_manager_and_bench_manager_are_commands():
 
     args = parse_args(["manager", "transfer", "--endpoints", "tcp://127.0.0.1:1", "--to", "127.0.0.1:2"])
     assert (args.manager_command, args.to) == ("transfer", "127.0.0.1:2")
-    assert parse_args(["bench", "manager", "--quick", "--json", "x.json"]).what == "manager"
+    assert parse_args(["bench", "manager", "--quick", "--json", "x.json"]).benchmark == "manager"
     with pytest.raises(SystemExit):
         parse_args(["manager", "show"])  # needs --endpoints or --spec
 
