@@ -272,3 +272,38 @@ def test_graph(module_launcher):
         assert result.as_numpy("output").shape == (3, 2)
     finally:
         client.close()
+
+
+def test_a_full_frontend_is_resource_exhausted_and_the_gateway_keeps_serving(module_launcher):
+    """The frontend's admission limit (``overloaded``) comes back as RESOURCE_EXHAUSTED; the
+    requests admitted are answered, and the gateway serves the next ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    run = module_launcher("gwgrpcfull")
+    port = free_port()
+    spec = load_spec({
+        "cluster": {"name": "gwgrpcfull", "base_port": free_port_block(), "run_dir": str(run.log_dir)},
+        "gateway": {"http_port": free_port(), "grpc_port": port},
+        "frontend": {"cache_size": 0, "admission_limit": 2},
+        "models": {"slow": {"builtin": "sleep", "fixed_ms": 800.0, "max_batch": 1, "input_shape": [DIM],
+                            "output_size": OUT, "deadline_ms": 5000, "workers": 1}},
+    })
+    run.start_spec(spec)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    x = np.ones((1, DIM), np.float32)
+
+    def call(i: int) -> str:
+        try:
+            infer(client, x + i, model="slow")
+            return "OK"
+        except InferenceServerException as exc:
+            return exc.status()
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(call, range(8)))
+        assert "StatusCode.RESOURCE_EXHAUSTED" in codes and "OK" in codes, codes
+        assert set(codes) <= {"OK", "StatusCode.RESOURCE_EXHAUSTED"}, codes
+        assert infer(client, x, model="slow").as_numpy("output").shape == (1, OUT)
+    finally:
+        client.close()
