@@ -12,7 +12,8 @@ table, write the JSON, draw the plot beside it. A module provides:
 - ``FIGURES`` (keys of the report for the printed table) and ``TARGETS`` (key -> target
   text such as "<= 300"), module constants;
 - optionally ``options(parser)`` (its own options), ``plot(report, png)`` (the plot written
-  beside the JSON) and ``passed(report) -> bool`` (the exit code; default: nothing lost).
+  beside the JSON), ``passed(report) -> bool`` (the exit code; default: nothing lost) and
+  ``report_name(args)`` (the default JSON's name, for a command with modes of its own).
 
 This module imports nothing heavy: a module is imported only when its command runs.
 
@@ -75,10 +76,13 @@ def _needs_extra() -> None:
         raise SystemExit("keel: benchmarks and experiments need the bench extra: pip install 'keel[bench]'")
 
 
-def json_path(name: str, args: argparse.Namespace) -> Path:
-    """Where a command's report goes: ``--json``, else ``runs/NAME[-quick].json``."""
+def json_path(name: str, args: argparse.Namespace, module: Any = None) -> Path:
+    """Where a command's report goes: ``--json``, else ``runs/NAME[-quick].json`` (NAME as
+    the module's ``report_name(args)`` says, for a command with modes of its own)."""
     if args.json:
         return Path(args.json)
+    report_name = getattr(module, "report_name", None)
+    name = report_name(args) if report_name is not None else name
     return Path(f"runs/{name}{'-quick' if getattr(args, 'quick', False) else ''}.json")
 
 
@@ -106,7 +110,7 @@ def _command(name: str, command: Command):
         _needs_extra()
         module = importlib.import_module(command.module)
         log = lambda s: print(s, flush=True)  # noqa: E731
-        path = json_path(name, args)
+        path = json_path(name, args, module)
         report = module.run(args, log)
         if isinstance(report, int):  # a mode of the command that reports by itself (e.g. a breakdown)
             return report

@@ -382,6 +382,11 @@ def run_live_cmd(args: argparse.Namespace, log: Callable[[str], None]) -> dict:
     return out
 
 
+def report_name(args: argparse.Namespace) -> str:
+    """``--live`` writes its own report (runs/kairos-live.json), beside the simulation's."""
+    return "kairos-live" if args.live else "kairos"
+
+
 def plot(out: dict, path: Path) -> None:
     """The simulation's bars and CDFs, or (``--live``) the live run's CDFs."""
     if out.get("mode") == "live":

@@ -23,6 +23,10 @@ def test_every_command_takes_json_and_its_quick_form():
     args = parse_args(["experiment", "kairos", "--quick", "--live", "--scale", "2"])
     assert (args.quick, args.live, args.scale, args.json) == (True, True, 2.0, None)
     assert str(json_path("kairos", args)) == "runs/kairos-quick.json"
+    from keel.bench import kairos_experiment
+
+    assert str(json_path("kairos", args, kairos_experiment)) == "runs/kairos-live-quick.json"  # its own report
+    assert str(json_path("kairos", parse_args(["experiment", "kairos"]), kairos_experiment)) == "runs/kairos.json"
     with pytest.raises(SystemExit):
         parse_args(["experiment", "hams-timeline", "--quick"])  # it has no quick form
     assert parse_args(["bench", "core", "--json", "x.json"]).json == "x.json"
