@@ -67,18 +67,14 @@ from keel.common.client import AsyncClient
 from keel.common.config import GatewayConfig
 from keel.common.inputs import DATATYPES, OIP_OF
 from keel.common.metrics import Metrics
-from keel.services.inference import Inference, InferError
+from keel.services.inference import Inference, InferError, call_parameters
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-#: the longest deadline a request may name (ms): a day; a longer one is a mistake, not a wish
-MAX_TIMEOUT_MS = 86_400_000.0
 #: paths a load balancer probes without a token
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
-#: the longest key a request may name (characters)
-MAX_KEY = 200
 
 __all__ = ["Gateway", "GatewayError", "InferError"]  # InferError lives in services.inference
 
@@ -168,30 +164,6 @@ def read_input(header: dict, binary: bytes, target: dict) -> np.ndarray:
         if x.size != count:
             raise InferError(400, f"{what}: {x.size} values do not fill shape {shape}")
     return x.reshape(shape)
-
-
-def deadline_ms(header: dict) -> float | None:
-    """The request's deadline (ms): ``timeout`` (us, tritonclient) or ``timeout_ms``."""
-    params = _object(header.get("parameters"), "parameters")
-    for key, scale in (("timeout_ms", 1.0), ("timeout", 1e-3)):
-        value = params.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise InferError(400, f"parameters.{key} must be a number > 0, got {_short(value)}")
-            ms = float(value) * scale
-            if ms > MAX_TIMEOUT_MS:
-                raise InferError(400, f"parameters.{key} {value} is more than a day")
-            return ms
-    return None
-
-
-def request_key(header: dict) -> str | None:
-    """The request's ``key`` parameter (an application's context, a graph's stream), or None."""
-    key = _object(header.get("parameters"), "parameters").get("key")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
-        raise InferError(400, f"parameters.key must be a non-empty string of at most {MAX_KEY} characters, "
-                              f"got {_short(key)}")
-    return key
 
 
 def wants_binary(header: dict) -> bool:
@@ -350,7 +322,7 @@ class Gateway:
         if self.cfg.grpc_port is not None:
             # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
             from keel.services.gateway_grpc import GrpcServer
-            self.grpc = GrpcServer(self, VERSION, lambda header: (request_key(header), deadline_ms(header)))
+            self.grpc = GrpcServer(self, VERSION)
             try:
                 self.grpc_port = await self.grpc.start()
             except OSError as exc:  # a port in use, an unreadable TLS file: the gateway cannot start as configured
@@ -477,7 +449,8 @@ class Gateway:
         name, target, pinned = await self._infer_target(request)
         header, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         x = read_input(header, binary, target)
-        timeout, key, binary_output = deadline_ms(header), request_key(header), wants_binary(header)
+        key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
+        binary_output = wants_binary(header)
         rid = header.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
             raise InferError(400, "id must be a non-empty string of at most 200 characters")

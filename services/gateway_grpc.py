@@ -41,14 +41,14 @@ gateway may import this one.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
 
 from keel.common import inputs
 from keel.common.protocol import ErrorCode
-from keel.services.inference import Inference, InferError
+from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import grpc_predict_v2_pb2 as pb
 from keel.services.oip import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -57,10 +57,6 @@ SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = (f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady")
 #: how long in-flight calls have to finish when the gateway stops (s)
 STOP_GRACE_S = 2.0
-
-#: the request parameter rules of the HTTP gateway: (key, deadline in ms) of a header
-#: holding ``parameters`` (``services.gateway.request_key`` and ``deadline_ms``)
-Options = Callable[[dict], tuple[str | None, float | None]]
 
 #: the HTTP gateway's status -> gRPC status code
 CODE_OF = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -127,10 +123,9 @@ def read_input(request: pb.ModelInferRequest) -> np.ndarray:
         raise InferError(400, str(exc)) from None
 
 
-def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext,
-                    options: Options) -> dict[str, Any]:
+def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> dict[str, Any]:
     """``Inference.infer``'s keywords from the request: key, version, deadline, id."""
-    key, timeout = options({"parameters": parameters(request.parameters)})  # read as the HTTP gateway's JSON
+    key, timeout = call_parameters(parameters(request.parameters))  # the same rules as over HTTP
     left = context.time_remaining()  # the caller's own deadline (tritonclient's client_timeout)
     if timeout is None and left is not None:
         timeout = max(left * 1000.0, 1.0)
@@ -150,12 +145,11 @@ def tensor_metadata(name: str, datatype: str, shape: list[int]) -> pb.ModelMetad
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     """The six OIP v2 methods Keel serves, on one ``Inference`` (see the module docstring)."""
 
-    def __init__(self, gateway: Any, version: str, options: Options, m_requests: Any):
+    def __init__(self, gateway: Any, version: str, m_requests: Any):
         self.inference: Inference = gateway.inference
         self.log = gateway.log
         self.counts = gateway.counts  # the gateway's: its status counts both transports' requests
         self.version = version
-        self.options = options
         self.m_requests = m_requests
 
     async def _answer(self, context: grpc.aio.ServicerContext, work: Any, method: str) -> Any:
@@ -218,7 +212,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         x = read_input(request)
-        options = request_options(request, context, self.options)
+        options = request_options(request, context)
         out, results = await self.inference.infer(request.model_name, x, **options)
         response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
         version = results[0].version if results else options["version"]
@@ -263,15 +257,15 @@ def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
 class GrpcServer:
     """The gRPC server of a gateway (``services.gateway.Gateway``, started: its ``cfg``,
     ``inference``, ``tokens``, ``log``, ``counts``, ``metrics``), with the gateway's
-    ``version`` and request parameter rules (``options``). ``start()`` binds
+    ``version``. ``start()`` binds
     ``http_host:grpc_port`` in the running loop and returns the port bound (``OSError``
     when it cannot); ``stop()`` lets in-flight calls finish."""
 
-    def __init__(self, gateway: Any, version: str, options: Options):
+    def __init__(self, gateway: Any, version: str):
         self.cfg = gateway.cfg
         m_requests = gateway.metrics.counter("grpc_requests_total", "gRPC infer requests answered, by status code",
                                              ["code"])
-        self.servicer = Servicer(gateway, version, options, m_requests)
+        self.servicer = Servicer(gateway, version, m_requests)
         tokens = gateway.tokens
         self.interceptors = [BearerTokens(tokens, gateway.counts)] if tokens is not None else []
         self.server: grpc.aio.Server | None = None

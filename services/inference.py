@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 
 import numpy as np
@@ -42,6 +43,10 @@ STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode
 #: how long the frontends' targets are kept for inference (s): a status round trip per
 #: request would double the cost of a small one
 TARGETS_TTL_S = 1.0
+#: the longest deadline a request may name (ms): a day; a longer one is a mistake, not a wish
+MAX_TIMEOUT_MS = 86_400_000.0
+#: the longest key a request may name (characters)
+MAX_KEY = 200
 #: how long each frontend has to answer a status (s)
 STATUS_TIMEOUT_S = 0.5
 
@@ -63,6 +68,26 @@ def version_order(version: str) -> tuple:
 
 def not_served(name: str, version: str, versions: list[str]) -> str:
     return f"model {name!r} version {version[:40]} is not served; its workers serve version(s) {', '.join(versions)}"
+
+
+def call_parameters(params: dict) -> tuple[str | None, float | None]:
+    """(key, deadline in ms) of a request's OIP ``parameters``, whichever transport it came
+    by: ``key`` (an application's context, a graph's stream), ``timeout_ms`` or ``timeout``
+    (us, tritonclient's). A malformed one is a 400 ``InferError``."""
+    key = params.get("key")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
+        raise InferError(400, f"parameters.key must be a non-empty string of at most {MAX_KEY} characters, "
+                              f"got {inputs.short(key)}")
+    for name, scale in (("timeout_ms", 1.0), ("timeout", 1e-3)):
+        value = params.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InferError(400, f"parameters.{name} must be a number > 0, got {inputs.short(value)}")
+            ms = float(value) * scale
+            if ms > MAX_TIMEOUT_MS:
+                raise InferError(400, f"parameters.{name} {value} is more than a day")
+            return key, ms
+    return key, None
 
 
 class Inference:
