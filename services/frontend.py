@@ -51,7 +51,6 @@ operator's, and comes on the prediction endpoint, Keel's side of the frontend.
 """
 from __future__ import annotations
 
-import heapq
 import socket
 import time
 import zlib
@@ -70,7 +69,7 @@ from keel.common.protocol import (
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.graph.route import GraphRoute
-from keel.services.requests import DedupTable, Request, State
+from keel.services.requests import Deadlines, DedupTable, Request, State
 from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
@@ -129,7 +128,7 @@ class Frontend(Service):
         self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
         self.by_key: dict[bytes, Pending] = {}
         self.dedup = DedupTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
-        self.deadlines: list[tuple[float, int]] = []
+        self.deadlines = Deadlines()
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
@@ -143,6 +142,7 @@ class Frontend(Service):
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source and target",
                                                ["source", "target", "kind"])
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source", "target", "kind"])
+        self.meters: dict[tuple[str, str, str], tuple] = {}  # (source, target, kind) -> (counter, histogram)
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_refused = self.metrics.counter("client_messages_refused_total",
                                               "messages of a kind clients may not send, refused", ["kind"])
@@ -295,7 +295,7 @@ class Frontend(Service):
         for qid, model in zip(qids, models):
             self.pending[qid] = pending
             self.outbox[model].append((qid, deadline, x))
-            heapq.heappush(self.deadlines, (deadline, qid))  # fan-out: the first still open expires it
+            self.deadlines.push(deadline, qid)
         self.by_request[dkey] = (pending, digest)
         if cache_key is not None:
             self.by_key[cache_key] = pending
@@ -522,6 +522,7 @@ class Frontend(Service):
         now = time.perf_counter()
         remember = code is None
         kind = self._kind(model) or ""
+        count, latencies = self._meters(source, model if kind else "", kind)
         for request in requests:
             frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
                                            version=version, error=error, error_code=code, models=models,
@@ -534,11 +535,22 @@ class Frontend(Service):
             self._send(request.envelope, frames)
             latency = now - request.start
             self.counts[str(source)] += 1
-            self.m_requests.labels(source=source, target=model if kind else "", kind=kind).inc()
-            self.m_latency.labels(source=source, target=model if kind else "", kind=kind).observe(latency)
+            count.inc()
+            latencies.observe(latency)
             if self.cfg.log_requests:
                 self.log.info("request", request_id=request.request_id, model=model, kind=kind, source=source,
                               latency_ms=round(latency * 1000, 3), error=code, **({"degraded": True} if degraded else {}))
+
+    def _meters(self, source: str, target: str, kind: str) -> tuple:
+        """The request counter and latency histogram of (source, target, kind), made once
+        each: ``labels()`` takes a lock and builds its key on every call, and this is the
+        path of every reply. Bounded: targets are the served names, or "" for the rest."""
+        meters = self.meters.get((source, target, kind))
+        if meters is None:
+            meters = self.meters[(source, target, kind)] = (
+                self.m_requests.labels(source=source, target=target, kind=kind),
+                self.m_latency.labels(source=source, target=target, kind=kind))
+        return meters
 
     def _answer_graph(self, requests: list[Request], source: str, graph: str, output: np.ndarray | None,
                       error: str | None, code: str | None, degraded: bool | None) -> None:
@@ -560,22 +572,18 @@ class Frontend(Service):
 
     def _expire(self, now: float) -> None:
         """Clipper's SLO behaviour: at its deadline a query gets the model's default output."""
-        while self.deadlines and self.deadlines[0][0] <= now:
-            _, qid = heapq.heappop(self.deadlines)
+        for qid in self.deadlines.due(now):
             pending = self.pending.pop(qid, None)
             if pending is None:
-                continue
+                continue  # answered already
             self._settle(pending)
             if pending.call is not None:
                 self._answer_app(pending)
             else:
                 self._default(pending)
-        # Heap entries of answered queries are dropped lazily; keep the heap from growing.
-        if len(self.deadlines) > 4 * len(self.pending) + 1024:
-            self.deadlines = [(d, q) for d, q in self.deadlines if q in self.pending]
-            heapq.heapify(self.deadlines)
-        if self.deadlines:
-            self.deadline.at(self.deadlines[0][0])
+        following = self.deadlines.settle(self.pending)
+        if following is not None:
+            self.deadline.at(following)
 
     def _default(self, pending: Pending) -> None:
         info = self.cfg.models[pending.model]

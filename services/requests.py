@@ -28,8 +28,10 @@ services.requests.LifecycleError: request 'r1': answered -> answered is not a tr
 """
 from __future__ import annotations
 
+import heapq
 import struct
 from collections import deque
+from collections.abc import Container, Iterator
 from enum import IntEnum
 
 
@@ -218,3 +220,35 @@ class DedupTable:
 def _hash(key: tuple) -> int:
     """64 bits of (identity, request id): Python's keyed hash of the pair (per process)."""
     return hash((bytes(key[0]), key[1]))
+
+
+class Deadlines:
+    """When requests (or queries) time out: a heap of (deadline, id) whose answered ids are
+    dropped lazily -- answering one costs nothing here; ``due`` pops what is due and the
+    caller skips ids no longer live; ``settle`` keeps the heap from outgrowing what is live."""
+
+    __slots__ = ("heap",)
+
+    def __init__(self):
+        self.heap: list[tuple[float, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def push(self, deadline: float, ident: int) -> None:
+        heapq.heappush(self.heap, (deadline, ident))
+
+    def due(self, now: float) -> Iterator[int]:
+        """The ids whose deadline is at or before ``now``, popped (live or not)."""
+        while self.heap and self.heap[0][0] <= now:
+            yield heapq.heappop(self.heap)[1]
+
+    def settle(self, live: Container[int] | dict) -> float | None:
+        """Drop the entries of answered ids once they outnumber the ``live`` ones four to one
+        (all of them when none is live); -> the next deadline, or None."""
+        if not live:
+            self.heap.clear()
+        elif len(self.heap) > 4 * len(live) + 1024:
+            self.heap = [(d, i) for d, i in self.heap if i in live]
+            heapq.heapify(self.heap)
+        return self.heap[0][0] if self.heap else None

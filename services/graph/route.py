@@ -43,7 +43,6 @@ Example
 from __future__ import annotations
 
 import hashlib
-import heapq
 import time
 from dataclasses import dataclass, field
 from math import prod
@@ -61,7 +60,7 @@ from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.modes import MODES
 from keel.services.graph.lineage import ReleaseGate, join
 from keel.services.graph.trace import Trace
-from keel.services.requests import Request, State
+from keel.services.requests import Deadlines, Request, State
 
 #: how often GC notices go out and the trace is flushed (s)
 CHORES_S = 0.05
@@ -128,7 +127,7 @@ class GraphRoute:
         self.gate = ReleaseGate(self.graph.stateful if MODES[self.graph.mode].ships_state else ())
         self.ids = origin_space(config.lane, config.lanes)
         self.calls: dict[int, GraphCall] = {}  # origin -> request in the graph, until answered
-        self.timeouts: list[tuple[float, int]] = []  # (deadline, origin), answered ones dropped lazily
+        self.timeouts = Deadlines()  # by origin
         self.expiry = service.timer(self.expire)
         self.expect = self.graph.replies_per_origin
         self.hold_s = 0.0  # total time held replies waited for durability (what NSPB costs a reply)
@@ -153,7 +152,7 @@ class GraphRoute:
         out = GraphRequest(FRONTEND, origin, origin, stream_of(key), [], x, request=request_key, reply_to=self.reply_to)
         call = self.calls[origin] = GraphCall(origin, [request], out, time.monotonic() + self.config.request_timeout_s)
         request.to(State.WAITING)
-        heapq.heappush(self.timeouts, (call.deadline, origin))
+        self.timeouts.push(call.deadline, origin)
         self.expiry.at_latest(call.deadline)
         for op in self.graph.successors(FRONTEND):
             if op not in self.awaiting:
@@ -249,7 +248,7 @@ class GraphRoute:
         self.counts["degraded"] += degraded
         self.answer(call.requests, source, self.name, output, error, code, degraded or None)
         if not self.calls:  # heap entries of answered requests go lazily; none left: all of them
-            self.timeouts.clear()
+            self.timeouts.settle(self.calls)
         self.answered.add(call.origin)
         while self.answered_below in self.answered:
             self.answered.discard(self.answered_below)
@@ -257,18 +256,15 @@ class GraphRoute:
 
     def expire(self, now: float) -> None:
         """Requests with no durable answer by their deadline are answered ``deadline``."""
-        while self.timeouts and self.timeouts[0][0] <= now:
-            _, origin = heapq.heappop(self.timeouts)
+        for origin in self.timeouts.due(now):
             call = self.calls.get(origin)
             if call is not None:
                 state = "held" if call.output is not None else "waiting"
                 self._answer(call, Source.ERROR, None, f"no durable answer from graph {self.name} within "
                              f"{self.config.request_timeout_s} s ({state})", ErrorCode.DEADLINE)
-        if len(self.timeouts) > 4 * len(self.calls) + 1024:  # keep the heap from growing
-            self.timeouts = [(d, o) for d, o in self.timeouts if o in self.calls]
-            heapq.heapify(self.timeouts)
-        if self.timeouts:
-            self.expiry.at(self.timeouts[0][0])
+        following = self.timeouts.settle(self.calls)
+        if following is not None:
+            self.expiry.at(following)
 
     def chores(self, now: float) -> None:
         self.trace.flush()

@@ -235,7 +235,7 @@ def test_a_graph_takes_only_its_own_origins_and_times_out_from_a_heap(harness, z
     h.step(lambda: route.counts["foreign"] == 2)
     reply = h.reply(c)
     assert reply.error_code == ErrorCode.DEADLINE and "graph graph" in reply.error
-    assert route.calls == {} and route.timeouts == []
+    assert route.calls == {} and len(route.timeouts) == 0
 
 
 def test_a_graph_ack_after_a_takeover_resends_the_waiting_requests_in_origin_order(harness, zsock):
@@ -540,3 +540,17 @@ def test_status_lists_every_target_with_what_it_takes(harness):
     assert set(targets) == {"m", "m2", "d"}
     assert targets["m"] == {"kind": "model", "input_shape": [DIM], "input_dtype": "float32", "output_size": OUT,
                             "version": "1", "key": False}
+
+
+def test_deadlines_pop_what_is_due_and_drop_answered_entries():
+    from keel.services.requests import Deadlines
+
+    d = Deadlines()
+    for i in range(5):
+        d.push(float(i), i)
+    assert list(d.due(2.0)) == [0, 1, 2] and len(d) == 2
+    assert d.settle({3: None}) == 3.0 and len(d) == 2  # few answered entries: kept, dropped lazily
+    assert d.settle({}) is None and len(d) == 0  # none live: all go
+    for i in range(2000):
+        d.push(float(i), i)
+    assert d.settle({1999: None}) == 1999.0 and len(d) == 1  # outnumbered four to one: rebuilt
