@@ -11,7 +11,7 @@ from keel.common import protocol, transport
 from keel.common.protocol.messages import Predict
 from keel.common.spec.graph import read_graph
 from keel.services.graph.models import GRU, run_offline
-from tests.support.graphs import ask, gru_chain, start, status
+from tests.support.graphs import ask, gru_chain, interleave_join, start, status
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -88,12 +88,7 @@ def test_fan_out_join_and_stateful_last(launcher, zsock, wait):
 def test_interleaving_join_answers_each_request_once_after_all_its_inputs(launcher, zsock, wait):
     """frontend -> (g1 stateful, m stateless) -> interleaving join j (stateful GRU, last):
     j takes both inputs of every request in arrival order (HAMS S1 non-determinism)."""
-    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
-                                                          ["m", "j"], ["j", "frontend"]],
-             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
-                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
-                           "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
-                                 "join": "interleave"}}}
+    table = interleave_join()
     graph, services, client = start(launcher("interleave"), table)
     rng = np.random.default_rng(6)
     replies = ask(zsock, client, rng.normal(size=(50, 4)), rng.integers(0, 3, size=50))

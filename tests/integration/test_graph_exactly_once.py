@@ -24,7 +24,7 @@ from keel.common.spec.graph import FRONTEND, graph_services, read_graph
 from keel.common.waiting import wait_until
 from keel.deploy.local import free_port_block
 from keel.services.graph.models import run_offline
-from tests.support.graphs import status
+from tests.support.graphs import interleave_join, start, status
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -83,20 +83,25 @@ def by_key(frontends) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def test_every_retry_is_answered_with_the_first_output_and_applied_once(launcher, zsock, wait):
-    table = gru_chain(max_batch=4)
-    graph = read_graph(table)
-    a, b = FakeFrontend(zsock, 7), FakeFrontend(zsock, 9)
+def start_operators(run, graph, a: FakeFrontend, b: FakeFrontend, roles: tuple[str, ...]) -> dict:
+    """The graph's operator processes of ``roles``, sending to the test's two frontends
+    (``a`` the first), started by ``run`` and answering; -> by name."""
     services, _ = graph_services(graph, free_port_block(64))
     ops = [dataclasses.replace(s, config=dataclasses.replace(s.config, peers={**s.config.peers, FRONTEND: a.endpoint},
                                                              frontends=[a.endpoint, b.endpoint]))
-           for s in services if s.role == "graph_operator" and s.config.role in ("primary", "backup")]
-    run = launcher("exactly-once")
+           for s in services if s.role == "graph_operator" and s.config.role in roles]
     for svc in ops:
         run.start(svc)
     for svc in ops:
         run.wait_status(svc.config.status_endpoint)
-    by_name = {s.name: s for s in ops}
+    return {s.name: s for s in ops}
+
+
+def test_every_retry_is_answered_with_the_first_output_and_applied_once(launcher, zsock, wait):
+    table = gru_chain(max_batch=4)
+    graph = read_graph(table)
+    a, b = FakeFrontend(zsock, 7), FakeFrontend(zsock, 9)
+    by_name = start_operators(launcher("exactly-once"), graph, a, b, ("primary", "backup"))
     g1 = by_name["op-g1"].config.endpoint
     a.connect(zsock, g1)
     b.connect(zsock, g1)
@@ -213,16 +218,7 @@ def test_stateless_operators_and_a_join_carry_the_request_key_to_the_stateful_jo
                            "j": {"kind": "gru", "input_shape": [5], "output_shape": [2], "max_batch": 4}}}
     graph = read_graph(table)
     a, b = FakeFrontend(zsock, 3), FakeFrontend(zsock, 4)
-    services, _ = graph_services(graph, free_port_block(64))
-    ops = [dataclasses.replace(s, config=dataclasses.replace(s.config, peers={**s.config.peers, FRONTEND: a.endpoint},
-                                                             frontends=[a.endpoint, b.endpoint]))
-           for s in services if s.role == "graph_operator" and s.config.role != "standby"]
-    run = launcher("exactly-once-join")
-    for svc in ops:
-        run.start(svc)
-    for svc in ops:
-        run.wait_status(svc.config.status_endpoint)
-    by_name = {s.name: s for s in ops}
+    by_name = start_operators(launcher("exactly-once-join"), graph, a, b, ("primary", "backup", "stateless"))
     for f in (a, b):
         f.connect(zsock, by_name["op-g1"].config.endpoint, by_name["op-m"].config.endpoint)
     rng = np.random.default_rng(5)
@@ -252,7 +248,6 @@ def test_a_clients_retry_through_the_graph_frontend_is_answered_and_applied_once
     retry anew), the GRUs answer them from their tables: the same reply each time, and the
     states move once per request."""
     from keel.common.protocol.messages import Predict
-    from tests.support.graphs import start
 
     run = launcher("exactly-once-e2e")
     graph, services, client = start(run, gru_chain(max_batch=4))
@@ -297,14 +292,8 @@ def test_behind_an_interleaving_join_each_input_of_a_request_is_applied_once(lau
     and a client's retry of every request through a restarted frontend is answered from the
     table, applying nothing."""
     from keel.common.protocol.messages import Predict
-    from tests.support.graphs import start
 
-    table = {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
-                                                          ["m", "j"], ["j", "frontend"]],
-             "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
-                           "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
-                           "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
-                                 "join": "interleave"}}}
+    table = interleave_join()
     run = launcher("exactly-once-interleave")
     graph, services, client = start(run, table)
     by_name = {s.name: s for s in services}

@@ -20,6 +20,16 @@ def gru_chain(mode="nspb", max_batch=8):
                           "g2": {"kind": "gru", "input_shape": [6], "output_shape": [3], "max_batch": max_batch}}}
 
 
+def interleave_join():
+    """frontend -> (g1 stateful, m stateless) -> j, an interleaving join (a stateful GRU, last)."""
+    return {"mode": "nspb", "input_shape": [4], "edges": [["frontend", "g1"], ["frontend", "m"], ["g1", "j"],
+                                                          ["m", "j"], ["j", "frontend"]],
+            "operators": {"g1": {"kind": "gru", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                          "m": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                          "j": {"kind": "gru", "input_shape": [3], "output_shape": [2], "max_batch": 4,
+                                "join": "interleave"}}}
+
+
 def start(launcher, table):
     """The graph's processes started by ``launcher`` and answering; -> (graph, services, client endpoint)."""
     graph = read_graph(table)
