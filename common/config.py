@@ -298,6 +298,9 @@ class WorkerConfig:
     role: str = "deployed"
     store: str = "store"
     store_name: str | None = None
+    #: store services (``services.store``) this worker fetches its version from when its
+    #: own store lacks it, verified by sha256 before it registers; [] = the local store only
+    store_endpoints: list[str] = field(default_factory=list)
     #: a model that is not in the store: "noop" (zeros) or "sleep" (fixed + per-query cost)
     builtin: str | None = None
     builtin_input_shape: list[int] = field(default_factory=lambda: [64])
@@ -415,6 +418,26 @@ class DecoderConfig:
                f"must be shorter than group_ttl_s ({self.group_ttl_s:g} s)")
         _check(self.max_open_groups >= 1, "max_open_groups", "must be >= 1")
 
+
+
+@dataclass
+class StoreConfig:
+    """The store service (``services.store``): serves the versions of its host's model
+    store by content to workers on hosts that lack them, and takes published ones."""
+
+    name: str = "store"
+    #: ROUTER for manifest, file and publish requests (``common.protocol.store``)
+    endpoint: str = "tcp://127.0.0.1:7400"
+    #: the model store folder this service serves (and publishes into)
+    store: str = "store"
+    #: bytes of a file one answer carries at most (a request names offset and length)
+    max_chunk_bytes: int = 1 << 20
+    #: ROUTER answering Status requests; None = none
+    status_endpoint: str | None = None
+    metrics_port: int | None = None
+
+    def validate(self) -> None:
+        _check(1024 <= self.max_chunk_bytes <= 32 << 20, "max_chunk_bytes", "must be in 1 KiB..32 MiB")
 
 
 @dataclass

@@ -95,6 +95,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def version_files(manifest: Manifest) -> dict[str, str]:
+    """A version's files besides its manifest -> the sha256 the manifest gives for each:
+    what a copy of the version must hold (``common.modelfetch``, ``services.store``)."""
+    files = {}
+    if manifest.weights:
+        files[manifest.weights] = manifest.sha256
+    if manifest.container_sha256:
+        files["container.py"] = manifest.container_sha256
+    return files
+
+
 #: formats ``ModelStore.add`` takes, and the artifact name each is stored under
 FORMATS = {"torchscript": "model.pt", "export": "model.pt2", "python": "artifact"}
 

@@ -75,7 +75,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          spec_sets=frozenset(_COMMON_SET | {"status_endpoint",
              "model", "version", "role", "store", "store_name", "builtin", "builtin_input_shape",
              "builtin_output_size", "fixed_ms", "per_query_ms", "dispatcher_worker_endpoint", "decoder_endpoint",
-             "max_batch"}),
+             "max_batch", "store_endpoints"}),
          priority=400),
     Role("encoder", cfg.EncoderConfig, "keel.services.encoder:Encoder",
          binds=("batch_endpoint", "status_endpoint"), status="status_endpoint",
@@ -101,6 +101,10 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "operator", "role", "epoch", "graph", "peers",
                                             "frontends"}),
          priority=350),
+    # models by content across hosts: serves the host's store to workers that lack a version
+    Role("store", cfg.StoreConfig, "keel.services.store:StoreService",
+         binds=("endpoint", "status_endpoint"), status="status_endpoint",
+         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "store"}), priority=20),
 )}
 
 

@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from keel.common.containers import DeviceError
 
+    if args.role == "worker" and cfg.store_endpoints and cfg.builtin is None:
+        from keel.common import logs
+        from keel.common.modelfetch import StoreUnreachable, fetch_for_worker
+        from keel.services import base
+
+        try:  # the version first, from the store service, checked; the worker registers only after
+            fetch_for_worker(cfg, logs.setup(cfg.name).info, stop=lambda: base._early_signals > 0)
+        except StoreUnreachable:  # stopped while waiting: nothing was started
+            return 0
     try:
         service = build(args.role, cfg)
         service.run()

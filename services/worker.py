@@ -219,6 +219,10 @@ class Worker(Service):
         # Out of the dispatcher's rotation while loading: what it held goes to other workers.
         transport.try_send(self.dealer, Leave(worker=self.name))
         try:
+            if self.cfg.store_endpoints:  # across hosts: the version is fetched (and checked) before the switch
+                from keel.common.modelfetch import fetch_for_worker
+
+                fetch_for_worker(dataclasses.replace(self.cfg, version=version), self.log.info, deadline_s=60.0)
             predictor = store_predictor(self.cfg.store, self.cfg.store_name or self.cfg.model, version, self.threads,
                                         self.cfg.fixed_ms, self.cfg.per_query_ms, self.cfg.device)
             if list(predictor.input_shape) != list(getattr(self.predictor, "input_shape", predictor.input_shape)) or \
