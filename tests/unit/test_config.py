@@ -120,6 +120,7 @@ def full_configs() -> dict:
             "m": cfg.ModelInfo([3], 2, version="4")}),
         "graph_operator": cfg.GraphOperatorConfig(operator="g", role="backup", epoch=2, graph={"mode": "nspb"},
                                                   peers={"g": "tcp://127.0.0.1:9"}, trace_path="t.jsonl"),
+        "store": cfg.StoreConfig(name="s", store="elsewhere", max_chunk_bytes=4096, status_endpoint="tcp://127.0.0.1:9"),
     }
 
 
