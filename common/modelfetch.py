@@ -138,6 +138,32 @@ def _checked_manifest(raw: bytes, listing: dict, name: str) -> Manifest:
     return manifest
 
 
+class Manifests:
+    """Manifests for a cluster spec's model tables: from the local store, else (a host whose
+    store starts empty) from the store service, checked like every listing."""
+
+    def __init__(self, root: str | os.PathLike, endpoints: list[str] | None = None):
+        self.local, self.endpoints = ModelStore(root), list(endpoints or [])
+
+    def has(self, name: str) -> bool:
+        return self.local.has(name)
+
+    def manifest(self, name: str, version: str | None = None) -> Manifest:
+        try:
+            return self.local.manifest(name, version)
+        except ModelStoreError as missing:
+            if not self.endpoints:
+                raise
+            try:
+                with StoreClient(self.endpoints) as client:
+                    return client.manifest(name, version)
+            except StoreRefused as exc:
+                raise ModelStoreError(f"not in the local store at {self.local.root}, and {exc}") from None
+            except (StoreUnreachable, TransferError) as exc:
+                raise ModelStoreError(f"{missing}; the store service could not say either ({exc}): "
+                                      "bring the store's host up first") from None
+
+
 def fetch(client: StoreClient, store: ModelStore, name: str, version: str | None) -> Manifest:
     """Copy one version from the store service into ``store``, every file checked; returns
     its manifest. A version already there is left as it is."""

@@ -16,6 +16,7 @@ Example
     keel predict --spec deploy/examples/selection.toml digits --key alice --input '[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]'
     keel status deploy/examples/noop.toml
     keel down deploy/examples/noop.toml
+    keel up deploy/examples/three-hosts.toml --host h2   # on host h2: its services only
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec, _addresses(args.address))
         use_for_spec(spec)
-        up(spec, wait_s=args.wait, apply=args.apply)
+        up(spec.for_host(args.host) if args.host else spec, wait_s=args.wait, apply=args.apply)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
     return 0
@@ -64,6 +65,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     from keel.deploy.supervisor import DeployError, down
 
     try:
+        if args.host:  # this host's supervisord: its run_dir is the spec's, on this machine
+            load_spec(args.target).for_host(args.host)
         down(args.target, wait_s=args.wait)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
@@ -82,8 +85,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(st, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
         return 0 if st["running"] else 3
+    answered = any(v is not None for v in st["info"].values())
     if not st["running"]:
-        print("supervisord is not running for this spec")
+        print("supervisord is not running for this spec" + (" on this host" if answered else ""))
     print(format_table(st["programs"]))
     if st["served"]:
         print("\n== served versions (set by keel up, up --apply, model rollout, model rollback)")
@@ -98,12 +102,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if title:
                 print(f"-- {title}")
             print(format_table(rows))
-    if st["running"] and spec.role("manager"):
+    if (st["running"] or answered) and spec.role("manager"):
         from keel.deploy.manager_cli import show
 
         print("\n== the manager's view (leader, term, roles and epochs, last decisions)")
         show([s.config.endpoint for s in spec.role("manager")])
-    return 0 if st["running"] else 3
+    return 0 if st["running"] or answered else 3
 
 
 def info_tables(info: dict[str, Any]) -> list[tuple[str, list[dict]]]:
@@ -227,7 +231,8 @@ def cmd_render_systemd(args: argparse.Namespace) -> int:
         hosts = [args.host] if args.host else list(spec.hosts)
         for host in hosts:
             out = Path(args.out) / host if not args.host else Path(args.out)
-            paths = render_systemd(spec, host, out, python=args.python, workdir=args.workdir, etc_dir=args.etc)
+            paths = render_systemd(spec, host, out, python=args.python, workdir=args.workdir, etc_dir=args.etc,
+                                   store=args.store)
             print(f"{host}: {len(paths)} files in {out}")
     except SpecError as exc:
         return _fail(str(exc))
@@ -245,12 +250,15 @@ def add_parser(subparsers: Any) -> None:
                    help="on a running cluster, apply what differs: roll changed models like `keel model rollout`, "
                         "restart other changed services one at a time (default: change nothing, say what differs)")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for every service (default 30)")
+    p.add_argument("--host", default=None, help="a host of [hosts]: start only its services, under this machine's "
+                   "own supervisord (run on each host; default: every service here)")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_up)
 
     p = subparsers.add_parser("down", help="stop a cluster brought up with `keel up`")
     p.add_argument("target", metavar="SPEC", help="cluster spec (TOML) or its run_dir")
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for every process to exit")
+    p.add_argument("--host", default=None, help="the host whose services this machine runs (checked against the spec)")
     p.set_defaults(func=cmd_down)
 
     p = subparsers.add_parser("status", help="program states and the frontends' and dispatcher's status")
@@ -283,5 +291,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--python", default=sys.executable, help="the interpreter on the target host")
     p.add_argument("--workdir", default=None, help="the services' working directory there (default: cwd)")
     p.add_argument("--etc", default="/etc/keel", help="where OUT/keel/ is installed (default /etc/keel)")
+    p.add_argument("--store", default=None, help="the model store folder on the host (default: the spec's store "
+                   "as resolved here); with a [store] table, workers fetch into it what it lacks")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_render_systemd)

@@ -153,7 +153,32 @@ def cmd_add(args: argparse.Namespace) -> int:
     except (ModelAddError, ModelStoreError) as exc:
         return _fail(str(exc))
     print(describe(manifest, ModelStore(args.store)))
+    if args.publish:
+        return _publish(args.store, manifest.name, manifest.version, args.publish)
     return 0
+
+
+def _publish(store: str, name: str, version: str | None, targets: list[str]) -> int:
+    """Publish one version to store services: each target an endpoint, or a spec whose
+    ``[store]`` replicas get it."""
+    from keel.common.modelfetch import StoreRefused, StoreUnreachable, publish_all
+    from keel.common.spec import SpecError, load_spec
+
+    endpoints = []
+    try:
+        for target in targets:
+            endpoints += [target] if "://" in target else [s.config.endpoint for s in load_spec(target).role("store")]
+        if not endpoints:
+            return _fail(f"{', '.join(targets)}: no store service to publish to (a spec needs a [store] table)")
+        manifest = publish_all(endpoints, ModelStore(store), name, version)
+    except (SpecError, ModelStoreError, StoreRefused, StoreUnreachable) as exc:
+        return _fail(f"publish {name}: {exc}")
+    print(f"published {name} version {manifest.version} to {', '.join(endpoints)}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    return _publish(args.store, args.name, args.version, args.to)
 
 
 def rows(store: ModelStore) -> list[dict[str, Any]]:
@@ -277,7 +302,17 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--input-dtype", default="float32", help="the queries' dtype (default: %(default)s)")
     a.add_argument("--output-size", type=int, help="values per answer (default: what the check batch returns)")
     a.add_argument("--store", **store)
+    a.add_argument("--publish", action="append", metavar="ENDPOINT|SPEC",
+                   help="then publish it to a store service (an endpoint, or a spec's [store] replicas; repeatable)")
     a.set_defaults(func=cmd_add)
+
+    a = which.add_parser("publish", help="send one version to store services, whose hosts' workers fetch it")
+    a.add_argument("name")
+    a.add_argument("--version", default=None, help="default: the latest")
+    a.add_argument("--to", action="append", required=True, metavar="ENDPOINT|SPEC",
+                   help="a store service endpoint, or a spec whose [store] replicas get it (repeatable)")
+    a.add_argument("--store", **store)
+    a.set_defaults(func=cmd_publish)
 
     a = which.add_parser("list", help="models in the store, their versions and formats")
     a.add_argument("--store", **store)

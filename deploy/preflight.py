@@ -76,6 +76,8 @@ def check_store(spec: Any) -> None:
         name, version = getattr(c, "store_name", None), getattr(c, "version", None)
         if getattr(c, "builtin", None) or not name or (name, version) in seen:
             continue
+        if getattr(c, "store_endpoints", None) and not store.has(name, version):
+            continue  # fetched from the store service at start, checked there (common.modelfetch)
         seen.add((name, version))
         try:
             store.artifact(store.manifest(name, version))

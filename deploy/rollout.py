@@ -1,8 +1,9 @@
 """Rolling a running cluster's workers of one model to another store version, one at a
 time (``keel model rollout`` / ``rollback``, ``keel up --apply``, the chaos harness).
 
-Each worker leaves the dispatcher (which hands what it held to the others), loads and
-checks the new version with one batch, swaps and registers again; the next worker starts
+Each worker leaves the dispatcher (which hands what it held to the others), fetches the
+version from the store service when its host lacks it (``common.modelfetch``), loads and
+checks it with one batch, swaps and registers again; the next worker starts
 only once this one is back, and a version a worker refuses stops the rollout there. Then
 the frontends are told, since they key their caches by the version served.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keel.common.modelfetch import Manifests
 from keel.common.modelstore import ModelStore
 
 
@@ -58,7 +60,8 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
 
     workers = model_workers(spec, model)
     store_name = workers[0].config.store_name or model
-    version = ModelStore(spec.store).resolve(store_name, version)
+    # across hosts this machine's store may lack it: the store service knows (each worker fetches it)
+    version = Manifests(spec.store, workers[0].config.store_endpoints).manifest(store_name, version).version
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     for w in workers:
         info = configure_version(w.config.status_endpoint, version, timeout_s, ctx=ctx)

@@ -417,11 +417,14 @@ def status(spec: ClusterSpec | str | os.PathLike | dict, timeout_s: float = 1.0)
     running = (run_dir / "supervisord.conf").is_file() and _running(run_dir)
     rows = _program_rows(spec, _programs(run_dir) if running else {})
     info: dict[str, Any] = {}
-    if running:
+    if running or len(spec.hosts) > 1:  # across hosts, the others' services answer whatever runs here
         from keel.common.transport import request_status
 
         for name, ep in spec.status_endpoints().items():
             info[name] = request_status(ep, timeout_s=timeout_s)
+        for row in rows:
+            if row["name"] in info:
+                row["answers"] = "yes" if info[row["name"]] is not None else "no"
     return {"running": running, "programs": rows, "info": info, "served": read_served(run_dir)}
 
 

@@ -20,6 +20,7 @@ Example
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -31,12 +32,15 @@ TEMPLATES = Path(__file__).parent / "systemd"
 
 
 def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, python: str = sys.executable,
-                   workdir: str | None = None, etc_dir: str = "/etc/keel") -> list[Path]:
+                   workdir: str | None = None, etc_dir: str = "/etc/keel", store: str | None = None) -> list[Path]:
     """Write the units, env files and configs of ``host``'s services; returns the paths.
 
     ``python`` is the interpreter (of a venv with keel installed) on the target host,
     ``workdir`` the services' working directory there (default: the current one), and
-    ``etc_dir`` where the files under ``OUT/keel/`` will be installed.
+    ``etc_dir`` where the files under ``OUT/keel/`` will be installed, ``store`` the model
+    store folder there (default: the spec's, as resolved on this machine). With a
+    ``[store]`` table the workers fetch into it what it lacks (``common.modelfetch``), so
+    the host's store may start empty.
     """
     if host not in spec.hosts:
         raise SpecError(f"host {host!r} is not in [hosts] ({sorted(spec.hosts)})")
@@ -58,7 +62,8 @@ def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, 
         written[-1].write_text(text)
     for svc in services:
         conf = out / "keel" / f"{svc.name}.json"
-        conf.write_text(cfg.to_json(svc.config) + "\n")
+        config = dataclasses.replace(svc.config, store=store) if store and hasattr(svc.config, "store") else svc.config
+        conf.write_text(cfg.to_json(config) + "\n")
         env = out / "keel" / f"{svc.name}.env"
         env.write_text(f"# Keel service {svc.name} (role {svc.role}) of cluster {spec.name} on host {host}\n"
                        f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n"

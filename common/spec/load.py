@@ -13,6 +13,7 @@ from keel.common.spec.ports import Ports, assign_metrics_ports
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from keel.common.spec.topology import ClusterSpec, wire
 from keel.common.spec.manager import read_manager, wire_manager
+from keel.common.spec.store import link_workers, read_store, store_endpoints
 
 
 def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None = None) -> ClusterSpec:
@@ -105,6 +106,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         placement["gateway"] = host_of(gw_table, placement["frontend"][0])
         opts["gateway"] = options("gateway", gw_table)
 
+    ports = Ports(base_port)
+    store_table = root.take("store", dict, None)  # store services: their endpoints first, the models may need them
+    stores = [] if store_table is None else read_store(Table(store_table, "store"), hosts_of, first_host, hosts, ports, store)
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))
     graphs = _read_graphs(root, name, hosts)
     models_table = Table(root.take("models", dict, {}) if graphs else root.take("models", dict), "models")
@@ -114,7 +118,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for model in list(models_table.data):
         models_table.take(model, dict)
         models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
-                                   pool_prices)
+                                   pool_prices, store_endpoints(stores))
     manager_table = root.take("manager", dict, None)
     manager = read_manager(Table(manager_table, "manager"), hosts_of, first_host) if manager_table is not None else None
     applications = root.take("applications", dict, None)
@@ -127,7 +131,6 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
             fail(f"graphs.{graph}", f"{graph!r} is also a model's or an application's name; a target has one name")
     root.finish()
 
-    ports = Ports(base_port)
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
     if applications:
         from keel.common.spec.applications import attach
@@ -139,6 +142,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         from keel.common.spec.graph import wire_graphs
 
         services += wire_graphs(graphs, services, hosts, ports, placement["frontend"][0])
+    if stores:
+        link_workers(services, stores)
+        services[:0] = stores
     if metrics_base is not None:
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from keel.common import config as cfg
-from keel.common.modelstore import ModelStore, ModelStoreError
+from keel.common.modelfetch import Manifests
+from keel.common.modelstore import ModelStoreError
 from keel.common.spec.pools import read_kairos, read_pools
 from keel.common.spec.tables import NAME, SpecError, Table, fail, options
 
@@ -69,9 +70,10 @@ def _validated(t: Table, model: str, make: Callable[[], Any]) -> None:
 
 def read_model(model: str, t: Table, store: str, all_hosts: list[str],
                hosts_of: Callable[[Table, str, list[str]], list[str]],
-               pool_prices: dict[str, float] | None = None) -> dict[str, Any]:
+               pool_prices: dict[str, float] | None = None, store_endpoints: list[str] | None = None) -> dict[str, Any]:
     """The resolved table of one ``[models.NAME]``: every option filled, checked, store-backed.
-    ``pool_prices``: the root ``[pools.TYPE] price`` overrides (``common.spec.pools``)."""
+    ``pool_prices``: the root ``[pools.TYPE] price`` overrides (``common.spec.pools``);
+    ``store_endpoints``: the store service, asked for manifests the local store lacks."""
     if not NAME.match(model):
         fail(t.path, "model names must be letters, digits, '_', '.', '-'")
     out: dict[str, Any] = {}
@@ -96,7 +98,7 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
             fail(t.key(key), f'the builtin "{builtin}" model has no cost to set')
         if out[key] < 0:
             fail(t.key(key), "must be >= 0")
-    mstore = ModelStore(store)
+    mstore = Manifests(store, store_endpoints)  # a host's store may start empty: the store service knows
     if builtin:
         # kairos: one feature per row, the query's batch size (items)
         default_shape, default_size = ([1], 1) if builtin == "kairos" else ([64], 10)

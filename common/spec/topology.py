@@ -5,6 +5,7 @@ connect. ``wire`` turns resolved models and per-role options into ``ServiceLaunc
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,14 @@ class ClusterSpec:
         for svc in self.services:
             out[svc.host].append(svc)
         return out
+
+    def for_host(self, host: str) -> ClusterSpec:
+        """The same cluster seen from ``host``: only its services, as ``keel up SPEC --host H``
+        starts them under that host's own supervisord (the endpoints of the others stay
+        wired in every config)."""
+        if host not in self.hosts:
+            raise SpecError(f"host {host!r} is not in [hosts] ({sorted(self.hosts)})")
+        return dataclasses.replace(self, services=[s for s in self.services if s.host == host])
 
     def service(self, name: str) -> ServiceLaunch:
         for svc in self.services:
