@@ -148,7 +148,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ processes
     def spawn(self, host: str, argv: list[str], name: str, kind: str = "service", restartable: bool | None = None,
-              env: dict[str, str] | None = None) -> Proc:
+              env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> Proc:
         """Start ``argv`` on ``host`` in its own process group; logs to run_dir/logs/HOST/NAME.log."""
         h = self.host(host)
         log = self.run_dir / "logs" / host / f"{name}.log"
@@ -156,7 +156,8 @@ class Cluster:
         full = ["ip", "netns", "exec", h.ns, *argv] if h.ns else list(argv)
         with self.lock, open(log, "ab") as out:
             popen = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                     cwd=cwd)  # a host's own folder: its run_dir and store, as on a machine
             self.registry.add_proc(popen.pid)
             proc = Proc(name, host, kind, list(argv), popen, log, self.registry.procs.get(popen.pid))
             h.procs.append(proc)

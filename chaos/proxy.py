@@ -6,6 +6,10 @@ until their release time, ``now + (delay_ms + U(-jitter_ms, +jitter_ms)) / 2``, 
 round trip through the proxy gains ``delay_ms`` on average and never more than
 ``delay_ms + jitter_ms``; release times never go backwards, so a stream stays in order.
 
+With ``flip_at`` the proxy also corrupts a transfer in flight: the byte at that offset of
+the replies (target to client, counted over every connection) is flipped once, and the
+``flipped`` file says when; a reader must refuse what it got and ask again.
+
 The delay is changed while connections stay up: the harness writes the control file and
 sends SIGUSR1; the proxy applies it and writes the generation to the ack file. A link
 that may be delayed later therefore gets its proxy at start with a delay of 0.
@@ -24,6 +28,7 @@ import asyncio
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -38,13 +43,15 @@ class DelayProxy:
     """Harness side: start a proxy process on ``host`` and steer its delay."""
 
     def __init__(self, cluster, host: str, routes: list[tuple[str, int, str, int]], delay_ms: float = 0.0,
-                 jitter_ms: float = 0.0, seed: int = 0, max_s: float = 600.0, name: str = "proxy"):
+                 jitter_ms: float = 0.0, seed: int = 0, max_s: float = 600.0, name: str = "proxy",
+                 flip_at: int | None = None):
         self.cluster, self.host, self.routes, self.seed, self.max_s = cluster, host, routes, seed, max_s
+        self.flip_at = flip_at
         self.delay_ms, self.jitter_ms, self.gen = delay_ms, jitter_ms, 0
         self.dir = Path(cluster.run_dir) / "proxies"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.name = f"{name}-{host}"
-        self.files = {k: self.dir / f"{self.name}.{k}" for k in ("config", "control", "ack", "ready")}
+        self.files = {k: self.dir / f"{self.name}.{k}" for k in ("config", "control", "ack", "ready", "flipped")}
         self.proc = None
         self.ports: list[int] = []
 
@@ -53,7 +60,8 @@ class DelayProxy:
             path.unlink(missing_ok=True)
         self._control()
         config = {"routes": [{"listen": [a, p], "target": [ta, tp]} for a, p, ta, tp in self.routes],
-                  "seed": self.seed, "max_s": self.max_s, **{k: str(v) for k, v in self.files.items() if k != "config"}}
+                  "seed": self.seed, "max_s": self.max_s, "flip_at": self.flip_at,
+                  **{k: str(v) for k, v in self.files.items() if k != "config"}}
         write_json(self.files["config"], config)
         self.proc = self.cluster.spawn(self.host, [sys.executable, "-m", "keel.chaos.proxy", "--config", str(self.files["config"])],
                                        self.name, kind="proxy")
@@ -84,6 +92,13 @@ class DelayProxy:
         if not wait_until(acked, timeout):
             raise ChaosError(f"proxy on {self.host} did not apply delay {delay_ms} ms within {timeout} s")
 
+    def flipped(self) -> dict | None:
+        """{"offset", "t"} once the proxy flipped its byte (``flip_at``); None before."""
+        try:
+            return orjson.loads(self.files["flipped"].read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+
     def stop(self) -> None:
         if self.proc is not None:
             self.cluster.stop(self.proc, grace_s=1.0)
@@ -95,8 +110,9 @@ class DelayProxy:
 class _Line:
     """The delay of one proxy, shared by all its connections."""
 
-    def __init__(self, files: dict, seed: int):
+    def __init__(self, files: dict, seed: int, flip_at: int | None = None):
         self.files, self.rng = files, random.Random(seed)
+        self.flip_at, self.replied = flip_at, 0  # the reply byte to corrupt once; reply bytes seen
         self.delay_s = self.jitter_s = 0.0
         self.late = 0.0  # how much earlier than the release time to wake up (s)
         self.reload()
@@ -106,13 +122,24 @@ class _Line:
         self.delay_s, self.jitter_s = ctl["delay_ms"] / 1000.0, ctl["jitter_ms"] / 1000.0
         write_json(Path(self.files["ack"]), {"gen": ctl["gen"]})
 
+    def corrupt(self, data: bytes) -> bytes:
+        """``data`` (replies) with the ``flip_at`` byte flipped, when it falls in this read."""
+        start, self.replied = self.replied, self.replied + len(data)
+        if self.flip_at is None or not start <= self.flip_at < self.replied:
+            return data
+        out = bytearray(data)
+        out[self.flip_at - start] ^= 0xFF
+        write_json(Path(self.files["flipped"]), {"offset": self.flip_at, "t": time.time()})
+        self.flip_at = None
+        return bytes(out)
+
     def one_way(self) -> float:
         if self.jitter_s:
             return max(0.0, (self.delay_s + self.rng.uniform(-self.jitter_s, self.jitter_s)) / 2)
         return self.delay_s / 2
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line: _Line) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line: _Line, replies: bool = False) -> None:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -124,7 +151,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line
             except OSError:
                 data = b""
             last = max(last, loop.time() + line.one_way())
-            queue.put_nowait((last, data))
+            queue.put_nowait((last, line.corrupt(data) if replies and data else data))
             if not data:
                 return
 
@@ -150,7 +177,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line
 
 
 async def _serve(config: dict) -> None:
-    line = _Line(config, config.get("seed", 0))
+    line = _Line(config, config.get("seed", 0), config.get("flip_at"))
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, line.reload)
 
@@ -162,7 +189,7 @@ async def _serve(config: dict) -> None:
                 w1.close()
                 return
             try:
-                await asyncio.gather(_pipe(r1, w2, line), _pipe(r2, w1, line))
+                await asyncio.gather(_pipe(r1, w2, line), _pipe(r2, w1, line, replies=True))
             finally:
                 for w in (w1, w2):
                     w.close()

@@ -142,16 +142,22 @@ class Manifests:
     """Manifests for a cluster spec's model tables: from the local store, else (a host whose
     store starts empty) from the store service, checked like every listing."""
 
-    def __init__(self, root: str | os.PathLike, endpoints: list[str] | None = None):
+    def __init__(self, root: str | os.PathLike, endpoints: list[str] | None = None,
+                 served: str | os.PathLike | None = None):
         self.local, self.endpoints = ModelStore(root), list(endpoints or [])
+        #: the folder the store service serves, when it is on this machine (the store's own
+        #: host resolves its spec before its store service runs)
+        self.served = ModelStore(served) if served and Path(served).is_dir() else None
 
     def has(self, name: str) -> bool:
-        return self.local.has(name)
+        return self.local.has(name) or (self.served is not None and self.served.has(name))
 
     def manifest(self, name: str, version: str | None = None) -> Manifest:
         try:
             return self.local.manifest(name, version)
         except ModelStoreError as missing:
+            if self.served is not None and self.served.has(name, version):
+                return self.served.manifest(name, version)
             if not self.endpoints:
                 raise
             try:

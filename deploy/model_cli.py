@@ -181,6 +181,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _publish(args.store, args.name, args.version, args.to)
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Fetch a version into this host's store as a worker would (e.g. to fill a store before
+    a start): every file checked, a damaged transfer refused and tried again."""
+    from keel.common import logs
+    from keel.common.modelfetch import StoreUnreachable, ensure
+
+    log = logs.setup("keel-model-fetch")
+    try:
+        manifest = ensure(ModelStore(args.store), args.name, args.version, args.source, log=log.info,
+                          deadline_s=args.timeout)
+    except (StoreUnreachable, ModelStoreError) as exc:
+        return _fail(f"fetch {args.name}: {exc}")
+    print(f"fetched {args.name} version {manifest.version} into {args.store}")
+    return 0
+
+
 def rows(store: ModelStore) -> list[dict[str, Any]]:
     out = []
     for name in store.models():
@@ -313,6 +329,15 @@ def add_parser(subparsers: Any) -> None:
                    help="a store service endpoint, or a spec whose [store] replicas get it (repeatable)")
     a.add_argument("--store", **store)
     a.set_defaults(func=cmd_publish)
+
+    a = which.add_parser("fetch", help="copy one version from a store service into this host's store, checked")
+    a.add_argument("name")
+    a.add_argument("--version", default=None, help="default: the latest")
+    a.add_argument("--from", dest="source", action="append", required=True, metavar="ENDPOINT",
+                   help="a store service endpoint (repeatable: replicas)")
+    a.add_argument("--timeout", type=float, default=60.0, help="seconds to keep trying (default 60)")
+    a.add_argument("--store", **store)
+    a.set_defaults(func=cmd_fetch)
 
     a = which.add_parser("list", help="models in the store, their versions and formats")
     a.add_argument("--store", **store)

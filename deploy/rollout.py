@@ -61,7 +61,8 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
     workers = model_workers(spec, model)
     store_name = workers[0].config.store_name or model
     # across hosts this machine's store may lack it: the store service knows (each worker fetches it)
-    version = Manifests(spec.store, workers[0].config.store_endpoints).manifest(store_name, version).version
+    served = spec.role("store")[0].config.store if spec.role("store") else None
+    version = Manifests(spec.store, workers[0].config.store_endpoints, served).manifest(store_name, version).version
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     for w in workers:
         info = configure_version(w.config.status_endpoint, version, timeout_s, ctx=ctx)

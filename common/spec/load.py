@@ -118,7 +118,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for model in list(models_table.data):
         models_table.take(model, dict)
         models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
-                                   pool_prices, store_endpoints(stores))
+                                   pool_prices, store_endpoints(stores), stores[0].config.store if stores else None)
     manager_table = root.take("manager", dict, None)
     manager = read_manager(Table(manager_table, "manager"), hosts_of, first_host) if manager_table is not None else None
     applications = root.take("applications", dict, None)
