@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import importlib.util
 import os
 import shlex
 import signal
@@ -240,9 +241,11 @@ def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addre
     except PreflightError as exc:
         raise DeployError(str(exc)) from None
     supervisord = Path(sys.executable).parent / "supervisord"
-    if not supervisord.exists():
+    # a venv that borrows its packages (an editable worktree's) has supervisor but not its script
+    command = [str(supervisord)] if supervisord.exists() else [sys.executable, "-m", "supervisor.supervisord"]
+    if not supervisord.exists() and importlib.util.find_spec("supervisor") is None:
         raise DeployError(f"{supervisord} not found: install supervisor in this environment (pip install supervisor)")
-    proc = subprocess.run([str(supervisord), "-c", str(conf)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*command, "-c", str(conf)], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise DeployError(f"supervisord failed to start (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}\n"
                           f"see {run_dir / 'supervisord.log'}")
