@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from keel.common.modelfetch import Manifests
 from keel.common.modelstore import ModelStore
 
 
@@ -55,6 +54,7 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
     """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
     time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
     ``configure_version``."""
+    from keel.common.modelfetch import Manifests
     from keel.common.transport import request_status
     from keel.common.waiting import wait_until
 

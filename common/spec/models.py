@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from keel.common import config as cfg
-from keel.common.modelfetch import Manifests
 from keel.common.modelstore import ModelStoreError
 from keel.common.spec.pools import read_kairos, read_pools
 from keel.common.spec.tables import NAME, SpecError, Table, fail, options
@@ -100,6 +99,8 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
             fail(t.key(key), f'the builtin "{builtin}" model has no cost to set')
         if out[key] < 0:
             fail(t.key(key), "must be >= 0")
+    from keel.common.modelfetch import Manifests  # ZeroMQ: imported when a spec is read, not by keel --help
+
     mstore = Manifests(store, store_endpoints, served)  # a host's store may start empty: the store service knows
     if builtin:
         # kairos: one feature per row, the query's batch size (items)
