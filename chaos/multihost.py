@@ -5,7 +5,8 @@ working directory: its copy of the spec, its run_dir, its store), so hosts share
 the operator's steps of docs/guide/multihost.md, run as they are written there. h1 runs
 the store service (serving the folder ``published``), the dispatcher, the ParM encoder and
 decoder and a frontend; h2 a frontend; workers and parity workers are spread over all
-three. Every host's store starts empty, so every worker fetches its model from h1's store
+three; the manager group has a replica on each host and a standby dispatcher on h2.
+Every host's store starts empty, so every worker fetches its model from h1's store
 service before it registers. A load client runs in a namespace of its own.
 
 ``run`` drives the scenario and returns its figures: bring-up, queries answered and lost,
@@ -83,6 +84,11 @@ hosts = ["h1", "h2"]
 [dispatcher]
 host = "h1"
 
+[manager]                 # three Raft replicas; a standby dispatcher on h2
+hosts = ["h1", "h2", "h3"]
+standby_dispatcher = "h2"
+password = "three-hosts-secret"
+
 [models.scale]
 workers = 3
 hosts = ["h1", "h2", "h3"]
@@ -134,9 +140,13 @@ class ThreeHosts:
         return out
 
     def up(self, *hosts: str, wait_s: float = 90.0) -> None:
-        """``keel up spec.toml --host H`` on each host at once (as operators on three machines)."""
+        """``keel up spec.toml --host H`` on each host at once (as operators on three machines).
+        h1 starts first: the others read the model's manifest from its store service, and
+        h1's ``up`` returns only once the manager group has a quorum (the others are up)."""
         procs = {}
         for host in hosts:
+            if host != "h1" and "h1" in procs:
+                self.wait_store(procs["h1"])
             self.calls += 1
             procs[host] = self.cluster.spawn(host, [sys.executable, "-m", "keel.deploy.keel", "up", "spec.toml", "--host",
                                                     host, "--wait", str(wait_s)], f"keel-{self.calls}-up", kind="aux",
@@ -147,6 +157,29 @@ class ThreeHosts:
                 raise AssertionError(f"keel up --host {host} exited {rc}:\n{proc.log.read_text(errors='replace')[-4000:]}")
             for pid in self.pids(host):  # removed at close even if this process dies first
                 self.cluster.registry.add_proc(pid)
+
+    def wait_store(self, starting: Any, timeout_s: float = 60.0) -> None:
+        """Until h1's store service answers (asked from the client's namespace)."""
+        import zmq
+
+        from keel.chaos.netns import in_netns
+        from keel.common.transport import request_status
+
+        endpoint = spec_of(self).role("store")[0].config.status_endpoint
+
+        def ask() -> dict | None:
+            ctx = zmq.Context()  # made inside the namespace, so its connections start there
+            try:
+                return request_status(endpoint, 0.5, ctx=ctx)
+            finally:
+                ctx.destroy(0)
+
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and starting.running():
+            if in_netns(self.cluster.host("client").ns, ask) is not None:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"h1's store service did not answer; see {starting.log}")
 
     def run_dir(self, host: str) -> Path:
         return self.dirs[host] / "run"
@@ -224,6 +257,7 @@ def spec_of(hosts: ThreeHosts) -> Any:
     data = _toml(hosts.dirs["h1"] / "spec.toml")
     data["cluster"].update(store=str(hosts.dirs["h1"] / "store"), run_dir=str(hosts.run_dir("h1")))
     data["store"]["root"] = str(hosts.dirs["h1"] / "published")
+    data["manager"]["journal_dir"] = str(hosts.run_dir("h1") / "manager")
     return load_spec(data)
 
 
@@ -294,8 +328,7 @@ def run(cluster: Any, root: Path, queries: int = 600, rate: float = 200.0, rollo
     try:
         hosts.add_version(FACTORS["1"])
         t0 = time.monotonic()
-        hosts.up("h1")  # the store's host first: the others resolve their spec through it
-        hosts.up("h2", "h3")
+        hosts.up("h1", "h2", "h3")
         figures["bring_up_s"] = round(time.monotonic() - t0, 1)
         figures["fetched_v1"] = {h: stores_match(hosts, h, ["1"]) for h in HOSTS}
         figures["status"] = _status(hosts)
