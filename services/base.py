@@ -202,7 +202,9 @@ class Service:
     def tick(self, timeout: float | None = None) -> None:
         timeout = self.next_timeout() if timeout is None else timeout
         for sock, _ in self.poller.poll(timeout * 1000):
-            self._guarded("handler", self.handlers[sock], sock)
+            handler = self.handlers.get(sock)
+            if handler is not None:  # an earlier handler of this poll may have replaced the socket
+                self._guarded("handler", handler, sock)
         now = time.monotonic()
         for chore in self.chores:
             if now >= chore.due:
