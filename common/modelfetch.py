@@ -56,10 +56,12 @@ class StoreClient:
     """Requests to store replicas over one DEALER at a time (zguide lazy pirate): a request
     that times out closes the socket and goes to the next replica."""
 
-    def __init__(self, endpoints: list[str], timeout_s: float = 2.0, ctx: zmq.Context | None = None):
+    def __init__(self, endpoints: list[str], timeout_s: float = 2.0, ctx: zmq.Context | None = None,
+                 curve_keys: Any = None):
         if not endpoints:
             raise ValueError("a store client needs at least one store endpoint")
         self.endpoints, self.timeout_s = list(endpoints), timeout_s
+        self.curve_keys = curve_keys  # None: this process's (common.curve.active())
         self.ctx = ctx or zmq.Context.instance()
         self.turn = 0  # the replica asked first: the one that answered last
         self.sock: zmq.Socket | None = None
@@ -93,7 +95,7 @@ class StoreClient:
     def _ask(self, endpoint: str, op: bytes, args: tuple) -> tuple[bytes, list[bytes]] | None:
         if self.sock is None or self.sock.getsockopt_string(zmq.LAST_ENDPOINT) != endpoint:
             self.close()
-            self.sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint)
+            self.sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint, curve_keys=self.curve_keys)
         rid = uuid.uuid4().bytes
         self.sock.send_multipart(wire.request(rid, op, *args))
         deadline = time.monotonic() + self.timeout_s
@@ -143,8 +145,10 @@ class Manifests:
     store starts empty) from the store service, checked like every listing."""
 
     def __init__(self, root: str | os.PathLike, endpoints: list[str] | None = None,
-                 served: str | os.PathLike | None = None):
+                 served: str | os.PathLike | None = None, curve_keys: str | None = None):
         self.local, self.endpoints = ModelStore(root), list(endpoints or [])
+        #: the spec's keys folder: the store service is asked as the operator, as keel's commands do
+        self.curve_keys = curve_keys
         #: the folder the store service serves, when it is on this machine (the store's own
         #: host resolves its spec before its store service runs)
         self.served = ModelStore(served) if served and Path(served).is_dir() else None
@@ -161,8 +165,13 @@ class Manifests:
             if not self.endpoints:
                 raise
             try:
-                with StoreClient(self.endpoints) as client:
+                from keel.common import curve
+
+                keys = curve.load(self.curve_keys, curve.OPERATOR) if self.curve_keys else None
+                with StoreClient(self.endpoints, curve_keys=keys) as client:
                     return client.manifest(name, version)
+            except curve.CurveError as exc:
+                raise ModelStoreError(f"{missing}; the store service cannot be asked: {exc}") from None
             except StoreRefused as exc:
                 raise ModelStoreError(f"not in the local store at {self.local.root}, and {exc}") from None
             except (StoreUnreachable, TransferError) as exc:

@@ -114,11 +114,15 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     models_table = Table(root.take("models", dict, {}) if graphs else root.take("models", dict), "models")
     if not models_table.data and not graphs:
         fail("models", "needs at least one [models.NAME] table (or a [graphs.NAME] table)")
+    from keel.common.modelfetch import Manifests  # ZeroMQ: imported when a spec is read, not by keel --help
+
+    # a host's store may start empty: the store service (or the folder it serves, here) knows
+    manifests = Manifests(store, store_endpoints(stores), stores[0].config.store if stores else None, curve_keys)
     models = {}
     for model in list(models_table.data):
         models_table.take(model, dict)
-        models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), store, list(hosts), hosts_of,
-                                   pool_prices, store_endpoints(stores), stores[0].config.store if stores else None)
+        models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), manifests, list(hosts),
+                                   hosts_of, pool_prices)
     manager_table = root.take("manager", dict, None)
     manager = read_manager(Table(manager_table, "manager"), hosts_of, first_host) if manager_table is not None else None
     applications = root.take("applications", dict, None)

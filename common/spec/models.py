@@ -67,14 +67,13 @@ def _validated(t: Table, model: str, make: Callable[[], Any]) -> None:
         fail(t.key(exc.key), exc.reason)
 
 
-def read_model(model: str, t: Table, store: str, all_hosts: list[str],
+def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
                hosts_of: Callable[[Table, str, list[str]], list[str]],
-               pool_prices: dict[str, float] | None = None, store_endpoints: list[str] | None = None,
-               served: str | None = None) -> dict[str, Any]:
+               pool_prices: dict[str, float] | None = None) -> dict[str, Any]:
     """The resolved table of one ``[models.NAME]``: every option filled, checked, store-backed.
-    ``pool_prices``: the root ``[pools.TYPE] price`` overrides (``common.spec.pools``);
-    ``store_endpoints``: the store service, asked for manifests the local store lacks
-    (``served``: the folder it serves, read directly where it is on this machine)."""
+    ``mstore``: where manifests come from (``common.modelfetch.Manifests``: the local store,
+    else the store service); ``pool_prices``: the root ``[pools.TYPE] price`` overrides
+    (``common.spec.pools``)."""
     if not NAME.match(model):
         fail(t.path, "model names must be letters, digits, '_', '.', '-'")
     out: dict[str, Any] = {}
@@ -99,9 +98,6 @@ def read_model(model: str, t: Table, store: str, all_hosts: list[str],
             fail(t.key(key), f'the builtin "{builtin}" model has no cost to set')
         if out[key] < 0:
             fail(t.key(key), "must be >= 0")
-    from keel.common.modelfetch import Manifests  # ZeroMQ: imported when a spec is read, not by keel --help
-
-    mstore = Manifests(store, store_endpoints, served)  # a host's store may start empty: the store service knows
     if builtin:
         # kairos: one feature per row, the query's batch size (items)
         default_shape, default_size = ([1], 1) if builtin == "kairos" else ([64], 10)
