@@ -19,6 +19,7 @@ Example
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -94,7 +95,7 @@ class StoreService(Service):
         manifest = self.store.manifest(name, version)
         folder = self.store.folder(manifest)
         raw = (folder / wire.MANIFEST).read_bytes()
-        files = {wire.MANIFEST: {"size": len(raw), "sha256": _sha(raw)}}
+        files = {wire.MANIFEST: {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}}
         for file, want in version_files(manifest).items():
             path = folder / file
             if not path.is_file():
@@ -137,7 +138,7 @@ class StoreService(Service):
     def _commit(self, name: str, version: str, raw: bytes, listing_raw: str) -> None:
         listing = orjson.loads(listing_raw)
         files = listing["files"]
-        if files.get(wire.MANIFEST, {}).get("sha256") != _sha(raw):
+        if files.get(wire.MANIFEST, {}).get("sha256") != hashlib.sha256(raw).hexdigest():
             raise ModelStoreError(f"{name}/{version}: the manifest's bytes do not match their sha256: resend")
         manifest = Manifest.from_json(raw)
         if (manifest.name, manifest.version) != (name, version):
@@ -168,8 +169,3 @@ class StoreService(Service):
         return {**super().status(), "endpoint": self.cfg.endpoint, "store": str(self.store.root), "models": models,
                 **self.counts}
 
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

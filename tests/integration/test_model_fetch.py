@@ -185,3 +185,24 @@ def test_wire_requests_are_checked():
     with pytest.raises(wire.StoreWireError, match="takes 2"):
         wire.parse_request(wire.request(b"r", wire.LIST, "m"))
     assert modelfetch.CHUNK >= 4096
+
+
+def test_keel_model_add_publish_and_fetch_commands(launcher, tmp_path, capsys):
+    from keel.deploy.keel import main as keel
+
+    served = ModelStore(tmp_path / "served")
+    _, endpoint = store_service(launcher, served.root)
+    (tmp_path / "scale.py").write_text(CONTAINER)
+    (tmp_path / "f.txt").write_text("4.0")
+    assert keel(["model", "add", "scale", str(tmp_path / "f.txt"), "--python", f"{tmp_path / 'scale.py'}:Scale",
+                 "--input-shape", "4", "--store", str(tmp_path / "author"), "--publish", endpoint]) == 0
+    assert f"published scale version 1 to {endpoint}" in capsys.readouterr().out
+    same_version(ModelStore(tmp_path / "author"), served, "scale", "1")
+    assert keel(["model", "fetch", "scale", "--from", endpoint, "--store", str(tmp_path / "host")]) == 0
+    same_version(served, ModelStore(tmp_path / "host"), "scale", "1")
+    # a version that exists at the store with other content is refused, never replaced
+    other = ModelStore(tmp_path / "other")
+    add_scale(other.root, tmp_path, 9.0)
+    assert keel(["model", "publish", "scale", "--to", endpoint, "--store", str(other.root)]) == 1
+    assert "other content" in capsys.readouterr().err
+    same_version(ModelStore(tmp_path / "author"), served, "scale", "1")

@@ -44,3 +44,17 @@ def test_for_host_keeps_only_that_hosts_services():
     assert b.client_endpoints == s.client_endpoints and b.run_dir == s.run_dir
     with pytest.raises(SpecError, match="not in"):
         s.for_host("c")
+
+
+def test_render_systemd_gives_workers_the_store_service_and_the_hosts_own_store(tmp_path):
+    import orjson
+
+    from keel.deploy.units import render_systemd
+
+    s = load_spec(spec(hosts=["a"]))
+    for w in s.role("worker"):  # as a store-backed worker would be
+        w.config.builtin, w.config.store_endpoints = None, [s.role("store")[0].config.endpoint]
+    render_systemd(s, "b", tmp_path, workdir="/opt/keel", store="/opt/keel/store")
+    config = orjson.loads((tmp_path / "keel" / "worker-m-1.json").read_bytes())
+    assert config["store"] == "/opt/keel/store" and config["store_endpoints"] == ["tcp://127.0.0.1:7000"]
+    assert not (tmp_path / "keel" / "store-1.json").exists()  # the store runs on a, not b
