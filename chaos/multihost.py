@@ -207,18 +207,14 @@ class ThreeHosts:
                 pass
         return pids
 
-    def down(self, host: str) -> None:
-        from keel.deploy.supervisor import down
-
-        try:
-            down(self.run_dir(host), wait_s=20, out=None)
-        except Exception:  # a host killed before: what is left of it goes below
-            pass
+    def down(self, host: str) -> int:
+        """``keel down spec.toml --host H`` on the host; whatever outlives it is killed."""
+        rc, _ = self.keel(host, "down", "spec.toml", "--host", host, "--wait", "20", timeout_s=60)
         self.kill(host)
+        return rc
 
-    def close(self) -> None:
-        for host in HOSTS:
-            self.down(host)
+    def close(self) -> dict[str, int]:
+        return {host: self.down(host) for host in HOSTS}
 
     def store(self, host: str) -> ModelStore:
         return ModelStore(self.dirs[host] / "store")
@@ -358,7 +354,7 @@ def run(cluster: Any, root: Path, queries: int = 600, rate: float = 200.0, rollo
         if corrupt:
             figures["corrupted_transfer"] = corrupted_fetch(hosts)
     finally:
-        hosts.close()
+        figures["down_rc"] = hosts.close()
     return figures
 
 

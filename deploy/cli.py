@@ -66,11 +66,23 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     try:
         if args.host:  # this host's supervisord: its run_dir is the spec's, on this machine
-            load_spec(args.target).for_host(args.host)
+            _check_host(args.target, args.host)
         down(args.target, wait_s=args.wait)
     except (SpecError, DeployError) as exc:
         return _fail(str(exc))
     return 0
+
+
+def _check_host(target: str, host: str) -> None:
+    """``host`` is one of the spec's [hosts], read without resolving the rest: ``down`` needs
+    neither the model store nor the store service (they may be down first)."""
+    from keel.common.spec.tables import read_source
+
+    if Path(target).is_dir():
+        return  # a run_dir: it is this machine's whatever the host
+    hosts = read_source(target).get("hosts", {"local": "127.0.0.1"})
+    if not isinstance(hosts, dict) or host not in hosts:
+        raise SpecError(f"host {host!r} is not in [hosts] ({sorted(hosts) if isinstance(hosts, dict) else hosts})")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ def test_three_hosts_bring_up_fetch_queries_and_a_corrupted_transfer(clusters, t
     assert r["wrong"] == 0, r["wrong_examples"]
     c = f["corrupted_transfer"]
     assert c["flipped"] and c["refused"] >= 1 and c["fetched"] and c["exact"] and c["rc"] == 0, c["output"]
+    assert f["down_rc"] == {h: 0 for h in HOSTS}  # keel down spec.toml --host H on each
 
 
 @pytest.mark.skipif(not os.environ.get("KEEL_MULTIHOST_FULL"), reason="the full three-host scenario (~1 min of 5,000 queries): "
