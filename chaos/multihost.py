@@ -12,7 +12,7 @@ service before it registers. A load client runs in a namespace of its own.
 ``run`` drives the scenario and returns its figures: bring-up, queries answered and lost,
 every reply checked against the offline output of the version it names; optionally a
 rollout of v2 under load, the death of a whole host (its supervisord too) under load and
-its restart with an empty store, and a store transfer corrupted in flight by the chaos
+its restart with an empty store from the systemd units ``keel render-systemd`` writes, and a store transfer corrupted in flight by the chaos
 proxy (refused, retried). ``python -m keel.chaos.multihost`` runs the whole scenario and
 writes the figures (docs/results/multihost.md holds a run's).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -158,14 +159,46 @@ class ThreeHosts:
             for pid in self.pids(host):  # removed at close even if this process dies first
                 self.cluster.registry.add_proc(pid)
 
-    def wait_store(self, starting: Any, timeout_s: float = 60.0) -> None:
-        """Until h1's store service answers (asked from the client's namespace)."""
+    def up_systemd(self, host: str) -> list[str]:
+        """Start ``host``'s services as its systemd units would (no systemd here): render them
+        with ``keel render-systemd`` on the host, then run each instance of ``keel.target``
+        with its env file, working directory and ExecStart. Returns the services."""
+        folder = self.dirs[host]
+        self.must(host, "render-systemd", "spec.toml", "--host", host, "--out", "units", "--python", sys.executable,
+                  "--workdir", str(folder), "--etc", str(folder / "units" / "keel"), "--store", str(folder / "store"))
+        units = folder / "units"
+        wants = next(line for line in (units / "keel.target").read_text().splitlines() if line.startswith("Wants="))
+        template = (units / "keel-service@.service").read_text().splitlines()
+        exec_start = next(line for line in template if line.startswith("ExecStart="))[len("ExecStart="):]
+        workdir = next(line for line in template if line.startswith("WorkingDirectory="))[len("WorkingDirectory="):]
+        names = [w[len("keel-service@"):-len(".service")] for w in wants[len("Wants="):].split()]
+        for name in names:
+            env = dict(line.split("=", 1) for line in (units / "keel" / f"{name}.env").read_text().splitlines()
+                       if line and not line.startswith("#"))
+            command = exec_start
+            for key, value in env.items():
+                command = command.replace("${%s}" % key, value)
+            self.cluster.spawn(host, shlex.split(command), f"unit-{name}", cwd=workdir)
+        return names
+
+    def wait_registered(self, worker: str, timeout_s: float = 90.0) -> bool:
+        """Until the active dispatcher lists ``worker`` (asked from the client's namespace)."""
+        endpoints = [s.config.worker_endpoint for s in spec_of(self).role("dispatcher")]
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for endpoint in endpoints:
+                info = self.ask(endpoint) or {}
+                if info.get("active", True) and worker in info.get("workers", {}):
+                    return True
+            time.sleep(0.3)
+        return False
+
+    def ask(self, endpoint: str) -> dict | None:
+        """A status request from the client's namespace."""
         import zmq
 
         from keel.chaos.netns import in_netns
         from keel.common.transport import request_status
-
-        endpoint = spec_of(self).role("store")[0].config.status_endpoint
 
         def ask() -> dict | None:
             ctx = zmq.Context()  # made inside the namespace, so its connections start there
@@ -174,9 +207,14 @@ class ThreeHosts:
             finally:
                 ctx.destroy(0)
 
+        return in_netns(self.cluster.host("client").ns, ask)
+
+    def wait_store(self, starting: Any, timeout_s: float = 60.0) -> None:
+        """Until h1's store service answers (asked from the client's namespace)."""
+        endpoint = spec_of(self).role("store")[0].config.status_endpoint
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and starting.running():
-            if in_netns(self.cluster.host("client").ns, ask) is not None:
+            if self.ask(endpoint) is not None:
                 return
             time.sleep(0.2)
         raise AssertionError(f"h1's store service did not answer; see {starting.log}")
@@ -343,7 +381,9 @@ def run(cluster: Any, root: Path, queries: int = 600, rate: float = 200.0, rollo
             time.sleep(2.0)
             shutil.rmtree(hosts.dirs["h3"] / "store", ignore_errors=True)  # it comes back with an empty store
             t2 = time.monotonic()
-            hosts.up("h3")
+            # back as systemd would start it: the units keel render-systemd writes for h3
+            figures["restarted_units"] = hosts.up_systemd("h3")
+            figures["rejoined"] = hosts.wait_registered("worker-scale-2")
             figures["restart_s"] = round(time.monotonic() - t2, 1)
             figures["refetched"] = stores_match(hosts, "h3", ["2" if rollout else "1"])
         done = load.wait()

@@ -45,4 +45,5 @@ def test_multihost_full_rollout_and_host_death_under_load(clusters, tmp_path):
     assert not {s: n for s, n in r["wrong_by_source"].items() if s != "reconstruction"}, r["wrong_examples"]
     assert set(r["by_version"]) == {"1", "2"}
     assert f["fetched_v2"] == {h: True for h in HOSTS} and f["refetched"]
+    assert f["rejoined"] and "worker-scale-2" in f["restarted_units"]  # h3 back from its systemd units
     assert f["corrupted_transfer"]["refused"] >= 1 and f["corrupted_transfer"]["exact"]
