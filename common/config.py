@@ -409,6 +409,10 @@ class DecoderConfig:
     #: ROUTER answering Status requests; None = none
     status_endpoint: str | None = None
     metrics_port: int | None = None
+    #: model -> {parity model version: the deployed version it was made for}: a reconstruction
+    #: is made only from predictions of that version (after a rollout of the deployed model
+    #: alone, none is made); {} = any, named after the predictions it was computed from
+    parity_versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def validate(self) -> None:
         _check(self.group_ttl_s > 0, "group_ttl_s", "must be > 0")

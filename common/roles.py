@@ -84,7 +84,7 @@ ROLES: dict[str, Role] = {r.name: r for r in (
          priority=200),
     Role("decoder", cfg.DecoderConfig, "keel.services.decoder:Decoder",
          binds=("endpoint", "status_endpoint"), status="status_endpoint",
-         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint"}), priority=200),
+         spec_sets=frozenset(_COMMON_SET | {"endpoint", "status_endpoint", "parity_versions"}), priority=200),
     Role("manager", cfg.ManagerConfig, "keel.services.manager.service:Manager",
          binds=("endpoint", "publish_endpoint"), status="endpoint",
          spec_sets=frozenset(_COMMON_SET | {"raft_address", "raft_partners", "endpoint", "publish_endpoint",

@@ -30,6 +30,13 @@ Incarnations: per deployed model the decoder remembers the newest dispatcher epo
 (``ids.epoch_of(group)``); outputs of an older epoch, or of one no ``IdSpace`` makes, are
 dropped (``stale``) and a newer epoch drops the groups of older ones. At most ``max_open_groups`` groups are tracked.
 
+Versions: a reconstruction is named after the deployed version it equals, that of the
+other members' predictions; a group whose members, or whose parity model
+(``parity_versions``: the deployed version each parity model version was made for),
+disagree on the version is not reconstructed (``mixed_versions``,
+``unpaired_parity_version``): across a rollout, F_P(P) minus predictions of another
+version than F_P's is no prediction of either.
+
 The decoder is never on the critical path of an available prediction: workers answer
 the frontend directly. The structure keeps "missing" as a set so that r > 1 (§7) only
 changes when a group is decodable.
@@ -161,6 +168,9 @@ class Decoder(Service):
                 if group.parity_deadlines is not None:
                     deadline[q] = group.parity_deadlines[pos]
         others = [i for i in present if i != j]
+        version = self._version(key[0], parity, [group.outputs[i] for i in others])
+        if version is False:
+            return
         available = np.zeros((len(others), rows, width), np.float32)
         for slot, i in enumerate(others):
             copy, member = group.outputs[i], members.batches[i]
@@ -190,9 +200,27 @@ class Decoder(Service):
             rows_of = [live[p] for p in picked]
             msg = Predictions(batch_id=0, model=key[0], qids=[target.qids[r] for r in rows_of],
                               outputs=np.ascontiguousarray(rebuilt[rows_of]), worker=self.name,
-                              source=Source.RECONSTRUCTION, group=parity.group)
+                              source=Source.RECONSTRUCTION, group=parity.group, version=version)
             if not self.peers.send(dest, msg):
                 self.counts["undeliverable"] += len(rows_of)
+
+    def _version(self, model: str, parity: Predictions, others: list[Predictions]) -> str | None | bool:
+        """The deployed version a reconstruction equals: that of the other members'
+        predictions, which must agree with each other and with the version the parity model
+        was made for (``parity_versions``); False (counted, nothing sent) when they do not.
+        During and after a rollout a group can mix versions, and F_P(P) minus predictions of
+        another version than F_P's is no prediction of either."""
+        versions = {o.version for o in others}
+        pairs = self.cfg.parity_versions.get(model)
+        if pairs:
+            if parity.version not in pairs:
+                self.counts["unpaired_parity_version"] += 1
+                return False
+            versions.add(pairs[parity.version])
+        if len(versions) > 1:
+            self.counts["mixed_versions"] += 1
+            return False
+        return versions.pop() if versions else None
 
     def _chores(self, now: float) -> None:
         timeout = None if self.cfg.timeout_ms is None else self.cfg.timeout_ms / 1000.0

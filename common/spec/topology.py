@@ -166,7 +166,10 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         add("encoder", "encoder", placement["encoder"],
             {**options["encoder"], "batch_endpoint": encoder_ep, "dispatcher_query_endpoint": query_ep,
              "parity_models": {m: t["parity_model"] for m, t in coded.items()}, "encoder": kinds.pop()}, "encoder")
-        add("decoder", "decoder", placement["decoder"], {**options["decoder"], "endpoint": decoder_ep}, "decoder")
+        # which deployed version each parity model version reconstructs (ParM is exact only for its own)
+        pairs = {m: {t["parity_version"]: t["version"]} for m, t in coded.items() if not t["builtin"]}
+        add("decoder", "decoder", placement["decoder"], {**options["decoder"], "endpoint": decoder_ep,
+                                                          "parity_versions": pairs}, "decoder")
 
     worker_options = options["worker"]
     for m, t in models.items():
