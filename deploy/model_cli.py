@@ -163,11 +163,17 @@ def _publish(store: str, name: str, version: str | None, targets: list[str]) -> 
     ``[store]`` replicas get it."""
     from keel.common.modelfetch import StoreRefused, StoreUnreachable, publish_all
     from keel.common.spec import SpecError, load_spec
+    from keel.deploy.keys_cli import use_for_spec
 
     endpoints = []
     try:
         for target in targets:
-            endpoints += [target] if "://" in target else [s.config.endpoint for s in load_spec(target).role("store")]
+            if "://" in target:
+                endpoints.append(target)
+                continue
+            spec = load_spec(target)
+            use_for_spec(spec)  # with CURVE on, as the spec's operator
+            endpoints += [s.config.endpoint for s in spec.role("store")]
         if not endpoints:
             return _fail(f"{', '.join(targets)}: no store service to publish to (a spec needs a [store] table)")
         manifest = publish_all(endpoints, ModelStore(store), name, version)

@@ -206,3 +206,24 @@ def test_keel_model_add_publish_and_fetch_commands(launcher, tmp_path, capsys):
     assert keel(["model", "publish", "scale", "--to", endpoint, "--store", str(other.root)]) == 1
     assert "other content" in capsys.readouterr().err
     same_version(ModelStore(tmp_path / "author"), served, "scale", "1")
+
+
+def test_with_curve_only_holders_of_the_keys_fetch(launcher, tmp_path):
+    from keel.common import curve
+
+    served = ModelStore(tmp_path / "served")
+    v1 = add_scale(served.root, tmp_path, 2.0)
+    keys = tmp_path / "keys"
+    curve.generate(keys)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    cfg = StoreConfig(endpoint=endpoint, store=str(served.root), status_endpoint=f"tcp://127.0.0.1:{free_port()}")
+    run = launcher("store")
+    run.start(ServiceLaunch("store", "store", "local", cfg, curve_keys=str(keys)))
+    try:
+        with pytest.raises(StoreUnreachable):  # a plain socket gets no answer from a CURVE store
+            ensure(ModelStore(tmp_path / "plain"), "scale", v1, [endpoint], deadline_s=2.5, backoff_s=0.2)
+        curve.use(keys, "service")  # what a worker of the cluster holds
+        assert ensure(ModelStore(tmp_path / "host"), "scale", v1, [endpoint], deadline_s=20).version == v1
+    finally:
+        curve.use(None)
+    same_version(served, ModelStore(tmp_path / "host"), "scale", v1)
