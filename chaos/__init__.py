@@ -14,8 +14,10 @@ their own loop, such as ParM's tail-latency sweeps)::
         work = Workload(cfg, Path("runs/x/workload"))
         plan = FaultPlan.from_config({"faults": [{"at_s": 2, "kind": "shuffle", "hosts": ["fe", "w1", "w2"],
                                                   "concurrent": 4, "duration_s": 20}]}, list(cluster.hosts))
-        t0 = time.time() + 1.0
-        work.start(cluster, start_at=t0)
+        work.start(cluster)
+        work.wait_ready(60.0)   # imports done: start-up never shifts the schedule
+        t0 = time.time() + 0.1
+        work.go(t0)
         runner = FaultRunner(plan, {"parm": cluster}).start(t0)
         work.wait()
         shuffles = runner.stop()

@@ -115,9 +115,13 @@ def _segment(exp: Experiment, modes: list[str], plan: FaultPlan, registry: Regis
             wcfg.input_shape = wcfg.input_shape or deployments[mode].input_shape(model)
             wcfg.modes = {mode: deployments[mode].frontends}
             workloads[mode] = Workload(wcfg, out_dir / mode / "workload")
-        t0 = time.time() + exp.settle_s + 1.0  # every process starts on the same schedule
         for mode in modes:
-            workloads[mode].start(clusters[mode], start_at=t0)
+            workloads[mode].start(clusters[mode])
+        for mode in modes:
+            workloads[mode].wait_ready(max(1.0, deadline - time.monotonic()))
+        t0 = time.time() + exp.settle_s + 0.1  # the generators and the faults on one schedule
+        for mode in modes:
+            workloads[mode].go(t0)
         runner = FaultRunner(plan, clusters, specs={m: d.spec for m, d in deployments.items()},
                              probe_host=exp.workload.get("client_host", "client")).start(t0)
         result["t0"] = t0

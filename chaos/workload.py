@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import threading
 import time
@@ -111,9 +112,14 @@ class Workload:
         self.cfg, self.dir = cfg, Path(out_dir)
         self.proc = None
 
-    def start(self, cluster, start_at: float) -> Workload:
+    def start(self, cluster, start_at: float | None = None) -> Workload:
+        """Spawn the generator. With ``start_at`` it sends from that wall time on; without,
+        it says when it is ready (``wait_ready``) and waits for ``go``, so a slow start-up
+        (imports on a loaded machine take seconds) never shifts the schedule against the
+        faults'."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in [self.dir / "done.json", *self.dir.glob("records-*.jsonl")]:
+        for stale in [self.dir / "done.json", self.dir / "ready.json", self.dir / "go.json",
+                      *self.dir.glob("records-*.jsonl")]:
             stale.unlink(missing_ok=True)
         path = self.dir / "workload.json"
         # the generator reads the inputs from here: it never imports the dataset code
@@ -124,6 +130,13 @@ class Workload:
                                   "workload", kind="aux", restartable=False)
         self.cluster = cluster
         return self
+
+    def wait_ready(self, timeout: float) -> None:
+        if wait_file(self.dir / "ready.json", timeout, alive=self.proc.running) is None:
+            raise RuntimeError(f"workload generator not ready within {timeout:.0f} s; see {self.proc.log}")
+
+    def go(self, start_at: float) -> None:
+        write_json(self.dir / "go.json", {"start_at": start_at})
 
     def bound_s(self) -> float:
         """Longest the generator can take: schedule + retries + drain, plus start-up."""
@@ -225,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(cfg["out_dir"])
     inputs = np.load(cfg["inputs"]) if cfg.get("inputs") else load_inputs(cfg["dataset"], cfg.get("input_shape"))
     offsets, rows = schedule(cfg["rate"], cfg.get("count"), cfg["seed"], len(inputs), cfg["duration_s"])
+    if cfg.get("start_at") is None:  # the harness sets the start once every generator is ready
+        from keel.common.client import Client  # noqa: F401 - imported before "ready", not on the clock
+
+        write_json(out_dir / "ready.json", {"pid": os.getpid()})
+        go = wait_file(out_dir / "go.json", 300.0)
+        if go is None:
+            return 1
+        cfg["start_at"] = go["start_at"]
     stats: dict[str, dict] = {}
 
     def run(mode: str, frontends: list[str]) -> None:
