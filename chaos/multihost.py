@@ -300,7 +300,10 @@ def workload(hosts: ThreeHosts, out: Path, queries: int, rate: float) -> Workloa
     cfg = WorkloadConfig(model="scale", rate=rate, count=queries, duration_s=queries / rate + 30, input_shape=[64],
                          timeout_ms=3000, retries=3, drain_s=5, client_host="client", keep_outputs=True,
                          modes={"keel": spec.client_endpoints})
-    return Workload(cfg, out).start(hosts.cluster, time.time() + 1.0)
+    work = Workload(cfg, out).start(hosts.cluster)
+    work.wait_ready(60.0)
+    work.go(time.time())
+    return work
 
 
 def _toml(path: Path) -> dict:
