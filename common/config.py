@@ -256,6 +256,18 @@ class DispatcherConfig:
     #: never sooner than ``serf_hold_s`` after the last switch
     serf_hysteresis: float = 0.05
     serf_hold_s: float = 1.0
+    #: SERF: the cores of each host (host -> cores), shared by the workers there: the
+    #: configurator never gives a model's workers more slots x threads than the host has
+    #: left beside the other workers' current ones; {} = no budget
+    serf_cores: dict[str, int] = field(default_factory=dict)
+    #: set by the spec: each worker's host (worker name -> host), for ``serf_cores``
+    serf_hosts: dict[str, str] = field(default_factory=dict)
+    #: set by the spec: where the profile of a version rolled out later is found
+    #: (``services.serf.profile.where``): beside its manifest in ``serf_store`` under the
+    #: model's store name (``serf_names``), else in ``serf_run_dir``/serf/
+    serf_store: str = ""
+    serf_run_dir: str = ""
+    serf_names: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = 0.25
     #: heartbeats a worker may miss before it is dropped and its batch re-queued
     #: (2 s by default: a loaded 2-core host can stall a healthy process for a second)
@@ -284,6 +296,8 @@ class DispatcherConfig:
         _check(self.drs_threshold >= 0, "drs_threshold", "must be >= 0")
         _check(0 <= self.serf_hysteresis < 1, "serf_hysteresis", "must be in [0, 1)")
         _check(self.serf_hold_s >= 0, "serf_hold_s", "must be >= 0")
+        for host, cores in self.serf_cores.items():
+            _check(isinstance(cores, int) and cores >= 1, f"serf_cores.{host}", "must be a whole number of cores >= 1")
         for name, policy in self.models.items():
             policy.validate(name)
 

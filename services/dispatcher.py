@@ -101,13 +101,16 @@ class Dispatcher(Service):
             from keel.services.serf import profile as serf_profile
             from keel.services.serf.configurator import Configurator
 
-            profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items()}
-            for m in [m for m, p in profiles.items() if p is None or m not in self.queues]:
-                # served as configured, not switched: a missing profile must not stop the service
-                self.log.error("SERF: no profile or no queue for this model; its configuration stays as it is",
-                               model=m, profile=cfg.serf[m], hint="keel serf profile SPEC --model M")
-                del profiles[m]
-            self.serf = Configurator(profiles, cfg.serf_hysteresis, cfg.serf_hold_s) if profiles else None
+            profiles = {m: serf_profile.load(path) for m, path in cfg.serf.items() if m in self.queues}
+            for m in set(cfg.serf) - set(self.queues):
+                self.log.error("SERF: no queue for this model", model=m)
+            # a model without a profile is held (served as configured, not switched) until a
+            # rollout brings a version that has one: a missing profile must not stop the service
+            self.serf = Configurator({m: p for m, p in profiles.items() if p is not None}, cfg.serf_hysteresis,
+                                     cfg.serf_hold_s) if profiles else None
+            for m in [m for m, p in profiles.items() if p is None]:
+                why = self.serf.hold(m, f"no profile for {m} at {cfg.serf[m]}: keel serf profile SPEC --model {m}")
+                self.log.error("SERF: no profile for this model; its configuration stays as it is", model=m, why=why)
         if self.serf is not None:
             self.every(cfg.heartbeat_interval_s, self._serf)
             gauge = self.metrics.gauge
@@ -223,6 +226,10 @@ class Dispatcher(Service):
         worker of M takes it live; answered with Status (``configured``: the workers, or an
         ``error``)."""
         error, done = None, []
+        if msg.version is not None and self.serf is not None and msg.model in self.cfg.serf and msg.model in self.queues:
+            # a rollout moved the model's workers to this version: SERF follows it
+            self._send(envelope, Status(service=self.name, info={"serf": self._serf_follow(msg.model, msg.version)}))
+            return
         if msg.model not in self.by_model or msg.version is not None:
             error = f"no model {msg.model!r} here" if msg.version is None else "versions roll out on the workers"
         else:
@@ -320,9 +327,27 @@ class Dispatcher(Service):
         workers = self.by_model.get(model)
         return (workers[0].slots, workers[0].threads) if workers else None
 
+    def _serf_follow(self, model: str, version: str) -> dict:
+        """SERF takes the profile of the ``version`` ``model``'s workers now serve (beside
+        its manifest in the store, else in the run folder), or holds the model; its status."""
+        from keel.services.serf import profile as serf_profile
+
+        cfg = self.cfg
+        path = serf_profile.where(cfg.serf_names.get(model, model), version, cfg.serf_store or None,
+                                  cfg.serf_run_dir or None)
+        why = self.serf.follow(model, version, serf_profile.load(path, version), str(path))
+        if why:
+            self.log.error("SERF holds this model's configuration", model=model, version=version, why=why)
+        else:
+            self.log.info("SERF follows the version served", model=model, version=version, profile=str(path))
+        return self.serf.status({model: self._current(model)})[model]
+
     def _serf(self, now: float) -> None:
-        """SERF's scheduler: the best configuration for each profiled model's load, live."""
-        for model in self.serf.models:
+        """SERF's scheduler: the best configuration for each profiled model's load, live,
+        within the cores each host has left (``serf_cores``)."""
+        from keel.services.serf.configurator import cores_left
+
+        for model in list(self.serf.models):
             current = self._current(model)
             if current is None:
                 continue
@@ -335,7 +360,10 @@ class Dispatcher(Service):
             if estimate is None:  # no arrivals yet, or too recent to count
                 continue
             rate, window_s = estimate
-            choice = self.serf.decide(model, rate, current, len(workers), now, spread=self.serf.spread(rate, window_s))
+            cores = cores_left(self.cfg.serf_cores, self.cfg.serf_hosts, self.workers.values(), model) \
+                if self.cfg.serf_cores else None
+            choice = self.serf.decide(model, rate, current, len(workers), now, spread=self.serf.spread(rate, window_s),
+                                      cores=cores)
             if choice is not None:
                 self.log.info("serf switch", model=model, rate=round(rate, 2), to=list(choice), previous=list(current))
                 for w in list(workers):
@@ -573,5 +601,5 @@ class Dispatcher(Service):
             "refused_registers": self.refused_registers,
             "unexpected": self.unexpected,
             "encoder_dropped": self.encoder_dropped,
-            **({"serf": self.serf.status({m: self._current(m) for m in self.serf.models})} if self.serf else {}),
+            **({"serf": self.serf.status({m: self._current(m) for m in self.cfg.serf})} if self.serf else {}),
         }

@@ -11,7 +11,7 @@ from keel.common.spec.models import read_model
 from keel.common.spec.pools import read_pool_prices
 from keel.common.spec.ports import Ports, assign_metrics_ports
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
-from keel.common.spec.topology import ClusterSpec, wire
+from keel.common.spec.topology import ClusterSpec, attach_serf, wire
 from keel.common.spec.manager import read_manager, wire_manager
 from keel.common.spec.store import link_workers, read_store, store_endpoints
 
@@ -136,6 +136,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     root.finish()
 
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
+    attach_serf(services, hosts, store, run_dir_, models)
     if applications:
         from keel.common.spec.applications import attach
 

@@ -205,3 +205,18 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
             fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
     return services, [c for c, _ in fe_endpoints]
 
+
+def attach_serf(services: list[ServiceLaunch], hosts: dict[str, str], store: str, run_dir: str,
+                models: dict[str, dict]) -> None:
+    """The dispatcher's SERF fields the spec knows: each worker's host (for the per-host
+    ``serf_cores``, whose hosts must be the spec's) and where a rolled-out version's profile
+    is kept (the store and each model's store name, the run folder)."""
+    disp = next((s.config for s in services if s.role == "dispatcher"), None)
+    if disp is None or not (disp.serf or disp.serf_cores):
+        return
+    for host in disp.serf_cores:
+        if host not in hosts:
+            fail(f"dispatcher.serf_cores.{host}", f"no such host; hosts: {sorted(hosts)}")
+    disp.serf_hosts = {s.name: s.host for s in services if s.role == "worker"}
+    disp.serf_store, disp.serf_run_dir = store, run_dir
+    disp.serf_names = {m: t["store_name"] for m, t in models.items() if not t["builtin"] and t.get("store_name")}

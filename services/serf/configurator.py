@@ -32,6 +32,17 @@ service, from its receipt to the batch's Done) into an EWMA: the "observed" besi
 "predicted" (Eq. 13 for the current configuration at the current rate, without the
 client-to-dispatcher path, which the dispatcher does not see) in status and metrics.
 
+A profile belongs to one model version (``services.serf.profile``): when a rollout moves
+the model's workers to another version, ``follow`` takes that version's profile, or,
+where there is none, *holds* the model (its workers keep their configuration, status says
+which profile is missing): a table of the old version would choose for another model.
+
+The cores are a per-host budget (``[dispatcher] serf_cores``) shared by every worker on
+the host: ``cores_left`` is the most cores (slots x threads) each of a model's workers
+may take beside the others' current configurations, and ``decide`` picks the best
+configuration within it (Eq. 13 at the current rate), at once when the current one no
+longer fits.
+
 Example
 -------
 >>> from keel.services.serf.profile import Profile
@@ -86,6 +97,11 @@ class ModelPlan:
         self.corrections = 0
         self.last_correction: dict | None = None
 
+    def carry(self, old: ModelPlan) -> None:
+        """Keep the switching history of the plan this one replaces (a new version's profile)."""
+        self.switches, self.last_switch, self.switch_log = old.switches, old.last_switch, old.switch_log
+        self.switched_at, self.rate, self.observed_ms = old.switched_at, old.rate, old.observed_ms
+
     def build(self) -> None:
         """The reference table over ``GRID`` rates up to the most any configuration carries."""
         t0 = time.perf_counter()
@@ -112,20 +128,69 @@ class ModelPlan:
             return max(self.profile.configurations(), key=self.profile.capacity)
         return row["best"]
 
+    def best_within(self, rate: float, cores: int) -> tuple[int, int] | None:
+        """The best configuration of at most ``cores`` (slots x threads) by Eq. 13 at
+        ``rate`` (none stable there: the one that carries the most); None if none fits."""
+        allowed = [c for c in self.profile.configurations() if c[0] * c[1] <= cores]
+        stable = [(ms, c) for c in allowed if (ms := self.profile.predict_ms(c, rate, path=False)) is not None]
+        if stable:
+            return min(stable)[1]
+        return max(allowed, key=self.profile.capacity) if allowed else None
+
+
+def cores_left(budget: dict[str, int], hosts: dict[str, str], workers, model: str) -> int | None:
+    """The most cores (slots x threads) each worker of ``model`` may take under the per-host
+    ``budget`` (host -> cores) beside every other worker's current configuration on that
+    host; None where none of its hosts has a budget. ``hosts``: worker name -> host;
+    ``workers``: the dispatcher's workers (name, model, slots, threads)."""
+    workers = list(workers)
+    mine: dict[str, int] = {}
+    for w in workers:
+        if w.model == model and hosts.get(w.name) in budget:
+            mine[hosts[w.name]] = mine.get(hosts[w.name], 0) + 1
+    room = None
+    for host, n in mine.items():
+        used = sum(w.slots * w.threads for w in workers if w.model != model and hosts.get(w.name) == host)
+        each = (budget[host] - used) // n
+        room = each if room is None else min(room, each)
+    return room
+
 
 class Configurator:
     def __init__(self, profiles: dict[str, Profile], hysteresis: float = 0.05, hold_s: float = 1.0, alpha: float = 0.1,
                  check_threshold: float = CHECK_THRESHOLD, check_sustain_s: float = CHECK_SUSTAIN_S):
         self.models = {m: ModelPlan(p) for m, p in profiles.items()}
+        #: models SERF manages but holds: model -> why (no profile of the version served)
+        self.held: dict[str, str] = {}
         self.hysteresis, self.hold_s, self.alpha = hysteresis, hold_s, alpha
         self.check_threshold, self.check_sustain_s = check_threshold, check_sustain_s
         self.noise_z = NOISE_Z
 
+    def follow(self, model: str, version: str, profile: Profile | None, where: str = "") -> str | None:
+        """``model``'s workers now serve ``version``: switch by its ``profile`` from now on,
+        or (None) hold the model where it is; why it is held, or None."""
+        old = self.models.pop(model, None)
+        if profile is None:
+            return self.hold(model, f"no profile for {model} version {version}: keel serf profile SPEC --model {model}"
+                             + (f" (looked at {where})" if where else ""))
+        self.held.pop(model, None)
+        plan = self.models[model] = ModelPlan(profile)
+        if old is not None:
+            plan.carry(old)
+        return None
+
+    def hold(self, model: str, why: str) -> str:
+        """Stop switching ``model`` (its workers keep their configuration) for ``why``."""
+        self.models.pop(model, None)
+        self.held[model] = why
+        return why
+
     def decide(self, model: str, rate: float, current: tuple[int, int] | None, workers: int,
-               now: float, spread: float = 0.0) -> tuple[int, int] | None:
+               now: float, spread: float = 0.0, cores: int | None = None) -> tuple[int, int] | None:
         """The configuration to switch ``model``'s workers to now, or None to stay.
         ``spread`` (req/s, of ``rate``): how far the estimate may be off by chance
-        (``_better``)."""
+        (``_better``); ``cores``: the most slots x threads each worker may take (the host
+        budgets, ``cores_left``; None: no budget)."""
         plan = self.models[model]
         per_worker, spread = rate / max(1, workers), spread / max(1, workers)
         plan.rate = per_worker
@@ -133,9 +198,17 @@ class Configurator:
         if current is not None:
             plan.predicted_ms = plan.profile.predict_ms(current, per_worker, path=False) \
                 if current in plan.profile.configurations() else None
-        if best == current or now - plan.switched_at < self.hold_s:
+        over = cores is not None and current is not None and current[0] * current[1] > cores
+        if cores is not None and best[0] * best[1] > cores:
+            best = plan.best_within(per_worker, cores)
+            if best is None:  # not even one core each is left: nothing SERF may choose
+                return None
+        if best == current:
             return None
-        if current is not None and current in plan.profile.configurations() and \
+        # a configuration past the budget goes at once; any other switch must be worth it
+        if not over and now - plan.switched_at < self.hold_s:
+            return None
+        if not over and current is not None and current in plan.profile.configurations() and \
                 not self._better(plan.profile, best, current, per_worker, spread):
             return None
         plan.switches += 1
@@ -214,11 +287,12 @@ class Configurator:
                 plan.observed_ms + self.alpha * (latency_ms - plan.observed_ms)
 
     def status(self, current: dict[str, tuple[int, int] | None]) -> dict:
-        out = {}
+        out = {m: {"held": why, "configuration": "x".join(map(str, current.get(m) or ())) or None}
+               for m, why in self.held.items()}
         for model, plan in self.models.items():
             last = plan.last_switch
             out[model] = {
-                "arrival_rate": round(plan.rate, 2), "configuration": "x".join(map(str, current.get(model) or ())) or None,
+                "version": plan.profile.version, "arrival_rate": round(plan.rate, 2), "configuration": "x".join(map(str, current.get(model) or ())) or None,
                 "predicted_ms": None if plan.predicted_ms is None else round(plan.predicted_ms, 2),
                 "observed_ms": None if plan.observed_ms is None else round(plan.observed_ms, 2),
                 "switches": plan.switches, "table_ms": round(plan.table_ms, 2),

@@ -810,7 +810,8 @@ def test_serf_runs_for_a_profiled_model_and_a_missing_profile_does_not_stop_the_
     from keel.services.serf.profile import Profile
 
     h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(tmp_path / "none.json")})
-    assert h.d.serf is None and "serf" not in h.d.status()  # served as configured, not switched
+    # served as configured, not switched (held), and its status says why
+    assert h.d.serf.models == {} and "no profile for m at" in h.d.status()["serf"]["m"]["held"]
     path = serf_profile.save(Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}), tmp_path / "p.json")
     h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(path)}, serf_hold_s=0.0)
     w = h.worker("w0", slots=1)
@@ -820,3 +821,60 @@ def test_serf_runs_for_a_profiled_model_and_a_missing_profile_does_not_stop_the_
     configure = next(m for m in msgs if isinstance(m, Configure))
     assert (configure.slots, configure.threads) == (1, 2) and (h.state("w0").slots, h.state("w0").threads) == (1, 2)
     assert h.d.status()["serf"]["m"]["configuration"] == "1x2"
+
+
+def _ask_while_pumping(h: Harness, msg) -> dict:
+    """``transport.ask`` the dispatcher's ROUTER from a thread while the test ticks it."""
+    import threading
+
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(transport.ask(h.worker_endpoint, msg, 5.0)))
+    t.start()
+    h.pump(lambda: bool(got), what="an answer")
+    t.join()
+    assert got[0] is not None
+    return got[0]
+
+
+def test_serf_follows_the_version_a_rollout_brings_and_holds_one_without_a_profile(harness, tmp_path):
+    from keel.services.serf import profile as serf_profile
+    from keel.services.serf.profile import Profile
+
+    run = tmp_path / "run"
+    v1 = serf_profile.save(Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}),
+                           serf_profile.where("m", "1", None, str(run)))
+    v2 = {(1, 1): 40.0, (1, 2): 24.0, (2, 1): 42.0}
+    serf_profile.save(Profile("m", "2", 2, v2), serf_profile.where("m", "2", None, str(run)))
+    h = harness({"m": BatchPolicy(fixed_batch=1)}, serf={"m": str(v1)}, serf_run_dir=str(run), serf_hold_s=0.0)
+    w = h.worker("w0", slots=1)
+    answer = _ask_while_pumping(h, Configure(model="m", version="2"))
+    assert answer["serf"]["version"] == "2" and h.d.serf.models["m"].profile.service_ms == v2
+    # version 3 has no profile: held with the command that ends it, and no switch is sent
+    answer = _ask_while_pumping(h, Configure(model="m", version="3"))
+    assert answer["serf"]["held"].startswith("no profile for m version 3: keel serf profile SPEC --model m")
+    assert h.d.status()["serf"]["m"]["held"] == answer["serf"]["held"]
+    h.d._serf(0.0)
+    h.settle()
+    assert not any(isinstance(m, Configure) for m in received(w)) and (h.state("w0").slots, h.state("w0").threads) == (1, 1)
+
+
+@pytest.mark.parametrize("budget", [None, 3])
+def test_serf_keeps_two_models_within_their_hosts_cores(harness, tmp_path, budget):
+    """m and n share host h; each alone would take both threads at idle (1x2): with 3 cores
+    on h, the first takes 2 and the second keeps the one left."""
+    from keel.services.serf import profile as serf_profile
+    from keel.services.serf.profile import Profile
+
+    paths = {m: str(serf_profile.save(Profile(m, "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}), tmp_path / f"{m}.json"))
+             for m in ("m", "n")}
+    cores = {"serf_cores": {"h": budget}, "serf_hosts": {"wm": "h", "wn": "h"}} if budget else {}
+    h = harness({"m": BatchPolicy(fixed_batch=1), "n": BatchPolicy(fixed_batch=1)}, serf=paths, serf_hold_s=0.0, **cores)
+    h.worker("wm", model="m")
+    h.worker("wn", model="n")
+    h.d._serf(0.0)
+    h.d._serf(1.0)
+    got = {name: (h.state(name).slots, h.state(name).threads) for name in ("wm", "wn")}
+    if budget is None:
+        assert got == {"wm": (1, 2), "wn": (1, 2)}
+    else:
+        assert got == {"wm": (1, 2), "wn": (1, 1)} and sum(s * t for s, t in got.values()) <= budget
