@@ -7,6 +7,14 @@ checks it with one batch, swaps and registers again; the next worker starts
 only once this one is back, and a version a worker refuses stops the rollout there. Then
 the frontends are told, since they key their caches by the version served.
 
+A model SERF manages (``[dispatcher] serf``) is then SERF's to follow (``serf_follow``):
+the dispatcher is told the version, and takes its profile (kept with the version, beside
+its manifest). A version with no profile yet is profiled right after the switch through
+the cluster, as ``keel serf profile`` does (a few seconds of requests of every (i, t)
+tuple; SERF holds the model's configuration meanwhile), so that a rollout leaves the
+model managed as it found it; ``profile=False`` leaves it held instead, which the
+dispatcher's status and log say, with the command that ends it.
+
 Example
 -------
 >>> rollout(load_spec("deploy/examples/local.toml"), "digits", "2")   # doctest: +SKIP
@@ -50,10 +58,10 @@ def served_versions(spec: Any, model: str, ctx: Any = None, timeout_s: float = 2
 
 
 def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0, log: Any = print,
-            ctx: Any = None) -> str:
+            ctx: Any = None, profile: bool = True) -> str:
     """Move every deployed worker of ``model`` to store ``version`` (None: latest), one at a
     time; returns the version. Raises ``RolloutError`` where it stopped. ``ctx``: as for
-    ``configure_version``."""
+    ``configure_version``; ``profile``: as for ``serf_follow``."""
     from keel.common.modelfetch import Manifests
     from keel.common.transport import request_status
     from keel.common.waiting import wait_until
@@ -82,7 +90,47 @@ def rollout(spec: Any, model: str, version: str | None, timeout_s: float = 60.0,
     for fe in spec.role("frontend"):  # the frontends key their caches by the version served
         if not tell_frontend(fe.config, model, version, timeout_s, ctx):
             raise RolloutError(f"every worker serves version {version}, but frontend {fe.name} did not take it")
+    if model in spec.service("dispatcher").config.serf:
+        serf_follow(spec, model, version, timeout_s, log, ctx, profile)
     return version
+
+
+def serf_follow(spec: Any, model: str, version: str, timeout_s: float = 60.0, log: Any = print, ctx: Any = None,
+                profile: bool = True) -> dict:
+    """Tell the dispatcher that ``model``'s workers serve ``version``, so SERF switches by
+    that version's profile; where there is none and ``profile``, profile the version
+    through the cluster, keep the profile with it and tell the dispatcher again. SERF's
+    status of the model (``held``: why it keeps the configuration)."""
+    from keel.common import protocol, transport
+
+    def tell() -> dict:
+        info = transport.ask(spec.service("dispatcher").config.worker_endpoint,
+                             protocol.Configure(model=model, version=version), timeout_s, ctx)
+        if info is None or "serf" not in info:
+            raise RolloutError(f"every worker serves version {version}, but the dispatcher did not answer for SERF")
+        return info["serf"]
+
+    status = tell()
+    if status.get("held") and profile:
+        from keel.deploy.serf_cli import model_cores
+        from keel.services.serf.profile import save, where
+        from keel.services.serf.profiler import ProfileError, profile_model
+
+        store_name = model_workers(spec, model)[0].config.store_name or model
+        log(f"{model}: SERF has no profile of version {version}; profiling it through the cluster")
+        try:
+            p = profile_model(spec, model, model_cores(spec, model), version=version, log=log)
+        except ProfileError as exc:
+            log(f"{model}: profiling version {version} failed ({exc}); SERF holds its configuration: "
+                f"keel serf profile SPEC --model {model}")
+            return status
+        log(f"{model}: profiled in {p.profiling_s:.1f} s, kept at {save(p, where(store_name, version, spec.store, spec.run_dir))}")
+        status = tell()
+    if status.get("held"):
+        log(f"{model}: SERF holds its configuration: {status['held']}")
+    else:
+        log(f"{model}: SERF switches by the profile of version {version}")
+    return status
 
 
 def tell_frontend(cfg: Any, model: str, version: str, timeout_s: float, ctx: Any = None) -> bool:
