@@ -112,3 +112,27 @@ def test_follow_the_version_served():
     conf.observe_service("m", (1, 4), 1, 10.0, 0.0, 1.0)
     # a rollout back to a version with a profile ends the hold
     assert conf.follow("m", "2", sublinear("m", "2", base_ms=80.0)) is None and "m" not in conf.held
+
+
+def test_the_spec_gives_the_dispatcher_each_workers_host_and_where_versions_keep_profiles(tmp_path):
+    from pathlib import Path
+
+    from keel.common.spec import SpecError, load_spec
+
+    spec = load_spec({"cluster": {"store": str(tmp_path / "store"), "run_dir": str(tmp_path / "run")},
+                      "hosts": {"h1": "127.0.0.1", "h2": "127.0.0.2"},
+                      "dispatcher": {"serf": {"m": "m.json"}, "serf_cores": {"h1": 8, "h2": 4}},
+                      "models": {"m": {"builtin": "sleep", "workers": 3}, "n": {"builtin": "sleep"}}})
+    d = spec.service("dispatcher").config
+    assert d.serf_cores == {"h1": 8, "h2": 4}
+    assert d.serf_hosts == {"worker-m-0": "h1", "worker-m-1": "h2", "worker-m-2": "h1", "worker-n-0": "h1"}
+    assert d.serf_store == str(tmp_path / "store") and Path(d.serf_run_dir) == tmp_path / "run"
+    with pytest.raises(SpecError, match=r"dispatcher.serf_cores.h3: no such host"):
+        load_spec({"dispatcher": {"serf_cores": {"h3": 8}}, "models": {"m": {"builtin": "sleep"}}})
+    with pytest.raises(SpecError, match=r"serf_cores.local must be a whole number of cores >= 1"):
+        load_spec({"dispatcher": {"serf_cores": {"local": 0}}, "models": {"m": {"builtin": "sleep"}}})
+    with pytest.raises(SpecError, match=r"dispatcher.serf_hosts: is set by the spec itself"):
+        load_spec({"dispatcher": {"serf_hosts": {"w": "local"}}, "models": {"m": {"builtin": "sleep"}}})
+    reference = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    for key in ("serf", "serf_cores", "serf_hysteresis", "serf_hold_s"):
+        assert f"| `{key}` |" in reference, f"[dispatcher] {key} is not in docs/deploy.md"
