@@ -10,7 +10,9 @@ a manual switch for a model of a running cluster (``keel up SPEC`` first).
 - ``set``: switch the model's workers to ``--slots`` x ``--threads`` live.
 
 To let the dispatcher switch by itself, name the profile in the spec:
-``[dispatcher] serf = {M = "PATH"}``.
+``[dispatcher] serf = {M = "PATH"}`` (and share each host's cores between the models
+there: ``serf_cores = {HOST = N}``). ``keel model rollout`` of such a model profiles the
+new version through the cluster right after the switch when it has no profile yet.
 
 Example
 -------

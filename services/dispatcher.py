@@ -25,7 +25,9 @@ profiler) applies it to every worker of M. With ``serf = {M = PROFILE}`` the dis
 runs SERF's configurator (``services.serf.configurator``) every heartbeat: M's arrival
 rate (counted over a window), the reference table, hysteresis and a hold time, then
 ``configure``; the profile is checked against the service times of each ``Done``; its state is in
-``status()["serf"]`` and the ``serf_*`` metrics.
+``status()["serf"]`` and the ``serf_*`` metrics. ``Configure(model=M, version=V)`` on the
+ROUTER (``keel model rollout``) makes SERF follow V's profile, or hold M where V has none;
+``serf_cores`` keeps each host's workers within its cores.
 
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
 heartbeat intervals is dropped too. Either way the queries of its in-flight batches go

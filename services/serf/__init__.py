@@ -19,10 +19,14 @@ Design on Keel (a 2-core machine here; SERF's 8-core testbed host is emulated by
   exactly i requests in flight runs a warm-up and a few tens of samples, and the worker's
   own service-time counters give the mean (and SCV) of that phase: mu_i for t threads. The
   profile (``Profile``: mu table, profiling time, path overhead) is kept beside the model
-  version in the store (``serf_profile.json``) or in a run folder, and is stale (reprofile)
-  when the served version changes.
+  version in the store (``serf_profile.json``) or in a run folder. When a rollout moves
+  the workers to another version, the configurator takes that version's profile or holds
+  the model (``configurator.Configurator.follow``); ``keel model rollout`` profiles a
+  version that has none right after the switch (``deploy.rollout.serf_follow``).
 - ``common.queueing``: Eq. 2-13 (Eq. 12 with p0 restored) and the reference table.
 - ``configurator``: §IV-D inside the dispatcher: the model's arrival rate (the queue's
   EWMA) per worker, a table lookup, hysteresis and a minimum hold time, then
-  ``Dispatcher.configure`` for each worker of the model.
+  ``Dispatcher.configure`` for each worker of the model, never past the cores its host
+  has left beside the other workers there (``[dispatcher] serf_cores``,
+  ``configurator.cores_left``).
 """
