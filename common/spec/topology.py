@@ -208,12 +208,16 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
 
 def attach_serf(services: list[ServiceLaunch], hosts: dict[str, str], store: str, run_dir: str,
                 models: dict[str, dict]) -> None:
-    """The dispatcher's SERF fields the spec knows: each worker's host (for the per-host
-    ``serf_cores``, whose hosts must be the spec's) and where a rolled-out version's profile
+    """The dispatcher's SERF fields the spec knows (the models of ``serf`` and the hosts of
+    ``serf_cores`` must be the spec's): each worker's host (for the per-host
+    ``serf_cores``) and where a rolled-out version's profile
     is kept (the store and each model's store name, the run folder)."""
     disp = next((s.config for s in services if s.role == "dispatcher"), None)
     if disp is None or not (disp.serf or disp.serf_cores):
         return
+    for model in disp.serf:
+        if model not in models:
+            fail(f"dispatcher.serf.{model}", f"no such model; models: {sorted(models)}")
     for host in disp.serf_cores:
         if host not in hosts:
             fail(f"dispatcher.serf_cores.{host}", f"no such host; hosts: {sorted(hosts)}")

@@ -131,6 +131,8 @@ def test_the_spec_gives_the_dispatcher_each_workers_host_and_where_versions_keep
         load_spec({"dispatcher": {"serf_cores": {"h3": 8}}, "models": {"m": {"builtin": "sleep"}}})
     with pytest.raises(SpecError, match=r"serf_cores.local must be a whole number of cores >= 1"):
         load_spec({"dispatcher": {"serf_cores": {"local": 0}}, "models": {"m": {"builtin": "sleep"}}})
+    with pytest.raises(SpecError, match=r"dispatcher.serf.mm: no such model"):
+        load_spec({"dispatcher": {"serf": {"mm": "m.json"}}, "models": {"m": {"builtin": "sleep"}}})
     with pytest.raises(SpecError, match=r"dispatcher.serf_hosts: is set by the spec itself"):
         load_spec({"dispatcher": {"serf_hosts": {"w": "local"}}, "models": {"m": {"builtin": "sleep"}}})
     reference = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
