@@ -108,6 +108,8 @@ class Batches:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
                     "requests": [r.request for r in rows], "reply_to": [r.reply_to for r in rows],
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
+            if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
+                self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
         if self.stateful and self.mode.checkpoints:
