@@ -12,7 +12,7 @@ from keel.common.protocol.messages import GraphAck, GraphRequest, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.roles import Role
-from keel.services.graph.statemgr import header_of, unpack
+from keel.services.graph.statemgr import header_of, outputs_of, unpack
 
 
 class BackupSide:
@@ -50,7 +50,7 @@ class BackupSide:
             header = header_of(state.state["blob"])
             if not header.get("origins"):
                 continue
-            outs = unpack(state.state["blob"])[1]
+            outs = outputs_of(state.state["blob"])  # not the state's tensors: a 16 MiB state is 16 MiB copied
             n = len(header["seqs"])
             requests, reply_to = header.get("requests") or [None] * n, header.get("reply_to") or [None] * n
             origin_of = dict(zip(header["seqs"], header["origins"]))

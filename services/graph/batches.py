@@ -13,19 +13,41 @@ A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRAD
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.graph import FRONTEND
-from keel.services.base import Service
 from keel.services.graph import lineage as lin
 from keel.services.graph.lineage import source_of
 from keel.services.graph.models import GraphBatch
 from keel.services.graph.roles import Role as R
 
 
+#: an update waits for the window at most this long (a backup that never acks is lost
+#: long before: BACKUP_GRACE_S); then it goes on, as Remus would after a timeout
+UPDATE_WAIT_MAX_S = 30.0
+
+
+@dataclass
+class _Update:
+    """A batch whose outputs left and whose update waits for NSPB's window."""
+    model: object
+    batch: GraphBatch | None
+    outputs: np.ndarray | None
+    recorded: list
+    rows: list
+    first: int
+    last: int
+    lineages: list
+    outs: list
+    t: float  # when it began to wait
+
+
 class Batches:
+    pending_update: _Update | None = None
+
     def step(self, _=None) -> None:
         rows = self._next_batch()
         # exactly once: a request my state applied already is not applied again (its saved
@@ -88,19 +110,39 @@ class Batches:
                     self._send_on(target, msg)
         if not self.model.stateful:
             return
-        t2 = time.perf_counter()
-        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state and not self._wait_for_update():
-            return  # rolled back (or stepped down) while waiting: this batch is re-run from its resent inputs
+        self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
+                                      lineages, outs, time.perf_counter())
+        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state:
+            self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
+        self._try_update()
+
+    def _try_update(self) -> None:
+        """NSPB: the update of the pending batch starts once fewer than W states are in
+        flight (``StateManager.ready_for_update``). Until then the loop goes on serving
+        everything but a new batch (its inbox, its heartbeats: a wait longer than the
+        manager's silence window must not read as a death, the backup's disconnect,
+        status); a predecessor's takeover or my backup's death may roll me back meanwhile:
+        then the batch is abandoned, its inputs come again by lineage."""
+        u = self.pending_update
+        if self.model is not u.model or self.hams_role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
+                or (u.model is not None and self.hams_role is R.PRIMARY and self.statemgr is None):
+            self.pending_update = None  # rolled back or stepped down: re-run from its resent inputs
+            return
+        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state \
+                and not self.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
+            return  # an ack moves the window: tick tries again
+        self.pending_update = None
         t3 = time.perf_counter()
-        if batch is not None:
-            self.model.update(batch, outputs)
+        if u.batch is not None:
+            self.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
-        for request, seq, origin, out in recorded:
+        for request, seq, origin, out in u.recorded:
             self.applied.record(request, seq, origin, out, now)
-        applied = [[request, seq] for request, seq, _, _ in recorded]
-        self.update_wait_s += t3 - t2
+        applied = [[request, seq] for request, seq, _, _ in u.recorded]
+        self.update_wait_s += t3 - u.t
         self.update_s += time.perf_counter() - t3
+        rows, first, last, lineages = u.rows, u.first, u.last, u.lineages
         if self.hams_role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
             self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages],
                                                            {"applied": applied})))
@@ -110,7 +152,7 @@ class Batches:
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
             if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
                 self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
-            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), outs)), first, last, lineages,
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
         if self.stateful and self.mode.checkpoints:
             self._after_update(last, lineages, applied)
@@ -166,28 +208,6 @@ class Batches:
                 self._send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
                                                      error=errors[id(r)], request=r.request, reply_to=r.reply_to))
         return good, batch, outputs
-
-    def _wait_for_update(self) -> bool:
-        """NSPB: the update of this batch waits for the previous copy and the window. While
-        it waits the process goes on serving everything but a new batch (its inbox, its
-        heartbeats to the manager: a wait longer than the manager's silence window must not
-        read as a death, the backup's disconnect, status): a predecessor's takeover or my
-        backup's death (its acks never come: the window would hold for ever) may roll me
-        back. False if that happened (the model was replaced or stepped down): the batch is
-        abandoned, its inputs come again by lineage (a roll-back asked of the manager: the
-        role is ROLLING_BACK, its answer comes later)."""
-        model = self.model
-        self.statemgr.wait_copy()
-        deadline = time.monotonic() + 30
-
-        def unchanged() -> bool:
-            return self.hams_role is R.PRIMARY and self.model is model and self.statemgr is not None
-        while unchanged() and not self.statemgr.ready_for_update() and self.running is not False \
-                and time.monotonic() < deadline:
-            Service.tick(self, min(0.05, self.next_timeout()))  # the base loop: no step() inside
-            if unchanged():
-                self._on_backup_lost(time.monotonic())
-        return unchanged()
 
     def _release_held(self, seq: int) -> None:
         for last in [s for s in self.held if s <= seq]:

@@ -365,9 +365,12 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
         def can_step() -> bool:
-            return bool(self.queue) and self.hams_role in SERVING and not self.numbering and self.leased()
+            return bool(self.queue) and self.hams_role in SERVING and not self.numbering and self.leased() \
+                and self.pending_update is None
 
         super().tick(0 if (can_step() and timeout is None) else timeout)
+        if self.pending_update is not None:
+            self._guarded("update", lambda _: self._try_update(), None)
         if can_step():
             self._guarded("step", self.step, None)
 
