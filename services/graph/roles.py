@@ -27,7 +27,7 @@ FENCED          stepped down: a newer holder exists, or it rolled back to its   
 Edges (event -> new role; any other pair raises ``ImpossibleTransition``)::
 
     STANDBY      --promoted-->             STATELESS     the manager names it holder (§IV-E, stateless)
-    STATELESS    --newer_holder-->         FENCED        a newer holder of its group
+    STATELESS    --newer_holder_alone-->   FENCED        a newer holder of its group (nothing to rejoin)
     BACKUP       --promoted-->             DEGRADED      take over with the applied state (§IV-E)
     REJOINING    --promoted-->             DEGRADED      (the manager promotes only a ready member)
     BACKUP       --primary_moved-->        REJOINING     its primary rolled back at a new epoch
@@ -77,7 +77,6 @@ class TwoPrimaries(ImpossibleTransition):
 R = Role
 TRANSITIONS: dict[tuple[Role, str], Role] = {
     (R.STANDBY, "promoted"): R.STATELESS,
-    (R.STATELESS, "newer_holder"): R.FENCED,
     (R.STATELESS, "newer_holder_alone"): R.FENCED,
     (R.BACKUP, "promoted"): R.DEGRADED,
     (R.REJOINING, "promoted"): R.DEGRADED,

@@ -41,3 +41,12 @@ def test_two_holders_at_one_epoch_raise_and_a_newer_epoch_does_not():
     check_one_holder(Role.PRIMARY, "op-g2", 4, "op-g2", 4)
     check_one_holder(Role.BACKUP, "op-g2-backup", 0, "op-g2", 4)
     check_one_holder(Role.PRIMARY, "op-g2", 0, "op-g2-backup", 0)  # never confirmed: nothing to contradict
+
+
+def test_the_edges_the_module_docstring_draws_are_the_table():
+    import re
+
+    from keel.services.graph import roles
+
+    drawn = {(Role[a], event, Role[b]) for a, event, b in re.findall(r"^\s+(\w+)\s+--(\w+)-->\s+(\w+)", roles.__doc__, re.M)}
+    assert drawn == {(a, event, b) for (a, event), b in TRANSITIONS.items()}
