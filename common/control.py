@@ -221,6 +221,12 @@ class ManagerLink:
       catching up on its primary's state is never promoted (HAMS §IV-E).
     * ``watch(sock, name)``: a ZeroMQ socket-monitor disconnect on ``sock`` (immediate when
       the peer's process dies) is reported to every replica as a suspicion of ``name``.
+    * ``request(op, args, on_reply)``: a decision asked without waiting: sent to every
+      replica (only the leader decides; followers answer ``not_leader``), re-sent every
+      ``retry_s`` while no replica decides (an election, a frozen or cut-off group: a
+      compare-and-set decision is safe to ask again), and ``on_reply(result)`` called from
+      the service's loop with the first decided answer, or ``{"status": "timeout"}`` once
+      ``timeout_s`` passed. One request per op at a time: a newer one replaces it.
 
     Nothing here blocks the loop except a snapshot after a gap in the feed (bounded by
     ``attempt_s``)."""
@@ -239,6 +245,11 @@ class ManagerLink:
             transport.make_socket(service.ctx, zmq.DEALER, connect=e, hwm=16), self._on_answer) for e in endpoints]
         self.monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
         self.suspicions = 0
+        self.beats = 0  # heartbeats sent (a loop that stalls sends none)
+        # op -> (args, on_reply, give-up time): decisions asked, not yet answered; one timer per op
+        self.pending: dict[str, tuple[dict, Any, float]] = {}
+        self.resends: dict[str, Any] = {}
+        self.retry_s = attempt_s
         self.beat = None
         if me is not None:
             service.every(interval_s, self._beat)
@@ -253,6 +264,29 @@ class ManagerLink:
         if self.ready is not None:
             args["ready"] = bool(self.ready())
         self._to_all(protocol.Control(op="heartbeat", args=args))
+        self.beats += 1
+
+    def request(self, op: str, args: dict, on_reply, timeout_s: float = 10.0) -> None:
+        """Ask the manager for ``op`` without blocking; ``on_reply(result)`` comes later."""
+        if op not in self.resends:
+            self.resends[op] = self.service.timer(lambda now, op=op: self._resend(op, now))
+        self.pending[op] = (args, on_reply, time.monotonic() + timeout_s)
+        self._resend(op, time.monotonic())
+
+    def _resend(self, op: str, now: float) -> None:
+        if op not in self.pending:
+            return
+        args, _, give_up = self.pending[op]
+        if now >= give_up:
+            self._answered(op, {"status": "timeout", "error": f"no manager replica decided {op!r} in time"})
+            return
+        self._to_all(protocol.Control(op=op, args=args))
+        self.resends[op].at(min(now + self.retry_s, give_up))
+
+    def _answered(self, op: str, result: dict) -> None:
+        _, on_reply, _ = self.pending.pop(op)
+        self.resends[op].at(None)
+        on_reply(result)
 
     def _to_all(self, msg: protocol.Control) -> None:
         for dealer in self.dealers:
@@ -268,6 +302,9 @@ class ManagerLink:
                 # the manager's silence window is counted in its own intervals: beat at least as often
                 self.beat.interval = interval
                 self.beat.due = min(self.beat.due, time.monotonic() + interval)
+            if msg.op in self.pending and result.get("status") not in RETRY:
+                self._answered(msg.op, result)  # the leader's decision (ok, or stale: compare-and-set)
+                continue
             if result.get("status") != "ok":
                 continue
             if msg.op == "register":
@@ -308,5 +345,8 @@ class ManagerLink:
 
     def close(self) -> None:
         """The client's own sockets and context (the rest are the service's)."""
+        self.pending.clear()
+        for timer in self.resends.values():
+            timer.at(None)
         self.client.close()
         self.client.ctx.term()

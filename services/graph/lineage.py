@@ -29,7 +29,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from keel.common.ids import epoch_of
 from keel.common.protocol.fields import LineageEntry
+from keel.common.spec.graph import FRONTEND
+
+
+def source_of(sender: str, seq: int) -> str:
+    """Whose numbering ``seq`` is: an operator's, or a frontend incarnation's (the origin's
+    high bits, ``keel.common.ids``). Per source seqs arrive in order (resends aside): several
+    frontends interleave their origins on one edge, so "taken already" is per incarnation."""
+    incarnation = epoch_of(seq) if sender == FRONTEND and seq >= 0 else 0
+    return f"{sender}#{incarnation}" if incarnation else sender
 
 
 def extend(lineage: list[LineageEntry], predecessor: str, predecessor_seq: int, operator: str,

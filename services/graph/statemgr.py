@@ -98,6 +98,22 @@ def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarra
     return arrays, ({s: outs[i] for i, s in enumerate(header["seqs"])} if outs is not None else {})
 
 
+def outputs_of(blob: np.ndarray) -> dict[int, np.ndarray]:
+    """The batch's outputs alone (a backup keeps them for a resend): ``unpack`` without
+    copying the state's tensors, which a backup only reads at a takeover."""
+    raw = np.ascontiguousarray(blob, dtype=np.uint8)
+    n = int.from_bytes(raw[:4].tobytes(), "little")
+    header = orjson.loads(raw[4:4 + n].tobytes())
+    start = -(-(4 + n) // _ALIGN) * _ALIGN
+    for name, dtype, shape, off in header["tensors"]:
+        if name == "":
+            dt = np.dtype(dtype)
+            size = int(np.prod(shape)) * dt.itemsize
+            outs = raw[start + off:start + off + size].view(dt).reshape(shape).copy()
+            return {s: outs[i] for i, s in enumerate(header["seqs"])}
+    return {}
+
+
 class StateManager:
     """The primary's side: copy, pack, ship, count what is in flight, keep until durable.
 

@@ -13,7 +13,7 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, 
 from keel.services.graph.assignment import EpochRole
 from keel.common.spec.graph import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
-from keel.services.graph.statemgr import PROBE_EVERY, StateManager, pack, unpack
+from keel.services.graph.statemgr import PROBE_EVERY, StateManager, outputs_of, pack, unpack
 
 
 def test_assignment_changes_only_to_a_newer_epoch():
@@ -151,3 +151,13 @@ def test_experiment_is_registered_and_overhead_is_relative_to_bare():
     row = {"graph": "g", "batch": 1, "mode": "nspb", "p50_ms": 11.0, "p99_ms": 20.0, "throughput_rps": 5.0,
            "p50_overhead": 0.1, "p99_overhead": None, "mean_batch": 1.0}
     assert "+10.0%" in table({"rows": [row]})[1]
+
+
+def test_a_backup_reads_a_states_outputs_without_the_state():
+    state = {"w": np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)}
+    outputs = {7: np.arange(3, dtype=np.float32), 8: np.full(3, 2.0, np.float32)}
+    blob = pack(state, outputs, {"origins": [1, 2]})
+    got = outputs_of(blob)
+    assert sorted(got) == [7, 8] and all(np.array_equal(got[s], outputs[s]) for s in outputs)
+    assert {s: o.tolist() for s, o in got.items()} == {s: o.tolist() for s, o in unpack(blob)[1].items()}
+    assert outputs_of(pack(state, {})) == {}  # a state with no outputs (a whole state shipped to a joiner)

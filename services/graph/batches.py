@@ -1,0 +1,215 @@
+"""A serving operator's batch (``step``): compute, number with lineage (HAMS Algorithm 1),
+send or hold the outputs, update the state and copy it (NSPB, §IV-B..D), per mode
+(``common.spec.modes``)::
+
+    compute(batch n)            reads the state only
+    outputs -> successors       at once (nspb, s2, bare); after the backup has state n (s1, remus)
+    wait: copy of n-1 finished and < W states in flight      (nspb, s1)
+    update(batch n)             changes the state
+    copy state n                in the background while n+1 computes (nspb, s1); stopped (s2, remus)
+
+A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRADED).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from keel.common.protocol.messages import GraphRequest
+from keel.common.spec.graph import FRONTEND
+from keel.services.graph import lineage as lin
+from keel.services.graph.lineage import source_of
+from keel.services.graph.models import GraphBatch
+from keel.services.graph.roles import Role as R
+
+
+#: an update waits for the window at most this long (a backup that never acks is lost
+#: long before: BACKUP_GRACE_S); then it goes on, as Remus would after a timeout
+UPDATE_WAIT_MAX_S = 30.0
+
+
+@dataclass
+class _Update:
+    """A batch whose outputs left and whose update waits for NSPB's window."""
+    model: object
+    batch: GraphBatch | None
+    outputs: np.ndarray | None
+    recorded: list
+    rows: list
+    first: int
+    last: int
+    lineages: list
+    outs: list
+    t: float  # when it began to wait
+
+
+class Batches:
+    pending_update: _Update | None = None
+
+    def step(self, _=None) -> None:
+        rows = self._next_batch()
+        # exactly once: a request my state applied already is not applied again (its saved
+        # output goes on, numbered like any output); only the others are computed and applied
+        fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
+        batch, computed = None, {}
+        if fresh:
+            batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
+            try:
+                outputs = self.model.compute(batch)
+            except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
+                failed = {id(r) for r in fresh}
+                fresh, batch, outputs = self._without_failing_rows(fresh)
+                failed -= {id(r) for r in fresh}
+                rows = [r for r in rows if id(r) not in failed]
+                if not rows:
+                    return
+            computed = {id(r): out for r, out in zip(fresh, outputs if fresh else [])}
+        if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
+            self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
+            return
+        t1 = time.perf_counter()
+        first = self.next_seq
+        sends, lineages, outs, recorded = [], [], [], []  # recorded: (request, seq, origin, output) newly applied
+        for r in rows:
+            out = computed[id(r)] if id(r) in computed else self.applied.get(self._key(r)).output
+            if id(r) in computed and self.applied is not None and r.request is not None:
+                recorded.append((self._key(r), self.next_seq, r.origin, out))
+            outs.append(out)
+            if self.stateful:
+                source = source_of(r.sender, r.seq)
+                self.consumed[source] = max(self.consumed.get(source, -1), r.seq)  # what my state holds
+            lineage = [e for e in r.lineage if e.seq >= 0]
+            lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
+                        for e in r.lineage if e.seq < 0]  # a combined join's other inputs
+            lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
+            lineages.extend(lineage)
+            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out,
+                               degraded=True if (self.hams_role is R.DEGRADED or r.degraded) else None,  # the client is told
+                               request=r.request, reply_to=r.reply_to)
+            if self.trace:
+                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
+                                 origin=r.origin, output=out, request=r.request, duplicate=id(r) not in computed or None)
+            sends += [(s, msg) for s in self.succs]
+            if self.stateful:
+                self.outputs[self.next_seq] = msg
+            self.next_seq += 1
+        last = self.next_seq - 1
+        self.lineage_s += time.perf_counter() - t1
+        self.batches += 1
+        self.rows += len(rows)
+        self.duplicates += len(rows) - len(computed)
+        if self.stateful and self.mode.hold_outputs:
+            self.held[last] = sends
+        else:
+            if self.trace and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
+                self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
+            for target, msg in sends:
+                if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
+                    self._send_on(target, msg)
+        if not self.model.stateful:
+            return
+        self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
+                                      lineages, outs, time.perf_counter())
+        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state:
+            self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
+        self._try_update()
+
+    def _try_update(self) -> None:
+        """NSPB: the update of the pending batch starts once fewer than W states are in
+        flight (``StateManager.ready_for_update``). Until then the loop goes on serving
+        everything but a new batch (its inbox, its heartbeats: a wait longer than the
+        manager's silence window must not read as a death, the backup's disconnect,
+        status); a predecessor's takeover or my backup's death may roll me back meanwhile:
+        then the batch is abandoned, its inputs come again by lineage."""
+        u = self.pending_update
+        if self.model is not u.model or self.hams_role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
+                or (u.model is not None and self.hams_role is R.PRIMARY and self.statemgr is None):
+            self.pending_update = None  # rolled back or stepped down: re-run from its resent inputs
+            return
+        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state \
+                and not self.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
+            return  # an ack moves the window: tick tries again
+        self.pending_update = None
+        t3 = time.perf_counter()
+        if u.batch is not None:
+            self.model.update(u.batch, u.outputs)
+        # the table changes with the state it describes (a batch abandoned above recorded nothing)
+        now = time.time()
+        for request, seq, origin, out in u.recorded:
+            self.applied.record(request, seq, origin, out, now)
+        applied = [[request, seq] for request, seq, _, _ in u.recorded]
+        self.update_wait_s += t3 - u.t
+        self.update_s += time.perf_counter() - t3
+        rows, first, last, lineages = u.rows, u.first, u.last, u.lineages
+        if self.hams_role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
+            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages],
+                                                           {"applied": applied})))
+        elif self.stateful and self.mode.ships_state:
+            meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
+                    "requests": [r.request for r in rows], "reply_to": [r.reply_to for r in rows],
+                    "applied": applied, "t": now}  # the backup records the same requests at the same t
+            if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
+                self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
+        if self.stateful and self.mode.checkpoints:
+            self._after_update(last, lineages, applied)
+
+    def _next_batch(self) -> list[GraphRequest]:
+        """The next batch's rows. A second row of one request (a retry queued beside the
+        first) waits for the next batch: by then the first is applied, and it is answered
+        from the table."""
+        rows, keys, later = [], set(), []
+        while self.queue and len(rows) < self.spec.max_batch:
+            r = self.queue.popleft()
+            if self.applied is not None and r.request is not None and self._key(r) in keys:
+                later.append(r)
+            else:
+                keys.add(self._key(r))
+                rows.append(r)
+        self.queue.extendleft(reversed(later))
+        return rows
+
+    def _key(self, r: GraphRequest) -> str | None:
+        """The name of an input in my table: its request's key; behind an interleaving join a
+        request has an input from each predecessor, each applied once: key@predecessor."""
+        if r.request is None or len(self.preds) == 1 or self.spec.join != "interleave":
+            return r.request
+        return f"{r.request}@{r.sender}"
+
+    def _without_failing_rows(self, rows: list[GraphRequest]):
+        """The model raised on a batch: find the rows it fails on alone and answer them with
+        the error (straight to the frontend; no seq is used, 0 on the wire; the state is
+        untouched); compute the rest again as one batch (``compute`` only reads the state)."""
+        def why(exc: Exception) -> str:
+            return f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+
+        good, errors = [], {}
+        for r in rows:
+            try:
+                self.model.compute(GraphBatch(r.input[None], [r.stream]))
+                good.append(r)
+            except Exception as exc:
+                errors[id(r)] = why(exc)
+        batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
+        outputs = None
+        if good:
+            try:
+                outputs = self.model.compute(batch)
+            except Exception as exc:  # the rows fail only together: every one gets the error
+                errors.update({id(r): why(exc) for r in good})
+                good = []
+        for r in rows:
+            if id(r) in errors:
+                self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
+                self.errors += 1
+                self._send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
+                                                     error=errors[id(r)], request=r.request, reply_to=r.reply_to))
+        return good, batch, outputs
+
+    def _release_held(self, seq: int) -> None:
+        for last in [s for s in self.held if s <= seq]:
+            for target, msg in self.held.pop(last):
+                self._send_on(target, msg)

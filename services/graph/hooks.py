@@ -1,0 +1,60 @@
+"""The experiments' and fault plans' hooks on an operator, kept out of its protocol code:
+a spec's ``pad_ms`` (the model's service time the overhead experiment emulates, HAMS's
+GPU services taking tens to hundreds of ms per batch) and ``state_delay_ms`` (Fig. 6's
+slow delivery of a state to a backup, where no delay proxy sits on the link).
+
+``install(operator)`` applies the ones its spec names; with neither it changes nothing.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from keel.common.protocol.messages import GraphState
+
+
+class Padded:
+    """A model whose ``compute`` takes at least ``pad_ms`` per call (the rest of the model
+    is the wrapped one's): the service time of a bigger model than this machine runs."""
+
+    def __init__(self, model, pad_ms: float):
+        self._model, self._pad_s = model, pad_ms / 1000
+
+    def compute(self, batch):
+        t0 = time.perf_counter()
+        out = self._model.compute(batch)
+        pad = self._pad_s - (time.perf_counter() - t0)
+        if pad > 0:
+            time.sleep(pad)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def padded(model, pad_ms: float):
+    return Padded(model, pad_ms) if pad_ms > 0 else model
+
+
+class LateStates:
+    """A backup takes each shipped state ``delay_ms`` after it arrived (in arrival order)."""
+
+    def __init__(self, operator, delay_ms: float):
+        self.operator, self.delay_s = operator, delay_ms / 1000
+        self.late: deque[tuple[float, GraphState]] = deque()
+        self.on_state = operator._on_state
+        operator._on_state = self.hold  # the backup roles' handler of GraphState
+        operator.every(0.002, self.deliver)
+
+    def hold(self, msg: GraphState) -> None:
+        self.late.append((time.monotonic() + self.delay_s, msg))
+
+    def deliver(self, now: float) -> None:
+        while self.late and self.late[0][0] <= now and self.operator.backup is not None:
+            self.on_state(self.late.popleft()[1])
+
+
+def install(operator) -> None:
+    """The hooks ``operator``'s spec asks for (padding is applied where models are made)."""
+    if operator.spec.state_delay_ms:
+        operator.late_states = LateStates(operator, operator.spec.state_delay_ms)
