@@ -131,6 +131,9 @@ class Frontend(Service):
         self.deadlines = Deadlines()
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
+        #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
+        #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
+        self.traces: dict[int, list[float]] = {}
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
@@ -300,6 +303,8 @@ class Frontend(Service):
         if cache_key is not None:
             self.by_key[cache_key] = pending
         self.deadline.at_latest(deadline)
+        if msg.trace is not None and kind == "model":  # receipt, on the wall clock the stamps share
+            self.traces[qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
 
     def _kind(self, name: str) -> str | None:
         """What ``name`` is to this frontend: "model", "application", "graph", or None."""
@@ -315,12 +320,12 @@ class Frontend(Service):
         now = time.monotonic()
         for model, items in self.outbox.items():
             if items:
-                transport.send(
-                    self.push,
-                    Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
-                            sent_at=time.time()),
-                )
+                msg = Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
+                              reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
+                              sent_at=time.time())
+                if self.traces:
+                    self._stamp(msg)
+                transport.send(self.push, msg)
                 items.clear()
         for model, qids in self.reconstructed_by.items():
             if qids:
@@ -329,6 +334,15 @@ class Frontend(Service):
         self.m_pending.set(len(self.pending))
 
     # ------------------------------------------------------------------ dispatcher failover
+
+    def _stamp(self, msg: Queries) -> None:
+        """The first traced query of ``msg`` rides on it, stamped with its send; one trace a
+        message (a breakdown samples requests, it does not follow every one)."""
+        for qid in msg.qids:
+            trace = self.traces.pop(qid, None)
+            if trace is not None:
+                msg.traced, msg.trace = qid, [*trace, time.time()]
+                return
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         """The manager named another active dispatcher: send it every query admitted and not
@@ -434,7 +448,8 @@ class Frontend(Service):
             # the key names the version expected at admission: another version's output is not cached under it
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
-            self._answer(pending.requests, source, pending.model, version, output)
+            trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
+            self._answer(pending.requests, source, pending.model, version, output, trace=trace)
 
     def _nonfinite(self, msg: Predictions, rows: int) -> None:
         """A model answered NaN or infinity for a finite input (the input was checked at
@@ -516,9 +531,10 @@ class Frontend(Service):
 
     def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None, models: list[str] | None = None,
-                confidence: float | None = None, degraded: bool | None = None) -> None:
+                confidence: float | None = None, degraded: bool | None = None, trace: list[float] | None = None) -> None:
         """The one way a reply leaves: remembered for de-duplication (real answers only),
-        counted and logged per target."""
+        counted and logged per target. ``trace``: a traced request's stamps, to which the
+        reply's send is added."""
         now = time.perf_counter()
         remember = code is None
         kind = self._kind(model) or ""
@@ -526,7 +542,8 @@ class Frontend(Service):
         for request in requests:
             frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
                                            version=version, error=error, error_code=code, models=models,
-                                           confidence=confidence, degraded=degraded))
+                                           confidence=confidence, degraded=degraded,
+                                           trace=None if trace is None else [*trace, time.time()]))
             if remember and request.dedup is not None:
                 # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
                 # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
