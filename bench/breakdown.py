@@ -30,6 +30,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import zmq
@@ -55,14 +56,17 @@ class Tracer:
         self.sock.linger = 0
         self.sock.connect(endpoint)
         self.ids = itertools.count(1)
-        self.client = f"tracer-{id(self):x}"
+        # its own client id: a request id another tracer used would be answered from the
+        # frontend's de-duplication table, with that request's stamps
+        self.client = f"tracer-{uuid.uuid4().hex}"
 
     def trace(self, x: np.ndarray, timeout_s: float = 5.0) -> tuple[list[float], float] | None:
         """(the nine parts in µs, the client's own send-to-receipt in µs) of one request;
         None if it was answered without a full trace (not by the model, or timed out)."""
         rid = f"t-{next(self.ids)}"
         start = time.perf_counter()
-        frames = protocol.encode(Predict(request_id=rid, model=self.model, input=x, client=self.client, trace=[time.time()]))
+        sent = time.time()
+        frames = protocol.encode(Predict(request_id=rid, model=self.model, input=x, client=self.client, trace=[sent]))
         self.sock.send_multipart(frames, copy=False)
         deadline = start + timeout_s
         while True:
@@ -74,7 +78,7 @@ class Tracer:
                 break
         stamps = [*(reply.trace or []), time.time()]
         took = (time.perf_counter() - start) * 1e6
-        if len(stamps) != len(PARTS) + 1:
+        if len(stamps) != len(PARTS) + 1 or stamps[0] != sent:  # not this request's whole path
             return None
         return [(b - a) * 1e6 for a, b in zip(stamps, stamps[1:])], took
 
