@@ -13,7 +13,8 @@ start, as templates) and the input or output tensor -- after two small routing f
 that stand in for what Keel keeps in memory: the client's identity (the frontend's
 pending table) and an 8-byte tag the client matches its answer by (the request id). The
 input tensor is forwarded as received (zero-copy); the worker answers with the template
-output. Every process reads everything ready after each poll, as Keel's loops do.
+output. Every process reads everything ready after each poll, as Keel's loops do, and
+sends and reads through the same helpers (``transport.send_frames``, ``recv_nowait``).
 
 What the floor leaves out, and Keel does: decoding and checking each message, admission,
 de-duplication, deadlines, batching, the worker's ``Done`` to the dispatcher (credits),
@@ -38,6 +39,7 @@ import numpy as np
 import zmq
 
 from keel.common import protocol
+from keel.common.transport import recv_nowait, send_frames
 from keel.common.protocol import Batch, Predict, Predictions, Queries, Reply
 
 _TAG = struct.Struct("<Q")
@@ -71,7 +73,7 @@ def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarra
 def _drain(sock: zmq.Socket):
     while True:
         try:
-            yield sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            yield recv_nowait(sock)
         except zmq.Again:
             return
 
@@ -93,10 +95,10 @@ def _frontend(client_ep: str, query_ep: str, prediction_ep: str, shape: list[int
         ready = dict(poller.poll(POLL_MS))
         if router in ready:
             for ident, tag, _, x in _drain(router):  # Predict -> Queries
-                push.send_multipart([ident, tag, queries, x], copy=False)
+                send_frames(push, [ident, tag, queries, x])
         if pull in ready:
             for ident, tag, _, out in _drain(pull):  # Predictions -> Reply
-                router.send_multipart([ident, tag, reply, out], copy=False)
+                send_frames(router, [ident, tag, reply, out])
 
 
 def _dispatcher(query_ep: str, worker_ep: str, shape: list[int], output_size: int) -> None:
@@ -119,7 +121,7 @@ def _dispatcher(query_ep: str, worker_ep: str, shape: list[int], output_size: in
                 workers.append(ident.bytes)
         if pull in ready and workers:
             for ident, tag, _, x in _drain(pull):  # Queries -> Batch, the workers in turn
-                router.send_multipart([workers[next(turn) % len(workers)], ident, tag, batch, x], copy=False)
+                send_frames(router, [workers[next(turn) % len(workers)], ident, tag, batch, x])
 
 
 def _worker(worker_ep: str, prediction_ep: str, name: str, shape: list[int], output_size: int) -> None:
@@ -137,7 +139,7 @@ def _worker(worker_ep: str, prediction_ep: str, name: str, shape: list[int], out
         if not dealer.poll(POLL_MS):
             continue
         for ident, tag, _, _ in _drain(dealer):  # Batch -> Predictions
-            push.send_multipart([ident, tag, predictions, output], copy=False)
+            send_frames(push, [ident, tag, predictions, output])
 
 
 class Floor:
@@ -209,7 +211,7 @@ class FloorClient:
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None) -> str:
         n = next(self.counter)
         self.sent[n] = time.perf_counter()
-        self.sock.send_multipart([_TAG.pack(n), self.predict_head, x], copy=False)
+        send_frames(self.sock, [_TAG.pack(n), self.predict_head, x])
         return str(n)
 
     def collect(self, timeout_ms: float = 0.0) -> list[FloorResult]:

@@ -281,7 +281,7 @@ class _Base:
                 box.popleft()
                 continue
             try:
-                self._socket(i).send_multipart(frames, zmq.NOBLOCK, copy=False)
+                transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
             except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
                 self.outbox[i] = deque(e for e in box if self._live(i, *e[:2]))
                 break
@@ -422,7 +422,7 @@ class Client(_Base):
                     self._flush(i)
                 while event & zmq.POLLIN:
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = transport.recv_nowait(sock)
                     except zmq.Again:
                         break
                     result = self._finish(frames, i)
@@ -605,7 +605,7 @@ class AsyncClient(_Base):
         if sock is None:
             return
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
+            result = self._finish(transport.recv_nowait(sock), i)
             for rid, future in self.ack_futures.items():
                 if self.acks.get(rid) is not None and not future.done():
                     future.set_result(None)

@@ -165,7 +165,7 @@ class Frontend(Service):
     def _on_clients(self, sock: zmq.Socket) -> None:
         for _ in range(2000):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = transport.recv_nowait(sock)
             except zmq.Again:
                 break
             start = time.perf_counter()
