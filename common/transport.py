@@ -76,7 +76,9 @@ def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
     (flag enums, type checks): a three-frame message cost ~12 µs that way here, ~5 µs this
     way, and every message of the request path goes through here. As zero-copy as before
     (pyzmq copies a frame below its copy threshold, and sends a larger one in place), and
-    as atomic: once ZeroMQ took the first frame it takes the rest."""
+    as atomic: once ZeroMQ took the first frame it takes the rest. A blocking-API socket
+    only: an asyncio socket's ``send`` returns a future instead of raising, so a refused
+    first frame would not stop the rest."""
     send, last = sock.send, len(frames) - 1
     more = int(flags) | _MORE
     for i in range(last):

@@ -42,3 +42,15 @@ def test_two_searches_of_the_same_system_agree_within_their_precision():
 
 def test_spread_is_the_median_and_range_of_the_repetitions():
     assert spread([5.0, 1.0, 3.0, 2.0]) == {"median": 2.5, "range": [1.0, 5.0], "runs": [5.0, 1.0, 3.0, 2.0]}
+
+
+def test_bench_core_breakdown_is_a_mode_with_its_own_report():
+    from keel.bench import core
+    from keel.bench.cli import json_path
+    from keel.deploy.keel import parse_args
+
+    args = parse_args(["bench", "core", "--breakdown", "--rate", "3000"])
+    assert (args.breakdown, args.rate) == (True, 3000.0)
+    assert str(json_path("core", args, core)) == "runs/core-breakdown.json"
+    assert str(json_path("core", parse_args(["bench", "core", "--quick"]), core)) == "runs/core-quick.json"
+    assert {"floor_p50_us", "floor_throughput_rps", "noop_p50_vs_floor", "noop_throughput_vs_floor"} <= set(core.FIGURES)

@@ -554,3 +554,26 @@ def test_deadlines_pop_what_is_due_and_drop_answered_entries():
     for i in range(2000):
         d.push(float(i), i)
     assert d.settle({1999: None}) == 1999.0 and len(d) == 1  # outnumbered four to one: rebuilt
+
+
+def test_a_traced_request_gets_the_frontends_four_stamps_and_an_untraced_one_none(harness):
+    h = harness()
+    c = h.client()
+    t0 = time.time()
+    transport.send(c, Predict(request_id="t", model="m", input=x_of(1), timeout_ms=10_000, trace=[t0]))
+    h.predict(c, "plain", x_of(2))
+    q1 = h.queries()
+    qs = [q1] if len(q1.qids) == 2 else [q1, h.queries()]
+    traced = [q for q in qs if q.traced is not None]
+    assert len(traced) == 1 and len(traced[0].trace) == 3 and traced[0].trace[0] == t0  # + receipt, + send
+    assert t0 <= traced[0].trace[1] <= traced[0].trace[2] <= time.time()
+    assert h.fe.traces == {}  # nothing kept once its Queries left
+    qid_traced = traced[0].traced
+    qid_plain = next(q for m in qs for q in m.qids if q != qid_traced)
+    stamps = [*traced[0].trace, time.time(), time.time()]  # the dispatcher's and the worker's, say
+    transport.send(h.worker, Predictions(batch_id=1, model="m", qids=[qid_traced, qid_plain],
+                                         outputs=np.zeros((2, OUT), np.float32), traced=qid_traced, trace=stamps))
+    replies = {r.request_id: r for r in (h.reply(c), h.reply(c))}
+    assert replies["plain"].trace is None and replies["t"].source == Source.MODEL
+    assert replies["t"].trace[:5] == stamps and len(replies["t"].trace) == 7  # + receipt, + reply's send
+    assert stamps[-1] <= replies["t"].trace[5] <= replies["t"].trace[6] <= time.time()
