@@ -29,6 +29,7 @@ Example
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import subprocess
 import sys
@@ -216,7 +217,7 @@ class FloorClient:
 
     def collect(self, timeout_ms: float = 0.0) -> list[FloorResult]:
         out: list[FloorResult] = []
-        if not self.sock.poll(timeout_ms):
+        if not self.sock.poll(math.ceil(timeout_ms)):  # as Client's: ZeroMQ counts whole ms
             return out
         for tag, _, _ in _drain(self.sock):
             n = _TAG.unpack(tag.bytes)[0]
