@@ -45,6 +45,8 @@ from keel.common.protocol import Batch, Predict, Predictions, Queries, Reply
 
 _TAG = struct.Struct("<Q")
 POLL_MS = 1000
+#: how long the chain's processes may take to start answering
+READY_TIMEOUT_S = 60.0
 
 
 def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarray]:
@@ -159,6 +161,12 @@ class Floor:
         shape = ",".join(map(str, self.shape))
         for role in self.roles:
             self.procs.append(subprocess.Popen([sys.executable, "-m", "keel.bench.floor", *role, shape, str(self.output_size)]))
+        try:  # ready when it answers (the processes start in seconds on a loaded machine)
+            with FloorClient(self.client_endpoint, self.shape, self.output_size) as client:
+                client.predict("m", np.zeros(self.shape, np.float32), timeout_ms=READY_TIMEOUT_S * 1000)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
