@@ -577,3 +577,25 @@ def test_a_traced_request_gets_the_frontends_four_stamps_and_an_untraced_one_non
     assert replies["plain"].trace is None and replies["t"].source == Source.MODEL
     assert replies["t"].trace[:5] == stamps and len(replies["t"].trace) == 7  # + receipt, + reply's send
     assert stamps[-1] <= replies["t"].trace[5] <= replies["t"].trace[6] <= time.time()
+
+
+def test_a_batchs_replies_leave_before_they_are_remembered_and_a_retry_still_finds_each(harness):
+    h = harness()
+    c = h.client()
+    for i in range(3):
+        h.predict(c, f"b{i}", x_of(30 + i))
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    sends, seen_at_put = [], []
+    real_send, real_put = h.fe._send, h.fe.dedup.put
+    h.fe._send = lambda envelope, frames: (sends.append(1), real_send(envelope, frames))
+    h.fe.dedup.put = lambda *a, **k: (seen_at_put.append(len(sends)), real_put(*a, **k))
+    h.answer("m", qids, [[i, i] for i in range(3)])
+    replies = {h.reply(c).request_id for _ in range(3)}
+    assert replies == {"b0", "b1", "b2"} and h.fe.unrecorded == [] and len(h.fe.dedup) == 3
+    assert seen_at_put == [3, 3, 3]  # each remembered once, after all the batch's replies were sent
+    for i in range(3):  # retries: the same answers, from the table
+        h.predict(c, f"b{i}", x_of(30 + i))
+        assert list(h.reply(c).output) == [float(i), float(i)]
+    assert h.counts()["duplicate"] == 3
