@@ -1,4 +1,5 @@
-"""``keel bench core``: overhead, throughput and adaptive-batching figures of the request path.
+"""``keel bench core``: overhead, throughput and adaptive-batching figures of the request path,
+against its floor measured in the same run.
 
 Measures, through real processes on loopback (client -> frontend -> dispatcher -> worker
 -> frontend -> client):
@@ -6,12 +7,20 @@ Measures, through real processes on loopback (client -> frontend -> dispatcher -
 - ``noop_p50_us`` / ``noop_p99_us``: one request outstanding, no-op model;
 - ``noop_throughput_rps``: the highest open-loop Poisson rate whose p99 stays <= 20 ms
   with nothing lost (no-op model, AIMD batching);
-- ``batching_speedup``: that same SLO-bounded rate on a model with a fixed per-batch cost
-  (the builtin ``sleep`` model: ``fixed_ms`` per batch + ``per_query_ms`` per query, like
-  an accelerator), with AIMD batching divided by batch size fixed at 1;
+- ``floor_p50_us`` / ``floor_throughput_rps``: the same two through the bare chain of
+  Keel's hops (``bench.floor``: the same processes, socket kinds and message sizes, doing
+  nothing but forwarding), run beside Keel's cluster and measured in turn with it;
+- ``batching_speedup``: the SLO-bounded rate on a model with a fixed per-batch cost (the
+  builtin ``sleep`` model: ``fixed_ms`` per batch + ``per_query_ms`` per query, like an
+  accelerator), with AIMD batching divided by batch size fixed at 1;
 - ``aimd_batch_size``: the batch size AIMD settled on in that run.
 
-Per-request log lines are off during the benchmark (they go to a file otherwise).
+Every figure is the median of ``REPEATS`` repetitions in the run, alternating Keel and
+the floor, with its range (``FIGURE_range``) and every repetition (``FIGURE_runs``); rates
+come from a bisection to within 5% (``bench.rates``). Per-request log lines are off.
+
+``--breakdown`` prints instead where one request's time goes, hop by hop
+(``bench.breakdown``).
 """
 from __future__ import annotations
 
@@ -20,18 +29,33 @@ from pathlib import Path
 
 import numpy as np
 
+from keel.bench import rates
+from keel.bench.floor import Floor, FloorClient
 from keel.common.client import Client
-from keel.common.loadgen import open_loop, summarize
 from keel.common.spec import ClusterSpec, load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher, free_port_block
 
-SLO_P99_MS = 20.0
+SLO_P99_MS = rates.SLO_P99_MS
 SHAPE = [64]
+REPEATS = 3
 
 #: the printed table and its targets (keel bench)
-FIGURES = ("noop_p50_us", "noop_p99_us", "noop_throughput_rps", "batching_speedup", "aimd_batch_size")
-TARGETS = {"noop_p50_us": "<= 600", "noop_throughput_rps": ">= 10000", "batching_speedup": ">= 10"}
+FIGURES = ("noop_p50_us", "floor_p50_us", "noop_p50_vs_floor", "noop_p99_us", "noop_throughput_rps",
+           "floor_throughput_rps", "noop_throughput_vs_floor", "batching_speedup", "aimd_batch_size")
+TARGETS = {"noop_p50_us": "<= 450", "noop_p50_vs_floor": "<= 1.5", "noop_throughput_vs_floor": ">= 0.6",
+           "batching_speedup": ">= 10"}
+
+
+def options(parser) -> None:
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where one request's time goes, per hop: one outstanding and at 80%% of the throughput")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="with --breakdown: the throughput to take 80%% of (default: searched first)")
+
+
+def report_name(args) -> str:
+    return "core-breakdown" if getattr(args, "breakdown", False) else "core"
 
 
 def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
@@ -44,73 +68,80 @@ def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
     return launcher.start_spec(spec)
 
 
-def _latency(endpoint: str, n: int) -> dict:
-    rng = np.random.default_rng(0)
-    xs = rng.random((n, *SHAPE), dtype=np.float32)
-    with Client([endpoint]) as client:
-        for x in xs[:200]:  # warm-up
-            client.predict("m", x)
-        lat = np.array([client.predict("m", x).latency_ms for x in xs[200:]])
-    return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
+def _searches(plans: dict, xs: np.ndarray, seconds: float, log) -> dict:
+    """``REPEATS`` throughput searches of each client in ``plans`` (name -> (client, start,
+    limit)), in turn; a client's first from ``start``, its later ones from its previous
+    figure in finer steps. Name -> (spread of the figures, the probes of each search)."""
+    found: dict[str, list[float]] = {name: [] for name in plans}
+    probes: dict[str, list] = {name: [] for name in plans}
+    for rep in range(REPEATS):
+        for name, (client, start, limit) in plans.items():
+            log(f"  {name} throughput, repetition {rep + 1} of {REPEATS} ...")
+            begin = found[name][-1] if found[name] and found[name][-1] > 0 else start
+            rate, rows = rates.max_rate(lambda r: rates.probe(client, "m", xs, r, seconds), begin, limit, log,
+                                        step=1.25 if found[name] else 2.0)
+            found[name].append(rate)
+            probes[name].append(rows)
+    return {name: (rates.spread(found[name]), probes[name]) for name in plans}
 
 
-def _max_rate(endpoint: str, start: float, step: float, limit: float, seconds: float, log) -> tuple[float, list[dict]]:
-    """Highest offered rate (ramping ``x step``) whose p99 <= SLO with nothing lost.
-
-    The ramp stops after two consecutive failing rates: on this shared VM one stall can
-    put a single step over the SLO, while saturation fails every step after it."""
-    xs = np.random.default_rng(1).random((4096, *SHAPE), dtype=np.float32)
-    best, rows, rate, failures = 0.0, [], start, 0
-    with Client([endpoint], timeout_ms=5000) as client:
-        open_loop(client, "m", xs, rate=start, count=int(start * 0.5) + 1, seed=99)  # warm-up
-        while rate <= limit:
-            count = int(rate * seconds)
-            stats = summarize(open_loop(client, "m", xs, rate=rate, count=count, seed=int(rate), duration_s=seconds * 3))
-            p50, p99 = stats["latency_ms"]["p50"], stats["latency_ms"]["p99"]
-            ok = stats["lost"] == 0 and (p99 if p99 is not None else 1e9) <= SLO_P99_MS and stats["sources"].get("model", 0) == count
-            rows.append({"rate": rate, "p50_ms": p50, "p99_ms": p99, "lost": stats["lost"], "ok": ok})
-            log(f"    offered {rate:8.0f}/s  p50 {p50 or 0:7.2f} ms  p99 {p99 or 0:7.2f} ms  "
-                f"lost {stats['lost']}  {'ok' if ok else 'over SLO'}")
-            failures = 0 if ok else failures + 1
-            if failures >= 2:
-                break
-            if ok:
-                best = rate
-            rate *= step
-    return best, rows
+def _put(out: dict, key: str, figure: dict) -> None:
+    out[key], out[f"{key}_range"], out[f"{key}_runs"] = figure["median"], figure["range"], figure["runs"]
 
 
 def run(args, log=print) -> dict:
+    if getattr(args, "breakdown", False):
+        from keel.bench.breakdown import run_breakdown
+
+        return run_breakdown(args, log)
     quick = args.quick
     t0 = time.time()
-    seconds = 1.5 if quick else 4.0
-    n_latency = 2000 if quick else 10000
-    out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS}
+    seconds = 1.0 if quick else 3.0
+    n_latency = 1200 if quick else 5000
+    out: dict = {"quick": quick, "slo_p99_ms": SLO_P99_MS, "repeats": REPEATS}
     run_dir = Path("runs/bench-core")
-    with Launcher(run_dir / "noop") as launcher:
+    rng = np.random.default_rng(0)
+    lat_xs = rng.random((n_latency, *SHAPE), dtype=np.float32)
+    xs = np.random.default_rng(1).random((4096, *SHAPE), dtype=np.float32)
+    with Launcher(run_dir / "noop") as launcher, Floor(free_port_block(8), workers=2, shape=SHAPE) as floor:
         cluster = _cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
-        endpoint = cluster.client_endpoints[0]
-        log("noop latency, one request outstanding ...")
-        lat = _latency(endpoint, n_latency)
-        out["noop_p50_us"], out["noop_p99_us"] = lat["p50_us"], lat["p99_us"]
-        log("noop throughput (open-loop Poisson, p99 <= 20 ms) ...")
-        out["noop_throughput_rps"], out["noop_ramp"] = _max_rate(endpoint, 250, 1.25, 40000, seconds, log)
+        with Client([cluster.client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
+            clients = {"noop": keel, "floor": bare}
+            lat: dict[str, list[dict]] = {name: [] for name in clients}
+            for rep in range(REPEATS):
+                for name, client in clients.items():
+                    log(f"{name} latency, one request outstanding, repetition {rep + 1} of {REPEATS} ...")
+                    lat[name].append(rates.latency(client, "m", lat_xs))
+            for name in clients:
+                _put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
+                _put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))
+            log("throughput (open-loop Poisson, p99 <= 20 ms, none lost) ...")
+            plans = {name: (client, 2000, 60000) for name, client in clients.items()}
+            for name, (figure, probes) in _searches(plans, xs, seconds, log).items():
+                _put(out, f"{name}_throughput_rps", figure)
+                out[f"{name}_probes"] = probes
+    out["noop_p50_vs_floor"] = out["noop_p50_us"] / out["floor_p50_us"]
+    out["noop_throughput_vs_floor"] = (out["noop_throughput_rps"] / out["floor_throughput_rps"]
+                                       if out["floor_throughput_rps"] else None)
 
     sleep = dict(builtin="sleep", fixed_ms=4.0, per_query_ms=0.02)
     out["batching_model"] = {**sleep, "workers": 1}
-    with Launcher(run_dir / "batch1") as launcher:
-        cluster = _cluster(launcher, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
-        log("fixed-cost model, batch size fixed at 1 ...")
-        fixed_rps, out["batch1_ramp"] = _max_rate(cluster.client_endpoints[0], 50, 1.25, 5000, seconds, log)
-    with Launcher(run_dir / "aimd") as launcher:
-        cluster = _cluster(launcher, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
-        log("fixed-cost model, AIMD batching ...")
-        aimd_rps, out["aimd_ramp"] = _max_rate(cluster.client_endpoints[0], 1000, 1.25, 40000, seconds, log)
-        info = request_status(cluster.service("dispatcher").config.worker_endpoint, 2.0) or {"workers": {}}
+    with Launcher(run_dir / "batch1") as l1, Launcher(run_dir / "aimd") as l2:
+        batch1 = _cluster(l1, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
+        aimd = _cluster(l2, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
+        log("fixed-cost model: batch size fixed at 1, and AIMD batching ...")
+        with Client([batch1.client_endpoints[0]], timeout_ms=5000) as c1, \
+                Client([aimd.client_endpoints[0]], timeout_ms=5000) as c2:
+            found = _searches({"batch1": (c1, 50, 5000), "aimd": (c2, 1000, 60000)}, xs, seconds, log)
+            one, many = found["batch1"], found["aimd"]
+        info = request_status(aimd.service("dispatcher").config.worker_endpoint, 2.0) or {"workers": {}}
         sizes = [w["batch_size"] for w in info["workers"].values()]
         out["aimd_batch_size"] = int(np.median(sizes)) if sizes else None
-    out["batch1_throughput_rps"], out["aimd_throughput_rps"] = fixed_rps, aimd_rps
-    out["batching_speedup"] = aimd_rps / fixed_rps if fixed_rps else None
+    _put(out, "batch1_throughput_rps", one[0])
+    _put(out, "aimd_throughput_rps", many[0])
+    out["batch1_probes"], out["aimd_probes"] = one[1], many[1]
+    speedups = [a / b for a, b in zip(many[0]["runs"], one[0]["runs"]) if b]
+    if speedups:
+        _put(out, "batching_speedup", rates.spread(speedups))
     out["elapsed_s"] = time.time() - t0
     return out
-

@@ -8,10 +8,11 @@ Through real processes on loopback (gateway, frontend, dispatcher, two no-op wor
 - ``client_p50_us`` / ``client_p99_us``: the same queries through ``common.client.Client``;
 - ``gateway_added_p50_us``: the difference (target <= 300 us);
 - ``gateway_throughput_rps``: the highest open-loop Poisson rate of one-row ``infer``s
-  through the gateway whose p99 stays <= 20 ms with every request answered 200.
+  through the gateway whose p99 stays <= 20 ms with every request answered 200 (a
+  bisection to within 5%, ``bench.rates``).
 
 CURVE's cost, on ``keel bench core``'s no-op cluster (client -> frontend -> dispatcher ->
-worker, ``bench.core``'s latency and SLO-bounded rate ramps), with and without
+worker, ``bench.rates``' latency and SLO-bounded rate search), with and without
 ``[cluster] curve_keys`` (every socket encrypted and allow-listed):
 
 - ``curve_p50_cost``: p50 with CURVE / p50 without - 1 (target <= 0.10);
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from keel.bench import rates
 from keel.common.client import Client
 from keel.common.loadgen import schedule
 from keel.common.progress import bar
@@ -115,34 +117,28 @@ async def _open_loop(url: str, xs: np.ndarray, rate: float, seconds: float) -> d
             "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99))}
 
 
-def _max_rate(url: str, start: float, step: float, limit: float, seconds: float, log) -> tuple[float, list[dict]]:
-    """Highest offered rate (ramping x ``step``) with p99 <= SLO and nothing failed; stops
-    after two failing steps in a row (one stall on a shared host can fail a single step)."""
+def _max_rate(url: str, seconds: float, log) -> tuple[float, list[dict]]:
+    """Highest offered rate with p99 <= SLO and nothing failed: ``bench.rates``' bisection
+    (to within 5%) over open-loop runs of ``seconds``."""
     xs = np.random.default_rng(1).random((1024, DIM), dtype=np.float32)
-    best, rows, rate, failures = 0.0, [], start, 0
-    asyncio.run(_open_loop(url, xs, start, 0.5))  # warm-up
-    shown = bar(None, "gateway ramp", unit="rate")
-    while rate <= limit:
+    asyncio.run(_open_loop(url, xs, 100, 0.5))  # warm-up
+    shown = bar(None, "gateway rate search", unit="rate")
+
+    def attempt(rate: float) -> dict:
         shown.update(1)
         row = asyncio.run(_open_loop(url, xs, rate, seconds))
+        row["lost"] = row["failed"]
         row["ok"] = row["failed"] == 0 and row["p99_ms"] <= SLO_P99_MS
-        rows.append(row)
-        log(f"    offered {rate:8.0f}/s  p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  "
-            f"failed {row['failed']}  {'ok' if row['ok'] else 'over SLO'}")
-        failures = 0 if row["ok"] else failures + 1
-        if failures >= 2:
-            break
-        if row["ok"]:
-            best = rate
-        rate *= step
-    shown.close()
-    return best, rows
+        return row
+
+    try:
+        return rates.max_rate(attempt, 500, 20000, log)
+    finally:
+        shown.close()
 
 
 def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
     """(p50 us, SLO-bounded rate) of bench.core's no-op cluster, with CURVE when ``keys``."""
-    from keel.bench.core import _latency
-    from keel.bench.core import _max_rate as core_rate
     from keel.common import curve
 
     with Launcher(Path("runs/bench-gateway") / ("curve" if keys else "plain")) as launcher:
@@ -157,8 +153,11 @@ def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
         try:
             launcher.start_spec(spec)
             endpoint = spec.client_endpoints[0]
-            p50 = _latency(endpoint, 1500 if quick else 6000)["p50_us"]
-            rate, _ = core_rate(endpoint, 250, 1.25, 40000, 1.5 if quick else 4.0, log)
+            lat_xs = np.random.default_rng(0).random((1500 if quick else 6000, 64), dtype=np.float32)
+            xs = np.random.default_rng(1).random((4096, 64), dtype=np.float32)
+            with Client([endpoint], timeout_ms=5000) as client:
+                p50 = rates.latency(client, "m", lat_xs)["p50_us"]
+                rate, _ = rates.max_rate(lambda r: rates.probe(client, "m", xs, r, 1.0 if quick else 3.0), 2000, 60000, log)
         finally:
             launcher.stop()
             curve.use(None)
@@ -195,7 +194,7 @@ def run(args, log=print) -> dict:
         out["client_p50_us"], out["client_p99_us"] = float(np.percentile(zc, 50) * 1000), float(np.percentile(zc, 99) * 1000)
         out["gateway_added_p50_us"] = out["gateway_p50_us"] - out["client_p50_us"]
         log("gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
-        out["gateway_throughput_rps"], out["gateway_ramp"] = _max_rate(url, 100, 1.25, 20000, seconds, log)
+        out["gateway_throughput_rps"], out["gateway_probes"] = _max_rate(url, seconds, log)
     import tempfile
 
     from keel.common import curve

@@ -146,6 +146,14 @@ def _check_timeout(value: float, what: str = "timeout_ms") -> float:
 
 
 
+def _poll_ms(wait_s: float) -> int:
+    """A wait in whole milliseconds, what ZeroMQ's poll counts in: a wait under one is one,
+    not none. Rounded down to none, a caller waiting out a sub-millisecond gap (an
+    open-loop sender between two arrivals) spun a core in poll, which on two cores took
+    most of one from the processes it was measuring."""
+    return math.ceil(wait_s * 1000) if wait_s > 0 else 0
+
+
 class _Base:
     """What both clients share: options, the retry engine, sockets with their monitors,
     and the send queue that keeps every send non-blocking."""
@@ -281,7 +289,7 @@ class _Base:
                 box.popleft()
                 continue
             try:
-                self._socket(i).send_multipart(frames, zmq.NOBLOCK, copy=False)
+                transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
             except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
                 self.outbox[i] = deque(e for e in box if self._live(i, *e[:2]))
                 break
@@ -410,7 +418,7 @@ class Client(_Base):
             next_due = self.engine.next_due()
             if next_due is not None:
                 wait = min(wait, max(0.0, next_due - now))
-            for sock, event in self.poller.poll(wait * 1000):
+            for sock, event in self.poller.poll(_poll_ms(wait)):
                 i = self.owner.get(sock)
                 if i is None:
                     continue  # closed by an event handled before it in this round
@@ -422,7 +430,7 @@ class Client(_Base):
                     self._flush(i)
                 while event & zmq.POLLIN:
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = transport.recv_nowait(sock)
                     except zmq.Again:
                         break
                     result = self._finish(frames, i)
@@ -605,7 +613,7 @@ class AsyncClient(_Base):
         if sock is None:
             return
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            result = self._finish(sock.recv_multipart(zmq.NOBLOCK, copy=False), i)
+            result = self._finish(transport.recv_nowait(sock), i)
             for rid, future in self.ack_futures.items():
                 if self.acks.get(rid) is not None and not future.done():
                     future.set_result(None)

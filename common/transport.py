@@ -68,9 +68,40 @@ def endpoint_of(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+_MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
+
+
+def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
+    """``sock.send_multipart(frames, flags, copy=False)`` without its per-frame Python work
+    (flag enums, type checks): a three-frame message cost ~12 µs that way here, ~5 µs this
+    way, and every message of the request path goes through here. As zero-copy as before
+    (pyzmq copies a frame below its copy threshold, and sends a larger one in place), and
+    as atomic: once ZeroMQ took the first frame it takes the rest. A blocking-API socket
+    only: an asyncio socket's ``send`` returns a future instead of raising, so a refused
+    first frame would not stop the rest."""
+    send, last = sock.send, len(frames) - 1
+    more = int(flags) | _MORE
+    for i in range(last):
+        send(frames[i], more, copy=False)
+    send(frames[last], int(flags), copy=False)
+
+
+def recv_nowait(sock: zmq.Socket) -> list:
+    """The frames (``zmq.Frame`` objects) of one message waiting on ``sock``; ``zmq.Again`` if none:
+    ``recv_multipart(NOBLOCK, copy=False)`` less its option read per frame (each frame
+    says whether more follow): ~6 µs -> ~2 µs a three-frame message here."""
+    recv = sock.recv
+    frame = recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:  # the rest of a message arrives with its first frame
+        frame = recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
+
+
 def send(sock: zmq.Socket, msg: Any, envelope: list | None = None, flags: int = 0) -> None:
     frames = protocol.encode(msg)
-    sock.send_multipart(envelope + frames if envelope else frames, flags=flags, copy=False)
+    send_frames(sock, envelope + frames if envelope else frames, flags)
 
 
 #: why ``try_send_frames`` did not send
@@ -82,7 +113,7 @@ def try_send_frames(sock: zmq.Socket, frames: list) -> str | None:
     queue is full, ``GONE`` when a ROUTER's peer has left. For peers outside Keel's control
     (clients), whose slowness must cost only themselves."""
     try:
-        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        send_frames(sock, frames, _NOBLOCK)
         return None
     except zmq.Again:
         return FULL

@@ -145,7 +145,7 @@ class Service:
         malformed one is logged and skipped (peers inside Keel have no one to answer)."""
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = transport.recv_nowait(sock)
             except zmq.Again:
                 return
             envelope, body = protocol.split_envelope(frames) if router else ([], frames)

@@ -59,6 +59,9 @@ from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, 
 from keel.services.scheduling.distribution import distribution_policy
 from keel.services.scheduling.view import pool_summary
 
+#: traced queries (``Predict.trace``) held between their Queries and their Batch at most
+MAX_TRACES = 64
+
 
 class Dispatcher(Service):
     role = "dispatcher"
@@ -82,6 +85,7 @@ class Dispatcher(Service):
         self.by_model: dict[str, list[WorkerState]] = {m: [] for m in self.queues}  # registration order
         self.names: dict[str, bytes] = {}
         self.answered: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.traces: dict[int, list[float]] = {}  # qid -> stamps of a traced query (a breakdown's), until batched
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.query_endpoint), self._on_queries)
         self.router = self.add_socket(transport.make_socket(self.ctx, zmq.ROUTER, bind=cfg.worker_endpoint), self._on_worker)
         self.encoder = (
@@ -187,6 +191,10 @@ class Dispatcher(Service):
             self.expired += expired
             self.m_expired[msg.model].inc(expired)
         queue.arrive(len(msg.qids), now)
+        if msg.trace is not None and msg.traced is not None:
+            self.traces[msg.traced] = [*msg.trace, time.time()]  # receipt (decoded)
+            if len(self.traces) > MAX_TRACES:  # a traced query that expired or was re-queued
+                del self.traces[next(iter(self.traces))]
 
     def _on_answered(self, msg: Answered) -> None:
         limit = self.cfg.answered_limit
@@ -461,6 +469,8 @@ class Dispatcher(Service):
             fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
             sent_at=time.time(),
         )
+        if self.traces:
+            self._stamp(batch)
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue
         for q in taken:
@@ -472,6 +482,14 @@ class Dispatcher(Service):
             if not transport.try_send(self.encoder, batch):
                 self.encoder_dropped += 1
         return True
+
+    def _stamp(self, batch: Batch) -> None:
+        """A traced query of ``batch`` rides on it, stamped with its send (``Predict.trace``)."""
+        for qid in batch.qids:
+            trace = self.traces.pop(qid, None)
+            if trace is not None:
+                batch.traced, batch.trace = qid, [*trace, time.time()]
+                return
 
     def _send_batch(self, worker: WorkerState, batch: Batch, queries: list[Query] | None, now: float) -> bool:
         batch.batch_id = self.ids.next()

@@ -31,13 +31,14 @@ MAX_EXECUTORS = 64
 class Job:
     """One batch on its way through an executor: what the loop needs to answer it."""
 
-    __slots__ = ("batch", "live", "received", "predictor", "version", "outputs", "error", "service_ms", "running")
+    __slots__ = ("batch", "live", "received", "predictor", "version", "outputs", "error", "service_ms", "running", "trace")
 
     def __init__(self, batch: Batch, live: list[int], received: float, predictor, version: str | None = None):
         self.batch, self.live, self.received, self.predictor = batch, live, received, predictor
         self.version = version  # of ``predictor``: a rollout may swap the worker's model while this computes
         self.outputs, self.error, self.service_ms = None, None, 0.0
         self.running = 1  # batches computing when this one started, itself included
+        self.trace: list[float] | None = None  # a traced query's stamps (``Batch.trace``), receipt the last
 
 
 class Executors:

@@ -131,6 +131,10 @@ class Frontend(Service):
         self.deadlines = Deadlines()
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
+        self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``_answer(later=True)``)
+        #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
+        #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
+        self.traces: dict[int, list[float]] = {}
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
@@ -162,7 +166,7 @@ class Frontend(Service):
     def _on_clients(self, sock: zmq.Socket) -> None:
         for _ in range(2000):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = transport.recv_nowait(sock)
             except zmq.Again:
                 break
             start = time.perf_counter()
@@ -300,6 +304,8 @@ class Frontend(Service):
         if cache_key is not None:
             self.by_key[cache_key] = pending
         self.deadline.at_latest(deadline)
+        if msg.trace is not None and kind == "model":  # receipt, on the wall clock the stamps share
+            self.traces[qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
 
     def _kind(self, name: str) -> str | None:
         """What ``name`` is to this frontend: "model", "application", "graph", or None."""
@@ -315,12 +321,12 @@ class Frontend(Service):
         now = time.monotonic()
         for model, items in self.outbox.items():
             if items:
-                transport.send(
-                    self.push,
-                    Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                            reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
-                            sent_at=time.time()),
-                )
+                msg = Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
+                              reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
+                              sent_at=time.time())
+                if self.traces:
+                    self._stamp(msg)
+                transport.send(self.push, msg)
                 items.clear()
         for model, qids in self.reconstructed_by.items():
             if qids:
@@ -329,6 +335,15 @@ class Frontend(Service):
         self.m_pending.set(len(self.pending))
 
     # ------------------------------------------------------------------ dispatcher failover
+
+    def _stamp(self, msg: Queries) -> None:
+        """The first traced query of ``msg`` rides on it, stamped with its send; one trace a
+        message (a breakdown samples requests, it does not follow every one)."""
+        for qid in msg.qids:
+            trace = self.traces.pop(qid, None)
+            if trace is not None:
+                msg.traced, msg.trace = qid, [*trace, time.time()]
+                return
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         """The manager named another active dispatcher: send it every query admitted and not
@@ -369,15 +384,18 @@ class Frontend(Service):
     # ------------------------------------------------------------------ predictions
 
     def _on_predictions(self, sock: zmq.Socket) -> None:
-        for _, msg in self.messages(sock, limit=2000):
-            if isinstance(msg, Predictions):
-                self._on_outputs(msg)
-            elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
-                # a finished rollout (keel model rollout), on Keel's side of the frontend
-                # (never the clients' port): cache keys and replies name this version now
-                self.serving[msg.model] = msg.version
-                self.configured.add(msg.model)
-                self.counts["configured"] += 1
+        try:
+            for _, msg in self.messages(sock, limit=2000):
+                if isinstance(msg, Predictions):
+                    self._on_outputs(msg)
+                elif isinstance(msg, Configure) and msg.model in self.cfg.models and msg.version is not None:
+                    # a finished rollout (keel model rollout), on Keel's side of the frontend
+                    # (never the clients' port): cache keys and replies name this version now
+                    self.serving[msg.model] = msg.version
+                    self.configured.add(msg.model)
+                    self.counts["configured"] += 1
+        finally:  # before any client message is read, even after a failure here
+            self._record()
         self._flush()
 
     def _on_outputs(self, msg: Predictions) -> None:
@@ -434,7 +452,8 @@ class Frontend(Service):
             # the key names the version expected at admission: another version's output is not cached under it
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
-            self._answer(pending.requests, source, pending.model, version, output)
+            trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
+            self._answer(pending.requests, source, pending.model, version, output, trace=trace, later=True)
 
     def _nonfinite(self, msg: Predictions, rows: int) -> None:
         """A model answered NaN or infinity for a finite input (the input was checked at
@@ -516,9 +535,14 @@ class Frontend(Service):
 
     def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None, models: list[str] | None = None,
-                confidence: float | None = None, degraded: bool | None = None) -> None:
+                confidence: float | None = None, degraded: bool | None = None, trace: list[float] | None = None,
+                later: bool = False) -> None:
         """The one way a reply leaves: remembered for de-duplication (real answers only),
-        counted and logged per target."""
+        counted and logged per target. ``trace``: a traced request's stamps, to which the
+        reply's send is added. ``later``: the remembering, counting and logging wait for
+        ``_record``, so the replies of one batch of predictions all leave first; only for
+        answers given while reading predictions, whose reader records them before it
+        returns (before any client message is read: a retry always finds its answer)."""
         now = time.perf_counter()
         remember = code is None
         kind = self._kind(model) or ""
@@ -526,20 +550,34 @@ class Frontend(Service):
         for request in requests:
             frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
                                            version=version, error=error, error_code=code, models=models,
-                                           confidence=confidence, degraded=degraded))
-            if remember and request.dedup is not None:
-                # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
-                # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
-                self.dedup.put(request.dedup, frames, request.digest, time.monotonic())
+                                           confidence=confidence, degraded=degraded,
+                                           trace=None if trace is None else [*trace, time.time()]))
             request.to(State.ANSWERED)
             self._send(request.envelope, frames)
-            latency = now - request.start
-            self.counts[str(source)] += 1
-            count.inc()
-            latencies.observe(latency)
-            if self.cfg.log_requests:
-                self.log.info("request", request_id=request.request_id, model=model, kind=kind, source=source,
-                              latency_ms=round(latency * 1000, 3), error=code, **({"degraded": True} if degraded else {}))
+            answer = (request, frames, now - request.start, remember, count, latencies, model, kind, source, code, degraded)
+            if later:
+                self.unrecorded.append(answer)
+            else:
+                self._remember(*answer)
+
+    def _record(self) -> None:
+        """The answers ``_answer(later=True)`` sent: remembered, counted and logged now."""
+        for answer in self.unrecorded:
+            self._remember(*answer)
+        self.unrecorded.clear()
+
+    def _remember(self, request: Request, frames: list, latency: float, remember: bool, count, latencies, model: str,
+                  kind: str, source: str, code: str | None, degraded: bool | None) -> None:
+        if remember and request.dedup is not None:
+            # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
+            # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
+            self.dedup.put(request.dedup, frames, request.digest, time.monotonic())
+        self.counts[str(source)] += 1
+        count.inc()
+        latencies.observe(latency)
+        if self.cfg.log_requests:
+            self.log.info("request", request_id=request.request_id, model=model, kind=kind, source=source,
+                          latency_ms=round(latency * 1000, 3), error=code, **({"degraded": True} if degraded else {}))
 
     def _meters(self, source: str, target: str, kind: str) -> tuple:
         """The request counter and latency histogram of (source, target, kind), made once

@@ -379,7 +379,9 @@ class Gateway:
                     continue
                 if isinstance(msg, protocol.Status):
                     frames = protocol.encode(protocol.Status(service=self.name, info=self.status()))
-                    transport.try_send_frames(sock, envelope + frames)
+                    # an asyncio socket: its whole message at once (frame by frame, a refused
+                    # envelope would not stop the frames after it); never blocks, a peer gone is dropped
+                    sock.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
         finally:
             sock.close(0)
             curve.stop(ctx)

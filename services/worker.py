@@ -273,6 +273,8 @@ class Worker(Service):
         # that waited in a socket buffer past all its deadlines is not computed
         received = time.monotonic() - transit_s(batch.sent_at)
         job = Job(batch, self._live_rows(batch, received), received, self.predictor, self.version)
+        if batch.trace is not None:
+            job.trace = [*batch.trace, time.time()]  # receipt (decoded)
         if not job.live:
             self._answer(job)
             return
@@ -308,7 +310,7 @@ class Worker(Service):
         batch, live, error = job.batch, job.live, job.error
         refused = 0
         if live:
-            refused = self._deliver(batch, live, job.outputs, job.service_ms, error, job.received, job.version)
+            refused = self._deliver(batch, live, job.outputs, job.service_ms, error, job.received, job.version, job.trace)
         if refused:
             self.counts["undeliverable"] += refused
             self.log.warning("predictions undeliverable", batch_id=batch.batch_id, queries=refused)
@@ -353,9 +355,10 @@ class Worker(Service):
         return outputs
 
     def _deliver(self, batch: Batch, live: list[int], outputs: np.ndarray | None, service_ms: float,
-                 error: str | None, received: float, version: str) -> int:
-        """Send the live rows' predictions, marked with the version that computed them; the
-        number of queries that could not be sent."""
+                 error: str | None, received: float, version: str, trace: list[float] | None = None) -> int:
+        """Send the live rows' predictions, marked with the version that computed them (and
+        a traced query's stamps with their send, on its message); the number of queries
+        that could not be sent."""
         every = len(live) == len(batch.qids)
         qids = batch.qids if every else [batch.qids[r] for r in live]
         budgets = None
@@ -379,6 +382,8 @@ class Worker(Service):
             part = len(rows) == len(qids)
             msg = Predictions(qids=qids if part else [qids[r] for r in rows],
                               outputs=outputs if outputs is None or part else outputs[rows], **common)
+            if trace is not None and batch.traced in msg.qids:
+                msg.traced, msg.trace = batch.traced, [*trace, time.time()]
             if not self.peers.send(dest, msg):
                 refused += len(rows)
         if self.decoder is not None and batch.group is not None:

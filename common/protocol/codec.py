@@ -19,6 +19,10 @@ from keel.common.protocol.messages import (
     Predictions, Queries,
 )
 
+#: stamps a traced message carries at most (a request's path has ten)
+MAX_TRACE = 16
+
+
 def encode(msg: Any) -> list:
     """Frames for ``msg``: the orjson header, then one buffer per tensor (zero-copy)."""
     cls = type(msg)
@@ -186,6 +190,8 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "seq": (_is_int, f"an integer in 0..{MAX_ID}"),
     "fence": (_is_int, f"an integer in 0..{MAX_ID}"),
     "sent_at": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (seconds since the epoch)"),
+    "traced": (_is_int, f"an integer in 0..{MAX_ID}"),
+    "trace": (lambda v: _budgets(v) and len(v) <= MAX_TRACE, f"a list of at most {MAX_TRACE} finite numbers"),
     "values": (lambda v: isinstance(v, dict), "an object"),
     # model selection (Clipper §5)
     "key": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),

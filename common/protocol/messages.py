@@ -29,6 +29,10 @@ class Predict:
     #: the calling client's id, the same on every connection and frontend it uses: with
     #: ``request_id`` it names the request end to end (de-duplication, exactly-once effects)
     client: str | None = None
+    #: a traced request's wall-clock stamps so far (``time.time()``, s): its client's send,
+    #: then each process's receipt and send; set by a client that asks for a breakdown
+    #: (``keel bench core --breakdown``), and only then stamped
+    trace: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +56,8 @@ class Reply:
     #: a backup (after a failover, until a new backup caught up): still exactly once and
     #: consistent, but one more failure there could not be masked
     degraded: bool | None = None
+    #: a traced request's stamps (``Predict.trace``), the frontend's send the last
+    trace: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -86,6 +92,9 @@ class Queries:
     #: the frontend's wall clock when it sent these (seconds): the receiver takes the time
     #: since off every budget (``transit_s``)
     sent_at: float | None = None
+    #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
+    traced: int | None = None
+    trace: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -110,6 +119,9 @@ class Batch:
     fence: int | None = None
     #: the dispatcher's wall clock when it sent the batch (seconds), as ``Queries.sent_at``
     sent_at: float | None = None
+    #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
+    traced: int | None = None
+    trace: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -133,6 +145,9 @@ class Predictions:
     members: ParityMembers | None = None  # parity outputs: copied from the parity Batch
     lineage: list[LineageEntry] | None = None
     version: str | None = None  # the model version that computed these outputs (rollouts)
+    #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
+    traced: int | None = None
+    trace: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -199,3 +199,9 @@ def test_a_graph_answer_says_it_was_degraded(zsock):
                                                                      degraded=degraded))])
             (result,) = c.collect(5000)
             assert result.request_id == rid and result.ok and result.degraded is bool(degraded)
+
+
+def test_a_wait_under_a_millisecond_polls_one_not_none():
+    from keel.common.client import _poll_ms
+
+    assert [_poll_ms(w) for w in (0.0, -1.0, 0.0003, 0.001, 0.0021, 0.05)] == [0, 0, 1, 1, 3, 50]

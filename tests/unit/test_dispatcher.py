@@ -878,3 +878,20 @@ def test_serf_keeps_two_models_within_their_hosts_cores(harness, tmp_path, budge
         assert got == {"wm": (1, 2), "wn": (1, 2)}
     else:
         assert got == {"wm": (1, 2), "wn": (1, 1)} and sum(s * t for s, t in got.values()) <= budget
+
+
+def test_a_traced_query_rides_its_batch_with_the_dispatchers_two_stamps_and_others_carry_none(harness):
+    h = harness({"m": BatchPolicy(fixed_batch=2)})
+    w = h.worker("w0", slots=1)
+    sent = h.send_queries("m", 2)  # untraced
+    plain = h.next_batch(w)
+    assert plain.qids == sent and plain.trace is None and plain.traced is None
+    h.done(w, plain, 1.0)
+    before = time.time()
+    transport.send(h.frontend, Queries(model="m", qids=[50, 51], budgets_ms=[60_000.0] * 2, reply_to=REPLY_TO,
+                                       inputs=np.zeros((2, 4), np.float32), traced=51, trace=[before - 0.002, before - 0.001]))
+    batch = h.next_batch(w)
+    assert batch.qids == [50, 51] and batch.traced == 51
+    assert batch.trace[:2] == [before - 0.002, before - 0.001] and len(batch.trace) == 4  # + receipt, + send
+    assert before <= batch.trace[2] <= batch.trace[3] <= time.time()
+    assert h.d.traces == {}  # nothing kept once it left

@@ -554,3 +554,48 @@ def test_deadlines_pop_what_is_due_and_drop_answered_entries():
     for i in range(2000):
         d.push(float(i), i)
     assert d.settle({1999: None}) == 1999.0 and len(d) == 1  # outnumbered four to one: rebuilt
+
+
+def test_a_traced_request_gets_the_frontends_four_stamps_and_an_untraced_one_none(harness):
+    h = harness()
+    c = h.client()
+    t0 = time.time()
+    transport.send(c, Predict(request_id="t", model="m", input=x_of(1), timeout_ms=10_000, trace=[t0]))
+    h.predict(c, "plain", x_of(2))
+    q1 = h.queries()
+    qs = [q1] if len(q1.qids) == 2 else [q1, h.queries()]
+    traced = [q for q in qs if q.traced is not None]
+    assert len(traced) == 1 and len(traced[0].trace) == 3 and traced[0].trace[0] == t0  # + receipt, + send
+    assert t0 <= traced[0].trace[1] <= traced[0].trace[2] <= time.time()
+    assert h.fe.traces == {}  # nothing kept once its Queries left
+    qid_traced = traced[0].traced
+    qid_plain = next(q for m in qs for q in m.qids if q != qid_traced)
+    stamps = [*traced[0].trace, time.time(), time.time()]  # the dispatcher's and the worker's, say
+    transport.send(h.worker, Predictions(batch_id=1, model="m", qids=[qid_traced, qid_plain],
+                                         outputs=np.zeros((2, OUT), np.float32), traced=qid_traced, trace=stamps))
+    replies = {r.request_id: r for r in (h.reply(c), h.reply(c))}
+    assert replies["plain"].trace is None and replies["t"].source == Source.MODEL
+    assert replies["t"].trace[:5] == stamps and len(replies["t"].trace) == 7  # + receipt, + reply's send
+    assert stamps[-1] <= replies["t"].trace[5] <= replies["t"].trace[6] <= time.time()
+
+
+def test_a_batchs_replies_leave_before_they_are_remembered_and_a_retry_still_finds_each(harness):
+    h = harness()
+    c = h.client()
+    for i in range(3):
+        h.predict(c, f"b{i}", x_of(30 + i))
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    sends, seen_at_put = [], []
+    real_send, real_put = h.fe._send, h.fe.dedup.put
+    h.fe._send = lambda envelope, frames: (sends.append(1), real_send(envelope, frames))
+    h.fe.dedup.put = lambda *a, **k: (seen_at_put.append(len(sends)), real_put(*a, **k))
+    h.answer("m", qids, [[i, i] for i in range(3)])
+    replies = {h.reply(c).request_id for _ in range(3)}
+    assert replies == {"b0", "b1", "b2"} and h.fe.unrecorded == [] and len(h.fe.dedup) == 3
+    assert seen_at_put == [3, 3, 3]  # each remembered once, after all the batch's replies were sent
+    for i in range(3):  # retries: the same answers, from the table
+        h.predict(c, f"b{i}", x_of(30 + i))
+        assert list(h.reply(c).output) == [float(i), float(i)]
+    assert h.counts()["duplicate"] == 3

@@ -114,6 +114,15 @@ def every_kind() -> list:
     ]
 
 
+def test_a_traced_message_keeps_its_stamps_and_an_untraced_one_sends_none():
+    q = Queries(model="m", qids=[5, 6], budgets_ms=[10.0, 9.0], reply_to="tcp://x:1", inputs=tensor("float32", (2, 3)),
+                traced=6, trace=[1700000000.25, 1700000000.5])
+    back = decode(encode(q))
+    assert (back.traced, back.trace) == (6, [1700000000.25, 1700000000.5])
+    plain = encode(Predict(request_id="r", model="m", input=tensor("float32", (3,))))
+    assert b"trace" not in bytes(plain[0])
+
+
 @pytest.mark.parametrize("msg", every_kind(), ids=lambda m: f"{m.KIND}")
 def test_every_kind_round_trips(msg):
     assert_same(msg, decode(encode(msg)))
@@ -205,6 +214,7 @@ def test_transit_is_never_negative():
 
 @pytest.mark.parametrize("field,value", [
     ("request_id", 5), ("model", ["m"]), ("timeout_ms", "fast"), ("timeout_ms", True),
+    ("trace", [1.0, "late"]), ("trace", 3.0), ("trace", [0.5] * 17),
 ])
 def test_mistyped_fields(field, value):
     frames = good_predict_frames()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 import zmq
 
 from keel.common import protocol, transport
@@ -59,4 +60,29 @@ def test_a_frame_over_the_limit_disconnects_its_sender_before_it_is_read():
     finally:
         push.close(0)
         pull.close(0)
+        ctx.term()
+
+
+def test_frames_sent_and_read_whole_in_order_small_and_large_and_again_when_none():
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    dealer = transport.make_socket(ctx, zmq.DEALER, connect=transport.endpoint_of(router), identity="d1")
+    big = np.arange(300_000, dtype=np.float32)  # above pyzmq's copy threshold: sent in place
+    try:
+        with pytest.raises(zmq.Again):
+            transport.recv_nowait(router)
+        transport.send_frames(dealer, [b"head", big, b""])
+        transport.send_frames(dealer, [b"second"])
+        assert router.poll(5000)
+        time.sleep(0.05)
+        first = transport.recv_nowait(router)
+        assert [f.bytes for f in first[:2]] == [b"d1", b"head"] and len(first) == 4 and first[3].bytes == b""
+        assert np.array_equal(np.frombuffer(first[2].buffer, np.float32), big)
+        assert [f.bytes for f in transport.recv_nowait(router)] == [b"d1", b"second"]  # not run into the first
+        with pytest.raises(zmq.Again):
+            transport.recv_nowait(router)
+        assert transport.try_send_frames(router, [b"nobody", b"x"]) == transport.GONE  # ROUTER_MANDATORY still says so
+    finally:
+        dealer.close(0)
+        router.close(0)
         ctx.term()

@@ -1,0 +1,255 @@
+"""The floor of Keel's request path: a bare pyzmq chain of Keel's hops, doing nothing but
+forwarding, measured in the same run as Keel (``keel bench core``).
+
+The chain has Keel's processes, socket kinds and message sizes::
+
+    client --DEALER/ROUTER--> frontend --PUSH/PULL--> dispatcher --ROUTER/DEALER--> worker
+       ^                        |  ^                                                 |
+       +-------ROUTER/DEALER----+  +--------------------PUSH/PULL--------------------+
+
+Each hop sends the frames Keel sends there for a one-query message -- the header of a
+real ``Predict``, ``Queries``, ``Batch``, ``Predictions`` or ``Reply`` (encoded once, at
+start, as templates) and the input or output tensor -- after two small routing frames
+that stand in for what Keel keeps in memory: the client's identity (the frontend's
+pending table) and an 8-byte tag the client matches its answer by (the request id). The
+input tensor is forwarded as received (zero-copy); the worker answers with the template
+output. Every process reads everything ready after each poll, as Keel's loops do, and
+sends and reads through the same helpers (``transport.send_frames``, ``recv_nowait``).
+
+What the floor leaves out, and Keel does: decoding and checking each message, admission,
+de-duplication, deadlines, batching, the worker's ``Done`` to the dispatcher (credits),
+the executor thread hand-off, metrics. The gap between Keel and the floor is their cost.
+
+Example
+-------
+>>> with Floor(workers=2) as floor:                                    # doctest: +SKIP
+...     client = FloorClient(floor.client_endpoint)
+...     client.predict(np.zeros(64, np.float32)).latency_ms
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from keel.common import protocol
+from keel.common.transport import recv_nowait, send_frames
+from keel.common.protocol import Batch, Predict, Predictions, Queries, Reply
+
+_TAG = struct.Struct("<Q")
+POLL_MS = 1000
+#: how long the chain's processes may take to start answering
+READY_TIMEOUT_S = 60.0
+
+
+def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarray]:
+    """The header frames (and the output tensor) of Keel's messages for one query of
+    ``shape`` float32 on each hop, with ids, names and times of realistic length."""
+    x = np.zeros(shape, np.float32)
+    out = np.zeros((1, output_size), np.float32)
+    qid, now, endpoint = (1 << 52) + 123_456, time.time(), "tcp://127.0.0.1:45123"
+    rid, client = "123456-0123abcd-100000", "123456-0123abcd"
+    msgs = {
+        "predict": Predict(request_id=rid, model="m", input=x, timeout_ms=1000.0, client=client),
+        "queries": Queries(model="m", qids=[qid], budgets_ms=[999.93], reply_to=endpoint, inputs=x[None], sent_at=now),
+        "batch": Batch(batch_id=qid, model="m", qids=[qid], reply_to=[endpoint], inputs=x[None], budgets_ms=[999.81],
+                       sent_at=now),
+        "predictions": Predictions(batch_id=qid, model="m", qids=[qid], outputs=out, worker="m-0", service_ms=0.012,
+                                   version="1"),
+        "reply": Reply(request_id=rid, source="model", output=out[0], model="m", version="1"),
+    }
+    heads: dict[str, bytes | np.ndarray] = {k: bytes(protocol.encode(m)[0]) for k, m in msgs.items()}
+    heads["output"] = out[0]
+    return heads
+
+
+# --------------------------------------------------------------------------- the processes
+
+
+def _drain(sock: zmq.Socket):
+    while True:
+        try:
+            yield recv_nowait(sock)
+        except zmq.Again:
+            return
+
+
+def _frontend(client_ep: str, query_ep: str, prediction_ep: str, shape: list[int], output_size: int) -> None:
+    heads = templates(shape, output_size)
+    ctx = zmq.Context()
+    router, pull, push = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    for s in (router, pull, push):
+        s.linger = 0
+    router.bind(client_ep)
+    pull.bind(prediction_ep)
+    push.connect(query_ep)
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(pull, zmq.POLLIN)
+    queries, reply = heads["queries"], heads["reply"]
+    while True:  # until SIGTERM
+        ready = dict(poller.poll(POLL_MS))
+        if router in ready:
+            for ident, tag, _, x in _drain(router):  # Predict -> Queries
+                send_frames(push, [ident, tag, queries, x])
+        if pull in ready:
+            for ident, tag, _, out in _drain(pull):  # Predictions -> Reply
+                send_frames(router, [ident, tag, reply, out])
+
+
+def _dispatcher(query_ep: str, worker_ep: str, shape: list[int], output_size: int) -> None:
+    batch = templates(shape, output_size)["batch"]
+    ctx = zmq.Context()
+    pull, router = ctx.socket(zmq.PULL), ctx.socket(zmq.ROUTER)
+    for s in (pull, router):
+        s.linger = 0
+    pull.bind(query_ep)
+    router.bind(worker_ep)
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    poller.register(router, zmq.POLLIN)
+    workers: list[bytes] = []
+    turn = itertools.count()
+    while True:  # until SIGTERM
+        ready = dict(poller.poll(POLL_MS))
+        if router in ready:
+            for ident, *_ in _drain(router):  # a worker's hello (Keel: Register)
+                workers.append(ident.bytes)
+        if pull in ready and workers:
+            for ident, tag, _, x in _drain(pull):  # Queries -> Batch, the workers in turn
+                send_frames(router, [workers[next(turn) % len(workers)], ident, tag, batch, x])
+
+
+def _worker(worker_ep: str, prediction_ep: str, name: str, shape: list[int], output_size: int) -> None:
+    heads = templates(shape, output_size)
+    predictions, output = heads["predictions"], heads["output"]
+    ctx = zmq.Context()
+    dealer, push = ctx.socket(zmq.DEALER), ctx.socket(zmq.PUSH)
+    for s in (dealer, push):
+        s.linger = 0
+    dealer.identity = name.encode()
+    dealer.connect(worker_ep)
+    push.connect(prediction_ep)
+    dealer.send(b"hello")
+    while True:  # until SIGTERM
+        if not dealer.poll(POLL_MS):
+            continue
+        for ident, tag, _, _ in _drain(dealer):  # Batch -> Predictions
+            send_frames(push, [ident, tag, predictions, output])
+
+
+class Floor:
+    """The bare chain's processes (frontend, dispatcher, ``workers`` workers), started on
+    loopback on entry and ended (SIGTERM, by process id) on exit."""
+
+    def __init__(self, base_port: int, workers: int = 2, shape: list[int] | None = None, output_size: int = 10):
+        self.shape, self.output_size = list(shape or [64]), output_size
+        ep = lambda i: f"tcp://127.0.0.1:{base_port + i}"  # noqa: E731
+        self.client_endpoint = ep(0)
+        self.roles = [["frontend", ep(0), ep(1), ep(2)], ["dispatcher", ep(1), ep(3)]]
+        self.roles += [["worker", ep(3), ep(2), f"floor-w{i}"] for i in range(workers)]
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Floor:
+        shape = ",".join(map(str, self.shape))
+        for role in self.roles:
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "keel.bench.floor", *role, shape, str(self.output_size)]))
+        try:  # ready when it answers (the processes start in seconds on a loaded machine)
+            with FloorClient(self.client_endpoint, self.shape, self.output_size) as client:
+                client.predict("m", np.zeros(self.shape, np.float32), timeout_ms=READY_TIMEOUT_S * 1000)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=1.0)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m keel.bench.floor ROLE ENDPOINTS... SHAPE OUTPUT_SIZE``: one process of the chain."""
+    role, *rest = argv
+    shape, output_size = [int(d) for d in rest[-2].split(",")], int(rest[-1])
+    {"frontend": _frontend, "dispatcher": _dispatcher, "worker": _worker}[role](*rest[:-2], shape, output_size)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+
+# --------------------------------------------------------------------------- the client
+
+
+@dataclass(slots=True)
+class FloorResult:
+    """What ``open_loop`` and the latency loop read of an answer (a ``Result``'s shape)."""
+
+    request_id: str
+    latency_ms: float
+    source: str = "model"
+    error_code: str | None = None
+
+
+class FloorClient:
+    """A bare DEALER with ``Client``'s ``predict``/``submit``/``collect`` shape, so Keel's
+    load generator (``common.loadgen.open_loop``) drives the floor as it drives Keel."""
+
+    def __init__(self, endpoint: str, shape: list[int] | None = None, output_size: int = 10):
+        self.predict_head = templates(list(shape or [64]), output_size)["predict"]
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+        self.sent: dict[int, float] = {}
+        self.counter = itertools.count(1)
+
+    def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None) -> str:
+        n = next(self.counter)
+        self.sent[n] = time.perf_counter()
+        send_frames(self.sock, [_TAG.pack(n), self.predict_head, x])
+        return str(n)
+
+    def collect(self, timeout_ms: float = 0.0) -> list[FloorResult]:
+        out: list[FloorResult] = []
+        if not self.sock.poll(math.ceil(timeout_ms)):  # as Client's: ZeroMQ counts whole ms
+            return out
+        for tag, _, _ in _drain(self.sock):
+            n = _TAG.unpack(tag.bytes)[0]
+            sent = self.sent.pop(n, None)
+            if sent is not None:
+                out.append(FloorResult(str(n), (time.perf_counter() - sent) * 1000.0))
+        return out
+
+    def predict(self, model: str, x: np.ndarray, timeout_ms: float = 5000.0) -> FloorResult:
+        """One request, waited for (one outstanding)."""
+        rid = self.submit(model, x)
+        deadline = time.perf_counter() + timeout_ms / 1000.0
+        while time.perf_counter() < deadline:
+            for result in self.collect(timeout_ms):
+                if result.request_id == rid:
+                    return result
+        raise TimeoutError(f"the floor chain did not answer in {timeout_ms} ms")
+
+    def __enter__(self) -> FloorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()

@@ -1,0 +1,99 @@
+"""What ``keel bench core`` and ``keel bench gateway`` measure a request path by: the
+latency with one request outstanding, and the highest open-loop rate whose p99 stays
+within the SLO, found by bisection; each taken several times in one run and reported as
+the median with its range.
+
+Why a bisection and not a ramp: a ramp moves in whole steps (x1.25 before), so one stall
+at one step moved a run's figure by a step or more, and two runs of the same tree
+differed by up to 5x. The search here doubles (or halves) from where it starts until it
+holds a rate that passed below one that failed, then halves that bracket (geometrically)
+until its ends are within ``PRECISION`` of each other; the figure is the highest rate
+that passed.
+
+Example
+-------
+>>> spread([3.0, 1.0, 2.0])
+{'median': 2.0, 'range': [1.0, 3.0], 'runs': [3.0, 1.0, 2.0]}
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from keel.common.loadgen import open_loop, summarize
+
+#: a search ends when the highest rate that passed is within this of the lowest that failed
+PRECISION = 1.05
+SLO_P99_MS = 20.0
+
+
+def spread(values: list[float]) -> dict:
+    """The median of ``values``, their range, and the values themselves."""
+    return {"median": float(np.median(values)), "range": [float(min(values)), float(max(values))],
+            "runs": [float(v) for v in values]}
+
+
+def latency(client, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
+    """p50 and p99 (µs) of ``xs`` sent one at a time (one request outstanding), after
+    ``warmup`` requests; ``client`` has ``predict(model, x)`` whose result has ``latency_ms``."""
+    for x in xs[:warmup]:
+        client.predict(model, x)
+    lat = np.array([client.predict(model, x).latency_ms for x in xs[warmup:]])
+    return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
+
+
+def probe(client, model: str, xs: np.ndarray, rate: float, seconds: float, slo_ms: float = SLO_P99_MS) -> dict:
+    """One open-loop Poisson run at ``rate``/s for ``seconds``: whether its p99 stayed
+    within ``slo_ms`` with every request answered by the model (none lost, none by default)."""
+    count = max(1, int(rate * seconds))
+    stats = summarize(open_loop(client, model, xs, rate=rate, count=count, seed=int(rate), duration_s=seconds * 3))
+    p50, p99 = stats["latency_ms"]["p50"], stats["latency_ms"]["p99"]
+    ok = stats["lost"] == 0 and p99 is not None and p99 <= slo_ms and stats["sources"].get("model", 0) == count
+    return {"rate": round(rate, 1), "p50_ms": p50, "p99_ms": p99, "lost": stats["lost"], "ok": ok}
+
+
+def max_rate(try_rate: Callable[[float], dict], start: float, limit: float, log=print,
+             step: float = 2.0, floor: float = 1.0) -> tuple[float, list[dict]]:
+    """The highest rate ``try_rate(rate)["ok"]`` accepts, to within ``PRECISION``: from
+    ``start``, rates x``step`` up (or down) until a passing rate lies below a failing one,
+    then bisection (geometric) of that bracket. 0.0 if nothing at or above ``floor``
+    passes; ``limit`` if that passes. Returns (rate, every probe)."""
+    rows: list[dict] = []
+
+    def attempt(rate: float) -> bool:
+        row = try_rate(rate)
+        rows.append(row)
+        log(f"    offered {rate:8.0f}/s  p50 {row['p50_ms'] or 0:7.2f} ms  p99 {row['p99_ms'] or 0:7.2f} ms  "
+            f"lost {row['lost']}  {'ok' if row['ok'] else 'over SLO'}")
+        return row["ok"]
+
+    rate = min(start, limit)
+    if attempt(rate):
+        lo, hi = rate, None
+        while hi is None:
+            if lo >= limit:
+                return limit, rows
+            rate = min(lo * step, limit)
+            if attempt(rate):
+                lo = rate
+            else:
+                hi = rate
+    else:
+        lo, hi = None, rate
+        while lo is None:
+            rate = hi / step
+            if rate < floor:
+                return 0.0, rows
+            if attempt(rate):
+                lo = rate
+            else:
+                hi = rate
+    while hi / lo > PRECISION:
+        mid = math.sqrt(lo * hi)
+        if attempt(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, rows

@@ -1,0 +1,72 @@
+"""The request path's per-hop breakdown (``keel bench core --breakdown``) and its floor
+(``bench.floor``), through real processes: a traced request's parts add up to what its
+client measured, an untraced one carries no stamps, and the bare chain answers as Keel's
+hops do."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from keel.bench.breakdown import PARTS, Tracer, summary
+from keel.bench.floor import Floor, FloorClient, templates
+from keel.common import loadgen, protocol
+from keel.common.protocol import Predict, Reply
+from keel.common.spec import load_spec
+from keel.deploy.local import Launcher, free_port_block
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("breakdown")
+    with Launcher(run_dir) as launcher:
+        spec = load_spec({"cluster": {"name": "breakdown", "base_port": free_port_block(), "run_dir": str(run_dir)},
+                          "frontend": {"log_requests": False},
+                          "models": {"m": {"builtin": "noop", "input_shape": [64], "output_size": 10, "workers": 2}}})
+        yield launcher.start_spec(spec)
+
+
+def test_a_traced_requests_parts_add_up_to_its_clients_time(cluster):
+    xs = np.random.default_rng(0).random((100, 64), dtype=np.float32)
+    with Tracer(cluster.client_endpoints[0], "m") as tracer:
+        traces = [tracer.trace(x) for x in xs]
+    assert all(t is not None for t in traces)  # every process stamped: nine parts each
+    for parts, took_us in traces:
+        assert len(parts) == len(PARTS)
+        assert min(parts) >= -50.0  # in order on one clock (a few µs of time.time()'s steps allowed)
+        # the stamps span the client's own send-to-receipt, less its encode and decode
+        assert abs(sum(parts) - took_us) <= 0.05 * took_us + 50.0, (parts, took_us)
+    figures = summary(traces)
+    assert figures["traced"] == 100 and set(figures["parts"]) == set(PARTS)
+    assert abs(figures["sum_of_part_means_us"] - figures["end_to_end_mean_us"]) <= 0.05 * figures["end_to_end_mean_us"] + 50
+
+
+def test_an_untraced_request_is_answered_without_stamps(cluster):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(cluster.client_endpoints[0])
+        sock.send_multipart(protocol.encode(Predict(request_id="plain", model="m", input=np.zeros(64, np.float32))))
+        assert sock.poll(10_000)
+        reply = protocol.decode(sock.recv_multipart())
+        assert isinstance(reply, Reply) and reply.source == "model" and reply.trace is None
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_the_floor_chain_answers_every_request_with_keels_reply_size():
+    xs = np.random.default_rng(1).random((64, 64), dtype=np.float32)
+    with Floor(free_port_block(8), workers=2) as floor, FloorClient(floor.client_endpoint) as client:
+        first = client.predict("m", xs[0], timeout_ms=20_000)  # the processes start meanwhile
+        assert first.latency_ms > 0
+        records = loadgen.open_loop(client, "m", xs, rate=500, count=300, seed=3, duration_s=10)
+        stats = loadgen.summarize(records)
+        assert stats["lost"] == 0 and stats["sources"] == {"model": 300}
+        client.sock.send_multipart([b"\0" * 8, client.predict_head, xs[0]])
+        assert client.sock.poll(10_000)
+        tag, head, output = client.sock.recv_multipart()
+        assert head == templates([64], 10)["reply"] and len(output) == 10 * 4  # Keel's Reply, Keel's output
