@@ -129,17 +129,17 @@ def _traced(tracer: Tracer, xs: np.ndarray, count: int, every_s: float = 0.0) ->
 
 
 def run_breakdown(args, log=print) -> dict:
-    from keel.bench import core, rates
+    from keel.bench import rates
     from keel.common.client import Client
     from keel.deploy.local import Launcher
 
     quick = args.quick
     count = 1000 if quick else 5000
     seconds = 4.0 if quick else 15.0
-    xs = np.random.default_rng(0).random((1024, *core.SHAPE), dtype=np.float32)
+    xs = np.random.default_rng(0).random((1024, *rates.SHAPE), dtype=np.float32)
     out: dict = {"quick": quick, "parts": list(PARTS)}
     with Launcher("runs/bench-core/breakdown") as launcher:
-        cluster = core._cluster(launcher, 2, batch_budget_ms=core.SLO_P99_MS, max_batch=128, builtin="noop")
+        cluster = rates.model_cluster(launcher, 2, batch_budget_ms=rates.SLO_P99_MS, max_batch=128, builtin="noop")
         endpoint = cluster.client_endpoints[0]
         with Tracer(endpoint, "m") as tracer:
             _traced(tracer, xs, 200)  # warm-up
@@ -173,7 +173,7 @@ def _load(endpoint: str, rate: float, seconds: float) -> None:
     from keel.common.client import Client
     from keel.common.loadgen import open_loop, summarize
 
-    from keel.bench.core import SHAPE
+    from keel.bench.rates import SHAPE
 
     xs = np.random.default_rng(2).random((4096, *SHAPE), dtype=np.float32)
     with Client([endpoint], timeout_ms=5000) as client:

@@ -32,12 +32,10 @@ import numpy as np
 from keel.bench import rates
 from keel.bench.floor import Floor, FloorClient
 from keel.common.client import Client
-from keel.common.spec import ClusterSpec, load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher, free_port_block
 
-SLO_P99_MS = rates.SLO_P99_MS
-SHAPE = [64]
+SLO_P99_MS, SHAPE = rates.SLO_P99_MS, rates.SHAPE
 REPEATS = 3
 
 #: the printed table and its targets (keel bench)
@@ -56,16 +54,6 @@ def options(parser) -> None:
 
 def report_name(args) -> str:
     return "core-breakdown" if getattr(args, "breakdown", False) else "core"
-
-
-def _cluster(launcher: Launcher, workers: int, **model) -> ClusterSpec:
-    """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers, started."""
-    spec = load_spec({
-        "cluster": {"name": "bench-core", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
-        "frontend": {"log_requests": False, "cache_size": 0},
-        "models": {"m": {"input_shape": SHAPE, "output_size": 10, "deadline_ms": 1000.0, "workers": workers, **model}},
-    })
-    return launcher.start_spec(spec)
 
 
 def _searches(plans: dict, xs: np.ndarray, seconds: float, log) -> dict:
@@ -104,7 +92,7 @@ def run(args, log=print) -> dict:
     lat_xs = rng.random((n_latency, *SHAPE), dtype=np.float32)
     xs = np.random.default_rng(1).random((4096, *SHAPE), dtype=np.float32)
     with Launcher(run_dir / "noop") as launcher, Floor(free_port_block(8), workers=2, shape=SHAPE) as floor:
-        cluster = _cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
+        cluster = rates.model_cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
         with Client([cluster.client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
             clients = {"noop": keel, "floor": bare}
             lat: dict[str, list[dict]] = {name: [] for name in clients}
@@ -127,8 +115,8 @@ def run(args, log=print) -> dict:
     sleep = dict(builtin="sleep", fixed_ms=4.0, per_query_ms=0.02)
     out["batching_model"] = {**sleep, "workers": 1}
     with Launcher(run_dir / "batch1") as l1, Launcher(run_dir / "aimd") as l2:
-        batch1 = _cluster(l1, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
-        aimd = _cluster(l2, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
+        batch1 = rates.model_cluster(l1, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
+        aimd = rates.model_cluster(l2, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
         log("fixed-cost model: batch size fixed at 1, and AIMD batching ...")
         with Client([batch1.client_endpoints[0]], timeout_ms=5000) as c1, \
                 Client([aimd.client_endpoints[0]], timeout_ms=5000) as c2:

@@ -27,6 +27,8 @@ from keel.common.loadgen import open_loop, summarize
 #: a search ends when the highest rate that passed is within this of the lowest that failed
 PRECISION = 1.05
 SLO_P99_MS = 20.0
+#: the measured model's input (a no-op or a sleep: the path is what is measured)
+SHAPE = [64]
 
 
 def spread(values: list[float]) -> dict:
@@ -97,3 +99,17 @@ def max_rate(try_rate: Callable[[float], dict], start: float, limit: float, log=
         else:
             hi = mid
     return lo, rows
+
+
+def model_cluster(launcher, workers: int, **model):
+    """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers, started by
+    ``launcher`` (``deploy.local.Launcher``); the spec."""
+    from keel.common.spec import load_spec
+    from keel.deploy.local import free_port_block
+
+    spec = load_spec({
+        "cluster": {"name": "bench-core", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
+        "frontend": {"log_requests": False, "cache_size": 0},
+        "models": {"m": {"input_shape": SHAPE, "output_size": 10, "deadline_ms": 1000.0, "workers": workers, **model}},
+    })
+    return launcher.start_spec(spec)
