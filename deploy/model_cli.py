@@ -248,7 +248,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         version = args.version
         if args.model_command == "rollback" and version is None:
             version = previous_version(spec, args.model)
-        done = rollout(spec, args.model, version, args.timeout)
+        done = rollout(spec, args.model, version, args.timeout, profile=not args.no_profile)
     except (SpecError, CurveError, ModelStoreError, RolloutError) as exc:
         return _fail(str(exc))
     if Path(spec.run_dir).is_dir():  # a cluster started from this spec keeps its record there
@@ -375,4 +375,7 @@ def add_parser(subparsers: Any) -> None:
         a.add_argument("--version", default=None,
                        help="store version (rollout default: latest; rollback default: the one before)")
         a.add_argument("--timeout", type=float, default=60.0, help="seconds per worker (default 60)")
+        a.add_argument("--no-profile", action="store_true",
+                       help="a model SERF manages whose version has no profile stays held (its configuration "
+                            "kept) instead of being profiled through the cluster after the switch")
         a.set_defaults(func=cmd_rollout)

@@ -19,6 +19,12 @@ def test_subcommands_parse(argv):
     assert callable(parse_args(argv).func)
 
 
+def test_rollout_profiles_a_serf_model_by_default_and_no_profile_keeps_it_held():
+    assert parse_args(["model", "rollout", "spec.toml", "m"]).no_profile is False
+    assert parse_args(["model", "rollout", "spec.toml", "m", "--no-profile"]).no_profile is True
+    assert parse_args(["model", "rollback", "spec.toml", "m", "--no-profile"]).no_profile is True
+
+
 def test_serve_roles_come_from_the_role_table():
     from keel.common.roles import ROLES
 
