@@ -55,6 +55,7 @@ from keel.common.protocol import (
     transit_s,
 )
 from keel.services.base import Service
+from keel.services.requests import carry_trace
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
 from keel.services.scheduling.distribution import distribution_policy
 from keel.services.scheduling.view import pool_summary
@@ -470,7 +471,7 @@ class Dispatcher(Service):
             sent_at=time.time(),
         )
         if self.traces:
-            self._stamp(batch)
+            carry_trace(self.traces, batch)
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue
         for q in taken:
@@ -482,14 +483,6 @@ class Dispatcher(Service):
             if not transport.try_send(self.encoder, batch):
                 self.encoder_dropped += 1
         return True
-
-    def _stamp(self, batch: Batch) -> None:
-        """A traced query of ``batch`` rides on it, stamped with its send (``Predict.trace``)."""
-        for qid in batch.qids:
-            trace = self.traces.pop(qid, None)
-            if trace is not None:
-                batch.traced, batch.trace = qid, [*trace, time.time()]
-                return
 
     def _send_batch(self, worker: WorkerState, batch: Batch, queries: list[Query] | None, now: float) -> bool:
         batch.batch_id = self.ids.next()

@@ -69,7 +69,7 @@ from keel.common.protocol import (
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.graph.route import GraphRoute
-from keel.services.requests import Deadlines, DedupTable, Request, State
+from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace
 from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
@@ -325,7 +325,7 @@ class Frontend(Service):
                               reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
                               sent_at=time.time())
                 if self.traces:
-                    self._stamp(msg)
+                    carry_trace(self.traces, msg)
                 transport.send(self.push, msg)
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -335,15 +335,6 @@ class Frontend(Service):
         self.m_pending.set(len(self.pending))
 
     # ------------------------------------------------------------------ dispatcher failover
-
-    def _stamp(self, msg: Queries) -> None:
-        """The first traced query of ``msg`` rides on it, stamped with its send; one trace a
-        message (a breakdown samples requests, it does not follow every one)."""
-        for qid in msg.qids:
-            trace = self.traces.pop(qid, None)
-            if trace is not None:
-                msg.traced, msg.trace = qid, [*trace, time.time()]
-                return
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
         """The manager named another active dispatcher: send it every query admitted and not

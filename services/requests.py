@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+import time
 from collections import deque
 from collections.abc import Container, Iterator
 from enum import IntEnum
@@ -252,3 +253,14 @@ class Deadlines:
             self.heap = [(d, i) for d, i in self.heap if i in live]
             heapq.heapify(self.heap)
         return self.heap[0][0] if self.heap else None
+
+
+def carry_trace(traces: dict[int, list[float]], msg) -> None:
+    """The first traced query of ``msg`` (a ``Queries`` or a ``Batch``) rides on it: its stamps
+    leave ``traces`` and go on the message with its send added. One trace a message: a
+    breakdown samples requests, it does not follow every one."""
+    for qid in msg.qids:
+        trace = traces.pop(qid, None)
+        if trace is not None:
+            msg.traced, msg.trace = qid, [*trace, time.time()]
+            return
