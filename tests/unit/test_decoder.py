@@ -144,3 +144,43 @@ def test_hostile_outputs_are_refused_and_groups_bounded(make):
     for _ in range(5):
         dec.tick(0.02)
     assert len(dec.groups) == 3 and dec.counts["dropped_full"] == 8
+
+
+# ParM across a rollout: a reconstruction is named after the deployed version it equals; a
+# coding group whose predictions, or whose parity model, disagree on the version is not
+# reconstructed.
+
+
+def run_versioned_group(dec, push, frontend, fe: str, versions: tuple[str, str], group: int = 7) -> Predictions | None:
+    """Member 0 (version versions[0]) arrives, member 1 does not; the parity model (its own
+    version versions[1]) answers. The reconstruction of member 1 the frontend gets, or None."""
+    x0, x1 = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    members = ParityMembers("m", "add", [MemberBatch([10 * (i + 1), 10 * (i + 1) + 1], [fe] * 2) for i in range(2)])
+    msgs = [Predictions(batch_id=1, model="m", qids=[10, 11], outputs=x0, worker="w0", group=CodingTag(group, 0, 2),
+                        reply_to=[fe] * 2, version=versions[0]),
+            Predictions(batch_id=9, model="m-parity", qids=[0, 1], outputs=x0 + x1, worker="p", role=ModelRole.PARITY,
+                        group=CodingTag(group, 2, 2), members=members, version=versions[1])]
+    for msg in msgs:
+        send(dec, push, msg)
+    return reconstruction(frontend, 0.5)
+
+
+def test_a_reconstruction_is_named_after_the_predictions_it_was_computed_from(make):
+    dec, push, frontend, ep = make(parity_versions={"m": {"1": "1"}})
+    got = run_versioned_group(dec, push, frontend, ep, ("1", "1"))
+    assert got is not None and got.source == Source.RECONSTRUCTION and got.version == "1" and got.qids == [20, 21]
+    np.testing.assert_allclose(got.outputs, 2.0)
+
+
+def test_predictions_of_another_version_than_the_parity_models_are_not_reconstructed(make):
+    dec, push, frontend, ep = make(parity_versions={"m": {"1": "1"}})
+    assert run_versioned_group(dec, push, frontend, ep, ("2", "1")) is None  # deployed rolled to 2, parity still for 1
+    assert dec.status()["mixed_versions"] == 1 and dec.status()["reconstructed"] == 0
+    assert run_versioned_group(dec, push, frontend, ep, ("1", "5"), group=8) is None  # a parity version made for none known
+    assert dec.status()["unpaired_parity_version"] == 1
+
+
+def test_without_pairs_the_reconstruction_takes_the_predictions_version(make):
+    dec, push, frontend, ep = make()
+    got = run_versioned_group(dec, push, frontend, ep, ("3", "1"))
+    assert got is not None and got.version == "3"
