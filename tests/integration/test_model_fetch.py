@@ -3,7 +3,6 @@ file checked by sha256; a damaged copy or transfer is refused, never written; a 
 whose store service is down waits with a clear log line and registers only after the fetch."""
 from __future__ import annotations
 
-import textwrap
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+from keel.chaos.multihost import CONTAINER  # a query's first two features times the artifact's factor
 from keel.common import modelfetch, protocol
 from keel.common.config import StoreConfig, WorkerConfig
 from keel.common.modelfetch import StoreClient, StoreRefused, StoreUnreachable, TransferError, ensure, fetch, publish_all
@@ -18,19 +18,6 @@ from keel.common.modelstore import ModelStore, sha256_file
 from keel.common.protocol import store as wire
 from keel.common.spec import ServiceLaunch
 from keel.deploy.local import free_port
-
-CONTAINER = textwrap.dedent('''
-    import numpy as np
-
-    class Scale:
-        """Each query times the factor in its artifact."""
-
-        def load(self, path):
-            self.factor = float(open(path).read())
-
-        def predict_batch(self, inputs):
-            return inputs.reshape(len(inputs), -1)[:, :2] * self.factor
-''')
 
 
 def add_scale(root: Path, tmp: Path, factor: float, pad: int = 0) -> str:

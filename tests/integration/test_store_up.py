@@ -6,25 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
-import textwrap
 
 import numpy as np
 import pytest
 
+from keel.chaos.multihost import CONTAINER  # a query's first two features times the artifact's factor
 from keel.common.modelstore import ModelStore
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block
 
 pytestmark = pytest.mark.slow
-
-CONTAINER = textwrap.dedent('''
-    class Scale:
-        def load(self, path):
-            self.factor = float(open(path).read())
-
-        def predict_batch(self, inputs):
-            return inputs.reshape(len(inputs), -1)[:, :2] * self.factor
-''')
 
 
 def test_up_with_a_store_service_fetches_into_an_empty_store(tmp_path):
