@@ -18,19 +18,9 @@ import torch
 from keel.common.spec import load_spec
 from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port, free_port_block
+from tests.support.models import Scale
 
 pytestmark = pytest.mark.slow
-
-
-class Scale(torch.nn.Module):
-    """4 -> 2: (sum of x, 3 * x[0]); version 2 adds ``offset`` to the sum."""
-
-    def __init__(self, offset: float = 0.0):
-        super().__init__()
-        self.offset = offset
-
-    def forward(self, x):
-        return torch.stack([x.sum(1) + self.offset, 3 * x[:, 0]], dim=1)
 
 
 def expected(x: np.ndarray, version: str) -> list[float]:

@@ -17,17 +17,9 @@ from keel.deploy.local import free_port_block
 from keel.deploy.rollout import rollout
 from keel.services.serf import profile as serf_profile
 from keel.services.serf.profile import Profile
+from tests.support.models import Scale
 
 pytestmark = pytest.mark.slow
-
-
-class Scale(torch.nn.Module):
-    def __init__(self, offset: float = 0.0):
-        super().__init__()
-        self.offset = offset
-
-    def forward(self, x):
-        return torch.stack([x.sum(1) + self.offset, 3 * x[:, 0]], dim=1)
 
 
 def serf_status(spec) -> dict:
