@@ -112,11 +112,10 @@ class Workload:
         self.cfg, self.dir = cfg, Path(out_dir)
         self.proc = None
 
-    def start(self, cluster, start_at: float | None = None) -> Workload:
-        """Spawn the generator. With ``start_at`` it sends from that wall time on; without,
-        it says when it is ready (``wait_ready``) and waits for ``go``, so a slow start-up
-        (imports on a loaded machine take seconds) never shifts the schedule against the
-        faults'."""
+    def start(self, cluster) -> Workload:
+        """Spawn the generator. It says when it is ready (``wait_ready``) and sends from the
+        wall time ``go`` gives it, so a slow start-up (imports on a loaded machine take
+        seconds) never shifts its schedule against the faults'."""
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in [self.dir / "done.json", self.dir / "ready.json", self.dir / "go.json",
                       *self.dir.glob("records-*.jsonl")]:
@@ -124,7 +123,7 @@ class Workload:
         path = self.dir / "workload.json"
         # the generator reads the inputs from here: it never imports the dataset code
         np.save(self.dir / "inputs.npy", load_inputs(self.cfg.dataset, self.cfg.input_shape))
-        write_json(path, {**asdict(self.cfg), "start_at": start_at, "out_dir": str(self.dir),
+        write_json(path, {**asdict(self.cfg), "out_dir": str(self.dir),
                           "inputs": str(self.dir / "inputs.npy")})
         self.proc = cluster.spawn(self.cfg.client_host, [sys.executable, "-m", "keel.chaos.workload", "--config", str(path)],
                                   "workload", kind="aux", restartable=False)
@@ -238,19 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(cfg["out_dir"])
     inputs = np.load(cfg["inputs"]) if cfg.get("inputs") else load_inputs(cfg["dataset"], cfg.get("input_shape"))
     offsets, rows = schedule(cfg["rate"], cfg.get("count"), cfg["seed"], len(inputs), cfg["duration_s"])
-    if cfg.get("start_at") is None:  # the harness sets the start once every generator is ready
-        from keel.common.client import Client  # noqa: F401 - imported before "ready", not on the clock
+    from keel.common.client import Client  # noqa: F401 - imported before "ready", not on the clock
 
-        write_json(out_dir / "ready.json", {"pid": os.getpid()})
-        go = wait_file(out_dir / "go.json", 300.0)
-        if go is None:
-            return 1
-        cfg["start_at"] = go["start_at"]
+    write_json(out_dir / "ready.json", {"pid": os.getpid()})
+    go = wait_file(out_dir / "go.json", 300.0)  # the harness sets the start once every generator is ready
+    if go is None:
+        return 1
     stats: dict[str, dict] = {}
 
     def run(mode: str, frontends: list[str]) -> None:
         try:
-            stats[mode] = drive(mode, frontends, cfg, inputs, offsets, rows, cfg["start_at"], out_dir / f"records-{mode}.jsonl")
+            stats[mode] = drive(mode, frontends, cfg, inputs, offsets, rows, go["start_at"], out_dir / f"records-{mode}.jsonl")
         except Exception as exc:  # reported in done.json, never silently lost
             stats[mode] = {"error": f"{type(exc).__name__}: {exc}"}
 
