@@ -12,7 +12,7 @@ from keel.common.protocol.messages import GraphAck, GraphRequest, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.roles import Role
-from keel.services.graph.statemgr import header_of, outputs_of, unpack
+from keel.services.graph.statemgr import header_of, outputs_of
 
 
 class BackupSide:
@@ -76,9 +76,3 @@ class BackupSide:
                                  lineage=[e.to_json() for lineage in state.lineages for e in lineage], requests=requests)
             self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
             self._announce_durable(self.assignment.epoch, state.last_seq, primary=not degraded)
-
-    def applied_state(self):
-        """The newest applied state and outputs (what HAMS II promotes from)."""
-        if self.backup is None or self.backup.applied is None:
-            return None
-        return unpack(self.backup.applied.state["blob"])
