@@ -236,8 +236,12 @@ def ensure(store: ModelStore, name: str, version: str | None, endpoints: list[st
            stop: Callable[[], bool] = lambda: False, backoff_s: float = 0.5, max_backoff_s: float = 5.0) -> Manifest:
     """The version in ``store``, fetched from the store service when it is missing, tried
     until it is there (``deadline_s`` None: for ever, as a worker at start-up does) or
-    ``stop()``. ``log(event, **fields)`` hears every failed try: why, and when the next is."""
+    ``stop()``. ``log(event, **fields)`` hears where the version came from (fetched, or
+    already in the store: on one machine, the workers share a store and the first fetches)
+    and every failed try: why, and when the next is."""
     if version not in (None, "latest") and store.has(name, version):
+        if log is not None:
+            log("model already in the store", model=name, version=version, store=str(store.root))
         return store.manifest(name, version)
     end = None if deadline_s is None else time.monotonic() + deadline_s
     wait, tries = backoff_s, 0
