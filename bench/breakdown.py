@@ -22,11 +22,18 @@ taken once the message is decoded, so their decode counts in the hop before. The
 add up to the client's send-to-receipt (the test suite checks that against the client's
 own clock). At load the traced requests, one every ``TRACE_EVERY_S``, ride among the
 load's (sent by another process, so the two clients do not share a GIL).
+
+Beside the parts, the CPU each process spends per request, split by thread
+(``bench.cpu``), for Keel and for the floor chain (``bench.floor``), one outstanding, and for
+Keel's services at load: on a machine with fewer cores than the path has threads, a hop's
+in-flight time includes waiting for a core another process's work still holds, so CPU
+spent anywhere, on the critical path or not, shows up in the parts.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +42,7 @@ import uuid
 import numpy as np
 import zmq
 
+from keel.bench.cpu import CPUMeter, combine
 from keel.common import protocol
 from keel.common.protocol import Predict, Reply
 
@@ -128,6 +136,45 @@ def _traced(tracer: Tracer, xs: np.ndarray, count: int, every_s: float = 0.0) ->
     return out
 
 
+def cpu_table(figures: dict) -> list[str]:
+    """The CPU-per-request rows of ``figures["cpu"]`` (column -> group -> kind -> µs)."""
+    columns = list(figures)
+    lines = ["CPU per request, µs: main thread + ZeroMQ threads + other threads = total",
+             f"  {'process':<12}" + "".join(f"{c:>34}" for c in columns)]
+    for group in figures[columns[0]]:
+        cells = []
+        for c in columns:
+            row = figures[c].get(group)
+            cells.append(f"{row['main']:>7.0f} +{row['zmq']:>5.0f} +{row['other']:>5.0f} = {row['total']:>6.0f}"
+                         if row else "")
+        lines.append(f"  {group:<12}" + "".join(f"{cell:>34}" for cell in cells))
+    return lines
+
+
+def _groups(names: list[str]) -> dict[str, list[str]]:
+    """Keel's processes by role (every worker as one), the client (this process) first."""
+    workers = [n for n in names if n.startswith("worker")]
+    return {"client": ["client"], "frontend": ["frontend"], "dispatcher": ["dispatcher"], "workers": workers,
+            "all": ["client", "frontend", "dispatcher", *workers]}
+
+
+def _floor_cpu(xs: np.ndarray, count: int) -> tuple[dict, float]:
+    """The floor chain's CPU per request (grouped as Keel's) and p50 (µs), one outstanding."""
+    from keel.bench.floor import Floor, FloorClient
+    from keel.bench.rates import SHAPE
+    from keel.deploy.local import free_port_block
+
+    with Floor(free_port_block(8), workers=2, shape=SHAPE) as floor, FloorClient(floor.client_endpoint) as client:
+        names = ["frontend", "dispatcher", "worker-0", "worker-1"]
+        meter = CPUMeter({"client": os.getpid(), **{n: p.pid for n, p in zip(names, floor.procs)}})
+        for x in xs[:200]:
+            client.predict("m", x)
+        meter.start()
+        lat = [client.predict("m", xs[i % len(xs)]).latency_ms for i in range(count)]
+        rows = meter.stop(count)
+    return combine(rows, _groups(names)), float(np.median(lat) * 1000)
+
+
 def run_breakdown(args, log=print) -> dict:
     from keel.bench import rates
     from keel.common.client import Client
@@ -141,10 +188,18 @@ def run_breakdown(args, log=print) -> dict:
     with Launcher("runs/bench-core/breakdown") as launcher:
         cluster = rates.model_cluster(launcher, 2, batch_budget_ms=rates.SLO_P99_MS, max_batch=128, builtin="noop")
         endpoint = cluster.client_endpoints[0]
+        pids = {name: proc.pid for name, proc in launcher.procs.items()}
+        groups = _groups(list(pids))
         with Tracer(endpoint, "m") as tracer:
             _traced(tracer, xs, 200)  # warm-up
             log("one request outstanding ...")
-            out["one_outstanding"] = summary(_traced(tracer, xs, count))
+            meter = CPUMeter({"client": os.getpid(), **pids})
+            meter.start()
+            traces = _traced(tracer, xs, count)
+            out["cpu"] = {"one outstanding": combine(meter.stop(count), groups)}
+            out["one_outstanding"] = summary(traces)
+            log("the floor chain, one request outstanding ...")
+            out["cpu"]["floor, one outstanding"], out["floor_p50_us"] = _floor_cpu(xs, count)
             rate = getattr(args, "rate", None)
             if not rate:
                 log("throughput (one search) ...")
@@ -156,13 +211,20 @@ def run_breakdown(args, log=print) -> dict:
                                      str(seconds + 1.0)], stdout=subprocess.PIPE, text=True)
             try:
                 time.sleep(0.5)  # the load under way
-                out["at_load"] = summary(_traced(tracer, xs, int(seconds / TRACE_EVERY_S), TRACE_EVERY_S))
+                services = CPUMeter(pids)  # the load's client is another process: not counted
+                services.start()
+                began = time.perf_counter()
+                traced = _traced(tracer, xs, int(seconds / TRACE_EVERY_S), TRACE_EVERY_S)
+                served = LOAD_SHARE * rate * (time.perf_counter() - began) + len(traced)  # open loop: rate x time
+                out["cpu"][f"at {LOAD_SHARE:.0%} (services)"] = combine(services.stop(int(served)), groups)
+                out["at_load"] = summary(traced)
             finally:
                 stdout, _ = load.communicate(timeout=seconds + 30)
             out["load"] = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
     log("")
     for line in table("one request outstanding", out["one_outstanding"]) + [""] + table(
-            f"at {LOAD_SHARE:.0%} of the throughput ({out['load_rps']:.0f} req/s)", out["at_load"]):
+            f"at {LOAD_SHARE:.0%} of the throughput ({out['load_rps']:.0f} req/s)", out["at_load"]) + [""] + cpu_table(
+            out["cpu"]) + [f"  floor chain p50, one outstanding: {out['floor_p50_us']:.0f} µs"]:
         log(line)
     return out
 

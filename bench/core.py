@@ -7,6 +7,11 @@ Measures, through real processes on loopback (client -> frontend -> dispatcher -
 - ``noop_p50_us`` / ``noop_p99_us``: one request outstanding, no-op model;
 - ``noop_throughput_rps``: the highest open-loop Poisson rate whose p99 stays <= 20 ms
   with nothing lost (no-op model, AIMD batching);
+- ``async_p50_us``: ``noop_p50_us`` through the asyncio client (``AsyncClient``), taken in
+  turn with the blocking client's;
+- ``noop_throughput_two_frontends_rps``: ``noop_throughput_rps`` with two frontends, one
+  client spreading its calls over both (the client is one process: on a machine of few
+  cores it is itself a share of what is measured);
 - ``floor_p50_us`` / ``floor_throughput_rps``: the same two through the bare chain of
   Keel's hops (``bench.floor``: the same processes, socket kinds and message sizes, doing
   nothing but forwarding), run beside Keel's cluster and measured in turn with it;
@@ -39,9 +44,11 @@ SLO_P99_MS, SHAPE = rates.SLO_P99_MS, rates.SHAPE
 REPEATS = 3
 
 #: the printed table and its targets (keel bench)
-FIGURES = ("noop_p50_us", "floor_p50_us", "noop_p50_vs_floor", "noop_p99_us", "noop_throughput_rps",
-           "floor_throughput_rps", "noop_throughput_vs_floor", "batching_speedup", "aimd_batch_size")
-TARGETS = {"noop_p50_us": "<= 450", "noop_p50_vs_floor": "<= 1.5", "noop_throughput_vs_floor": ">= 0.6",
+FIGURES = ("noop_p50_us", "floor_p50_us", "noop_p50_vs_floor", "noop_p99_us", "async_p50_us", "async_p50_vs_blocking",
+           "noop_throughput_rps", "floor_throughput_rps", "noop_throughput_vs_floor", "noop_throughput_two_frontends_rps",
+           "batching_speedup", "aimd_batch_size")
+TARGETS = {"noop_p50_us": "<= 450", "noop_p50_vs_floor": "<= 1.5", "async_p50_vs_blocking": "<= 1.0",
+           "noop_throughput_vs_floor": ">= 0.6", "noop_throughput_two_frontends_rps": ">= 15000",
            "batching_speedup": ">= 10"}
 
 
@@ -95,12 +102,14 @@ def run(args, log=print) -> dict:
         cluster = rates.model_cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
         with Client([cluster.client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
             clients = {"noop": keel, "floor": bare}
-            lat: dict[str, list[dict]] = {name: [] for name in clients}
+            lat: dict[str, list[dict]] = {name: [] for name in (*clients, "async")}
             for rep in range(REPEATS):
                 for name, client in clients.items():
                     log(f"{name} latency, one request outstanding, repetition {rep + 1} of {REPEATS} ...")
                     lat[name].append(rates.latency(client, "m", lat_xs))
-            for name in clients:
+                log(f"noop latency through the asyncio client, repetition {rep + 1} of {REPEATS} ...")
+                lat["async"].append(rates.async_latency(cluster.client_endpoints[0], "m", lat_xs))
+            for name in lat:
                 _put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
                 _put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))
             log("throughput (open-loop Poisson, p99 <= 20 ms, none lost) ...")
@@ -108,7 +117,15 @@ def run(args, log=print) -> dict:
             for name, (figure, probes) in _searches(plans, xs, seconds, log).items():
                 _put(out, f"{name}_throughput_rps", figure)
                 out[f"{name}_probes"] = probes
+    with Launcher(run_dir / "two-frontends") as launcher:
+        two = rates.model_cluster(launcher, 2, frontends=2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
+        log("throughput with two frontends (one client spreading its calls over both) ...")
+        with Client(two.client_endpoints, timeout_ms=5000) as client:
+            figure, probes = _searches({"two": (client, 2000, 60000)}, xs, seconds, log)["two"]
+        _put(out, "noop_throughput_two_frontends_rps", figure)
+        out["two_frontends_probes"] = probes
     out["noop_p50_vs_floor"] = out["noop_p50_us"] / out["floor_p50_us"]
+    out["async_p50_vs_blocking"] = out["async_p50_us"] / out["noop_p50_us"]
     out["noop_throughput_vs_floor"] = (out["noop_throughput_rps"] / out["floor_throughput_rps"]
                                        if out["floor_throughput_rps"] else None)
 

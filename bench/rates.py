@@ -46,6 +46,22 @@ def latency(client, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
     return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
 
 
+def async_latency(endpoint: str, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
+    """``latency`` through the asyncio client (``AsyncClient``), one call awaited at a time."""
+    import asyncio
+
+    from keel.common.client import AsyncClient
+
+    async def run() -> list[float]:
+        async with AsyncClient([endpoint], timeout_ms=5000) as client:
+            for x in xs[:warmup]:
+                await client.predict(model, x)
+            return [(await client.predict(model, x)).latency_ms for x in xs[warmup:]]
+
+    lat = np.array(asyncio.run(run()))
+    return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
+
+
 def probe(client, model: str, xs: np.ndarray, rate: float, seconds: float, slo_ms: float = SLO_P99_MS) -> dict:
     """One open-loop Poisson run at ``rate``/s for ``seconds``: whether its p99 stayed
     within ``slo_ms`` with every request answered by the model (none lost, none by default)."""
@@ -101,15 +117,15 @@ def max_rate(try_rate: Callable[[float], dict], start: float, limit: float, log=
     return lo, rows
 
 
-def model_cluster(launcher, workers: int, **model):
-    """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers, started by
-    ``launcher`` (``deploy.local.Launcher``); the spec."""
+def model_cluster(launcher, workers: int, frontends: int = 1, **model):
+    """Model "m" (a builtin, ``model`` its spec options) on ``workers`` workers behind
+    ``frontends`` frontends, started by ``launcher`` (``deploy.local.Launcher``); the spec."""
     from keel.common.spec import load_spec
     from keel.deploy.local import free_port_block
 
     spec = load_spec({
         "cluster": {"name": "bench-core", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
-        "frontend": {"log_requests": False, "cache_size": 0},
+        "frontend": {"log_requests": False, "cache_size": 0, **({"hosts": ["local"] * frontends} if frontends > 1 else {})},
         "models": {"m": {"input_shape": SHAPE, "output_size": 10, "deadline_ms": 1000.0, "workers": workers, **model}},
     })
     return launcher.start_spec(spec)

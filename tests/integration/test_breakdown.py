@@ -4,11 +4,15 @@ client measured, an untraced one carries no stamps, and the bare chain answers a
 hops do."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import zmq
 
-from keel.bench.breakdown import PARTS, Tracer, summary
+from keel.bench.breakdown import PARTS, Tracer, _groups, summary
+from keel.bench.cpu import CPUMeter, combine
+from keel.bench.rates import async_latency
 from keel.bench.floor import Floor, FloorClient, templates
 from keel.common import loadgen, protocol
 from keel.common.protocol import Predict, Reply
@@ -19,13 +23,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def launched(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("breakdown")
     with Launcher(run_dir) as launcher:
         spec = load_spec({"cluster": {"name": "breakdown", "base_port": free_port_block(), "run_dir": str(run_dir)},
                           "frontend": {"log_requests": False},
                           "models": {"m": {"builtin": "noop", "input_shape": [64], "output_size": 10, "workers": 2}}})
-        yield launcher.start_spec(spec)
+        yield launcher, launcher.start_spec(spec)
+
+
+@pytest.fixture(scope="module")
+def cluster(launched):
+    return launched[1]
 
 
 def test_a_traced_requests_parts_add_up_to_its_clients_time(cluster):
@@ -70,3 +79,25 @@ def test_the_floor_chain_answers_every_request_with_keels_reply_size():
         assert client.sock.poll(10_000)
         tag, head, output = client.sock.recv_multipart()
         assert head == templates([64], 10)["reply"] and len(output) == 10 * 4  # Keel's Reply, Keel's output
+
+
+def test_cpu_per_request_is_counted_per_process_and_thread(launched):
+    launcher, cluster = launched
+    pids = {name: proc.pid for name, proc in launcher.procs.items()}
+    meter = CPUMeter({"client": os.getpid(), **pids})
+    xs = np.random.default_rng(2).random((300, 64), dtype=np.float32)
+    with Tracer(cluster.client_endpoints[0], "m") as tracer:
+        meter.start()
+        assert all(tracer.trace(x) is not None for x in xs)
+        rows = meter.stop(len(xs))
+    groups = combine(rows, _groups(list(pids)))
+    assert set(groups) == {"client", "frontend", "dispatcher", "workers", "all"}
+    for name in ("frontend", "dispatcher", "workers"):  # each process of the path worked for them
+        assert groups[name]["main"] > 0 and groups[name]["total"] >= groups[name]["main"]
+    assert groups["all"]["total"] == pytest.approx(sum(groups[g]["total"] for g in ("client", "frontend", "dispatcher", "workers")))
+
+
+def test_the_asyncio_clients_latency_is_measured_through_the_cluster(cluster):
+    xs = np.random.default_rng(3).random((120, 64), dtype=np.float32)
+    figures = async_latency(cluster.client_endpoints[0], "m", xs, warmup=20)
+    assert 0 < figures["p50_us"] <= figures["p99_us"]
