@@ -428,11 +428,7 @@ class Client(_Base):
                     continue
                 if event & zmq.POLLOUT:
                     self._flush(i)
-                while event & zmq.POLLIN:
-                    try:
-                        frames = transport.recv_nowait(sock)
-                    except zmq.Again:
-                        break
+                for frames in transport.drain(sock, 100_000) if event & zmq.POLLIN else ():
                     result = self._finish(frames, i)
                     if result is not None:
                         out.append(result)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -97,6 +97,26 @@ def recv_nowait(sock: zmq.Socket) -> list:
         frame = recv(_NOBLOCK, copy=False)
         frames.append(frame)
     return frames
+
+
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[list]:
+    """The frames of each message waiting on ``sock`` (at most ``limit``), without blocking.
+    After each message it asks the socket whether another is waiting (``ZMQ_EVENTS``)
+    instead of reading until ``zmq.Again``: the read that finds nothing raises, and pyzmq
+    builds that exception in Python -- in a process woken cold, as each is with one request
+    at a time, ~50 µs against ~22 µs for the question, on every wake-up of every loop."""
+    get = sock.get
+    for _ in range(limit):
+        try:
+            frames = recv_nowait(sock)
+        except zmq.Again:  # the poll's news was stale (another reader of this loop took it)
+            return
+        yield frames
+        if sock.closed or not get(_EVENTS) & _POLLIN:  # its handler may have closed it
+            return
 
 
 def send(sock: zmq.Socket, msg: Any, envelope: list | None = None, flags: int = 0) -> None:

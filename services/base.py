@@ -143,11 +143,7 @@ class Service:
     def messages(self, sock: zmq.Socket, router: bool = False, limit: int = 1000) -> Iterator[tuple[list, Any]]:
         """(envelope, message) for each message waiting on ``sock``, without blocking; a
         malformed one is logged and skipped (peers inside Keel have no one to answer)."""
-        for _ in range(limit):
-            try:
-                frames = transport.recv_nowait(sock)
-            except zmq.Again:
-                return
+        for frames in transport.drain(sock, limit):
             envelope, body = protocol.split_envelope(frames) if router else ([], frames)
             try:
                 msg = protocol.decode(body)

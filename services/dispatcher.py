@@ -44,7 +44,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-import numpy as np
 import zmq
 
 from keel.common import transport
@@ -55,7 +54,7 @@ from keel.common.protocol import (
     transit_s,
 )
 from keel.services.base import Service
-from keel.services.requests import carry_trace
+from keel.services.requests import carry_trace, stack_rows
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
 from keel.services.scheduling.distribution import distribution_policy
 from keel.services.scheduling.view import pool_summary
@@ -465,7 +464,7 @@ class Dispatcher(Service):
             return False
         batch = Batch(
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
-            inputs=np.stack([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
+            inputs=stack_rows([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
             budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
             fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
             sent_at=time.time(),

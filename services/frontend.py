@@ -69,7 +69,7 @@ from keel.common.protocol import (
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.graph.route import GraphRoute
-from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace
+from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace, stack_rows
 from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
@@ -164,11 +164,7 @@ class Frontend(Service):
     # ------------------------------------------------------------------ clients
 
     def _on_clients(self, sock: zmq.Socket) -> None:
-        for _ in range(2000):
-            try:
-                frames = transport.recv_nowait(sock)
-            except zmq.Again:
-                break
+        for frames in transport.drain(sock, 2000):
             start = time.perf_counter()
             fd = frames[-1].get(zmq.SRCFD)
             if fd in self.clients:
@@ -322,7 +318,7 @@ class Frontend(Service):
         for model, items in self.outbox.items():
             if items:
                 msg = Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                              reply_to=self.reply_to, inputs=np.stack([x for _, _, x in items]), fence=self.fence,
+                              reply_to=self.reply_to, inputs=stack_rows([x for _, _, x in items]), fence=self.fence,
                               sent_at=time.time())
                 if self.traces:
                     carry_trace(self.traces, msg)

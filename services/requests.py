@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Container, Iterator
 from enum import IntEnum
 
+import numpy as np
+
 
 class State(IntEnum):
     ADMITTED = 0
@@ -253,6 +255,13 @@ class Deadlines:
             self.heap = [(d, i) for d, i in self.heap if i in live]
             heapq.heapify(self.heap)
         return self.heap[0][0] if self.heap else None
+
+
+def stack_rows(rows: list):
+    """The batch of ``rows`` (arrays of one shape): one row is a view of it with a batch
+    axis, not a copy (``np.stack`` cost ~40 µs more in a process woken cold, as each is with
+    one request at a time, and one row is what every batch is then)."""
+    return rows[0][None] if len(rows) == 1 else np.stack(rows)
 
 
 def carry_trace(traces: dict[int, list[float]], msg) -> None:

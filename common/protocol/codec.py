@@ -21,6 +21,7 @@ from keel.common.protocol.messages import (
 
 #: stamps a traced message carries at most (a request's path has ten)
 MAX_TRACE = 16
+_INT = {int}
 
 
 def encode(msg: Any) -> list:
@@ -62,7 +63,7 @@ def _frame_bytes(frame: Any) -> memoryview:
 
 
 def decode_header(frame: Any) -> dict:
-    raw = getattr(frame, "bytes", frame)
+    raw = getattr(frame, "buffer", frame)  # a received frame's bytes in place (orjson reads a view)
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"header frame must be bytes, got {type(raw).__name__}")
     if len(raw) > MAX_HEADER_BYTES:
@@ -85,7 +86,8 @@ def decode_tensor(desc: Any, frame: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
     dtype, shape = desc.get("dtype"), desc.get("shape")
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:  # a list or object is unhashable
         raise ProtocolError(f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 8:
+    # (set/min in C: a generator over the dimensions cost as much as the rest of this check)
+    if not isinstance(shape, list) or len(shape) > 8 or (shape and (set(map(type, shape)) != _INT or min(shape) < 0)):
         raise ProtocolError(f"shape must be a list of at most 8 non-negative ints, got {shape!r}")
     dt = _DTYPES[dtype]
     expected = math.prod(shape) * dt.itemsize
@@ -94,7 +96,9 @@ def decode_tensor(desc: Any, frame: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> 
     buf = _frame_bytes(frame)
     if len(buf) != expected:
         raise ProtocolError(f"tensor frame has {len(buf)} bytes, dtype {dtype} shape {shape} needs {expected}")
-    return np.frombuffer(buf, dtype=dt).reshape(shape)
+    # the array straight on the frame's buffer: frombuffer + reshape made two arrays and
+    # cost twice as much in a process woken cold (as each is, one request at a time)
+    return np.ndarray(shape, dt, buf)
 
 
 def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
@@ -111,15 +115,16 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     if missing:
         raise ProtocolError(f"{cls.KIND} message lacks {sorted(missing)}")
     kwargs = {name: header[name] for name in names if name in header}
-    for name in _TYPED.keys() & kwargs.keys():
-        kwargs[name] = _TYPED[name](kwargs[name])
+    for name in _TYPED_OF[cls]:
+        if name in kwargs:
+            kwargs[name] = _TYPED[name](kwargs[name])
     if cls.TENSORS:
         descs = header.get("tensors")
         if not isinstance(descs, list) or len(descs) != len(cls.TENSORS):
             raise ProtocolError(f"{cls.KIND} needs {len(cls.TENSORS)} tensor descriptor(s)")
-        present = [d for d in descs if d is not None]
-        if len(frames) != 1 + len(present):
-            raise ProtocolError(f"{cls.KIND} has {len(frames) - 1} tensor frames, header describes {len(present)}")
+        present = len(descs) - descs.count(None)
+        if len(frames) != 1 + present:
+            raise ProtocolError(f"{cls.KIND} has {len(frames) - 1} tensor frames, header describes {present}")
         total, i = 0, 1
         for name, desc in zip(cls.TENSORS, descs):
             if desc is None:
@@ -141,8 +146,9 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     return msg
 
 
-# Fields that travel as JSON but are typed on both sides of the wire.
+# Fields that travel as JSON but are typed on both sides of the wire (and, per kind, which it has).
 _TYPED = {"group": CodingTag.from_json, "members": ParityMembers.from_json, "lineage": LineageEntry.list_from_json}
+_TYPED_OF = {cls: tuple(name for name in _TYPED if name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
 
 
 def _finite(value: Any) -> bool:
