@@ -19,11 +19,15 @@ worker, ``bench.rates``' latency and SLO-bounded rate search), with and without
 - ``curve_throughput_cost``: 1 - rate with CURVE / rate without (target <= 0.10).
 
 The load generator shares the machine with the cluster, so on a small host the figures
-are the generator's as much as the gateway's.
+are the generator's as much as the gateway's: ``gateway_cpu_us`` / ``http_caller_cpu_us``
+/ ``zmq_caller_cpu_us`` (one outstanding) and ``gateway_cpu_us_at_load`` /
+``http_caller_cpu_us_at_load`` (at ``LOAD_RPS``) say what each side spends per request
+(``bench.cpu``: every thread of the process).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -31,6 +35,7 @@ import numpy as np
 import orjson
 
 from keel.bench import rates
+from keel.bench.cpu import CPUMeter
 from keel.common.client import Client
 from keel.common.loadgen import schedule
 from keel.common.progress import bar
@@ -39,10 +44,13 @@ from keel.deploy.local import Launcher, free_port, free_port_block
 
 SLO_P99_MS = 20.0
 DIM = 8
+#: the fixed rate the CPU per request at load is read at (well under the gateway's throughput)
+LOAD_RPS = 300
 
 #: the printed table and its targets (keel bench)
 FIGURES = ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
-           "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
+           "gateway_cpu_us", "http_caller_cpu_us", "zmq_caller_cpu_us", "gateway_cpu_us_at_load",
+           "http_caller_cpu_us_at_load", "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
            "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost")
 TARGETS = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
 
@@ -184,12 +192,25 @@ def run(args, log=print) -> dict:
         url = f"http://127.0.0.1:{port}/v2/models/m/infer"
         xs = np.random.default_rng(0).random((n + warm, DIM), dtype=np.float32)
         log("gateway latency, one request outstanding ...")
+        meter = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
+        meter.start()
         gw = _one_outstanding(port, xs, warm)
+        cpu = meter.stop(len(xs))
+        out["gateway_cpu_us"], out["http_caller_cpu_us"] = cpu["gateway"]["total"], cpu["caller"]["total"]
         log("ZeroMQ client latency, one request outstanding ...")
         with Client(spec.client_endpoints) as client:
             for x in xs[:warm]:
                 client.predict("m", x)
+            meter = CPUMeter({"caller": os.getpid()})
+            meter.start()
             zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
+            out["zmq_caller_cpu_us"] = meter.stop(len(zc))["caller"]["total"]
+        log(f"CPU per request at {LOAD_RPS} req/s through the gateway (gateway, and the HTTP load generator) ...")
+        meter = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
+        meter.start()
+        probe = asyncio.run(_open_loop(url, xs, LOAD_RPS, seconds))
+        cpu = meter.stop(probe["sent"])
+        out["gateway_cpu_us_at_load"], out["http_caller_cpu_us_at_load"] = cpu["gateway"]["total"], cpu["caller"]["total"]
         out["gateway_p50_us"], out["gateway_p99_us"] = float(np.percentile(gw, 50) * 1000), float(np.percentile(gw, 99) * 1000)
         out["client_p50_us"], out["client_p99_us"] = float(np.percentile(zc, 50) * 1000), float(np.percentile(zc, 99) * 1000)
         out["gateway_added_p50_us"] = out["gateway_p50_us"] - out["client_p50_us"]
