@@ -72,3 +72,30 @@ def test_a_real_models_drift_is_how_far_its_second_profile_moves_eq13_at_the_poi
     assert 0.1 < moved < 1.0  # 10% slower service, more than 10% longer latency under load
     # a point the second profile finds unstable counts as a 100% move
     assert drift_error([{"config": [1, 1], "rate": 49.0}], a, slower) == 1.0
+
+
+def test_the_step_is_designed_from_the_profile_where_switching_can_gain():
+    from keel.bench.serf_step import CARRY, EDGE, design, eq13_bound
+
+    p = _host_profile("small")
+    plan = design(p, candidates(p))
+    # each phase has another best configuration, and the high rate is past the light
+    # load's: the best single configuration is far from the best in some phase
+    assert plan["eq13_picks"][0] != plan["eq13_picks"][1], plan
+    assert plan["eq13_bound"] <= 0.80, plan
+    assert plan["high_rate"] > plan["low_rate"] and plan["low_factor"] >= 3
+    # no configuration sits at the edge of its capacity at the high rate
+    for c in candidates(p):
+        assert not CARRY < plan["high_rate"] / p.capacity(c) < EDGE, (c, plan)
+    # the bound is Eq. 13's: recomputed from the plan, the same figure
+    low, high, f = plan["low_rate"], plan["high_rate"], plan["low_factor"]
+    assert eq13_bound(p, candidates(p), [low, high], [low * f, high])[0] == pytest.approx(plan["eq13_bound"], abs=1e-3)
+
+
+def test_no_step_makes_the_interfering_models_bound_small_and_the_design_says_so():
+    from keel.bench.serf_step import design
+
+    p = _host_profile("large")
+    plan = design(p, candidates(p))
+    # 2x4 is within ~12% of the best at every load (SERF Fig. 12): the bound stays near 1
+    assert 0.85 < plan["eq13_bound"] <= 1.0 and plan["eq13_best_single"] == "2x4", plan
