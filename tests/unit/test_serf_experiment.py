@@ -78,7 +78,7 @@ def test_the_step_is_designed_from_the_profile_where_switching_can_gain():
     from keel.bench.serf_step import CARRY, EDGE, design, eq13_bound
 
     p = _host_profile("small")
-    plan = design(p, candidates(p))
+    plan = design(p, candidates(p), 6.0)
     # each phase has another best configuration, and the high rate is past the light
     # load's: the best single configuration is far from the best in some phase
     assert plan["eq13_picks"][0] != plan["eq13_picks"][1], plan
@@ -89,13 +89,13 @@ def test_the_step_is_designed_from_the_profile_where_switching_can_gain():
         assert not CARRY < plan["high_rate"] / p.capacity(c) < EDGE, (c, plan)
     # the bound is Eq. 13's: recomputed from the plan, the same figure
     low, high, f = plan["low_rate"], plan["high_rate"], plan["low_factor"]
-    assert eq13_bound(p, candidates(p), [low, high], [low * f, high])[0] == pytest.approx(plan["eq13_bound"], abs=1e-3)
+    assert eq13_bound(p, candidates(p), [low, high] * 2, [6.0 * f, 6.0] * 2)[0] == pytest.approx(plan["eq13_bound"], abs=1e-3)
 
 
 def test_no_step_makes_the_interfering_models_bound_small_and_the_design_says_so():
     from keel.bench.serf_step import design
 
     p = _host_profile("large")
-    plan = design(p, candidates(p))
+    plan = design(p, candidates(p), 6.0)
     # 2x4 is within ~12% of the best at every load (SERF Fig. 12): the bound stays near 1
     assert 0.85 < plan["eq13_bound"] <= 1.0 and plan["eq13_best_single"] == "2x4", plan
