@@ -25,7 +25,7 @@ Not every tuple is measured where the curves are smooth (``curve``): the speed-u
 threads of one request, then for each thread count the interference by requests at
 once, each from its ends and middles, a stretch whose middle lies on the straight line
 between its ends (within ``REL_SE``) interpolated. On the emulated 8-core host this
-measures 13-15 of the 20 tuples; on two cores there is nothing between the ends.
+measures 12-18 of the 20 tuples; on two cores there is nothing between the ends.
 
 The hand-off (``handoff_ms``): with a queue at the dispatcher, a slot stays idle between
 one request's end and the next one's start (Done to the dispatcher, the next Batch to the
