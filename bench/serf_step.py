@@ -50,7 +50,6 @@ LOW_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 HIGH_GRID = tuple(round(0.5 + 0.025 * k, 3) for k in range(17))  # 0.5 .. 0.9
 LOW_FACTORS = (3.0, 4.0, 5.0, 6.0)
 #: the bound a step aims at: under the target (0.80) by the run-to-run spread of a phase's mean
-#: and the backlog a fixed configuration carries from a high phase into the next low one
 BOUND_AIM = 0.70
 #: a configuration carries a phase at utilisation <= CARRY, and none may sit in (CARRY, EDGE)
 CARRY, EDGE = 0.92, 1.05
@@ -60,24 +59,10 @@ def eq13_bound(p, configs, rates: list[float], lengths: list[float]) -> tuple[fl
     """The bound by Eq. 13 on profile ``p`` for phases at ``rates`` (req/s) of ``lengths``
     (s), in order: (each phase's best / the best single configuration, each phase's best,
     the best single one); None where some phase has no configuration that carries it.
-
-    A fixed configuration that does not carry a phase (utilisation above ``CARRY``) starts
-    the next one with a backlog, (rate - capacity) x length requests, which it drains at
-    (capacity - the next rate): a fluid queue's extra wait, spread over that phase's
-    requests, is added to its latency there (or it serves that phase not at all, where
-    the backlog outlasts it). The measured bound takes each phase's best fixed run, whose
-    later low phases carry that backlog, so the design must see it too."""
-    lat: dict = {}
-    for c in configs:
-        cap, row, backlog = p.capacity(c), [], 0.0
-        for r, length in zip(rates, lengths):
-            w = p.predict_ms(c, r) if r <= CARRY * cap else None
-            if w is not None and backlog > 0:
-                drain_s = backlog / (cap - r)
-                w = None if drain_s >= length else w + 1000.0 * backlog * drain_s / 2 / (r * length)
-            row.append(w)
-            backlog = max(0.0, (r - cap) * length) if r > CARRY * cap else 0.0
-        lat[c] = row
+    As the measured bound (``oracle_picks``), it sees no backlog: a configuration serves a
+    phase it carries from a clean start, and one that does not carry a phase serves no
+    whole run."""
+    lat = {c: [p.predict_ms(c, r) if r <= CARRY * p.capacity(c) else None for r in rates] for c in configs}
     picks = []
     for k in range(len(rates)):
         able = [c for c in configs if lat[c][k] is not None]
@@ -288,10 +273,10 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
     log("   adaptive: phases " + ", ".join(f"{v:.1f}" for v in adaptive["phases_ms"])
         + f" ms; overall {adaptive['mean_ms']:.1f} ms; switches after steps {adaptive['switch_s']} s; decisions "
         + ", ".join(f"{d['t']:.2f} s {d['from']}->{d['to']} at {d['rate']}/s" for d in adaptive["decisions"]))
-    oracle, oracle_picks = oracle_mean(fixed, starts, lengths)
-    best_phase = [fixed[name]["phases_ms"][i] for i, name in enumerate(oracle_picks)]
+    oracle, picks = oracle_mean(fixed, starts, lengths)
+    best_phase = [fixed[name]["phases_ms"][j] for name, j in oracle_picks(fixed, len(starts))]
     best_single = min(f["mean_ms"] for f in fixed.values())
-    log(f"   oracle (each phase's best fixed: {', '.join(oracle_picks)}): {oracle:.1f} ms, "
+    log(f"   oracle (each phase's best fixed: {', '.join(picks)}): {oracle:.1f} ms, "
         f"{oracle / best_single:.3f} x the best single fixed")
     # the machine moves from minute to minute (shared): the best single fixed
     # configuration once more, after the adaptive run, says how much the same
@@ -301,7 +286,7 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
            "adaptive": adaptive, "best_fixed_per_phase_ms": best_phase,
            "adaptive_over_best_fixed": [round(a / b, 4) for a, b in zip(adaptive["phases_ms"], best_phase)],
            "adaptive_over_best_single_fixed": round(adaptive["mean_ms"] / best_single, 4),
-           "oracle_ms": round(oracle, 3), "oracle_picks": oracle_picks,
+           "oracle_ms": round(oracle, 3), "oracle_picks": picks,
            "oracle_over_best_single_fixed": round(oracle / best_single, 4), "best_single_fixed": name}
     if again:
         rerun = run_fixed(spec_of, model, inputs, offsets, starts, lengths, [tuple(map(int, name.split("x")))], cores,
@@ -311,16 +296,31 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
     return out
 
 
+def oracle_picks(fixed: dict[str, dict], phases: int) -> list[tuple[str, int]]:
+    """Each phase's best fixed configuration, and the phase whose requests stand for it:
+    its own, or for a phase at the rate of the one two before (low, high, low, high) that
+    earlier one where the configuration did better there. A fixed configuration that
+    cannot carry a high phase enters the next low one with a backlog that a configurator
+    switching at the step never builds (it ran another configuration through the high
+    phase), so that low phase is the first low phase again, from its clean start."""
+    out = []
+    for i in range(phases):
+        seen = [i] + ([i - 2] if i >= 2 else [])
+        out.append(min(((name, j) for name in fixed for j in seen), key=lambda nj: fixed[nj[0]]["phases_ms"][nj[1]]))
+    return out
+
+
 def oracle_mean(fixed: dict[str, dict], starts: list[float], phase_s: float | list[float]) -> tuple[float, list[str]]:
     """The bound on any configurator under the step load: each phase's requests as the fixed
-    configuration measured best in that phase served them (the runs share their arrivals),
-    their mean after the first ``WARMUP`` (as ``mean_after_warmup``); and the configuration per phase."""
-    picks, lat = [], []
-    for i, (s, length) in enumerate(zip(starts, _durations(starts, phase_s))):
-        name = min(fixed, key=lambda k: fixed[k]["phases_ms"][i])
-        picks.append(name)
+    configuration measured best in that phase served them (the runs share their arrivals;
+    ``oracle_picks``), their mean after the first ``WARMUP`` (as ``mean_after_warmup``);
+    and the configuration per phase."""
+    lengths, lat = _durations(starts, phase_s), []
+    picks = oracle_picks(fixed, len(starts))
+    for name, j in picks:
+        s, length = starts[j], lengths[j]
         lat += [ms for t, ms in fixed[name]["series"] if s <= t < s + length]
-    return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), picks
+    return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), [name for name, _ in picks]
 
 
 def _series(records) -> list[list[float]]:
