@@ -12,8 +12,9 @@ times drift 7-17% from one quarter-minute to the next on this machine
 Per model, on a cluster of one frontend, one dispatcher and one worker (``max_batch`` 1:
 SERF does not batch), every part through the real path:
 
-1. Profile (§IV-B, ``services.serf.profiler``): every (i, t) with i x t <= cores (20 on 8
-   cores); the mu table and the profiling time; the reference table's build time.
+1. Profile (§IV-B, ``services.serf.profiler``): the (i, t) with i x t <= cores (20 on 8
+   cores, 12-18 of them measured, the smooth stretches of the curves interpolated); the
+   mu table and the profiling time; the reference table's build time.
 2. Predicted (Eq. 13 + the profiled path) against measured mean latency at the client,
    Poisson arrivals, for each candidate configuration (on 8 cores: the table's best at some
    load, and the extremes 1x8 and 8x1; on 2 cores all three) at loads that are fractions of
@@ -24,8 +25,10 @@ SERF does not batch), every part through the real path:
    fed the service times the worker measured during that very point (``inrun``).
 3. Best pick: every candidate at common loads (20%, 50%, 80% of the largest capacity);
    where the measured best two differ by > 5%, is Eq. 13's pick the measured best?
-4. Step load (``bench.serf_step``): low, high, low, high on each candidate fixed, then the
-   adaptive configurator on the same arrivals; the oracle bound (each phase's best fixed).
+4. Step load (``bench.serf_step``): low, high, low, high, the rates and phase lengths
+   designed from the profile (its Eq. 13 bound reported, ``eq13_bound``), on each
+   candidate fixed (``--quick``: the configurations the design names), then the adaptive
+   configurator on the same arrivals; the oracle bound (each phase's best fixed).
 
 The exhaustive alternative's cost: ``exhaustive_s`` is what step 2 took (every candidate
 at every load); ``exhaustive_stable_s`` projects, from each point's measured standard
