@@ -12,8 +12,9 @@ times drift 7-17% from one quarter-minute to the next on this machine
 Per model, on a cluster of one frontend, one dispatcher and one worker (``max_batch`` 1:
 SERF does not batch), every part through the real path:
 
-1. Profile (§IV-B, ``services.serf.profiler``): every (i, t) with i x t <= cores (20 on 8
-   cores); the mu table and the profiling time; the reference table's build time.
+1. Profile (§IV-B, ``services.serf.profiler``): the (i, t) with i x t <= cores (20 on 8
+   cores, 12-18 of them measured, the smooth stretches of the curves interpolated); the
+   mu table and the profiling time; the reference table's build time.
 2. Predicted (Eq. 13 + the profiled path) against measured mean latency at the client,
    Poisson arrivals, for each candidate configuration (on 8 cores: the table's best at some
    load, and the extremes 1x8 and 8x1; on 2 cores all three) at loads that are fractions of
@@ -24,8 +25,10 @@ SERF does not batch), every part through the real path:
    fed the service times the worker measured during that very point (``inrun``).
 3. Best pick: every candidate at common loads (20%, 50%, 80% of the largest capacity);
    where the measured best two differ by > 5%, is Eq. 13's pick the measured best?
-4. Step load (``bench.serf_step``): low, high, low, high on each candidate fixed, then the
-   adaptive configurator on the same arrivals; the oracle bound (each phase's best fixed).
+4. Step load (``bench.serf_step``): low, high, low, high, the rates and phase lengths
+   designed from the profile (its Eq. 13 bound reported, ``eq13_bound``), on each
+   candidate fixed (``--quick``: the configurations the design names), then the adaptive
+   configurator on the same arrivals; the oracle bound (each phase's best fixed).
 
 The exhaustive alternative's cost: ``exhaustive_s`` is what step 2 took (every candidate
 at every load); ``exhaustive_stable_s`` projects, from each point's measured standard
@@ -80,6 +83,7 @@ TARGETS = {"mean_error": "<= 0.03", "p90_error": "<= 0.08", "max_error": "<= 0.1
            "best_pick_rate": ">= 0.95", "profiling_s": "<= 5", "exhaustive_over_profiling": ">= 1000",
            "exhaustive_stable_over_profiling": ">= 1000 (projected, not run)", "adaptive_over_best_fixed": "<= 1.05 per phase",
            "adaptive_over_best_single_fixed": "<= 0.85", "oracle_over_best_single_fixed": "<= 0.80",
+           "eq13_bound": "<= 0.80 (the step's aim, by Eq. 13)",
            "switch_s": "<= 2", "table_ms": "< 10", "error_over_drift": "<= 1.5 (real models)"}
 
 
@@ -311,7 +315,7 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
             drift = drift_error(points, p, again)
             log(f"   the profile again after the points: Eq. 13 moved {drift:.1%} at the points (drift)")
     step = step_load(lambda serf: cluster(store, model, serf=serf), model, p, inputs, phase_s, path, configs, log,
-                     launcher_dir, again=not quick)
+                     launcher_dir, again=not quick, only_designed=quick)
     errors = np.array([pt["error"] for pt in points])
     inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]
@@ -366,6 +370,8 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
         "adaptive_over_best_fixed": max(max(m["step"]["adaptive_over_best_fixed"]) for m in ms),
         "adaptive_over_best_single_fixed": max(m["step"]["adaptive_over_best_single_fixed"] for m in ms),
         "oracle_over_best_single_fixed": max(m["step"]["oracle_over_best_single_fixed"] for m in ms),
+        # the same bound by Eq. 13 on each profile, when the step was chosen (bench.serf_step.design)
+        "eq13_bound": max(m["step"]["design"]["eq13_bound"] for m in ms),
         "switch_s": max(switches) if switches else None,
         "steps_without_switch": sum(s is None for m in ms for s in m["step"]["adaptive"]["switch_s"]),
         "table_ms": max(m["table_ms"] for m in ms),
@@ -378,6 +384,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
                          "fixed_again_over_first": m["step"].get("fixed_again_over_first"),
                          "adaptive_over_best_single_fixed": m["step"]["adaptive_over_best_single_fixed"],
                          "oracle_over_best_single_fixed": m["step"]["oracle_over_best_single_fixed"],
+                         "eq13_bound": m["step"]["design"]["eq13_bound"],
                          "switch_s": m["step"]["adaptive"]["switch_s"]}
                       for name, m in out["models"].items()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
@@ -442,7 +449,7 @@ def plot(out: dict, path: Path) -> None:
 #: the printed table (keel experiment): every model's figures; the targets are the emulated host's
 FIGURES = ("mean_error", "p90_error", "max_error", "max_point_stderr", "points_capped", "best_pick_rate", "profiling_s",
            "exhaustive_over_profiling", "exhaustive_stable_over_profiling", "adaptive_over_best_fixed",
-           "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "switch_s", "table_ms")
+           "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "eq13_bound", "switch_s", "table_ms")
 
 
 def run(args: argparse.Namespace, log=print) -> dict:

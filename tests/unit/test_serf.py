@@ -265,3 +265,30 @@ def test_the_drift_swing_is_the_move_of_one_prediction_between_two_profiles():
     rate = 0.55 * a.capacity((1, 1))
     assert moved["55%"] == [pytest.approx(slower.predict_ms((1, 1), rate) / a.predict_ms((1, 1), rate) - 1)]
     assert moved["85%"] == [1.0]
+
+
+def test_the_profiler_measures_a_curves_ends_and_middles_and_interpolates_its_straight_stretches():
+    from keel.common.serf_host import PRESETS, SPEEDUP
+    from keel.services.serf.profiler import REL_SE, curve
+
+    def measured(f):
+        seen = []
+        return seen, lambda x: seen.append(x) or f(x)
+
+    # the small model's flat interference: the ends and the middle, the rest on the line
+    seen, value = measured(lambda i: 40.0)
+    assert curve(list(range(1, 9)), value) == {i: 40.0 for i in range(1, 9)} and sorted(seen) == [1, 4, 8]
+    # the large one's: bent at two, straight past: 5 and 7 interpolated, exactly
+    large = PRESETS["large"]["interference"]
+    seen, value = measured(lambda i: 50.0 * large[i - 1])
+    got = curve(list(range(1, 9)), value)
+    assert got == pytest.approx({i: 50.0 * large[i - 1] for i in range(1, 9)}, rel=REL_SE) and 5 not in seen and 7 not in seen
+    # the speed-up bends everywhere it matters: every point measured but where it is flat
+    seen, value = measured(lambda t: 40.0 / SPEEDUP[t - 1])
+    got = curve(list(range(1, 9)), value)
+    assert all(abs(got[t] - 40.0 / SPEEDUP[t - 1]) <= REL_SE * got[t] for t in range(1, 9))
+    assert {1, 2, 3, 4, 8} <= set(seen)
+    # a point given is not measured again
+    seen, value = measured(lambda i: 40.0)
+    curve([1, 2, 3], value, {1: 40.0})
+    assert seen == [3, 2]

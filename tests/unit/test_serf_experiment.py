@@ -72,3 +72,55 @@ def test_a_real_models_drift_is_how_far_its_second_profile_moves_eq13_at_the_poi
     assert 0.1 < moved < 1.0  # 10% slower service, more than 10% longer latency under load
     # a point the second profile finds unstable counts as a 100% move
     assert drift_error([{"config": [1, 1], "rate": 49.0}], a, slower) == 1.0
+
+
+def test_the_step_is_designed_from_the_profile_where_switching_can_gain():
+    from keel.bench.serf_step import CARRY, EDGE, design, eq13_bound
+
+    p = _host_profile("small")
+    plan = design(p, candidates(p), 6.0)
+    # each phase has another best configuration, and the high rate is past the light
+    # load's: the best single configuration is far from the best in some phase
+    assert plan["eq13_picks"][0] != plan["eq13_picks"][1], plan
+    assert plan["eq13_bound"] <= 0.80, plan
+    assert plan["high_rate"] > plan["low_rate"] and plan["low_factor"] >= 3
+    # no configuration sits at the edge of its capacity at the high rate
+    for c in candidates(p):
+        assert not CARRY < plan["high_rate"] / p.capacity(c) < EDGE, (c, plan)
+    # the bound is Eq. 13's: recomputed from the plan, the same figure
+    low, high, f = plan["low_rate"], plan["high_rate"], plan["low_factor"]
+    assert eq13_bound(p, candidates(p), [low, high] * 2, [6.0 * f, 6.0] * 2)[0] == pytest.approx(plan["eq13_bound"], abs=1e-3)
+
+
+def test_no_step_makes_the_interfering_models_bound_small_and_the_design_says_so():
+    from keel.bench.serf_step import design
+
+    p = _host_profile("large")
+    plan = design(p, candidates(p), 6.0)
+    # 2x4 is within ~12% of the best at every load (SERF Fig. 12): the bound stays near 1
+    assert 0.85 < plan["eq13_bound"] <= 1.0 and plan["eq13_best_single"] == "2x4", plan
+
+
+def test_the_bound_takes_a_low_phase_after_a_high_one_from_its_clean_start():
+    from keel.bench.serf_step import oracle_picks
+
+    # "low" is best idle but cannot carry the high phase: its second low phase drains the
+    # backlog (100 ms); "high" carries everything. A configurator that switches at the
+    # step never builds that backlog: the second low phase is the first one again
+    fixed = {"low": {"phases_ms": [10.0, 400.0, 100.0, 300.0]}, "high": {"phases_ms": [30.0, 50.0, 30.0, 50.0]}}
+    assert oracle_picks(fixed, 4) == [("low", 0), ("high", 1), ("low", 0), ("high", 3)]
+    # where a later phase did better itself, it stands for itself
+    fixed["low"]["phases_ms"][2] = 9.0
+    assert oracle_picks(fixed, 4)[2] == ("low", 2)
+    starts, lengths = [0.0, 6.0, 8.0, 14.0], [6.0, 2.0, 6.0, 2.0]
+    series = {"low": [[0.5 * k, 10.0] for k in range(12)] + [[6.0 + 0.5 * k, 400.0] for k in range(4)]
+              + [[8.0 + 0.5 * k, 100.0] for k in range(12)] + [[14.0 + 0.5 * k, 300.0] for k in range(4)],
+              "high": [[0.5 * k, 30.0] for k in range(12)] + [[6.0 + 0.5 * k, 50.0] for k in range(4)]
+              + [[8.0 + 0.5 * k, 30.0] for k in range(12)] + [[14.0 + 0.5 * k, 50.0] for k in range(4)]}
+    fixed["low"]["phases_ms"][2] = 100.0
+    for name in fixed:
+        fixed[name]["series"] = series[name]
+    mean, picks = oracle_mean(fixed, starts, lengths)
+    assert picks == ["low", "high", "low", "high"]
+    lat = [10.0] * 12 + [50.0] * 4 + [10.0] * 12 + [50.0] * 4
+    assert mean == pytest.approx(np.mean(lat[3:]))
