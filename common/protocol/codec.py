@@ -114,9 +114,21 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     missing = required - header.keys()
     if missing:
         raise ProtocolError(f"{cls.KIND} message lacks {sorted(missing)}")
-    kwargs = {name: header[name] for name in names if name in header}
+    # Each header field checked as it is taken (one pass; a field absent keeps its default):
+    # in a process woken cold, a second pass over the built message cost as much again.
+    kwargs = {}
+    for name, check, nullable in _PLANS[cls]:
+        if name not in header:
+            continue
+        value = header[name]
+        if value is None:
+            if not nullable:
+                raise ProtocolError(f"{name} may not be null")
+        elif check is not None and not check[0](value):
+            raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
+        kwargs[name] = value
     for name in _TYPED_OF[cls]:
-        if name in kwargs:
+        if kwargs.get(name) is not None:
             kwargs[name] = _TYPED[name](kwargs[name])
     if cls.TENSORS:
         descs = header.get("tensors")
@@ -142,7 +154,7 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
         msg = cls(**kwargs)
     except TypeError as exc:
         raise ProtocolError(str(exc)) from None
-    _check_types(msg)
+    _check_message(msg)
     return msg
 
 
@@ -220,7 +232,8 @@ _CHECKS.update({
     "last_seq": (_is_int, f"an integer in 0..{MAX_ID}"),
 })
 
-# Per class, once: (field, its check or None, whether it may be null).
+# Per class, once: (field, its check or None, whether it may be null). A field the header
+# lacks keeps its dataclass default, which passes (tests/unit/test_protocol.py checks that).
 _PLANS = {cls: tuple((name, _CHECKS.get(name), name in _NULLABLE[cls]) for name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
 # a takeover's "highest seq held" may be none yet (-1: the backup applied no state)
 _SEQ_OR_NONE = (lambda v: _is_int(v, -1, MAX_ID), f"an integer in -1..{MAX_ID} (-1: none yet)")
@@ -228,18 +241,11 @@ for _cls in (GraphAck, GraphDurable):
     _PLANS[_cls] = tuple((name, _SEQ_OR_NONE if name == "seq" else check, nullable) for name, check, nullable in _PLANS[_cls])
 
 
-def _check_types(msg: Any) -> None:
-    """Every header field a peer could get wrong, checked once at the edge; a service
-    then trusts the message's shape (not its intent)."""
+def _check_message(msg: Any) -> None:
+    """What a peer could get wrong across fields (each field alone is checked as ``decode``
+    takes it, ``_PLANS``), checked once at the edge; a service then trusts the message's
+    shape (not its intent)."""
     cls = type(msg)
-    for name, check, nullable in _PLANS[cls]:
-        value = getattr(msg, name)
-        if value is None:
-            if nullable:
-                continue
-            raise ProtocolError(f"{name} may not be null")
-        if check is not None and not check[0](value):
-            raise ProtocolError(f"{name} must be {check[1]}, got {_short(value)}")
     if cls in (Predict, Feedback) and not msg.request_id:
         raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
     reply_to = getattr(msg, "reply_to", None)

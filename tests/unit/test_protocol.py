@@ -565,3 +565,22 @@ def test_graph_requests_carry_their_client_request_and_the_frontend_to_answer():
     bad[0] = bad[0].replace(b'"reply_to":"tcp://127.0.0.1:9"', b'"reply_to":7')
     with pytest.raises(protocol.ProtocolError, match="reply_to"):
         protocol.decode(bad)
+
+
+def test_a_field_a_header_lacks_keeps_a_default_its_check_accepts():
+    # decode checks the fields a header has; one it lacks takes its dataclass default,
+    # so every default must pass the check the field would get
+    import dataclasses
+
+    from keel.common.protocol.codec import _PLANS
+
+    for cls, plan in _PLANS.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        defaults.update({f.name: f.default_factory() for f in dataclasses.fields(cls)
+                         if f.default_factory is not dataclasses.MISSING})
+        for name, check, nullable in plan:
+            if name not in defaults:
+                continue  # required: a header without it is refused
+            value = defaults[name]
+            assert (value is None and nullable) or (value is not None and (check is None or check[0](value))), \
+                (cls.__name__, name, value)
