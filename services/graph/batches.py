@@ -147,6 +147,8 @@ class Batches:
         self.pending_update = None
         t3 = time.perf_counter()
         if u.batch is not None:
+            if self.trace and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
+                self.trace.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
             self.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
