@@ -169,8 +169,8 @@ class Batches:
                 self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
-        if self.stateful and self.mode.checkpoints:
-            self._after_update(last, lineages, applied)
+        if self.stateful and self.stash is not None:
+            self.stash.after_update(last, lineages, applied)
 
     def _next_batch(self) -> list[GraphRequest]:
         """The next batch's rows. A second row of one request (a retry queued beside the

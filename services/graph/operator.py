@@ -24,8 +24,9 @@ The class is put together from one mixin per part of the protocol:
 ``services.graph.batches`` (the batch: compute, number, send or hold, update, copy),
 ``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining, roll-backs, driven
 by the manager's feed and answers, none waited for in the loop), ``services.graph.backup``
-(Algorithm 2, kept outputs) and ``services.graph.stash`` (the ``ls`` baseline's
-checkpoints); the experiments' padding and delayed states are ``services.graph.hooks``.
+(Algorithm 2, kept outputs). The ``ls`` baseline's checkpoints are a part of their own
+(``services.graph.stash``, held only in that mode); the experiments' padding and delayed
+states are ``services.graph.hooks``.
 
 Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` the new
 primary sends its successors and the next backups): a successor's primary that took an
@@ -71,7 +72,7 @@ __all__ = ["GraphOperator", "source_of", "LEASE_S", "BACKUP_GRACE_S"]
 R = Role
 
 
-class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
+class GraphOperator(Batches, Recovery, BackupSide, Service):
     role = "graph_operator"
 
     #: each role's handler of each message kind (none: dropped); ROLLING_BACK holds them all
@@ -149,9 +150,8 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
-        # ls (Lineage Stash): since my last checkpoint, how many batches
-        self.since_checkpoint = 0
-        self.stash_seen: dict[str, tuple[float, int]] = {}  # successor -> (its checkpoint's mtime, my seq it holds)
+        # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
+        self.stash = LineageStash(self) if self.mode.checkpoints else None
         self.backup = None
         self.model = None
         self.statemgr = None
@@ -264,7 +264,7 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
             return  # nothing left yet
         incarnation = epoch_of(seq)  # a frontend's notice frees only its own origins
         self.released[incarnation] = max(self.released.get(incarnation, -1), seq)
-        stashed = self._stashed() if self.mode.checkpoints else None  # ls: kept until a successor checkpoints
+        stashed = self.stash.stashed() if self.stash is not None else None  # ls: kept until a successor checkpoints
         for saved in (self.outputs, self.kept):
             for s in [s for s, m in saved.items() if self._released(m.origin) and (stashed is None or s <= stashed)]:
                 del saved[s]  # its reply left the graph: no resend will need it
