@@ -300,7 +300,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's
         (padded to the spec's service time where an experiment asks for one)."""
         model = operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=self.config.seed, **spec.options)
-        return hooks.padded(model, spec.pad_ms)
+        return hooks.padded(model, spec)
 
     def _new_statemgr(self, backup_endpoint: str) -> StateManager:
         """A primary's statemgr, shipping to whichever endpoint my backup has at the time."""
