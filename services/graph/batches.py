@@ -109,7 +109,9 @@ class Batches:
         for source, seq in took.items():
             self.consumed[source] = max(self.consumed.get(source, -1), seq)  # what my state holds
         last = self.next_seq - 1
-        self.lineage_s += time.perf_counter() - t1
+        took_s = time.perf_counter() - t1
+        self.lineage_s += took_s
+        self.lineage_recent.append(took_s)
         self.batches += 1
         self.rows += len(rows)
         self.duplicates += len(rows) - len(computed)
