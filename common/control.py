@@ -120,35 +120,79 @@ class ChangeFeed:
 
     ``sock`` goes into a service's poller; call ``on_readable`` when it is ready (or
     ``pump``). ``values`` maps each key (``service/NAME``, ``group/NAME``, ``desired``)
-    to its latest value; ``on_change(key, value)`` is called for each applied change."""
+    to its latest value; ``on_change(key, value)`` is called for each applied change.
+
+    After a gap it needs a snapshot: with ``ask_snapshot`` (``ask_snapshot(on_reply)``, a
+    ``ManagerLink``'s request) it asks without waiting, keeps the changes that come
+    meanwhile, and applies the snapshot and then those changes in order when the answer
+    reaches the service's loop; without it (tools, tests) ``resync`` blocks."""
 
     def __init__(self, client: ManagerClient, publish_endpoints: list[str], on_change=None,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None, ask_snapshot=None):
         self.client, self.on_change = client, on_change
+        self.ask_snapshot = ask_snapshot
         self.sock = transport.make_socket(ctx or client.ctx, zmq.SUB, connect=publish_endpoints)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.values: dict[str, Any] = {}
         self.seq = -1
         self.snapshots = 0
+        self.asking = False  # a snapshot asked for and not yet answered (ask_snapshot)
+        self.early: dict[int, dict] = {}  # seq -> values: changes past a gap, kept for after the snapshot
 
     def resync(self) -> bool:
-        """Take a snapshot from any replica (newer than what is held); False if none answered."""
+        """Take a snapshot from any replica (newer than what is held), waiting for it; False
+        if none answered."""
         try:
             snap = self.client.call("snapshot", timeout_s=self.client.attempt_s * 2)
         except ManagerUnavailable:
             return False
-        if snap.get("seq", -1) <= self.seq:
-            return True
-        self.snapshots += 1
-        self.seq = snap["seq"]
-        values = {f"service/{n}": dict(v, name=n) for n, v in snap["services"].items()}
-        values.update({f"group/{n}": dict(v, name=n) for n, v in snap["groups"].items()})
-        values["desired"] = snap["desired"]
-        self.values = values
+        self.apply_snapshot(snap)
+        return True
+
+    def apply_snapshot(self, snap: dict) -> None:
+        """A replica's snapshot (``snapshot``'s answer), if newer than what is held; then the
+        changes kept since the gap that follow it."""
+        if snap.get("seq", -1) > self.seq:
+            self.snapshots += 1
+            self.seq = snap["seq"]
+            values = {f"service/{n}": dict(v, name=n) for n, v in snap["services"].items()}
+            values.update({f"group/{n}": dict(v, name=n) for n, v in snap["groups"].items()})
+            values["desired"] = snap["desired"]
+            self.values = values
+            if self.on_change is not None:
+                for key, value in values.items():
+                    self.on_change(key, value)
+        for seq in sorted(self.early):
+            values = self.early.pop(seq)
+            if seq == self.seq + 1:
+                self._apply(seq, values)
+            elif seq > self.seq + 1:  # still a gap (the snapshot was older than it): keep it, ask again
+                self.early[seq] = values
+        if self.early:
+            self._gap()
+
+    def _on_snapshot(self, result: dict) -> None:
+        """A ``ManagerLink``'s answer to the snapshot asked for (in the service's loop); a
+        timeout leaves the gap to the next change or the replicas' periodic seq."""
+        self.asking = False
+        if "seq" in result:
+            self.apply_snapshot(result)
+
+    def _gap(self) -> bool:
+        """Changes were missed: a snapshot; True once it is applied (at once only when blocking)."""
+        if self.ask_snapshot is None:
+            return self.resync()
+        if not self.asking:
+            self.asking = True
+            self.ask_snapshot(self._on_snapshot)
+        return False
+
+    def _apply(self, seq: int, values: dict) -> None:
+        self.seq = seq
+        self.values.update(values)  # all of a change first: a callback may read any key
         if self.on_change is not None:
             for key, value in values.items():
                 self.on_change(key, value)
-        return True
 
     def on_readable(self, sock: zmq.Socket | None = None) -> None:
         for _ in range(1000):
@@ -161,17 +205,15 @@ class ChangeFeed:
             if not isinstance(msg, protocol.Change) or msg.seq <= self.seq:
                 continue  # old news, or the same change from another replica
             if not msg.values:  # a replica's periodic "I am at seq": we missed changes
-                self.resync()
+                self._gap()
                 continue
             if msg.seq > self.seq + 1:
                 # A gap: joined late, a dropped message, a replica that fell behind.
-                if not self.resync() or msg.seq != self.seq + 1:
+                if self.ask_snapshot is not None:
+                    self.early[msg.seq] = msg.values  # applied after the snapshot, if it follows it
+                if not self._gap() or msg.seq != self.seq + 1:
                     continue
-            self.seq = msg.seq
-            self.values.update(msg.values)  # all of a change first: a callback may read any key
-            if self.on_change is not None:
-                for key, value in msg.values.items():
-                    self.on_change(key, value)
+            self._apply(msg.seq, msg.values)
 
     def pump(self, timeout_s: float) -> None:
         """Apply what arrives for up to ``timeout_s`` (tools and tests)."""
@@ -228,8 +270,9 @@ class ManagerLink:
       the service's loop with the first decided answer, or ``{"status": "timeout"}`` once
       ``timeout_s`` passed. One request per op at a time: a newer one replaces it.
 
-    Nothing here blocks the loop except a snapshot after a gap in the feed (bounded by
-    ``attempt_s``)."""
+    Nothing here blocks the loop: the one snapshot taken at start-up (before the service
+    serves; every service reads the manager's view right after linking) is waited for, up
+    to ``2 x attempt_s``; a gap in the feed later asks for one with ``request``."""
 
     def __init__(self, service, endpoints: list[str], publish_endpoints: list[str], on_change=None,
                  me: dict | None = None, on_role=None, interval_s: float = 0.03, attempt_s: float = 0.2,
@@ -239,7 +282,10 @@ class ManagerLink:
         self.epoch = 0  # the highest group epoch this service has seen (reported to the manager)
         self.registered = False
         self.client = ManagerClient(endpoints, ctx=zmq.Context(), attempt_s=attempt_s)
-        self.feed = ChangeFeed(self.client, publish_endpoints, on_change, ctx=service.ctx)
+        # a gap in the feed asks for a snapshot like any other request: nothing waits for it
+        self.feed = ChangeFeed(self.client, publish_endpoints, on_change, ctx=service.ctx,
+                               ask_snapshot=lambda on_reply: self.request("snapshot", {}, on_reply,
+                                                                          timeout_s=10 * attempt_s))
         service.add_socket(self.feed.sock, self.feed.on_readable)
         self.dealers = [service.add_socket(
             transport.make_socket(service.ctx, zmq.DEALER, connect=e, hwm=16), self._on_answer) for e in endpoints]

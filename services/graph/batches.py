@@ -71,32 +71,47 @@ class Batches:
             return
         t1 = time.perf_counter()
         first = self.next_seq
+        # what is the same for every row, decided once per batch (this loop is the lineage
+        # overhead per batch, HAMS §VI: only what differs per row is done per row)
+        tracing, op, succs, epoch = bool(self.trace), self.op, self.succs, self.assignment.epoch
+        combining = len(self.preds) > 1 and self.spec.join != "interleave"  # inputs numbered in step (_on_request)
+        degraded_here = True if self.hams_role is R.DEGRADED else None
+        recording = self.applied is not None
+        took: dict[str, int] = {}  # per source, the highest of its seqs in this batch (my state holds them)
         sends, lineages, outs, recorded = [], [], [], []  # recorded: (request, seq, origin, output) newly applied
-        for r in rows:
-            out = computed[id(r)] if id(r) in computed else self.applied.get(self._key(r)).output
-            if id(r) in computed and self.applied is not None and r.request is not None:
-                recorded.append((self._key(r), self.next_seq, r.origin, out))
+        for seq, r in enumerate(rows, start=first):
+            fresh_row = id(r) in computed
+            out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
+            if fresh_row and recording and r.request is not None:
+                recorded.append((self._key(r), seq, r.origin, out))
             outs.append(out)
             if self.stateful:
-                source = source_of(r.sender, r.seq)
-                self.consumed[source] = max(self.consumed.get(source, -1), r.seq)  # what my state holds
-            lineage = [e for e in r.lineage if e.seq >= 0]
-            lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, self.op, self.next_seq)
-                        for e in r.lineage if e.seq < 0]  # a combined join's other inputs
-            lineage = lin.extend(lineage, r.sender, r.seq, self.op, self.next_seq)
+                source = r.sender if r.sender != FRONTEND else source_of(r.sender, r.seq)
+                took[source] = max(took.get(source, -1), r.seq)
+            if combining:
+                lineage = [e for e in r.lineage if e.seq >= 0]
+                lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, op, seq) for e in r.lineage if e.seq < 0]
+            else:
+                lineage = r.lineage
+            lineage = lin.extend(lineage, r.sender, r.seq, op, seq)
             lineages.extend(lineage)
-            msg = GraphRequest(self.op, self.next_seq, r.origin, r.stream, lineage, out,
-                               degraded=True if (self.hams_role is R.DEGRADED or r.degraded) else None,  # the client is told
+            msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
+                               degraded=degraded_here or (True if r.degraded else None),  # the client is told
                                request=r.request, reply_to=r.reply_to)
-            if self.trace:
-                self.trace.write("output", operator=self.op, seq=self.next_seq, epoch=self.assignment.epoch,
-                                 origin=r.origin, output=out, request=r.request, duplicate=id(r) not in computed or None)
-            sends += [(s, msg) for s in self.succs]
+            if tracing:
+                self.trace.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
+                                 request=r.request, duplicate=None if fresh_row else True)
+            for target in succs:
+                sends.append((target, msg))
             if self.stateful:
-                self.outputs[self.next_seq] = msg
-            self.next_seq += 1
+                self.outputs[seq] = msg
+        self.next_seq = first + len(rows)
+        for source, seq in took.items():
+            self.consumed[source] = max(self.consumed.get(source, -1), seq)  # what my state holds
         last = self.next_seq - 1
-        self.lineage_s += time.perf_counter() - t1
+        took_s = time.perf_counter() - t1
+        self.lineage_s += took_s
+        self.lineage_recent.append(took_s)
         self.batches += 1
         self.rows += len(rows)
         self.duplicates += len(rows) - len(computed)
@@ -134,6 +149,8 @@ class Batches:
         self.pending_update = None
         t3 = time.perf_counter()
         if u.batch is not None:
+            if self.trace and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
+                self.trace.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
             self.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
@@ -154,8 +171,8 @@ class Batches:
                 self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
-        if self.stateful and self.mode.checkpoints:
-            self._after_update(last, lineages, applied)
+        if self.stateful and self.stash is not None:
+            self.stash.after_update(last, lineages, applied)
 
     def _next_batch(self) -> list[GraphRequest]:
         """The next batch's rows. A second row of one request (a retry queued beside the

@@ -3,7 +3,9 @@ a spec's ``pad_ms`` (the model's service time the overhead experiment emulates, 
 GPU services taking tens to hundreds of ms per batch) and ``state_delay_ms`` (Fig. 6's
 slow delivery of a state to a backup, where no delay proxy sits on the link).
 
-``install(operator)`` applies the ones its spec names; with neither it changes nothing.
+``install(operator)`` applies the ones its spec names, ``padded(model, spec)`` pads a
+model where one is made; with neither key set they change nothing. Nothing else reads
+these keys.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ class Padded:
         return getattr(self._model, name)
 
 
-def padded(model, pad_ms: float):
-    return Padded(model, pad_ms) if pad_ms > 0 else model
+def padded(model, spec):
+    """``model`` padded to its spec's ``pad_ms`` (``model`` itself without one)."""
+    return Padded(model, spec.pad_ms) if spec.pad_ms > 0 else model
 
 
 class LateStates:

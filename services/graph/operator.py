@@ -24,8 +24,9 @@ The class is put together from one mixin per part of the protocol:
 ``services.graph.batches`` (the batch: compute, number, send or hold, update, copy),
 ``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining, roll-backs, driven
 by the manager's feed and answers, none waited for in the loop), ``services.graph.backup``
-(Algorithm 2, kept outputs) and ``services.graph.stash`` (the ``ls`` baseline's
-checkpoints); the experiments' padding and delayed states are ``services.graph.hooks``.
+(Algorithm 2, kept outputs). The ``ls`` baseline's checkpoints are a part of their own
+(``services.graph.stash``, held only in that mode); the experiments' padding and delayed
+states are ``services.graph.hooks``.
 
 Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` the new
 primary sends its successors and the next backups): a successor's primary that took an
@@ -71,7 +72,7 @@ __all__ = ["GraphOperator", "source_of", "LEASE_S", "BACKUP_GRACE_S"]
 R = Role
 
 
-class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
+class GraphOperator(Batches, Recovery, BackupSide, Service):
     role = "graph_operator"
 
     #: each role's handler of each message kind (none: dropped); ROLLING_BACK holds them all
@@ -119,6 +120,9 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
         self.batches = self.rows = self.errors = 0
         self.duplicates = 0  # rows answered from the table of applied requests, not applied again
         self.lineage_s = 0.0
+        # the last batches' lineage times: their median beside the mean, which on a shared
+        # machine also counts the batches the OS preempted mid-loop
+        self.lineage_recent: deque[float] = deque(maxlen=1000)
         self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
         # the requests my state (a backup: the state it applied) holds: a retry is answered, not applied
         self.applied = AppliedRequests() if self.spec.stateful else None
@@ -149,9 +153,8 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
         self.trace = Trace(config.trace_path)
         if self.trace:
             self.every(0.2, self.trace.flush)
-        # ls (Lineage Stash): since my last checkpoint, how many batches
-        self.since_checkpoint = 0
-        self.stash_seen: dict[str, tuple[float, int]] = {}  # successor -> (its checkpoint's mtime, my seq it holds)
+        # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
+        self.stash = LineageStash(self) if self.mode.checkpoints else None
         self.backup = None
         self.model = None
         self.statemgr = None
@@ -264,7 +267,7 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
             return  # nothing left yet
         incarnation = epoch_of(seq)  # a frontend's notice frees only its own origins
         self.released[incarnation] = max(self.released.get(incarnation, -1), seq)
-        stashed = self._stashed() if self.mode.checkpoints else None  # ls: kept until a successor checkpoints
+        stashed = self.stash.stashed() if self.stash is not None else None  # ls: kept until a successor checkpoints
         for saved in (self.outputs, self.kept):
             for s in [s for s, m in saved.items() if self._released(m.origin) and (stashed is None or s <= stashed)]:
                 del saved[s]  # its reply left the graph: no resend will need it
@@ -300,7 +303,7 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
         """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's
         (padded to the spec's service time where an experiment asks for one)."""
         model = operator_class(spec.kind)(spec.input_shape, spec.output_shape, seed=self.config.seed, **spec.options)
-        return hooks.padded(model, spec.pad_ms)
+        return hooks.padded(model, spec)
 
     def _new_statemgr(self, backup_endpoint: str) -> StateManager:
         """A primary's statemgr, shipping to whichever endpoint my backup has at the time."""
@@ -383,6 +386,7 @@ class GraphOperator(Batches, Recovery, BackupSide, LineageStash, Service):
                     applied_requests=len(self.applied) if self.applied is not None else None,
                     saved_outputs=len(self.outputs),
                     lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
+                    lineage_ms_p50=1000 * float(np.median(self.lineage_recent)) if self.lineage_recent else 0.0,
                     update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
                     update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
                     tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),

@@ -217,11 +217,11 @@ class Recovery:
         self._become("promoted")
         self.model = self._new_model(self.spec)
         self.model.start()
-        if self.mode.checkpoints:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
-            state, max_seq = self._from_checkpoint(state, max_seq)
+        if self.stash is not None:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
+            state, max_seq = self.stash.from_checkpoint(state, max_seq)
         if state:
             self.model.load_state(state)
-        if self.mode.checkpoints:
+        if self.stash is not None:
             self.trace.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
                              load_ms=round(1000 * (time.monotonic() - t0), 3))
         self.assignment.role, self.assignment.epoch = "primary", epoch

@@ -1,7 +1,12 @@
 """The ``ls`` baseline (Lineage Stash, HAMS §VI): no backup; every ``checkpoint_every``
 batches a stateful operator writes its whole state to global storage, and a replacement
-loads the latest checkpoint and has the rest replayed by lineage (HAMS Fig. 2). A mixin of
-``services.graph.operator.GraphOperator``: only the ``checkpoints`` mode calls it.
+loads the latest checkpoint and has the rest replayed by lineage (HAMS Fig. 2).
+
+Not part of the operator's protocol: an operator of a graph in the ``checkpoints`` mode
+holds a ``LineageStash`` (``operator.stash``; None in every other mode) and calls it at
+three points: after each update (``after_update``), when outputs could be freed
+(``stashed``: what the successors' checkpoints hold) and when it takes over
+(``from_checkpoint``: a cold standby's state).
 """
 from __future__ import annotations
 
@@ -13,56 +18,65 @@ from keel.services.graph.statemgr import read_checkpoint, write_checkpoint
 
 
 class LineageStash:
-    def checkpoint_path(self, op: str) -> str:
-        """ls: where ``op``'s checkpoint lies in the global storage (every process reads the same place)."""
-        return os.path.join(self.graph.checkpoint_dir, f"checkpoint-{op}.bin")
+    def __init__(self, operator):
+        self.operator = operator
+        self.since_checkpoint = 0  # batches since my last checkpoint
+        self.seen: dict[str, tuple[float, int]] = {}  # successor -> (its checkpoint's mtime, my seq it holds)
 
-    def _after_update(self, last: int, lineages: list, applied: list) -> None:
+    def path(self, op: str) -> str:
+        """Where ``op``'s checkpoint lies in the global storage (every process reads the same place)."""
+        return os.path.join(self.operator.graph.checkpoint_dir, f"checkpoint-{op}.bin")
+
+    def after_update(self, last: int, lineages: list, applied: list) -> None:
         """After a batch's update: count it, and checkpoint every ``checkpoint_every``."""
-        if self.takeovers:  # the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
+        o = self.operator
+        if o.takeovers:  # the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
             # its outputs count for the checker as a backup's applied state would
-            self.trace.write("apply", operator=self.op, last_seq=last, epoch=self.assignment.epoch, degraded=True,
-                             replay=True, lineage=[e.to_json() for e in lineages if e.operator == self.op],
-                             requests=applied)
+            o.trace.write("apply", operator=o.op, last_seq=last, epoch=o.assignment.epoch, degraded=True,
+                          replay=True, lineage=[e.to_json() for e in lineages if e.operator == o.op], requests=applied)
         self.since_checkpoint += 1
-        if self.since_checkpoint >= self.graph.checkpoint_every:
-            self._checkpoint(last)
+        if self.since_checkpoint >= o.graph.checkpoint_every:
+            self.checkpoint(last)
 
-    def _checkpoint(self, last: int) -> None:
-        """My whole state (tensors, what I took per predecessor, my output seq) to global
-        storage; predecessors free what it holds."""
+    def checkpoint(self, last: int) -> None:
+        """The operator's whole state (tensors, what it took per predecessor, its output seq)
+        to global storage; predecessors free what it holds."""
+        o = self.operator
         t0 = time.monotonic()
-        write_checkpoint(self.checkpoint_path(self.op), self.model.state_arrays(),
-                         {"last_seq": last, "consumed": dict(self.consumed), "epoch": self.assignment.epoch,
-                          "applied": self.applied.to_json()})
+        write_checkpoint(self.path(o.op), o.model.state_arrays(),
+                         {"last_seq": last, "consumed": dict(o.consumed), "epoch": o.assignment.epoch,
+                          "applied": o.applied.to_json()})
         self.since_checkpoint = 0
-        self.trace.write("checkpoint", operator=self.op, epoch=self.assignment.epoch, last_seq=last,
-                         consumed=dict(self.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
-        self.trace.flush()
+        o.trace.write("checkpoint", operator=o.op, epoch=o.assignment.epoch, last_seq=last,
+                      consumed=dict(o.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
+        o.trace.flush()
 
-    def _from_checkpoint(self, state: dict, max_seq: int) -> tuple[dict, int]:
+    def from_checkpoint(self, state: dict, max_seq: int) -> tuple[dict, int]:
         """A cold standby's state and last seq: the latest checkpoint's, with what it took
-        and the requests it holds set here; (``state``, ``max_seq``) as given without one."""
-        checkpoint = read_checkpoint(self.checkpoint_path(self.op))
+        and the requests it holds set on the operator; (``state``, ``max_seq``) as given
+        without one."""
+        o = self.operator
+        checkpoint = read_checkpoint(self.path(o.op))
         if checkpoint is None:
             return state, max_seq
         state, meta = checkpoint
-        self.consumed = dict(meta["consumed"])  # the predecessors resend by lineage what came after
-        self.applied = AppliedRequests.from_json(meta.get("applied", []))  # the requests that state holds
+        o.consumed = dict(meta["consumed"])  # the predecessors resend by lineage what came after
+        o.applied = AppliedRequests.from_json(meta.get("applied", []))  # the requests that state holds
         return state, meta["last_seq"]
 
-    def _stashed(self) -> int:
-        """The highest of my seqs every stateful successor's latest checkpoint holds (the
-        causal log below it is no longer needed; -1: keep all)."""
+    def stashed(self) -> int:
+        """The highest of the operator's seqs every stateful successor's latest checkpoint
+        holds (the causal log below it is no longer needed; -1: keep all)."""
+        o = self.operator
         held = []
-        for succ in (n for n in self.succs if n in self.graph.stateful):
-            path = self.checkpoint_path(succ)
+        for succ in (n for n in o.succs if n in o.graph.stateful):
+            path = self.path(succ)
             try:
                 mtime = os.stat(path).st_mtime
             except FileNotFoundError:
                 return -1
-            if self.stash_seen.get(succ, (None,))[0] != mtime:
+            if self.seen.get(succ, (None,))[0] != mtime:
                 checkpoint = read_checkpoint(path)
-                self.stash_seen[succ] = (mtime, checkpoint[1]["consumed"].get(self.op, -1) if checkpoint else -1)
-            held.append(self.stash_seen[succ][1])
-        return min(held, default=self.next_seq)
+                self.seen[succ] = (mtime, checkpoint[1]["consumed"].get(o.op, -1) if checkpoint else -1)
+            held.append(self.seen[succ][1])
+        return min(held, default=o.next_seq)

@@ -85,3 +85,40 @@ def test_no_decision_by_the_deadline_is_a_timeout_and_the_loop_went_on_meanwhile
         svc.shutdown()
         for s in socks:
             s.close(0)
+
+
+def test_a_gap_in_the_feed_asks_for_a_snapshot_without_waiting_and_keeps_the_changes_after_it():
+    """The feed's snapshot after a gap is a request like the others: the loop goes on while
+    it is outstanding, and the change that came meanwhile is applied after the snapshot."""
+    socks, endpoints = replicas(1)
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub_endpoint = f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}"
+    svc = Service("op-test")
+    changes, ticks = [], []
+    link = ManagerLink(svc, endpoints, [pub_endpoint], on_change=lambda k, v: changes.append((k, v)), attempt_s=0.1)
+    asked(socks[0], "snapshot")  # the start-up snapshot (silence: the feed starts empty)
+    svc.every(0.01, ticks.append)
+    group = {"holder": "op-g2", "epoch": 3}
+    try:
+        deadline = time.monotonic() + 5.0
+        while not socks[0].poll(0) and time.monotonic() < deadline:  # a SUB joins late: publish until heard
+            transport.send(pub, protocol.Change(seq=5, values={"group/graph/g2": group}))
+            svc.tick(0.02)
+        transport.send(pub, protocol.Change(seq=6, values={"group/graph/g1": {"holder": "op-g1", "epoch": 2}}))
+        run_until(svc, lambda: False, timeout_s=0.3)  # the snapshot is not answered yet
+        assert link.feed.asking and link.feed.seq == -1 and not changes
+        assert len(ticks) >= 15  # the loop went on
+        who = asked(socks[0], "snapshot")
+        assert who, "the gap asked a replica for a snapshot"
+        answer(socks[0], who[-1], "snapshot", {"seq": 5, "services": {}, "groups": {"graph/g2": group}, "desired": {}})
+        run_until(svc, lambda: link.feed.seq == 6)
+        assert link.feed.seq == 6 and not link.feed.asking
+        assert [k for k, _ in changes] == ["group/graph/g2", "desired", "group/graph/g1"]  # the snapshot, then 6
+        assert link.feed.values["group/graph/g1"]["holder"] == "op-g1"
+    finally:
+        link.close()
+        svc.shutdown()
+        pub.close(0)
+        for s in socks:
+            s.close(0)

@@ -103,12 +103,18 @@ def test_compute_reads_state_update_writes_it():
         assert any(not np.array_equal(before[k], v) for k, v in op.copy_state().items())
 
 
-def test_online_mlp_update_is_autograds_sgd_step():
+@pytest.mark.parametrize("computed_first", [False, True])
+def test_online_mlp_update_is_autograds_sgd_step(computed_first):
+    """Alone, and after the batch's compute (whose forward pass the update reuses)."""
     op = OnlineMLP((7,), (2,), hidden=16)
     op.start()
     ref = {k: v.clone().requires_grad_() for k, v in op.state.items()}
     batch = GraphBatch(np.random.default_rng(1).normal(size=(3, 7)).astype(np.float32), [0, 1, 2])
-    op.update(batch, None)
+    if computed_first:
+        op.compute(GraphBatch(batch.inputs[:2], [0, 1]))  # another batch's forward pass is not reused
+        op.update(batch, op.compute(batch))
+    else:
+        op.update(batch, None)
     x, y = (torch.from_numpy(batch.inputs[:, :5]), torch.from_numpy(batch.inputs[:, 5:]))
     out = torch.relu(x @ ref["0.weight"].T + ref["0.bias"]) @ ref["2.weight"].T + ref["2.bias"]
     torch.nn.functional.mse_loss(out, y).backward()
