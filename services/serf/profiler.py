@@ -39,8 +39,10 @@ single hiccup of a shared machine read as 14 ms). Measured on the sleep builtin:
 a request with one slot, 1.5 ms with two, a tenth of a 20 ms service. For one slot, a
 queued loop after the spaced one; for slots whose tuple was interpolated, the line
 between its neighbours. Keel's path overhead (a reply's latency minus the worker's
-service time) comes from the spaced requests of (1, cores): every process has gone idle
-between them, as it has between open-loop arrivals. Requests are never batched here
+service time) comes from the tuples with no queue behind their slots, each at the rate its
+requests came (``path_rate``): the spaced requests of (1, cores), where every process has
+gone idle between them as between light-load arrivals, and the closed loops back to back;
+``Profile.path_at`` interpolates it by rate. Requests are never batched here
 (SERF does not batch): the model's ``max_batch`` should be 1.
 
 Profiling time (the emulated 8-core host, a 2-core VM shared with other work,
