@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from keel.bench.serf_accuracy import within
 from keel.bench.serf_step import WARMUP, mean_after_warmup, oracle_mean, run_load, step_load  # noqa: F401 (oracle_mean: tests)
 from keel.common.client import Client
 from keel.common.loadgen import figures_table
@@ -188,7 +189,7 @@ def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float
         mu.append(1000.0 / ((mean if k >= 3 else p.service_ms[(i, t)]) + h))
     if utilisation(mu, rate) >= 1:
         return None
-    return latency(mu, rate) * 1000.0 - h + p.path_ms
+    return latency(mu, rate) * 1000.0 - h + p.path_at(rate)
 
 
 def stable_requests(se_ms: float, n: int, mean_ms: float) -> int:
@@ -219,11 +220,17 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, chunk_s, cap_
             inrun = inrun_prediction(p, config, rate, before, after)
             measured, predicted = m["mean_ms"], p.predict_ms(config, rate)
             err = abs(predicted - measured) / measured
+            # beside it, the one path of the profile's spaced requests at every rate (as before the path by rate)
+            const = predicted - p.path_at(rate) + p.path_ms
             stderr = m["se_ms"] / measured if math.isfinite(m["se_ms"]) else None
             stable_n = stable_requests(m["se_ms"], m["kept"], measured) if stderr is not None else None
             points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": m["n"],
                            "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                            "error": round(err, 4), "se_ms": round(m["se_ms"], 3) if stderr is not None else None,
+                           "path_term_ms": round(p.path_at(rate), 3), "predicted_const_ms": round(const, 3),
+                           "error_const": round(abs(const - measured) / measured, 4),
+                           "within_2se": within(predicted - measured, m["se_ms"]),
+                           "within_2se_const": within(const - measured, m["se_ms"]),
                            "stderr": None if stderr is None else round(stderr, 4), "capped": m["capped"],
                            "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
                            "inrun_error": None if inrun is None else round(abs(inrun - measured) / measured, 4),
@@ -232,7 +239,8 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, chunk_s, cap_
                            "steal": None if stolen is None else round(stolen, 4), "takes": takes})
             log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {m['n']:5d} req, {m['took_s']:4.1f} s): "
                 f"predicted {predicted:7.2f} ms, measured {measured:7.2f} +- {m['se_ms']:.2f} ms "
-                f"(SE {stderr or float('inf'):.1%}{', capped' if m['capped'] else ''}), error {err:6.1%}; in-run "
+                f"(SE {stderr or float('inf'):.1%}{', capped' if m['capped'] else ''}), error {err:6.1%} "
+                f"(one path {abs(const - measured) / measured:6.1%}); in-run "
                 + ("unstable" if inrun is None else f"{inrun:7.2f} ms") + f"; steal {stolen or 0:.0%}")
     return points, exhaustive_s
 
@@ -296,7 +304,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
             log=log, what="profile")
         path = serf_profile.save(p, serf_profile.where(model, p.version, store))
         configs = candidates(p)
-        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms, hand-off {p.handoff_ms} ms, steal "
+        log(f"   profiled in {p.profiling_s:.2f} s (path {p.path_ms:.2f} ms spaced, by rate "
+            f"{[(round(r), round(ms, 2)) for r, ms in serf_profile.path_bands(p.path_points)]}, hand-off {p.handoff_ms} ms, steal "
             f"{profile_steal or 0:.0%}); saved {path}; candidates {['x'.join(map(str, c)) for c in configs]}")
         from keel.services.serf.configurator import ModelPlan
 
@@ -327,6 +336,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         "profile": p.to_json(), "profiling_s": round(p.profiling_s, 3), "candidates": ["x".join(map(str, c)) for c in configs],
         "profiling_steal": profile_steal, "profiling_takes": profile_takes, "table_ms": round(table_ms, 3),
         "points": points, "mean_error": round(float(errors.mean()), 4),
+        "mean_error_const": round(float(np.mean([pt["error_const"] for pt in points])), 4),
+        "within_2se": sum(pt["within_2se"] for pt in points), "within_2se_const": sum(pt["within_2se_const"] for pt in points),
         "p90_error": round(float(np.percentile(errors, 90)), 4), "max_error": round(float(errors.max()), 4),
         "max_point_stderr": None if any(s is None for s in stderrs) else round(max(stderrs), 4),
         "points_capped": sum(pt["capped"] for pt in points),
@@ -361,6 +372,10 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
     out.update({
         "mean_error": round(float(np.mean(errors)), 4), "p90_error": round(float(np.percentile(errors, 90)), 4),
         "max_error": round(float(np.max(errors)), 4),
+        # the same with one path at every rate; the points within two of their standard errors
+        "mean_error_const": round(float(np.mean([pt["error_const"] for m in ms for pt in m["points"]])), 4),
+        "within_2se": sum(m["within_2se"] for m in ms), "within_2se_const": sum(m["within_2se_const"] for m in ms),
+        "points": sum(len(m["points"]) for m in ms),
         "max_point_stderr": None if any(s is None for s in stderrs) else max(stderrs),
         "points_capped": sum(m["points_capped"] for m in ms),
         "best_pick_rate": round(sum(r["right"] for r in picks) / len(picks), 4) if picks else None,
@@ -375,7 +390,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
         "switch_s": max(switches) if switches else None,
         "steps_without_switch": sum(s is None for m in ms for s in m["step"]["adaptive"]["switch_s"]),
         "table_ms": max(m["table_ms"] for m in ms),
-        "per_model": {name: {k: m[k] for k in ("mean_error", "p90_error", "max_error", "max_point_stderr", "points_capped",
+        "per_model": {name: {k: m[k] for k in ("mean_error", "mean_error_const", "within_2se", "within_2se_const", "p90_error", "max_error", "max_point_stderr", "points_capped",
                                                "inrun_mean_error", "inrun_p90_error", "best_pick_rate", "profiling_s",
                                                "exhaustive_over_profiling", "exhaustive_stable_s",
                                                "exhaustive_stable_over_profiling", "table_ms", "drift_error",
@@ -395,7 +410,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
     for name, figures in out["per_model"].items():
         log(f"-- {name}")
         for line in figures_table(figures, [k for k in FIGURES if k in figures] + [
-                "fixed_again_over_first", "inrun_mean_error", "inrun_p90_error", "drift_error",
+                "fixed_again_over_first", "mean_error_const", "within_2se", "within_2se_const", "inrun_mean_error", "inrun_p90_error", "drift_error",
                 "error_over_drift"], TARGETS):
             log(line)
     for name, figures in (out["real"] or {}).items():

@@ -61,8 +61,11 @@ def profile_path(spec, model: str):
 
 
 def profile_lines(p) -> list[str]:
+    from keel.services.serf.profile import path_bands
+
     lines = [f"SERF profile of {p.model} v{p.version} ({p.cores} cores): {p.profiling_s:.2f} s to profile, "
-             f"path {p.path_ms:.2f} ms",
+             f"path {p.path_ms:.2f} ms" + ("; by rate " + ", ".join(f"{ms:.2f} ms at {r:.0f}/s" for r, ms in path_bands(p.path_points))
+                                           if p.path_points else ""),
              f"{'i x t':>7} {'service ms':>11} {'mu /s':>8} {'SCV':>7} {'samples':>8}"]
     for (i, t), ms in sorted(p.service_ms.items()):
         lines.append(f"{i:>3} x {t:<2} {ms:11.2f} {1000 / ms:8.1f} {p.scv.get((i, t), 0):7.3f} {p.samples.get((i, t), 0):8d}")
@@ -82,7 +85,7 @@ def table_lines(p, rates: list[float] | None = None) -> list[str]:
              f"{'rate /s':>9} " + " ".join(f"{n + ' ms':>10}" for n in names) + "   best"]
     for row in table:
         cells = [row["latency_s"].get(c) for c in configs]
-        lines.append(f"{row['rate']:9.2f} " + " ".join(f"{'-':>10}" if v is None else f"{v * 1000 + p.path_ms:10.2f}"
+        lines.append(f"{row['rate']:9.2f} " + " ".join(f"{'-':>10}" if v is None else f"{v * 1000 + p.path_at(row['rate']):10.2f}"
                                                         for v in cells)
                      + "   " + ("x".join(map(str, row["best"])) if row["best"] else "none stable"))
     return lines

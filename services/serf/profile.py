@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from keel.common.queueing import latency, reference_table, utilisation
@@ -46,6 +47,22 @@ class Profile:
     #: ms a slot stays idle between requests while a queue waits (Done -> dispatcher ->
     #: next Batch), by number of slots; the queue's servers are held service + hand-off
     handoff_ms: dict[int, float] = field(default_factory=dict)
+    #: the path measured at several arrival rates: (requests/s, path ms, requests), from
+    #: the profiler's own requests (spaced ones at light load, closed loops back to back);
+    #: empty in a profile taken before it was measured (then ``path_ms`` at every rate)
+    path_points: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def path_at(self, rate: float) -> float:
+        """Keel's path (ms) at ``rate`` requests/s: the line through the path's bands
+        (``path_bands``), flat beyond the first and the last. Why by rate: processes that
+        sleep between far-apart requests wake cold, and above ~100/s the frontend,
+        dispatcher and worker loop share this machine's cores; one figure from requests
+        50 ms apart said 3-11 ms where the loads' requests saw 6-9 ms."""
+        bands = path_bands(self.path_points)
+        if not bands:
+            return self.path_ms
+        rates, paths = zip(*bands)
+        return float(np.interp(rate, rates, paths))
 
     def configurations(self) -> list[tuple[int, int]]:
         """Configurations (c, t) whose every tuple (i <= c, t) was profiled."""
@@ -68,7 +85,7 @@ class Profile:
         where the configuration is unstable. The hand-off holds a slot but is no part of
         a request's own latency: Eq. 13 on the slots' rates, less the hand-off."""
         mu = self.mu(config)
-        extra = (self.path_ms if path else 0.0) - self.handoff_ms.get(config[0], 0.0)
+        extra = (self.path_at(rate) if path else 0.0) - self.handoff_ms.get(config[0], 0.0)
         if rate <= 0:
             return 1000.0 / mu[0] + extra
         if utilisation(mu, rate) >= 1:
@@ -99,7 +116,8 @@ class Profile:
                 "samples": {key(k): v for k, v in self.samples.items()},
                 "mu": {key(c): [round(m, 3) for m in self.mu(c)] for c in self.configurations()},
                 "path_ms": round(self.path_ms, 4), "profiling_s": round(self.profiling_s, 3),
-                "measured_at": self.measured_at, "handoff_ms": {str(c): round(h, 4) for c, h in self.handoff_ms.items()}}
+                "measured_at": self.measured_at, "handoff_ms": {str(c): round(h, 4) for c, h in self.handoff_ms.items()},
+                "path_points": [[round(r, 3), round(ms, 4), n] for r, ms, n in self.path_points]}
 
     @classmethod
     def from_json(cls, d: dict) -> Profile:
@@ -107,7 +125,26 @@ class Profile:
             return {tuple(int(x) for x in k.split("x")): v for k, v in table.items()}
         return cls(d["model"], str(d["version"]), int(d["cores"]), keyed(d["service_ms"]), keyed(d.get("scv", {})),
                    keyed(d.get("samples", {})), float(d.get("path_ms", 0.0)), float(d.get("profiling_s", 0.0)),
-                   float(d.get("measured_at", 0.0)), {int(c): float(h) for c, h in d.get("handoff_ms", {}).items()})
+                   float(d.get("measured_at", 0.0)), {int(c): float(h) for c, h in d.get("handoff_ms", {}).items()},
+                   [(float(r), float(ms), int(n)) for r, ms, n in d.get("path_points", [])])
+
+
+#: the path's points are pooled into at most this many bands of neighbouring rates
+PATH_BANDS = 3
+
+
+def path_bands(points: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """(rate, path ms) of up to ``PATH_BANDS`` bands of the points sorted by rate, each
+    about as many points: its rates' mean and its paths' median. A median, because each
+    point is one tuple's few requests, and one hiccup of a shared machine in a tuple read
+    as 15 ms; bands, because neighbouring tuples' paths differ by more than their rates
+    explain (3-7 ms back to back at 18-95/s)."""
+    pts = sorted(points)
+    if not pts:
+        return []
+    k = min(PATH_BANDS, len(pts))
+    bands = [pts[round(j * len(pts) / k):round((j + 1) * len(pts) / k)] for j in range(k)]
+    return [(float(np.mean([r for r, _, _ in b])), float(np.median([ms for _, ms, _ in b]))) for b in bands]
 
 
 def where(model: str, version: str, store: str | None = None, run_dir: str | None = None) -> Path:

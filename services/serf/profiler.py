@@ -39,8 +39,10 @@ single hiccup of a shared machine read as 14 ms). Measured on the sleep builtin:
 a request with one slot, 1.5 ms with two, a tenth of a 20 ms service. For one slot, a
 queued loop after the spaced one; for slots whose tuple was interpolated, the line
 between its neighbours. Keel's path overhead (a reply's latency minus the worker's
-service time) comes from the spaced requests of (1, cores): every process has gone idle
-between them, as it has between open-loop arrivals. Requests are never batched here
+service time) comes from the tuples with no queue behind their slots, each at the rate its
+requests came (``path_rate``): the spaced requests of (1, cores), where every process has
+gone idle between them as between light-load arrivals, and the closed loops back to back;
+``Profile.path_at`` interpolates it by rate. Requests are never batched here
 (SERF does not batch): the model's ``max_batch`` should be 1.
 
 Profiling time (the emulated 8-core host, a 2-core VM shared with other work,
@@ -66,7 +68,7 @@ import numpy as np
 from keel.common import transport
 from keel.common.client import Client
 from keel.common.protocol import Configure
-from keel.services.serf.profile import Profile, stamp
+from keel.services.serf.profile import Profile, path_bands, stamp
 
 
 #: the pause before each request of a tuple with one running (s): the idle time between
@@ -329,6 +331,7 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
     warmup = max(1, warmup)  # the counters are read at the warm-up's last answer
     start = time.perf_counter()
     service, scv, samples_of, handoff, path_ms = {}, {}, {}, {}, 0.0
+    path_points: list[tuple[float, float, int]] = []
     with Client(spec.client_endpoints, timeout_ms=30_000.0) as client:
         def tuple_ms(i: int, t: int) -> float:
             nonlocal path_ms
@@ -338,9 +341,12 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
             gap = GAP_S if (i, t) == (1, cores) else gap_s
             # the hand-off with c slots is timed on (c, cores // c) in the tuple's own loop
             # (with one slot, a queued loop after the spaced one)
-            m = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap,
-                        handoff=i > 1 and t == cores // i)
+            queued = i > 1 and t == cores // i
+            m = measure(client, dispatcher, workers, model, inputs, i, t, warmup, samples, gap, handoff=queued)
             service[(i, t)], scv[(i, t)], samples_of[(i, t)] = m.service_ms, m.scv, m.samples
+            if not queued:  # no queue behind the slots: latency less service is the path, at this tuple's rate
+                path_points.append((path_rate(m, len(workers) * i, gap if len(workers) * i == 1 else 0.0),
+                                    max(0.0, m.latency_ms - m.service_ms), m.samples))
             log(f"  ({i}, {t}): {m.service_ms:7.2f} ms service, SCV {m.scv:.3f}, {m.latency_ms:7.2f} ms at the client"
                 f" ({m.samples} counted)")
             if (i, t) == (1, cores):
@@ -367,10 +373,21 @@ def profile_model(spec, model: str, cores: int, inputs: np.ndarray | None = None
                 lo, hi = max(x for x in measured if x < c), min(x for x in measured if x > c)
                 handoff[c] = handoff[lo] + (handoff[hi] - handoff[lo]) * (c - lo) / (hi - lo)
         set_configuration(dispatcher, model, 1, cores)
-        log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time)")
+        log(f"  path: {path_ms:.2f} ms (a request to an idle cluster, beyond its service time); by rate: "
+            + ", ".join(f"{ms:.2f} ms at {r:.0f}/s" for r, ms in path_bands(path_points)))
     elapsed = time.perf_counter() - start
     version = version or (first.version or "1")
-    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp(), handoff)
+    return Profile(model, str(version), cores, service, scv, samples_of, path_ms, elapsed, stamp(), handoff,
+                   path_points)
+
+
+def path_rate(m: Measured, in_flight: int, gap_s: float) -> float:
+    """The rate (requests/s) at which a queue-free tuple's requests reached the path: one
+    at a time after a pause of ``gap_s`` (spaced), or ``in_flight`` back to back (a
+    closed loop's throughput). Requests no further apart are what an open-loop load at
+    that rate sends on average; the path of each is timed in the profile's own loops, so
+    the path by rate costs no request of its own."""
+    return 1000.0 * in_flight / (m.latency_ms + 1000.0 * gap_s)
 
 
 def _store_shape(cfg) -> list[int]:

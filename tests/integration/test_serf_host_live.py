@@ -53,6 +53,16 @@ def test_the_profiler_finds_the_large_models_curves_through_the_real_path(tmp_pa
     # (past 5 threads the curve is within a few % of flat: the profile's own noise picks)
     assert light["best"][0] == 1 and light["best"][1] >= 5, light
     assert 2 <= heavy["best"][0] <= 4 and heavy["best"][1] >= 2, heavy
+    # the path by rate, from the profile's own queue-free requests: the spaced (1, 8) ones
+    # (about one per 50 ms gap and its latency) and the closed loops back to back, faster
+    # where more run at once; every tuple with a queue behind its slots left out
+    rates = sorted(r for r, _, _ in p.path_points)
+    queued = sum(1 for i, t in p.samples if i > 1 and t == 8 // i and p.samples[(i, t)])
+    measured = sum(1 for n in p.samples.values() if n)
+    assert len(p.path_points) == measured - queued, (p.path_points, p.samples)
+    assert 1000 / (50 + p.service_ms[(1, 8)] + 60) < rates[0] < 1000 / (50 + p.service_ms[(1, 8)])
+    assert rates[-1] > 2 * rates[0] and all(ms >= 0 for _, ms, _ in p.path_points)
+    assert min(ms for _, ms, _ in p.path_points) <= p.path_at(rates[0]) <= max(ms for _, ms, _ in p.path_points)
 
 
 def test_keel_serf_profile_and_table_work_on_the_emulated_host(tmp_path, launcher, capsys):

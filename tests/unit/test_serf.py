@@ -11,7 +11,7 @@ import pytest
 from keel.common.queueing import latency
 from keel.services.serf import profile as serf_profile
 from keel.services.serf.configurator import Configurator
-from keel.services.serf.profile import Profile, tuples
+from keel.services.serf.profile import Profile, path_bands, tuples
 from keel.services.executors import Executors, Job
 
 # threads help one request (20 -> 12 ms); two at once interfere a little (20 -> 21 ms each)
@@ -38,6 +38,24 @@ def test_prediction_is_eq13_plus_the_path():
     assert p.predict_ms((1, 2), 90.0) is None  # beyond its capacity (83/s)
 
 
+def test_the_path_term_follows_the_rate_through_its_measured_bands():
+    # nine tuples' paths: longer where requests came far apart, shorter back to back, and
+    # one hiccup of the shared machine (15 ms) that its band's median leaves out
+    points = [(15.0, 6.0, 8), (20.0, 5.0, 5), (25.0, 5.5, 5), (40.0, 4.0, 5), (50.0, 15.0, 5), (60.0, 4.0, 5),
+              (80.0, 3.0, 5), (100.0, 3.0, 5), (110.0, 3.5, 5)]
+    assert path_bands(points) == [(20.0, 5.5), (50.0, 4.0), (pytest.approx(290 / 3), 3.0)]
+    p = profile(path_ms=6.0, path_points=points)
+    assert p.path_at(5.0) == 5.5 and p.path_at(500.0) == 3.0  # flat beyond the ends
+    assert p.path_at(35.0) == pytest.approx(4.75)  # on the line between two bands
+    eq13 = latency([50.0, 1000 / 21], 30.0) * 1000
+    assert p.predict_ms((2, 1), 30.0) == pytest.approx(eq13 + p.path_at(30.0))
+    assert p.predict_ms((2, 1), 30.0, path=False) == pytest.approx(eq13)
+    # the same for every configuration at a rate, so the table's best does not move
+    assert p.table([30.0])[0]["best"] == profile(path_ms=6.0).table([30.0])[0]["best"]
+    assert profile(path_ms=6.0).path_at(80.0) == 6.0  # a profile without points: one path
+    assert path_bands(points[:2]) == [(15.0, 6.0), (20.0, 5.0)]
+
+
 def test_the_hand_off_holds_a_slot_but_is_no_part_of_a_request():
     # a slot turns over every 20 + 2 ms: the queue is M/D/1 at 22 ms, a request's own
     # latency is its wait plus 20 ms (and the path)
@@ -52,7 +70,8 @@ def test_the_hand_off_holds_a_slot_but_is_no_part_of_a_request():
 
 
 def test_profile_round_trips_and_a_new_version_is_stale(tmp_path):
-    p = profile(scv={(1, 1): 0.01}, samples={(1, 1): 20}, path_ms=1.0, profiling_s=2.5, handoff_ms={1: 2.0, 2: 1.5})
+    p = profile(scv={(1, 1): 0.01}, samples={(1, 1): 20}, path_ms=1.0, profiling_s=2.5, handoff_ms={1: 2.0, 2: 1.5},
+                path_points=[(15.5, 1.0, 8), (48.25, 0.75, 5)])
     path = serf_profile.save(p, tmp_path / "p.json")
     back = serf_profile.load(path, "1")
     assert back == p

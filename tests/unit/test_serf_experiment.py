@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from keel.bench.serf_accuracy import analyse_model, within
 from keel.bench.serf_experiment import batch_means_se, candidates
 from keel.bench.serf_step import oracle_mean, phase_means, step_offsets, switch_times
 from keel.common.serf_host import PRESETS, SerfHost
@@ -124,3 +125,35 @@ def test_the_bound_takes_a_low_phase_after_a_high_one_from_its_clean_start():
     assert picks == ["low", "high", "low", "high"]
     lat = [10.0] * 12 + [50.0] * 4 + [10.0] * 12 + [50.0] * 4
     assert mean == pytest.approx(np.mean(lat[3:]))
+
+
+def test_each_points_error_is_split_into_eq13_and_the_path_and_judged_against_its_standard_error():
+    # the profile's spaced requests said 3 ms; its loops said 7 ms at 20-40/s and 5 ms at 100/s
+    p = Profile("m", "1", 2, {(1, 1): 20.0, (1, 2): 12.0, (2, 1): 21.0}, path_ms=3.0,
+                path_points=[(20.0, 7.0, 5), (40.0, 7.0, 5), (100.0, 5.0, 5)])
+    # measured: Eq. 13 + 7 ms at 30/s, + 5 ms at 100/s, and one point 10 ms off any path
+    points = [{"config": [1, 1], "load": 0.3, "rate": 30.0, "eq13": 25.0, "measured_ms": 32.0, "se_ms": 0.5},
+              {"config": [2, 1], "load": 0.9, "rate": 100.0, "eq13": 40.0, "measured_ms": 45.0, "se_ms": 2.0},
+              {"config": [2, 1], "load": 0.5, "rate": 50.0, "eq13": 30.0, "measured_ms": 47.0, "se_ms": 1.0}]
+    for pt in points:
+        pt["path_term_ms"] = p.path_at(pt["rate"])
+        pt["predicted_ms"] = pt.pop("eq13") + pt["path_term_ms"]
+    out = analyse_model({"profile": p.to_json(), "points": points})
+    rows = out["points"]
+    assert [r["eq13_ms"] for r in rows] == pytest.approx([25.0, 40.0, 30.0])
+    assert [r["implied_path_ms"] for r in rows] == pytest.approx([7.0, 5.0, 17.0])
+    assert [r["error_ms"]["const"] for r in rows] == pytest.approx([4.0, 2.0, 14.0])  # the one spaced path
+    assert [r["error_ms"]["rate"] for r in rows] == pytest.approx([0.0, 0.0, 17.0 - p.path_at(50.0)])
+    # within two standard errors: by the path by rate the first two; by one path only the second
+    # fitted to the points (bounds, not predictions): their median 7 ms; one band per point, exact
+    assert out["within_2se"] == {"points": 3, "const": 1, "rate": 2, "best_const": 2, "best_rate": 3}
+    assert out["mean_error"]["rate"] < out["mean_error"]["const"]
+    assert within(-1.9, 1.0) and not within(2.1, 1.0) and not within(0.0, None)
+
+
+def test_a_poisson_requests_wait_for_one_slot_follows_lindleys_recursion():
+    from keel.bench.serf_path import lindley_waits
+
+    # a slot held 10 ms a request: sent at 0, 5, 30 and 32 ms
+    waits = lindley_waits(np.array([0.0, 0.005, 0.030, 0.032]), 10.0)
+    assert waits == pytest.approx([0.0, 5.0, 0.0, 8.0])
