@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import gc
 import os
 import signal
@@ -110,6 +111,37 @@ class BindError(RuntimeError):
 
 class Service:
     role = "service"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A service whose constructor fails (an address taken, a bad config) closes what it
+        had opened before the exception leaves: its sockets and its ZeroMQ context. Left to
+        the garbage collector, the context's ``term()`` blocked whatever code happened to
+        run the collection, in a test process for minutes (services are built in-process
+        by tests and tools, not only by ``keel serve``)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            try:
+                init(self, *args, **kw)
+            except BaseException:
+                self._abandon()
+                raise
+
+        cls.__init__ = __init__
+
+    def _abandon(self) -> None:
+        """Close the sockets and the context of a service that never ran (no drain)."""
+        ctx = self.__dict__.get("ctx")
+        if ctx is None or ctx.closed:
+            return
+        for sock in self.__dict__.get("sockets", []):
+            sock.close(0)
+        curve.stop(ctx)
+        ctx.destroy(linger=0)
 
     def __init__(self, name: str, metrics_port: int | None = None):
         self.name = name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 import zmq
 
 from keel.common import logs, protocol, transport
@@ -116,3 +117,17 @@ def test_the_status_port_survives_garbage_and_still_answers():
         asker.close(0)
         ctx.term()
         svc.shutdown()
+
+
+class _FailsAfterASocket(Service):
+    def __init__(self, endpoint: str):
+        super().__init__("fails-after-a-socket")
+        self.sock = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=endpoint))
+        raise RuntimeError("a later step of the constructor failed")
+
+
+def test_a_service_whose_constructor_fails_closes_its_sockets_and_context():
+    with pytest.raises(RuntimeError) as failed:
+        _FailsAfterASocket("tcp://127.0.0.1:*")
+    service = failed.traceback[-1].frame.f_locals["self"]  # the half-built service
+    assert service.sock.closed and service.ctx.closed

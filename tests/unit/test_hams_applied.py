@@ -15,6 +15,7 @@ from keel.common import protocol, transport
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.codec import decode
 from keel.common.protocol.messages import GraphRequest
+from keel.deploy.local import free_port_block
 from keel.services.graph import applied as applied_module
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.operator import GraphOperator, source_of
@@ -61,11 +62,10 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
     sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
     made, push = [], None
     try:
-        probe = [ctx.socket(zmq.PULL) for _ in range(2)]  # two free ports for the operators' inboxes
-        ports = [s.bind_to_random_port("tcp://127.0.0.1") for s in probe]
-        for s in probe:
-            s.close(0)
-        endpoints = [f"tcp://127.0.0.1:{p}" for p in ports]
+        # two free ports for the operators' inboxes (not probed with ZeroMQ sockets: their
+        # close is finished by the I/O thread later, and the operator's bind raced it)
+        base = free_port_block(2)
+        endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
         peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
                  "g2": sink_endpoint, "g2.backup": sink_endpoint}
         primary = GraphOperator(GraphOperatorConfig(name="g1-p", operator="g1", role="primary", endpoint=endpoints[0],
