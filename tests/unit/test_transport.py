@@ -86,3 +86,45 @@ def test_frames_sent_and_read_whole_in_order_small_and_large_and_again_when_none
         dealer.close(0)
         router.close(0)
         ctx.term()
+
+
+def _pair(name: str):
+    ctx = zmq.Context.instance()
+    pull = transport.make_socket(ctx, zmq.PULL, bind=f"inproc://drain-{name}")
+    push = transport.make_socket(ctx, zmq.PUSH, connect=f"inproc://drain-{name}")
+    return push, pull
+
+
+def test_drain_reads_every_message_waiting_and_none_that_is_not():
+    push, pull = _pair("all")
+    try:
+        assert list(transport.drain(pull)) == []  # nothing waiting: nothing, no exception
+        for i in range(5):
+            push.send_multipart([b"h", str(i).encode()])
+        assert pull.poll(1000)
+        got = [frames[1].bytes for frames in transport.drain(pull)]
+        assert got == [b"0", b"1", b"2", b"3", b"4"]
+        push.send(b"one")
+        assert pull.poll(1000)
+        assert [f[0].bytes for f in transport.drain(pull)] == [b"one"]
+    finally:
+        push.close(0)
+        pull.close(0)
+
+
+def test_drain_stops_at_its_limit_and_when_its_reader_closes_the_socket():
+    push, pull = _pair("limit")
+    try:
+        for i in range(6):
+            push.send(str(i).encode())
+        assert pull.poll(1000)
+        assert [f[0].bytes for f in transport.drain(pull, limit=4)] == [b"0", b"1", b"2", b"3"]
+        assert [f[0].bytes for f in transport.drain(pull, limit=0)] == []
+        seen = []
+        for frames in transport.drain(pull):
+            seen.append(frames[0].bytes)
+            pull.close(0)  # a handler that closes its socket (a replaced connection)
+        assert seen == [b"4"]
+    finally:
+        push.close(0)
+        pull.close(0)
