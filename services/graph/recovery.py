@@ -339,7 +339,13 @@ class Recovery:
                 if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
         if good:
             return good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
-        return (-1, {}, []) if not self.mode.ships_state else None
+        # The state before my first batch, when none of mine is durable yet: every state I
+        # shipped is still saved (only states older than a durable one are let go), so none
+        # took nothing of pred's, and no reply waits on any of them. Fig. 6 right after the
+        # start: o3's first state took o2's lost outputs and o3's backup died with o2.
+        if not self.mode.ships_state or self.statemgr.durable_seq < 0:
+            return -1, {}, []
+        return None
 
     def _roll_back_in_place(self, pred: str | None, max_seq: int) -> None:
         """HAMS §IV-E, Fig. 6: ``pred`` recovered at ``max_seq`` and my state took its outputs
