@@ -192,10 +192,10 @@ def run(args, log=print) -> dict:
         url = f"http://127.0.0.1:{port}/v2/models/m/infer"
         xs = np.random.default_rng(0).random((n + warm, DIM), dtype=np.float32)
         log("gateway latency, one request outstanding ...")
-        meter = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
-        meter.start()
+        both = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
+        both.start()
         gw = _one_outstanding(port, xs, warm)
-        cpu = meter.stop(len(xs))
+        cpu = both.stop(len(xs))
         out["gateway_cpu_us"], out["http_caller_cpu_us"] = cpu["gateway"]["total"], cpu["caller"]["total"]
         log("ZeroMQ client latency, one request outstanding ...")
         with Client(spec.client_endpoints) as client:
@@ -206,10 +206,9 @@ def run(args, log=print) -> dict:
             zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
             out["zmq_caller_cpu_us"] = meter.stop(len(zc))["caller"]["total"]
         log(f"CPU per request at {LOAD_RPS} req/s through the gateway (gateway, and the HTTP load generator) ...")
-        meter = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
-        meter.start()
+        both.start()
         probe = asyncio.run(_open_loop(url, xs, LOAD_RPS, seconds))
-        cpu = meter.stop(probe["sent"])
+        cpu = both.stop(probe["sent"])
         out["gateway_cpu_us_at_load"], out["http_caller_cpu_us_at_load"] = cpu["gateway"]["total"], cpu["caller"]["total"]
         out["gateway_p50_us"], out["gateway_p99_us"] = float(np.percentile(gw, 50) * 1000), float(np.percentile(gw, 99) * 1000)
         out["client_p50_us"], out["client_p99_us"] = float(np.percentile(zc, 50) * 1000), float(np.percentile(zc, 99) * 1000)

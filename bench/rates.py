@@ -42,7 +42,11 @@ def latency(client, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
     ``warmup`` requests; ``client`` has ``predict(model, x)`` whose result has ``latency_ms``."""
     for x in xs[:warmup]:
         client.predict(model, x)
-    lat = np.array([client.predict(model, x).latency_ms for x in xs[warmup:]])
+    return _p50_p99_us([client.predict(model, x).latency_ms for x in xs[warmup:]])
+
+
+def _p50_p99_us(latencies_ms: list[float]) -> dict:
+    lat = np.array(latencies_ms)
     return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
 
 
@@ -58,8 +62,7 @@ def async_latency(endpoint: str, model: str, xs: np.ndarray, warmup: int = 200) 
                 await client.predict(model, x)
             return [(await client.predict(model, x)).latency_ms for x in xs[warmup:]]
 
-    lat = np.array(asyncio.run(run()))
-    return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
+    return _p50_p99_us(asyncio.run(run()))
 
 
 def probe(client, model: str, xs: np.ndarray, rate: float, seconds: float, slo_ms: float = SLO_P99_MS) -> dict:

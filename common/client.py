@@ -428,7 +428,9 @@ class Client(_Base):
                     continue
                 if event & zmq.POLLOUT:
                     self._flush(i)
-                for frames in transport.drain(sock, 100_000) if event & zmq.POLLIN else ():
+                if not event & zmq.POLLIN:
+                    continue
+                for frames in transport.drain(sock, 100_000):
                     result = self._finish(frames, i)
                     if result is not None:
                         out.append(result)

@@ -110,8 +110,7 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     cls = MESSAGES.get(kind) if isinstance(kind, str) else None  # a list or object kind is unhashable
     if cls is None:
         raise ProtocolError(f"unknown message kind {header.get('kind')!r}")
-    names, required = _FIELDS[cls]
-    missing = required - header.keys()
+    missing = _FIELDS[cls][1] - header.keys()  # the required fields
     if missing:
         raise ProtocolError(f"{cls.KIND} message lacks {sorted(missing)}")
     # Each header field checked as it is taken (one pass; a field absent keeps its default):
