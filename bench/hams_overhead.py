@@ -27,7 +27,10 @@ JSON keys (overheads as fractions of bare, the worst graph): ``nspb_p50_overhead
 ``nspb_p99_overhead_b64``, ``nspb_p50_overhead_b1``, ``nspb_p50_overhead_b64_pad50``,
 ``nspb_p99_overhead_b64_pad50``, ``nspb_hold_over_floor_ms_b64``, ``remus_over_nspb_ol``
 and ``ordering_ok`` (the large-state graph), ``throughput_ratio_b64``,
-``lineage_ms_per_batch`` (and its median, ``lineage_ms_per_batch_p50``), ``lost``, ``rows``,
+``lineage_ms_per_batch`` (Algorithm 1's bookkeeping per batch, and its median,
+``lineage_ms_per_batch_p50``; ``output_loop_ms_per_batch``: the same with each row's output
+message, the loop bare runs too), ``nspb_hold_over_floor_and_update_ms_b64`` (the hold over
+the floor less the update it waits on), ``lost``, ``rows``,
 ``floors``, ``pad50_reps``.
 """
 from __future__ import annotations
@@ -199,6 +202,7 @@ def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: f
                 "mean_batch": float(np.mean([s["rows"] / max(1, s["batches"]) for s in stats])) if stats else None,
                 "lineage_ms_per_batch": max((s["lineage_ms_per_batch"] for s in stats), default=0.0),
                 "lineage_ms_p50": max((s.get("lineage_ms_p50", 0.0) for s in stats), default=0.0),
+                "output_loop_ms_per_batch": max((s.get("output_loop_ms_per_batch", 0.0) for s in stats), default=0.0),
                 # where a fault-tolerant mode's time goes: replies held for durability at the
                 # frontend; per stateful primary, the wait before an update and the copy
                 "hold_ms": fe.get("hold_ms_mean"),
@@ -253,7 +257,8 @@ def floor_of(trace_dir: Path) -> dict:
     return {"replies_traced": len(holds), "hold_p50_ms": p50(holds), "hop_p50_ms": p50(hops), "ship_p50_ms": p50(shipped),
             "floor_ms": p50(hops) + p50(shipped), "hold_over_floor_ms": p50(holds) - p50(hops) - p50(shipped),
             # the model's update of that state (NSPB ships the state after it; not in the floor)
-            "update_p50_ms": p50(updated) if updated else None}
+            "update_p50_ms": p50(updated) if updated else None,
+            "hold_over_floor_and_update_ms": p50(holds) - p50(hops) - p50(shipped) - (p50(updated) if updated else 0.0)}
 
 
 def overhead(row: dict, base: dict, key: str) -> float | None:
@@ -312,7 +317,8 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
                            seed=0, traced=True)
             floors.append({"graph": name, "batch": 64, "pad_ms": PAD_MS, "p50_ms": res["p50_ms"],
                            **{k: res.get(k) for k in ("replies_traced", "hold_p50_ms", "hop_p50_ms", "ship_p50_ms",
-                                                      "floor_ms", "hold_over_floor_ms", "update_p50_ms")}})
+                                                      "floor_ms", "hold_over_floor_ms", "update_p50_ms",
+                                                      "hold_over_floor_and_update_ms")}})
             f = floors[-1]
             log(f"  floor {name:16s} b=64 nspb: hold p50 {f['hold_p50_ms'] or 0:.2f} ms, hop {f['hop_p50_ms'] or 0:.2f} + "
                 f"ship {f['ship_p50_ms'] or 0:.2f} = floor {f['floor_ms'] or 0:.2f} ms, over it "
@@ -323,7 +329,8 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
         med = lambda k: float(np.median([r[k] for r in runs if r[k] is not None])) if any(r[k] is not None for r in runs) else None  # noqa: E731
         rows.append({"graph": name, "mode": mode, "batch": batch, "pad_ms": pad, "p50_ms": med("p50_ms"),
                      "p99_ms": med("p99_ms"), "throughput_rps": med("throughput_rps"), "mean_batch": med("mean_batch"),
-                     "lineage_ms_per_batch": med("lineage_ms_per_batch"), "lineage_ms_p50": med("lineage_ms_p50"), "lost": sum(r["lost"] for r in runs),
+                     "lineage_ms_per_batch": med("lineage_ms_per_batch"), "lineage_ms_p50": med("lineage_ms_p50"),
+                     "output_loop_ms_per_batch": med("output_loop_ms_per_batch"), "lost": sum(r["lost"] for r in runs),
                      **{k: med(k) for k in ("hold_ms", "update_wait_ms", "copy_ms")},
                      "steal_max": max((r["steal"] or 0.0) for r in runs),
                      "p50_ms_reps": [r["p50_ms"] for r in runs], "p99_ms_reps": [r["p99_ms"] for r in runs]})
@@ -351,6 +358,10 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
                           for n in names for m in ("bare", "nspb")},
            "nspb_hold_over_floor_ms_b64": max((f["hold_over_floor_ms"] for f in floors
                                                if f["hold_over_floor_ms"] is not None), default=None),
+           # the same less the update of the state the reply waits on (the model's own work,
+           # on the reply's way by NSPB: the state shipped is the one after the update)
+           "nspb_hold_over_floor_and_update_ms_b64": max((f["hold_over_floor_and_update_ms"] for f in floors
+                                                          if f.get("hold_over_floor_and_update_ms") is not None), default=None),
            # the large-state online-learning graph (16 MiB, 50 ms per batch): what stopping to copy costs
            "remus_over_nspb_ol": (over["remus"] / over["nspb"]) if over["nspb"] and over["nspb"] > 0 else None,
            "remus_overhead_ol_b64": over["remus"], "s2_overhead_ol_b64": over["s2"], "nspb_overhead_ol_b64": over["nspb"],
@@ -359,6 +370,8 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
            "lineage_ms_per_batch": max(r["lineage_ms_per_batch"] or 0.0 for r in rows),
            # the same per batch as a median (the mean above also counts batches preempted mid-loop)
            "lineage_ms_per_batch_p50": max(r["lineage_ms_p50"] or 0.0 for r in rows),
+           # the lineage with each row's output message, the loop bare runs too
+           "output_loop_ms_per_batch": max(r.get("output_loop_ms_per_batch") or 0.0 for r in rows),
            "window": WINDOW, "gru_streams": GRU_STREAMS, "ol_hidden": OL_HIDDEN, "ol_large_mib": OL_LARGE_BUCKETS * 4 * 4 / 2**20,
            # where nspb's overhead goes (worst graph, batch 64): replies held for durability
            # at the frontend, the wait before an update, the state copy
@@ -444,8 +457,8 @@ def table(out: dict) -> list[str]:
 
 #: the printed table (keel experiment)
 FIGURES = ("nspb_p50_overhead_b64", "nspb_p99_overhead_b64", "nspb_p50_overhead_b1", "nspb_p50_overhead_b64_pad50",
-           "nspb_p99_overhead_b64_pad50", "nspb_hold_over_floor_ms_b64", "remus_over_nspb_ol",
-           "throughput_ratio_b64", "lineage_ms_per_batch", "lineage_ms_per_batch_p50", "ordering_ok", "lost", "nspb_hold_ms_b64",
+           "nspb_p99_overhead_b64_pad50", "nspb_hold_over_floor_ms_b64", "nspb_hold_over_floor_and_update_ms_b64",
+           "remus_over_nspb_ol", "throughput_ratio_b64", "lineage_ms_per_batch", "lineage_ms_per_batch_p50", "output_loop_ms_per_batch", "ordering_ok", "lost", "nspb_hold_ms_b64",
            "loadavg_1m_at_end", "steal_max", "cells_retaken", "cells_over_steal_max", "elapsed_s")
 
 

@@ -43,6 +43,7 @@ class _Update:
     lineages: list
     outs: list
     t: float  # when it began to wait
+    replies: list  # (target, output) for the frontend, sent once the state they wait on ships
 
 
 class Batches:
@@ -69,22 +70,17 @@ class Batches:
         if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
             self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
             return
-        t1 = time.perf_counter()
         first = self.next_seq
-        # what is the same for every row, decided once per batch (this loop is the lineage
-        # overhead per batch, HAMS §VI: only what differs per row is done per row)
+        # what is the same for every row, decided once per batch (only what differs per row
+        # is done per row)
         tracing, op, succs, epoch = bool(self.trace), self.op, self.succs, self.assignment.epoch
         combining = len(self.preds) > 1 and self.spec.join != "interleave"  # inputs numbered in step (_on_request)
-        degraded_here = True if self.hams_role is R.DEGRADED else None
-        recording = self.applied is not None
+        # Algorithm 1, the lineage bookkeeping (HAMS §VI's logging cost per batch, timed alone):
+        # each row's lineage after this operator numbers it, what my state holds of each source
+        t1 = time.perf_counter()
         took: dict[str, int] = {}  # per source, the highest of its seqs in this batch (my state holds them)
-        sends, lineages, outs, recorded = [], [], [], []  # recorded: (request, seq, origin, output) newly applied
+        row_lineages, lineages = [], []
         for seq, r in enumerate(rows, start=first):
-            fresh_row = id(r) in computed
-            out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
-            if fresh_row and recording and r.request is not None:
-                recorded.append((self._key(r), seq, r.origin, out))
-            outs.append(out)
             if self.stateful:
                 source = r.sender if r.sender != FRONTEND else source_of(r.sender, r.seq)
                 took[source] = max(took.get(source, -1), r.seq)
@@ -94,7 +90,19 @@ class Batches:
             else:
                 lineage = r.lineage
             lineage = lin.extend(lineage, r.sender, r.seq, op, seq)
+            row_lineages.append(lineage)
             lineages.extend(lineage)
+        took_s = time.perf_counter() - t1
+        # the outputs: one message per row (bare builds them too)
+        degraded_here = True if self.hams_role is R.DEGRADED else None
+        recording = self.applied is not None
+        sends, outs, recorded = [], [], []  # recorded: (request, seq, origin, output) newly applied
+        for seq, r, lineage in zip(range(first, first + len(rows)), rows, row_lineages):
+            fresh_row = id(r) in computed
+            out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
+            if fresh_row and recording and r.request is not None:
+                recorded.append((self._key(r), seq, r.origin, out))
+            outs.append(out)
             msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
                                degraded=degraded_here or (True if r.degraded else None),  # the client is told
                                request=r.request, reply_to=r.reply_to)
@@ -109,24 +117,29 @@ class Batches:
         for source, seq in took.items():
             self.consumed[source] = max(self.consumed.get(source, -1), seq)  # what my state holds
         last = self.next_seq - 1
-        took_s = time.perf_counter() - t1
         self.lineage_s += took_s
         self.lineage_recent.append(took_s)
+        self.output_loop_s += time.perf_counter() - t1
         self.batches += 1
         self.rows += len(rows)
         self.duplicates += len(rows) - len(computed)
+        replies = []
         if self.stateful and self.mode.hold_outputs:
             self.held[last] = sends
         else:
             if self.trace and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
                 self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
-            for target, msg in sends:
-                if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
-                    self._send_on(target, msg)
+            if self.model.stateful and self.mode.ships_state and self.hams_role is R.PRIMARY:
+                # the frontend holds these replies until this batch's state is durable, which
+                # takes the update and the ship: they leave once the ship has started, so
+                # their sends are not on the way to it (outputs to operators leave at once)
+                replies = [(t, m) for t, m in sends if t == FRONTEND]
+                sends = [(t, m) for t, m in sends if t != FRONTEND]
+            self._send_all(sends)
         if not self.model.stateful:
             return
         self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
-                                      lineages, outs, time.perf_counter())
+                                      lineages, outs, time.perf_counter(), replies)
         if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state:
             self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
         self._try_update()
@@ -142,7 +155,7 @@ class Batches:
         if self.model is not u.model or self.hams_role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
                 or (u.model is not None and self.hams_role is R.PRIMARY and self.statemgr is None):
             self.pending_update = None  # rolled back or stepped down: re-run from its resent inputs
-            return
+            return  # (its replies are dropped: their state never ships, the re-run answers)
         if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state \
                 and not self.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
             return  # an ack moves the window: tick tries again
@@ -173,6 +186,12 @@ class Batches:
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta)
         if self.stateful and self.stash is not None:
             self.stash.after_update(last, lineages, applied)
+        self._send_all(u.replies)
+
+    def _send_all(self, sends: list) -> None:
+        for target, msg in sends:
+            if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
+                self._send_on(target, msg)
 
     def _next_batch(self) -> list[GraphRequest]:
         """The next batch's rows. A second row of one request (a retry queued beside the
