@@ -1,0 +1,42 @@
+"""The hold against its floor (``keel experiment hams-overhead``): per reply, the hold
+(output -> released), one hop (the backup applied its state -> released) and the ship
+(handed over after the update -> applied); the floor is each reply's hop + ship, and the
+target reads the hold's p50 against that floor's p50."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from keel.bench.hams_overhead import floor_of
+
+
+def _trace(tmp_path, replies):
+    """One stateful operator g answering the frontend; per reply (out, update, ship, apply,
+    release) times in seconds."""
+    lines = []
+    for seq, (out, update, ship, apply, release) in enumerate(replies):
+        lines += [{"stream": "output", "operator": "g", "seq": seq, "t": out},
+                  {"stream": "update", "operator": "g", "first_seq": seq, "last_seq": seq, "t": update},
+                  {"stream": "ship", "operator": "g", "first_seq": seq, "last_seq": seq, "t": ship},
+                  {"stream": "apply", "operator": "g", "last_seq": seq, "t": apply},
+                  {"stream": "release", "origin": seq, "lineage": [["frontend", seq, "g", seq]], "t": release}]
+    (tmp_path / "g.jsonl").write_bytes(b"\n".join(orjson.dumps(rec) for rec in lines))
+    return tmp_path
+
+
+def test_the_floor_is_each_replys_hop_plus_ship(tmp_path):
+    # a reply waits for its own hop and ship: here one of the two is long for most replies
+    # (each reply's floor 6 ms but one), while each alone is 1 ms at the median: the sum of
+    # the two p50s (2 ms) would count 4 ms of the floor as the hold's excess
+    ms = 1e-3
+    ships, hops = (1, 5, 5, 1, 1), (1, 1, 1, 5, 5)
+    replies = [(t0, t0 + 0.1 * ms, t0 + 0.2 * ms, t0 + (0.2 + ship) * ms, t0 + (0.2 + ship + hop) * ms)
+               for t0, ship, hop in zip((0.0, 0.1, 0.2, 0.3, 0.4), ships, hops)]  # a batch each 100 ms
+    f = floor_of(_trace(tmp_path, replies))
+    assert f["replies_traced"] == 5
+    assert f["hold_p50_ms"] == pytest.approx(6.2)
+    assert f["floor_ms"] == pytest.approx(6.0)
+    assert f["floor_p50s_summed_ms"] == pytest.approx(2.0)
+    assert f["hold_over_floor_ms"] == pytest.approx(0.2)
+    assert f["update_p50_ms"] == pytest.approx(0.1)
+    assert f["hold_over_floor_and_update_ms"] == pytest.approx(0.1)
