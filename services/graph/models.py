@@ -190,9 +190,9 @@ class OnlineMLP(StatefulOperator):
         every held reply; the state does not change between a batch's compute and update)."""
         x = self._xy(batch)[0]
         w1, b1, w2, b2 = (self.state[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
-        z = torch.addmm(b1, x, w1.t())
-        out = torch.addmm(b2, z.clamp_min(0), w2.t())
-        self._forward = (batch, z, out)
+        h = torch.addmm(b1, x, w1.t()).clamp_min_(0)  # the hidden layer after its ReLU
+        out = torch.addmm(b2, h, w2.t())
+        self._forward = (batch, h, out)
         return out.reshape(len(batch.inputs), *self.output_shape).numpy()
 
     @torch.no_grad()
@@ -203,14 +203,13 @@ class OnlineMLP(StatefulOperator):
         only once the copy of the previous state has finished."""
         x, y = self._xy(batch)
         w1, b1, w2, b2 = (self.state[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
-        seen, z, out = getattr(self, "_forward", (None, None, None))
+        seen, h, out = getattr(self, "_forward", (None, None, None))
         self._forward = None
         if seen is not batch:  # not this batch's compute (a caller that updates alone)
-            z = torch.addmm(b1, x, w1.t())
-            out = torch.addmm(b2, z.clamp_min(0), w2.t())
-        h = z.clamp_min(0)
+            h = torch.addmm(b1, x, w1.t()).clamp_min_(0)
+            out = torch.addmm(b2, h, w2.t())
         d_out = (out - y).mul_(2.0 / y.numel())  # d loss / d output
-        d_z = (d_out @ w2).mul_(z > 0)
+        d_z = (d_out @ w2).mul_(h > 0)  # through the ReLU: where its output is > 0 (its input was)
         w2.addmm_(d_out.t(), h, alpha=-self.lr)
         b2.sub_(d_out.sum(0), alpha=self.lr)
         w1.addmm_(d_z.t(), x, alpha=-self.lr)
