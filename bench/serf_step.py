@@ -4,24 +4,27 @@ configurator, and the bound on any configurator (each phase's best fixed).
 
 The step is derived from the profile (``design``), not chosen by hand: among low rates
 ``LOW_GRID`` and high rates ``HIGH_GRID`` (fractions of the largest capacity) and low
-phases ``LOW_FACTORS`` times as long as the high ones, the one whose bound by Eq. 13 is
-least (each phase served by the configuration Eq. 13 finds best at its rate, over the
-best single configuration, requests weighted as the phases hold them; the shortest low
-phases that reach ``BOUND_AIM``). Why this shape: a switch gains only where no single
-configuration is near best in every phase. On the emulated 8-core host the light load's
-best (1x8: base / speedup(8)) cannot carry a heavy load, and a configuration that can
-(4x2, 8x1) is far slower at a light one, but a middle one (2x4) is within 10-15% of 1x8
-idle and carries most loads: the bound is low only where the high rate is past the
-middle one's capacity, and the low phases hold enough of the requests. In the bound a
-configuration carries a phase only at utilisation <= ``CARRY`` (near its capacity a
-fixed run builds a backlog that the steady state does not see), and no configuration
-may sit between ``CARRY`` and ``EDGE`` at the high rate: there the hand-off's run-to-run
-move (a few ms) decides whether it carries the phase, and with it the bound.
+phases ``LOW_FACTORS`` times as long as the high ones, the one whose bound is least, the
+shortest low phases that reach ``BOUND_AIM``. The bound is the one the runs measure
+(``oracle_mean`` over the best single fixed run), predicted by replaying the step's own
+arrivals through the profile's queue for each configuration (``replay``: from an empty
+start, the backlog of a phase a configuration cannot carry running into the next), once
+with the profile's hand-offs and once with none, the worse of the two. Why a replay and
+not Eq. 13's steady state (``eq13_bound``, still reported): a phase of a few seconds from
+an empty queue never reaches the queue Eq. 13 predicts near a configuration's capacity,
+so Eq. 13 chose steps whose high phase the light load's best carried in fact (2x4 at 78%
+of its capacity won both phases). Why both hand-offs: the hand-off moves a few ms from
+run to run, and with it whether a configuration near the high rate carries it.
+
+What such a step looks like on the small model: the high rate past the light load's best
+(2x4, 1x8: their backlog grows), carried by 4x2 or 8x1, and low phases long and light
+enough that 2x4 or 1x8 beat those by 1.5-2x there. 4x2 is the spoiler: within ~1.5x of
+the best at light load and near the best at heavy load, it is the best single fixed
+configuration, and the bound reaches 0.77-0.80 only with low phases 8-10 x the high ones.
 
 On the interfering model no step makes the bound small: 2x4 is within ~12% of the best
-at every load (SERF Fig. 12: a middle configuration throughout), so each phase's best
-fixed can gain at most that much over it. The bound Eq. 13 gives is printed and reported
-(``eq13_bound``) beside the measured one.
+at every load (SERF Fig. 12: a middle configuration throughout; 1x8 idle is 0.88 of 2x4
+idle), so each phase's best fixed can gain at most that much over it.
 
 Fixed runs: the configurations given (the experiment passes its candidates: the reference
 table's picks over the loads and the extremes), each started from the same warm-up.
@@ -37,6 +40,7 @@ import numpy as np
 
 from keel.common.client import Client
 from keel.common.loadgen import open_loop, schedule, summarize
+from keel.common.queueing import sojourn_times
 from keel.common.steal import least_starved
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher
@@ -44,15 +48,25 @@ from keel.services.serf.profiler import set_configuration
 
 #: the share of a run's first requests left out of its mean (the queue starts empty)
 WARMUP = 0.1
+#: the step's arrivals (``step_offsets``' seed): the design replays the very arrivals the runs send
+STEP_SEED = 300
 #: the step's rates looked at (fractions of the largest capacity) and how much longer a low
 #: phase may last than a high one (``design``)
 LOW_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
-HIGH_GRID = tuple(round(0.5 + 0.025 * k, 3) for k in range(17))  # 0.5 .. 0.9
-LOW_FACTORS = (3.0, 4.0, 5.0, 6.0)
+HIGH_GRID = tuple(round(0.5 + 0.05 * k, 2) for k in range(10))  # 0.5 .. 0.95
+LOW_FACTORS = (3.0, 4.0, 6.0, 8.0, 10.0)
 #: the bound a step aims at: under the target (0.80) by the run-to-run spread of a phase's mean
-BOUND_AIM = 0.70
-#: a configuration carries a phase at utilisation <= CARRY, and none may sit in (CARRY, EDGE)
-CARRY, EDGE = 0.92, 1.05
+BOUND_AIM = 0.78
+#: in Eq. 13's steady-state bound (``eq13_bound``, reported beside the design's) a
+#: configuration carries a phase at utilisation <= CARRY
+CARRY = 0.92
+#: a configuration whose replayed step mean is within this factor of the best single one's
+#: could be the best single fixed configuration measured: ``--quick`` runs it too
+RIVAL = 1.25
+
+
+def name_of(config) -> str:
+    return "x".join(map(str, config))
 
 
 def eq13_bound(p, configs, rates: list[float], lengths: list[float]) -> tuple[float, list, tuple] | None:
@@ -77,31 +91,75 @@ def eq13_bound(p, configs, rates: list[float], lengths: list[float]) -> tuple[fl
     return oracle / mean[single], picks, single
 
 
+def replay(p, config, offsets: np.ndarray, starts: list[float], rates: list[float], handoff: bool = True) -> dict:
+    """The fixed run of ``config`` on the step's ``offsets`` as profile ``p``'s queue serves
+    them from an empty start (``common.queueing.sojourn_times``: the backlog a phase leaves
+    runs into the next), in the measured runs' figures: each phase's mean, the run's mean
+    after ``WARMUP`` and the series (s from the first request, ms). A request's latency is
+    its time in the queue less the hand-off, plus the path at its phase's rate; with
+    ``handoff`` False the slots turn over with no hand-off (the most a run may carry)."""
+    c, t = config
+    h = p.handoff_ms.get(c, 0.0) if handoff else 0.0
+    mu = [1000.0 / (p.service_ms[(i, t)] + h) for i in range(1, c + 1)]
+    phase = np.searchsorted(np.asarray(starts), offsets, side="right") - 1
+    lat = sojourn_times(mu, offsets) * 1000.0 - h + np.array([p.path_at(r) for r in rates])[phase]
+    sent = offsets  # the schedule's own time, as the measured runs' (``phase_means``)
+    ends = list(starts[1:]) + [np.inf]
+    phases = [lat[(sent >= s) & (sent < e)] for s, e in zip(starts, ends)]
+    return {"phases_ms": [float(x.mean()) if len(x) else float("nan") for x in phases],
+            "mean_ms": float(lat[int(WARMUP * len(lat)):].mean()), "series": np.column_stack([sent, lat]).tolist()}
+
+
+def replay_bound(p, configs, low: float, high: float, phase_s: float, factor: float, handoff: bool = True) -> dict:
+    """The measured bound (``oracle_mean`` over the best single fixed run) as the profile's
+    queue predicts it for the step (``low``, ``high`` req/s; low phases ``factor`` x
+    ``phase_s``) on the runs' own arrivals: transients, backlogs and the oracle's rule for a
+    low phase after a high one included, which Eq. 13's steady state (``eq13_bound``) does
+    not see."""
+    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=STEP_SEED, low_factor=factor)
+    runs = {name_of(c): replay(p, c, offsets, starts, [low, high] * 2, handoff) for c in configs}
+    oracle, picks = oracle_mean(runs, starts, lengths)
+    single = min(runs, key=lambda k: runs[k]["mean_ms"])
+    return {"bound": oracle / runs[single]["mean_ms"], "picks": picks, "single": single,
+            "means": {k: round(v["mean_ms"], 2) for k, v in runs.items()}}
+
+
 def design(p, configs, phase_s: float) -> dict:
     """The step for profile ``p`` and the fixed ``configs`` (the module's docstring), high
-    phases ``phase_s`` long: low and high rate (req/s), the low phases' length factor, and
-    its bound by Eq. 13 (each phase's best configuration, low, high, low, high)."""
+    phases ``phase_s`` long: low and high rate (req/s), the low phases' length factor, the
+    bound the runs can show as the profile's queue replays them (``bound``: the worse of
+    the profile's hand-offs and none), each phase's best configuration and the best single
+    one by that replay, the configurations that could be the best single fixed one
+    (``rivals``), and Eq. 13's steady-state bound of the same step (``eq13_bound``)."""
     top = max(p.capacity(c) for c in p.configurations())
     found = []
     for factor in LOW_FACTORS:
         for lo in LOW_GRID:
             for hi in HIGH_GRID:
-                low, high = lo * top, hi * top
-                if any(CARRY < high / p.capacity(c) < EDGE for c in configs):
-                    continue  # a configuration at the edge: whether it carries is the run's luck
-                lengths = [factor * phase_s, phase_s] * 2
-                b = eq13_bound(p, configs, [low, high] * 2, lengths)
-                if b is not None:
-                    found.append((b[0], factor, lo, hi, b[1], b[2]))
+                low, high = round(lo * top, 2), round(hi * top, 2)  # the rates the runs send
+                eq13 = eq13_bound(p, configs, [low, high] * 2, [factor * phase_s, phase_s] * 2)
+                if eq13 is None:
+                    continue  # no configuration carries the high rate for good: a backlog decides the run
+                # the profile's hand-offs, and none: whether the light load's best carries the
+                # high phase must not hang on the hand-off's run-to-run move (a few ms)
+                worlds = [replay_bound(p, configs, low, high, phase_s, factor, handoff) for handoff in (True, False)]
+                found.append((max(w["bound"] for w in worlds), factor, lo, hi, worlds, eq13))
     if not found:
         raise ValueError("no step load: no configuration carries any high rate looked at")
     aimed = [f for f in found if f[0] <= BOUND_AIM]
-    # the shortest low phases that reach the aim, then the least bound; else the least bound
-    bound, factor, lo, hi, picks, single = min(aimed, key=lambda f: (f[1], f[0])) if aimed else min(found)
-    name = lambda c: "x".join(map(str, c))  # noqa: E731
-    return {"low": lo, "high": hi, "low_rate": round(lo * top, 2), "high_rate": round(hi * top, 2),
-            "low_factor": factor, "eq13_bound": round(bound, 4), "eq13_picks": [name(c) for c in picks],
-            "eq13_best_single": name(single)}
+    if aimed:  # the shortest low phases that reach the aim, then the least bound
+        bound, factor, lo, hi, worlds, eq13 = min(aimed, key=lambda f: (f[1], f[0]))
+    else:  # no step reaches it: the shortest within 0.01 of the least bound
+        least = min(f[0] for f in found)
+        bound, factor, lo, hi, worlds, eq13 = min((f for f in found if f[0] <= least + 0.01), key=lambda f: (f[1], f[0]))
+    low, high = round(lo * top, 2), round(hi * top, 2)
+    rivals = sorted({k for w in worlds for k, v in w["means"].items() if v <= RIVAL * w["means"][w["single"]]})
+    return {"low": lo, "high": hi, "low_rate": round(low, 2), "high_rate": round(high, 2), "low_factor": factor,
+            "bound": round(bound, 4), "picks": worlds[0]["picks"], "best_single": worlds[0]["single"],
+            "replayed_ms": worlds[0]["means"], "replayed_ms_no_handoff": worlds[1]["means"],
+            "rivals": rivals, "named": sorted(set(rivals) | {k for w in worlds for k in w["picks"] + [w["single"]]}),
+            "eq13_bound": round(eq13[0], 4), "eq13_picks": [name_of(c) for c in eq13[1]],
+            "eq13_best_single": name_of(eq13[2])}
 
 
 def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, seconds: float, count: int, seed: int,
@@ -137,8 +195,11 @@ def step_offsets(low: float, high: float, phase_s: float, seed: int,
     return np.concatenate(parts), starts, lengths
 
 
-def phase_means(records, starts: list[float], phase_s: float | list[float]) -> list[float]:
-    t0 = records[0].sent - 0.0 if records else 0.0
+def phase_means(records, starts: list[float], phase_s: float | list[float], first: float = 0.0) -> list[float]:
+    """Each phase's mean latency; ``first`` is the first request's offset in the schedule,
+    so a phase is the schedule's (at 5 req/s the first request comes ~0.2 s in, and timed
+    from it a high phase's first requests counted in the low phase before)."""
+    t0 = records[0].sent - first if records else 0.0
     out = []
     for s, length in zip(starts, _durations(starts, phase_s)):
         lat = [r.latency_ms for r in records if s <= r.sent - t0 < s + length and r.latency_ms is not None]
@@ -219,8 +280,9 @@ def run_fixed(spec_of: Callable, model, inputs, offsets, starts, lengths, config
 
                 name = "x".join(map(str, config))
                 (records, s), stolen, takes = least_starved(one_run, log=log, what=f"fixed {name}")
-                fixed[name] = {"phases_ms": phase_means(records, starts, lengths), "mean_ms": mean_after_warmup(records),
-                               "lost": s["lost"], "series": _series(records), "steal": stolen, "takes": takes}
+                first = float(offsets[0])
+                fixed[name] = {"phases_ms": phase_means(records, starts, lengths, first), "mean_ms": mean_after_warmup(records),
+                               "lost": s["lost"], "series": _series(records, first), "steal": stolen, "takes": takes}
                 log(f"   fixed {name}: phases " + ", ".join(f"{v:.1f}" for v in fixed[name]["phases_ms"])
                     + f" ms; overall {fixed[name]['mean_ms']:.1f} ms")
     return fixed
@@ -229,19 +291,19 @@ def run_fixed(spec_of: Callable, model, inputs, offsets, starts, lengths, config
 def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, configs, log, launcher_dir,
               again: bool = True, only_designed: bool = False) -> dict:
     """The step ``design`` gives for ``configs``; fixed runs of ``configs`` (with
-    ``only_designed``, of the configurations its bound names: fewer runs, where Eq. 13 is
-    trusted to say which are best), the adaptive run (``spec_of(profile_path)``), the
+    ``only_designed``, of those the design names: each phase's best and every one that
+    could be the best single fixed configuration by its replay, ``named``), the adaptive run (``spec_of(profile_path)``), the
     oracle bound and (``again``) the best single fixed run once more."""
     cores = p.cores
     plan = design(p, configs, phase_s)
     low, high = plan["low_rate"], plan["high_rate"]
-    log(f"   step: {plan['low']:.0%} / {plan['high']:.1%} of the largest capacity ({low} / {high} req/s), low "
-        f"phases {plan['low_factor']:g} x the high ones; Eq. 13's bound {plan['eq13_bound']:.3f} "
-        f"({', '.join(plan['eq13_picks'])} against {plan['eq13_best_single']} throughout)")
+    log(f"   step: {plan['low']:.0%} / {plan['high']:.0%} of the largest capacity ({low} / {high} req/s), low "
+        f"phases {plan['low_factor']:g} x the high ones; the bound replayed {plan['bound']:.3f} "
+        f"({', '.join(plan['picks'])} against {plan['best_single']} throughout; replayed means {plan['replayed_ms']} ms, "
+        f"with no hand-off {plan['replayed_ms_no_handoff']} ms); Eq. 13's steady state {plan['eq13_bound']:.3f}")
     if only_designed:
-        named = set(plan["eq13_picks"]) | {plan["eq13_best_single"]}
-        configs = [c for c in configs if "x".join(map(str, c)) in named]
-    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=300, low_factor=plan["low_factor"])
+        configs = [c for c in configs if name_of(c) in plan["named"]]
+    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=STEP_SEED, low_factor=plan["low_factor"])
     fixed = run_fixed(spec_of, model, inputs, offsets, starts, lengths, configs, cores, log, launcher_dir / "fixed")
     spec = spec_of(str(profile_path))
     with Launcher(launcher_dir / "adaptive") as launcher:
@@ -259,10 +321,11 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
                 return records, s, poller, t0, request_status(dispatcher, 2.0) or {}
 
             (records, s, poller, t0, status), stolen, takes = least_starved(one_run, log=log, what="adaptive")
-    origin = records[0].sent if records else t0
+    first = float(offsets[0])
+    origin = records[0].sent - first if records else t0  # the schedule's zero
     serf_status = (status.get("serf") or {}).get(model) or {}
-    adaptive = {"phases_ms": phase_means(records, starts, lengths), "mean_ms": mean_after_warmup(records),
-                "lost": s["lost"], "series": _series(records),
+    adaptive = {"phases_ms": phase_means(records, starts, lengths, first), "mean_ms": mean_after_warmup(records),
+                "lost": s["lost"], "series": _series(records, first),
                 "switch_s": switch_times(poller.seen, origin, starts, lengths),
                 # the configurator's decisions (time from the run's first request), and what
                 # the status showed every 0.1 s: configuration and the arrival rate it read
@@ -299,14 +362,18 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
 def oracle_picks(fixed: dict[str, dict], phases: int) -> list[tuple[str, int]]:
     """Each phase's best fixed configuration, and the phase whose requests stand for it:
     its own, or for a phase at the rate of the one two before (low, high, low, high) that
-    earlier one where the configuration did better there. A fixed configuration that
-    cannot carry a high phase enters the next low one with a backlog that a configurator
-    switching at the step never builds (it ran another configuration through the high
-    phase), so that low phase is the first low phase again, from its clean start."""
-    out = []
+    earlier one where the configuration did better there, unless it was the one picked for
+    the phase before. A fixed configuration that cannot carry a high phase enters the next
+    low one with a backlog that a configurator switching at the step never builds (it ran
+    another configuration through the high phase), so that low phase is the first low phase
+    again, from its clean start; a configurator that kept the configuration through the
+    phase before has its backlog too, so there its own phase stands."""
+    out: list[tuple[str, int]] = []
     for i in range(phases):
-        seen = [i] + ([i - 2] if i >= 2 else [])
-        out.append(min(((name, j) for name in fixed for j in seen), key=lambda nj: fixed[nj[0]]["phases_ms"][nj[1]]))
+        seen = [(name, i) for name in fixed]
+        if i >= 2:
+            seen += [(name, i - 2) for name in fixed if name != out[i - 1][0]]
+        out.append(min(seen, key=lambda nj: fixed[nj[0]]["phases_ms"][nj[1]]))
     return out
 
 
@@ -323,8 +390,9 @@ def oracle_mean(fixed: dict[str, dict], starts: list[float], phase_s: float | li
     return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), [name for name, _ in picks]
 
 
-def _series(records) -> list[list[float]]:
-    t0 = records[0].sent if records else 0.0
+def _series(records, first: float = 0.0) -> list[list[float]]:
+    """(s in the schedule, ms) per request answered (``phase_means``)."""
+    t0 = records[0].sent - first if records else 0.0
     return [[round(r.sent - t0, 3), round(r.latency_ms, 2)] for r in records if r.latency_ms is not None]
 
 

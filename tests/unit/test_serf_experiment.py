@@ -54,6 +54,9 @@ def test_the_step_loads_low_phases_last_longer_and_every_figure_follows_them():
             self.sent, self.latency_ms = t, ms
 
     assert phase_means([R(t, ms) for t, ms in series], starts, lengths) == pytest.approx([10.0, 50.0, 10.0, 50.0])
+    # phases are the schedule's: a run whose first request came 0.5 s in is timed from 0.5 s before it
+    late = [R(t - 0.5, ms) for t, ms in series if t >= 0.5]
+    assert phase_means(late, starts, lengths, first=0.5) == pytest.approx([10.0, 50.0, 10.0, 50.0])
     mean, picks = oracle_mean({"a": {"phases_ms": [10.0, 50.0, 10.0, 50.0], "series": series}}, starts, lengths)
     assert picks == ["a"] * 4
     # a switch 0.5 s after each step, in phases of unequal length
@@ -75,30 +78,53 @@ def test_a_real_models_drift_is_how_far_its_second_profile_moves_eq13_at_the_poi
     assert drift_error([{"config": [1, 1], "rate": 49.0}], a, slower) == 1.0
 
 
-def test_the_step_is_designed_from_the_profile_where_switching_can_gain():
-    from keel.bench.serf_step import CARRY, EDGE, design, eq13_bound
+def test_the_step_is_designed_where_the_light_loads_best_cannot_carry_the_high_phase():
+    from keel.bench.serf_step import BOUND_AIM, design, replay_bound
 
     p = _host_profile("small")
-    plan = design(p, candidates(p), 6.0)
-    # each phase has another best configuration, and the high rate is past the light
-    # load's: the best single configuration is far from the best in some phase
-    assert plan["eq13_picks"][0] != plan["eq13_picks"][1], plan
-    assert plan["eq13_bound"] <= 0.80, plan
+    configs = candidates(p)
+    plan = design(p, configs, 4.0)
+    # each phase has another best configuration, and the bound the runs can show is under the aim
+    assert plan["picks"][0] != plan["picks"][1], plan
+    assert plan["bound"] <= BOUND_AIM, plan
     assert plan["high_rate"] > plan["low_rate"] and plan["low_factor"] >= 3
-    # no configuration sits at the edge of its capacity at the high rate
-    for c in candidates(p):
-        assert not CARRY < plan["high_rate"] / p.capacity(c) < EDGE, (c, plan)
-    # the bound is Eq. 13's: recomputed from the plan, the same figure
-    low, high, f = plan["low_rate"], plan["high_rate"], plan["low_factor"]
-    assert eq13_bound(p, candidates(p), [low, high] * 2, [6.0 * f, 6.0] * 2)[0] == pytest.approx(plan["eq13_bound"], abs=1e-3)
+    # the light load's best cannot carry the high rate (its backlog grows), even with no hand-off
+    light = tuple(map(int, plan["picks"][0].split("x")))
+    assert plan["high_rate"] > p.capacity(light) and plan["high_rate"] > light[0] * 1000.0 / p.service_ms[(light[0], light[1])]
+    # and some configuration carries it for good (Eq. 13's steady state has a bound)
+    assert plan["eq13_bound"] is not None
+    # --quick runs every configuration that could be the best single fixed one, and each phase's best
+    assert set(plan["picks"]) | {plan["best_single"]} <= set(plan["named"])
+    # the bound is the replay's, the worse of the profile's hand-offs and none: recomputed, the same
+    worlds = [replay_bound(p, configs, plan["low_rate"], plan["high_rate"], 4.0, plan["low_factor"], h) for h in (True, False)]
+    assert max(w["bound"] for w in worlds) == pytest.approx(plan["bound"], abs=1e-3)
+
+
+def test_the_replay_sees_the_backlog_and_the_short_phase_that_eq13s_steady_state_does_not():
+    from keel.bench.serf_step import replay
+
+    p = _host_profile("small")
+    # 2x4 (capacity ~ 2 / 14.1 ms = 142/s) through a 4 s phase at 160/s: the backlog grows,
+    # and the low phase after it starts with it
+    offsets, starts, lengths = step_offsets(40.0, 160.0, 4.0, seed=5, low_factor=2.0)
+    r = replay(p, (2, 4), offsets, starts, [40.0, 160.0] * 2)
+    assert r["phases_ms"][1] > 3 * r["phases_ms"][0] and r["phases_ms"][2] > r["phases_ms"][0] + 5.0
+    # 4x2 at 86% of its capacity for 1.5 s from an empty queue: well under Eq. 13's steady state
+    rate = 0.86 * p.capacity((4, 2))
+    offsets, starts, lengths = step_offsets(10.0, rate, 1.5, seed=5, low_factor=2.0)
+    r = replay(p, (4, 2), offsets, starts, [10.0, rate] * 2)
+    assert r["phases_ms"][1] < p.predict_ms((4, 2), rate)
+    # every request's figure is in the series, in the schedule's time
+    assert len(r["series"]) == len(offsets) and r["series"][0][0] == pytest.approx(offsets[0])
 
 
 def test_no_step_makes_the_interfering_models_bound_small_and_the_design_says_so():
     from keel.bench.serf_step import design
 
     p = _host_profile("large")
-    plan = design(p, candidates(p), 6.0)
+    plan = design(p, candidates(p), 1.5)
     # 2x4 is within ~12% of the best at every load (SERF Fig. 12): the bound stays near 1
+    assert 0.85 < plan["bound"] <= 1.0 and plan["best_single"] == "2x4", plan
     assert 0.85 < plan["eq13_bound"] <= 1.0 and plan["eq13_best_single"] == "2x4", plan
 
 
@@ -113,6 +139,9 @@ def test_the_bound_takes_a_low_phase_after_a_high_one_from_its_clean_start():
     # where a later phase did better itself, it stands for itself
     fixed["low"]["phases_ms"][2] = 9.0
     assert oracle_picks(fixed, 4)[2] == ("low", 2)
+    # a configuration picked for the phase before keeps its own backlog: no clean start for it
+    kept = {"mid": {"phases_ms": [20.0, 60.0, 45.0, 60.0]}, "high": {"phases_ms": [30.0, 70.0, 30.0, 70.0]}}
+    assert oracle_picks(kept, 4) == [("mid", 0), ("mid", 1), ("high", 2), ("mid", 3)]
     starts, lengths = [0.0, 6.0, 8.0, 14.0], [6.0, 2.0, 6.0, 2.0]
     series = {"low": [[0.5 * k, 10.0] for k in range(12)] + [[6.0 + 0.5 * k, 400.0] for k in range(4)]
               + [[8.0 + 0.5 * k, 100.0] for k in range(12)] + [[14.0 + 0.5 * k, 300.0] for k in range(4)],
