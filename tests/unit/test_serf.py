@@ -251,7 +251,7 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
 
 
 def test_the_experiment_projects_a_stable_point_by_its_standard_error():
-    from keel.bench.serf_experiment import STABLE_SE, stable_requests
+    from keel.bench.serf_points import STABLE_SE, stable_requests
 
     # a mean of 100 requests with an SE of 3% needs 4x the requests for 1.5%, / 0.9 for the warm-up
     assert STABLE_SE == 0.015
@@ -261,7 +261,7 @@ def test_the_experiment_projects_a_stable_point_by_its_standard_error():
 
 
 def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
-    from keel.bench.serf_experiment import oracle_mean
+    from keel.bench.serf_step import oracle_mean
 
     # two phases of 1 s, the same arrivals: "a" is best in the first, "b" in the second
     fixed = {"a": {"phases_ms": [10.0, 50.0], "series": [[0.1 * k, 10.0] for k in range(10)]

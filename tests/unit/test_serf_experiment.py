@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from keel.bench.serf_accuracy import analyse_model, within
-from keel.bench.serf_experiment import batch_means_se, candidates
+from keel.bench.serf_experiment import candidates
+from keel.bench.serf_points import batch_means_se
 from keel.bench.serf_step import oracle_mean, phase_means, step_offsets, switch_times
 from keel.common.serf_host import PRESETS, SerfHost
 from keel.services.serf.profile import Profile, tuples
