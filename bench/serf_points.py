@@ -141,8 +141,8 @@ def inrun_prediction(p, config, rate: float, intervals: list[tuple[dict, dict]])
 
 
 def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budget_s, log, loads) -> tuple[list[dict], float]:
-    """Every candidate at every load: a pilot run of ``pilot_s`` each, then ``budget_s``
-    more in all spent where the standard errors need it (``extensions``, at most ``PASSES``
+    """Every candidate at every load: a pilot run of ``pilot_s`` each, then what is left of
+    ``budget_s`` (the pilots included) spent where the standard errors need it (``extensions``, at most ``PASSES``
     rounds); each run continuous, its warm-up (``relaxation_s``) left out. The points and
     the time they took."""
     dispatcher = spec.service("dispatcher").config.worker_endpoint
@@ -180,7 +180,7 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
     measure_all({key: pilot_s for key in keys})
     for _ in range(PASSES):
         figures = [merge(parts[key]) for key in keys]
-        left = budget_s - sum(f["took_s"] for f in figures) + pilot_s * len(keys)
+        left = budget_s - sum(f["took_s"] for f in figures)  # the pilots count in the budget
         more = extensions(figures, left, POINT_MAX_S)
         if not any(more):
             break
