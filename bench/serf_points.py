@@ -142,9 +142,9 @@ def inrun_prediction(p, config, rate: float, intervals: list[tuple[dict, dict]])
 
 def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budget_s, log, loads) -> tuple[list[dict], float]:
     """Every candidate at every load: a pilot run of ``pilot_s`` each, then what is left of
-    ``budget_s`` (the pilots included) spent where the standard errors need it (``extensions``, at most ``PASSES``
-    rounds); each run continuous, its warm-up (``relaxation_s``) left out. The points and
-    the time they took."""
+    ``budget_s`` (the pilots included) spent where the standard errors need it
+    (``extensions``, at most ``PASSES`` rounds); each run continuous, its warm-up
+    (``relaxation_s``) left out. The points and the time they took."""
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
     keys = [(config, k, load) for config in configs for k, load in enumerate(loads)]
