@@ -306,6 +306,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
                          "adaptive_over_best_single_fixed": m["step"]["adaptive_over_best_single_fixed"],
                          "oracle_over_best_single_fixed": m["step"]["oracle_over_best_single_fixed"],
                          "step_bound": m["step"]["design"]["bound"], "eq13_bound": m["step"]["design"]["eq13_bound"],
+                         "adaptive_replayed": m["step"]["design"]["adaptive_replayed"],
                          "switch_s": m["step"]["adaptive"]["switch_s"]}
                       for name, m in out["models"].items()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
@@ -316,7 +317,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
     for name, figures in out["per_model"].items():
         log(f"-- {name}")
         for line in figures_table(figures, [k for k in FIGURES if k in figures] + [
-                "fixed_again_over_first", "mean_error_const", "within_2se", "within_2se_const", "inrun_mean_error", "inrun_p90_error", "drift_error",
+                "fixed_again_over_first", "adaptive_replayed", "mean_error_const", "within_2se", "within_2se_const", "inrun_mean_error", "inrun_p90_error", "drift_error",
                 "error_over_drift"], TARGETS):
             log(line)
     for name, figures in (out["real"] or {}).items():

@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from keel.bench.serf_accuracy import within
-from keel.bench.serf_step import WARMUP, run_load
+from keel.bench.serf_design import WARMUP
+from keel.bench.serf_step import run_load
 from keel.common.queueing import latency, utilisation
 from keel.common.steal import least_starved
 from keel.services.serf.profiler import service_between, service_counters, set_configuration

@@ -2,32 +2,10 @@
 high, on the same arrivals for every fixed configuration and for the adaptive
 configurator, and the bound on any configurator (each phase's best fixed).
 
-The step is derived from the profile (``design``), not chosen by hand: among low rates
-``LOW_GRID`` and high rates ``HIGH_GRID`` (fractions of the largest capacity) and low
-phases ``LOW_FACTORS`` times as long as the high ones, the one whose bound is least, the
-shortest low phases that reach ``BOUND_AIM``. The bound is the one the runs measure
-(``oracle_mean`` over the best single fixed run), predicted by replaying the step's own
-arrivals through the profile's queue for each configuration (``replay``: from an empty
-start, the backlog of a phase a configuration cannot carry running into the next), once
-with the profile's hand-offs and once with none, the worse of the two. Why a replay and
-not Eq. 13's steady state (``eq13_bound``, still reported): a phase of a few seconds from
-an empty queue never reaches the queue Eq. 13 predicts near a configuration's capacity,
-so Eq. 13 chose steps whose high phase the light load's best carried in fact (2x4 at 78%
-of its capacity won both phases). Why both hand-offs: the hand-off moves a few ms from
-run to run, and with it whether a configuration near the high rate carries it.
-
-What such a step looks like on the small model: the high rate past the light load's best
-(2x4, 1x8: their backlog grows), carried by 4x2 or 8x1, and low phases long and light
-enough that 2x4 or 1x8 beat those by 1.5-2x there. 4x2 is the spoiler: within ~1.5x of
-the best at light load and near the best at heavy load, it is the best single fixed
-configuration, and the bound reaches 0.77-0.80 only with low phases 8-10 x the high ones.
-
-On the interfering model no step makes the bound small: 2x4 is within ~12% of the best
-at every load (SERF Fig. 12: a middle configuration throughout; 1x8 idle is 0.88 of 2x4
-idle), so each phase's best fixed can gain at most that much over it.
-
-Fixed runs: the configurations given (the experiment passes its candidates: the reference
-table's picks over the loads and the extremes), each started from the same warm-up.
+The step, and the bound it can show, come from the profile (``bench.serf_design``). Fixed
+runs: the configurations given (the experiment passes its candidates: the reference
+table's picks over the loads and the extremes, or with ``--quick`` those the design
+names), each started from the same warm-up.
 """
 from __future__ import annotations
 
@@ -39,128 +17,12 @@ from typing import Callable
 import numpy as np
 
 from keel.common.client import Client
-from keel.common.loadgen import open_loop, schedule, summarize
-from keel.common.queueing import sojourn_times
+from keel.bench.serf_design import STEP_SEED, WARMUP, _durations, design, name_of, oracle_mean, oracle_picks, step_offsets
+from keel.common.loadgen import open_loop, summarize
 from keel.common.steal import least_starved
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher
 from keel.services.serf.profiler import set_configuration
-
-#: the share of a run's first requests left out of its mean (the queue starts empty)
-WARMUP = 0.1
-#: the step's arrivals (``step_offsets``' seed): the design replays the very arrivals the runs send
-STEP_SEED = 300
-#: the step's rates looked at (fractions of the largest capacity) and how much longer a low
-#: phase may last than a high one (``design``)
-LOW_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
-HIGH_GRID = tuple(round(0.5 + 0.05 * k, 2) for k in range(10))  # 0.5 .. 0.95
-LOW_FACTORS = (3.0, 4.0, 6.0, 8.0, 10.0)
-#: the bound a step aims at: under the target (0.80) by the run-to-run spread of a phase's mean
-BOUND_AIM = 0.78
-#: in Eq. 13's steady-state bound (``eq13_bound``, reported beside the design's) a
-#: configuration carries a phase at utilisation <= CARRY
-CARRY = 0.92
-#: a configuration whose replayed step mean is within this factor of the best single one's
-#: could be the best single fixed configuration measured: ``--quick`` runs it too
-RIVAL = 1.25
-
-
-def name_of(config) -> str:
-    return "x".join(map(str, config))
-
-
-def eq13_bound(p, configs, rates: list[float], lengths: list[float]) -> tuple[float, list, tuple] | None:
-    """The bound by Eq. 13 on profile ``p`` for phases at ``rates`` (req/s) of ``lengths``
-    (s), in order: (each phase's best / the best single configuration, each phase's best,
-    the best single one); None where some phase has no configuration that carries it.
-    As the measured bound (``oracle_picks``), it sees no backlog: a configuration serves a
-    phase it carries from a clean start, and one that does not carry a phase serves no
-    whole run."""
-    lat = {c: [p.predict_ms(c, r) if r <= CARRY * p.capacity(c) else None for r in rates] for c in configs}
-    picks = []
-    for k in range(len(rates)):
-        able = [c for c in configs if lat[c][k] is not None]
-        if not able:
-            return None
-        picks.append(min(able, key=lambda c: lat[c][k]))
-    weights = [r * length for r, length in zip(rates, lengths)]  # requests in each phase
-    total = sum(weights)
-    mean = {c: sum(w * v for w, v in zip(weights, lat[c])) / total for c in configs if None not in lat[c]}
-    single = min(mean, key=mean.get)
-    oracle = sum(w * lat[c][k] for k, (w, c) in enumerate(zip(weights, picks))) / total
-    return oracle / mean[single], picks, single
-
-
-def replay(p, config, offsets: np.ndarray, starts: list[float], rates: list[float], handoff: bool = True) -> dict:
-    """The fixed run of ``config`` on the step's ``offsets`` as profile ``p``'s queue serves
-    them from an empty start (``common.queueing.sojourn_times``: the backlog a phase leaves
-    runs into the next), in the measured runs' figures: each phase's mean, the run's mean
-    after ``WARMUP`` and the series (s from the first request, ms). A request's latency is
-    its time in the queue less the hand-off, plus the path at its phase's rate; with
-    ``handoff`` False the slots turn over with no hand-off (the most a run may carry)."""
-    c, t = config
-    h = p.handoff_ms.get(c, 0.0) if handoff else 0.0
-    mu = [1000.0 / (p.service_ms[(i, t)] + h) for i in range(1, c + 1)]
-    phase = np.searchsorted(np.asarray(starts), offsets, side="right") - 1
-    lat = sojourn_times(mu, offsets) * 1000.0 - h + np.array([p.path_at(r) for r in rates])[phase]
-    sent = offsets  # the schedule's own time, as the measured runs' (``phase_means``)
-    ends = list(starts[1:]) + [np.inf]
-    phases = [lat[(sent >= s) & (sent < e)] for s, e in zip(starts, ends)]
-    return {"phases_ms": [float(x.mean()) if len(x) else float("nan") for x in phases],
-            "mean_ms": float(lat[int(WARMUP * len(lat)):].mean()), "series": np.column_stack([sent, lat]).tolist()}
-
-
-def replay_bound(p, configs, low: float, high: float, phase_s: float, factor: float, handoff: bool = True) -> dict:
-    """The measured bound (``oracle_mean`` over the best single fixed run) as the profile's
-    queue predicts it for the step (``low``, ``high`` req/s; low phases ``factor`` x
-    ``phase_s``) on the runs' own arrivals: transients, backlogs and the oracle's rule for a
-    low phase after a high one included, which Eq. 13's steady state (``eq13_bound``) does
-    not see."""
-    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=STEP_SEED, low_factor=factor)
-    runs = {name_of(c): replay(p, c, offsets, starts, [low, high] * 2, handoff) for c in configs}
-    oracle, picks = oracle_mean(runs, starts, lengths)
-    single = min(runs, key=lambda k: runs[k]["mean_ms"])
-    return {"bound": oracle / runs[single]["mean_ms"], "picks": picks, "single": single,
-            "means": {k: round(v["mean_ms"], 2) for k, v in runs.items()}}
-
-
-def design(p, configs, phase_s: float) -> dict:
-    """The step for profile ``p`` and the fixed ``configs`` (the module's docstring), high
-    phases ``phase_s`` long: low and high rate (req/s), the low phases' length factor, the
-    bound the runs can show as the profile's queue replays them (``bound``: the worse of
-    the profile's hand-offs and none), each phase's best configuration and the best single
-    one by that replay, the configurations that could be the best single fixed one
-    (``rivals``), and Eq. 13's steady-state bound of the same step (``eq13_bound``)."""
-    top = max(p.capacity(c) for c in p.configurations())
-    found = []
-    for factor in LOW_FACTORS:
-        for lo in LOW_GRID:
-            for hi in HIGH_GRID:
-                low, high = round(lo * top, 2), round(hi * top, 2)  # the rates the runs send
-                eq13 = eq13_bound(p, configs, [low, high] * 2, [factor * phase_s, phase_s] * 2)
-                if eq13 is None:
-                    continue  # no configuration carries the high rate for good: a backlog decides the run
-                # the profile's hand-offs, and none: whether the light load's best carries the
-                # high phase must not hang on the hand-off's run-to-run move (a few ms)
-                worlds = [replay_bound(p, configs, low, high, phase_s, factor, handoff) for handoff in (True, False)]
-                found.append((max(w["bound"] for w in worlds), factor, lo, hi, worlds, eq13))
-    if not found:
-        raise ValueError("no step load: no configuration carries any high rate looked at")
-    aimed = [f for f in found if f[0] <= BOUND_AIM]
-    if aimed:  # the shortest low phases that reach the aim, then the least bound
-        bound, factor, lo, hi, worlds, eq13 = min(aimed, key=lambda f: (f[1], f[0]))
-    else:  # no step reaches it: the shortest within 0.01 of the least bound
-        least = min(f[0] for f in found)
-        bound, factor, lo, hi, worlds, eq13 = min((f for f in found if f[0] <= least + 0.01), key=lambda f: (f[1], f[0]))
-    low, high = round(lo * top, 2), round(hi * top, 2)
-    rivals = sorted({k for w in worlds for k, v in w["means"].items() if v <= RIVAL * w["means"][w["single"]]})
-    return {"low": lo, "high": hi, "low_rate": round(low, 2), "high_rate": round(high, 2), "low_factor": factor,
-            "bound": round(bound, 4), "picks": worlds[0]["picks"], "best_single": worlds[0]["single"],
-            "replayed_ms": worlds[0]["means"], "replayed_ms_no_handoff": worlds[1]["means"],
-            "rivals": rivals, "named": sorted(set(rivals) | {k for w in worlds for k in w["picks"] + [w["single"]]}),
-            "eq13_bound": round(eq13[0], 4), "eq13_picks": [name_of(c) for c in eq13[1]],
-            "eq13_best_single": name_of(eq13[2])}
-
 
 def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, seconds: float, count: int, seed: int,
              offsets: np.ndarray | None = None) -> tuple[list, dict]:
@@ -174,25 +36,6 @@ def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, second
 def mean_after_warmup(records) -> float:
     lat = [r.latency_ms for r in records[int(WARMUP * len(records)):] if r.latency_ms is not None and not r.error_code]
     return float(np.mean(lat)) if lat else float("nan")
-
-
-def _durations(starts: list[float], phase_s: float | list[float]) -> list[float]:
-    return list(phase_s) if isinstance(phase_s, (list, tuple)) else [phase_s] * len(starts)
-
-
-def step_offsets(low: float, high: float, phase_s: float, seed: int,
-                 low_factor: float = 1.0) -> tuple[np.ndarray, list[float], list[float]]:
-    """Poisson arrivals of low, high, low, high phases (a low one ``low_factor`` x
-    ``phase_s`` long): the offsets, each phase's start and its length (s)."""
-    parts, starts, lengths, t = [], [], [], 0.0
-    for i, rate in enumerate((low, high, low, high)):
-        length = phase_s * (low_factor if i % 2 == 0 else 1.0)
-        offs, _ = schedule(rate, None, seed + i, 1, duration_s=length)
-        parts.append(offs + t)
-        starts.append(t)
-        lengths.append(length)
-        t += length
-    return np.concatenate(parts), starts, lengths
 
 
 def phase_means(records, starts: list[float], phase_s: float | list[float], first: float = 0.0) -> list[float]:
@@ -300,7 +143,8 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
     log(f"   step: {plan['low']:.0%} / {plan['high']:.0%} of the largest capacity ({low} / {high} req/s), low "
         f"phases {plan['low_factor']:g} x the high ones; the bound replayed {plan['bound']:.3f} "
         f"({', '.join(plan['picks'])} against {plan['best_single']} throughout; replayed means {plan['replayed_ms']} ms, "
-        f"with no hand-off {plan['replayed_ms_no_handoff']} ms); Eq. 13's steady state {plan['eq13_bound']:.3f}")
+        f"with no hand-off {plan['replayed_ms_no_handoff']} ms); the adaptive run replayed {plan['adaptive_replayed']:.3f}; "
+        f"Eq. 13's steady state {plan['eq13_bound']:.3f}")
     if only_designed:
         configs = [c for c in configs if name_of(c) in plan["named"]]
     offsets, starts, lengths = step_offsets(low, high, phase_s, seed=STEP_SEED, low_factor=plan["low_factor"])
@@ -357,37 +201,6 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
         out.update(best_single_fixed_again=rerun,
                    fixed_again_over_first=[round(a / b, 4) for a, b in zip(rerun["phases_ms"], fixed[name]["phases_ms"])])
     return out
-
-
-def oracle_picks(fixed: dict[str, dict], phases: int) -> list[tuple[str, int]]:
-    """Each phase's best fixed configuration, and the phase whose requests stand for it:
-    its own, or for a phase at the rate of the one two before (low, high, low, high) that
-    earlier one where the configuration did better there, unless it was the one picked for
-    the phase before. A fixed configuration that cannot carry a high phase enters the next
-    low one with a backlog that a configurator switching at the step never builds (it ran
-    another configuration through the high phase), so that low phase is the first low phase
-    again, from its clean start; a configurator that kept the configuration through the
-    phase before has its backlog too, so there its own phase stands."""
-    out: list[tuple[str, int]] = []
-    for i in range(phases):
-        seen = [(name, i) for name in fixed]
-        if i >= 2:
-            seen += [(name, i - 2) for name in fixed if name != out[i - 1][0]]
-        out.append(min(seen, key=lambda nj: fixed[nj[0]]["phases_ms"][nj[1]]))
-    return out
-
-
-def oracle_mean(fixed: dict[str, dict], starts: list[float], phase_s: float | list[float]) -> tuple[float, list[str]]:
-    """The bound on any configurator under the step load: each phase's requests as the fixed
-    configuration measured best in that phase served them (the runs share their arrivals;
-    ``oracle_picks``), their mean after the first ``WARMUP`` (as ``mean_after_warmup``);
-    and the configuration per phase."""
-    lengths, lat = _durations(starts, phase_s), []
-    picks = oracle_picks(fixed, len(starts))
-    for name, j in picks:
-        s, length = starts[j], lengths[j]
-        lat += [ms for t, ms in fixed[name]["series"] if s <= t < s + length]
-    return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), [name for name, _ in picks]
 
 
 def _series(records, first: float = 0.0) -> list[list[float]]:

@@ -261,7 +261,7 @@ def test_the_experiment_projects_a_stable_point_by_its_standard_error():
 
 
 def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
-    from keel.bench.serf_step import oracle_mean
+    from keel.bench.serf_design import oracle_mean
 
     # two phases of 1 s, the same arrivals: "a" is best in the first, "b" in the second
     fixed = {"a": {"phases_ms": [10.0, 50.0], "series": [[0.1 * k, 10.0] for k in range(10)]
