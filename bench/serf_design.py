@@ -4,17 +4,24 @@ the design and the measured runs (``bench.serf_step``).
 
 The step is derived from the profile (``design``), not chosen by hand: among low rates
 ``LOW_GRID`` and high rates ``HIGH_GRID`` (fractions of the largest capacity) and low
-phases ``LOW_FACTORS`` times as long as the high ones, the one whose bound is least, the
-shortest low phases that reach ``BOUND_AIM``. The bound is the one the runs measure
-(``oracle_mean`` over the best single fixed run), predicted by replaying the step's own
-arrivals through the profile's queue for each configuration (``replay``: from an empty
-start, the backlog of a phase a configuration cannot carry running into the next), once
-with the profile's hand-offs and once with none, the worse of the two. Why a replay and
-not Eq. 13's steady state (``eq13_bound``, still reported): a phase of a few seconds from
-an empty queue never reaches the queue Eq. 13 predicts near a configuration's capacity,
-so Eq. 13 chose steps whose high phase the light load's best carried in fact (2x4 at 78%
-of its capacity won both phases). Why both hand-offs: the hand-off moves a few ms from
-run to run, and with it whether a configuration near the high rate carries it.
+phases ``LOW_FACTORS`` times as long as the high ones, it is judged by the two figures the
+runs measure, both predicted by replaying the step's own arrivals through each
+configuration's queue from the profile from an empty start (``replay``: the backlog of a
+phase a configuration cannot carry runs into the next):
+
+- the bound (``oracle_mean`` over the best single fixed run), once with the profile's
+  hand-offs and once with none, the worse of the two: the hand-off moves a few ms from
+  run to run, and with it whether a configuration near the high rate carries it;
+- the adaptive run (``replay_adaptive``): each phase's best from ``SWITCH_S`` after its
+  step, over the best single fixed run.
+
+Why a replay and not Eq. 13's steady state (``eq13_bound``, still reported): a phase of a
+few seconds from an empty queue never reaches the queue Eq. 13 predicts near a
+configuration's capacity, so Eq. 13 chose steps whose high phase the light load's best
+carried in fact (2x4 at 91% of its profiled capacity won both phases, 2026-11-27 07:40).
+The replay's queue times a request by how many run when it starts (as ``simulate``,
+which Eq. 13 is tested against); the emulated host's rate moves with how many run now:
+the same for the small model, which does not interfere, near enough for the large one.
 
 What such a step looks like on the small model: the high rate past the light load's best
 (2x4, 1x8: their backlog grows), carried by 4x2 or 8x1, and low phases long and light
@@ -26,10 +33,9 @@ On the interfering model no step makes the bound small: 2x4 is within ~12% of th
 at every load (SERF Fig. 12: a middle configuration throughout; 1x8 idle is 0.88 of 2x4
 idle), so each phase's best fixed can gain at most that much over it.
 
-Beside the bound, the design replays the adaptive run as a configurator that switches to
-each phase's best ``SWITCH_S`` after each step would serve it (``adaptive_replayed``): in a
-1.5 s high phase the light load's best builds a backlog before the switch that the high
-phase's best, near its own capacity, cannot drain in time; in 4 s phases it can.
+The adaptive run replayed says what ``--quick`` can show: in a 1.5 s high phase the light
+load's best builds a backlog in the 0.6 s before the switch that the high phase's best,
+near its own capacity, does not drain before the phase ends; in 4 s phases it does.
 """
 from __future__ import annotations
 
@@ -117,7 +123,7 @@ def replay(p, config, offsets: np.ndarray, starts: list[float], rates: list[floa
     """The fixed run of ``config`` on the step's ``offsets`` as profile ``p``'s queue serves
     them from an empty start (``common.queueing.sojourn_times``: the backlog a phase leaves
     runs into the next), in the measured runs' figures: each phase's mean, the run's mean
-    after ``WARMUP`` and the series (s from the first request, ms). A request's latency is
+    after ``WARMUP`` and the series (s in the schedule, ms). A request's latency is
     its time in the queue less the hand-off, plus the path at its phase's rate; with
     ``handoff`` False the slots turn over with no hand-off (the most a run may carry)."""
     c, t = config
