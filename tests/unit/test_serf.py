@@ -109,6 +109,10 @@ def test_hysteresis_and_hold_time_stop_flapping():
     assert held.decide("m", 75.0, (1, 2), 1, now=0.0) == (2, 1)
     assert held.decide("m", 5.0, (2, 1), 1, now=1.0) is None  # within the hold time
     assert held.decide("m", 5.0, (2, 1), 1, now=6.0) == (1, 2)
+    # within the hold time, but (1,2) cannot carry the rate: its backlog grows, so it goes at once
+    assert held.decide("m", 84.0, (1, 2), 1, now=7.0) == (2, 1)
+    # and the way back waits for the hold time as any switch does
+    assert held.decide("m", 5.0, (2, 1), 1, now=8.0) is None
 
 
 def test_configurator_observes_latency():
