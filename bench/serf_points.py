@@ -47,6 +47,7 @@ BATCHES = 10
 #: a stable point for the projected exhaustive sweep (a 95% interval of +-3%)
 STABLE_SE = 0.015
 
+
 def batch_means_se(values) -> float:
     """The standard error of the mean of a queue's latencies in arrival order. They are
     correlated (a request waits behind those before it), so the spread of ``BATCHES``
