@@ -56,6 +56,9 @@ STEP_SEED = 300
 LOW_GRID = (0.1, 0.2, 0.3)
 HIGH_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 LOW_FACTORS = (3.0, 4.0, 6.0, 8.0, 10.0)
+#: ``--quick``'s: low phases 10x made its runs 33 s, and both models' quick run 270 s on a
+#: quiet machine (2026-11-27 10:53), too near its 5 minutes
+QUICK_LOW_FACTORS = (3.0, 4.0, 6.0, 8.0)
 #: the targets a step is judged by (``oracle_over_best_single_fixed``,
 #: ``adaptive_over_best_single_fixed``), and how far under both a step aims (``design``):
 #: under them by the run-to-run spread of a phase's mean
@@ -197,14 +200,15 @@ def adaptive_replayed(p, low: float, high: float, phase_s: float, factor: float,
     return float(lat[int(WARMUP * len(lat)):].mean())
 
 
-def design(p, configs, phase_s: float) -> dict:
+def design(p, configs, phase_s: float, factors: tuple[float, ...] = LOW_FACTORS) -> dict:
     """The step for profile ``p`` and the fixed ``configs`` (the module's docstring), high
-    phases ``phase_s`` long: low and high rate (req/s), the low phases' length factor, the
-    bound the runs can show as the profile's queue replays them (``bound``: the worse of
-    the profile's hand-offs and none), the adaptive run replayed over the best single
-    fixed one (``adaptive_replayed``), each phase's best configuration and the best single
-    one by the replay, the configurations that could be the best single fixed one
-    (``rivals``), and Eq. 13's steady-state bound of the same step (``eq13_bound``).
+    phases ``phase_s`` long, low ones ``factors`` times as long: low and high rate (req/s),
+    the low phases' length factor, the bound the runs can show as the profile's queue
+    replays them (``bound``: the worse of the profile's hand-offs and none), the adaptive
+    run replayed over the best single fixed one (``adaptive_replayed``), each phase's best
+    configuration and the best single one by the replay, the configurations that could be
+    the best single fixed one (``rivals``), and Eq. 13's steady-state bound of the same
+    step (``eq13_bound``).
 
     A step's score is the worse of its bound over ``ORACLE_TARGET`` and its adaptive run
     over ``ADAPTIVE_TARGET``: a step whose bound is low but whose adaptive run cannot get
@@ -217,7 +221,7 @@ def design(p, configs, phase_s: float) -> dict:
     (a replay costs ~10 ms a configuration)."""
     top = max(p.capacity(c) for c in p.configurations())
     found = []
-    for factor in LOW_FACTORS:
+    for factor in factors:
         first = []  # this factor's steps by the profile's hand-offs alone
         for lo in LOW_GRID:
             for hi in HIGH_GRID:

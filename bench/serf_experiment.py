@@ -55,6 +55,7 @@ import numpy as np
 
 from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, relaxation_s,
                                     run_point)
+from keel.bench.serf_design import LOW_FACTORS, QUICK_LOW_FACTORS
 from keel.bench.serf_step import step_load
 from keel.common.client import Client
 from keel.common.loadgen import figures_table
@@ -230,7 +231,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
             drift = drift_error(points, p, again)
             log(f"   the profile again after the points: Eq. 13 moved {drift:.1%} at the points (drift)")
     step = step_load(lambda serf: cluster(store, model, serf=serf), model, p, inputs, phase_s, path, configs, log,
-                     launcher_dir, again=not quick, only_designed=quick)
+                     launcher_dir, again=not quick, only_designed=quick,
+                     factors=QUICK_LOW_FACTORS if quick else LOW_FACTORS)
     errors = np.array([pt["error"] for pt in points])
     inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]

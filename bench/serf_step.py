@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 
 from keel.common.client import Client
-from keel.bench.serf_design import STEP_SEED, WARMUP, _durations, design, name_of, oracle_mean, oracle_picks, step_offsets
+from keel.bench.serf_design import (LOW_FACTORS, STEP_SEED, WARMUP, _durations, design, name_of, oracle_mean, oracle_picks,
+                                    step_offsets)
 from keel.common.loadgen import open_loop, summarize
 from keel.common.steal import least_starved
 from keel.common.transport import request_status
@@ -132,13 +133,13 @@ def run_fixed(spec_of: Callable, model, inputs, offsets, starts, lengths, config
 
 
 def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, configs, log, launcher_dir,
-              again: bool = True, only_designed: bool = False) -> dict:
+              again: bool = True, only_designed: bool = False, factors: tuple[float, ...] = LOW_FACTORS) -> dict:
     """The step ``design`` gives for ``configs``; fixed runs of ``configs`` (with
     ``only_designed``, of those the design names: each phase's best and every one that
     could be the best single fixed configuration by its replay, ``named``), the adaptive run (``spec_of(profile_path)``), the
     oracle bound and (``again``) the best single fixed run once more."""
     cores = p.cores
-    plan = design(p, configs, phase_s)
+    plan = design(p, configs, phase_s, factors)
     low, high = plan["low_rate"], plan["high_rate"]
     log(f"   step: {plan['low']:.0%} / {plan['high']:.0%} of the largest capacity ({low} / {high} req/s), low "
         f"phases {plan['low_factor']:g} x the high ones; the bound replayed {plan['bound']:.3f} "
