@@ -18,17 +18,20 @@ SERF does not batch), every part through the real path:
 2. Predicted (Eq. 13 + the profiled path) against measured mean latency at the client,
    Poisson arrivals, for each candidate configuration (on 8 cores: the table's best at some
    load, and the extremes 1x8 and 8x1; on 2 cores all three) at loads that are fractions of
-   its own capacity. Each point runs in chunks until its mean's standard error (batch
-   means over its requests in order: a queue's latencies are correlated) is at most
-   ``POINT_SE`` of the mean, or until its time cap, and reports that standard error beside
-   its prediction error (``stderr``; ``max_point_stderr`` over the run). Beside it, Eq. 13
-   fed the service times the worker measured during that very point (``inrun``).
+   its own capacity (``bench.serf_points``). Each point runs until its mean's standard
+   error (batch means: a queue's latencies are correlated) is at most ``POINT_SE`` of the
+   mean, its warm-up left out; the full run spends the model's time for points where the
+   standard errors need it, ``--quick`` takes one 2 s run. Each point reports that standard
+   error beside its prediction error (``stderr``; ``max_point_stderr`` over the run).
+   Beside it, Eq. 13 fed the service times the worker measured during that very point
+   (``inrun``).
 3. Best pick: every candidate at common loads (20%, 50%, 80% of the largest capacity);
    where the measured best two differ by > 5%, is Eq. 13's pick the measured best?
 4. Step load (``bench.serf_step``): low, high, low, high, the rates and phase lengths
-   designed from the profile (its Eq. 13 bound reported, ``eq13_bound``), on each
-   candidate fixed (``--quick``: the configurations the design names), then the adaptive
-   configurator on the same arrivals; the oracle bound (each phase's best fixed).
+   designed from the profile (the bound its replay predicts, ``step_bound``, and Eq. 13's
+   steady-state one, ``eq13_bound``), on each candidate fixed (``--quick``: the
+   configurations the design names), then the adaptive configurator on the same arrivals;
+   the oracle bound (each phase's best fixed).
 
 The exhaustive alternative's cost: ``exhaustive_s`` is what step 2 took (every candidate
 at every load); ``exhaustive_stable_s`` projects, from each point's measured standard
@@ -43,7 +46,6 @@ move with that load, but Keel's own path (client, frontend, dispatcher, worker) 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 from pathlib import Path
@@ -51,27 +53,26 @@ from typing import Any
 
 import numpy as np
 
-from keel.bench.serf_accuracy import within
-from keel.bench.serf_step import WARMUP, mean_after_warmup, oracle_mean, run_load, step_load  # noqa: F401 (oracle_mean: tests)
+from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, relaxation_s,
+                                    run_point)
+from keel.bench.serf_design import LOW_FACTORS, QUICK_LOW_FACTORS
+from keel.bench.serf_step import step_load
 from keel.common.client import Client
 from keel.common.loadgen import figures_table
-from keel.common.queueing import latency, utilisation
 from keel.common.spec import load_spec
 from keel.common.steal import StealMeter, least_starved
 from keel.deploy.local import Launcher, free_port_block
 from keel.services.serf import profile as serf_profile
-from keel.services.serf.profiler import profile_model, service_between, service_counters, set_configuration
+from keel.services.serf.profiler import profile_model, set_configuration
 
 #: this machine's cores, given to a real model's worker
 CORES = 2
-#: a point is measured once its mean's standard error is at most this fraction of it
-POINT_SE = 0.01
-#: batches of the batch-means standard error
-BATCHES = 10
-#: a stable point for the projected exhaustive sweep (a 95% interval of +-3%)
-STABLE_SE = 0.015
-LOADS = (0.10, 0.30, 0.50, 0.70, 0.85)
-QUICK_LOADS = (0.15, 0.45, 0.75)
+#: the full run's loads: a point at 75-85% load needs minutes to reach 1% (its queue's slow
+#: swings), 60% about a minute on the slowest configuration
+LOADS = (0.15, 0.30, 0.45, 0.60)
+#: --quick: three of them, one 2 s run a point (a point at 75% load read 26-35% under Eq. 13
+#: in 2 s from an empty queue)
+QUICK_LOADS = (0.15, 0.45, 0.60)
 MODELS = {
     "host-small": {"builtin": "serf_host", "serf_host": "small", "input_shape": [64]},
     "host-large": {"builtin": "serf_host", "serf_host": "large", "input_shape": [64]},
@@ -84,7 +85,7 @@ TARGETS = {"mean_error": "<= 0.03", "p90_error": "<= 0.08", "max_error": "<= 0.1
            "best_pick_rate": ">= 0.95", "profiling_s": "<= 5", "exhaustive_over_profiling": ">= 1000",
            "exhaustive_stable_over_profiling": ">= 1000 (projected, not run)", "adaptive_over_best_fixed": "<= 1.05 per phase",
            "adaptive_over_best_single_fixed": "<= 0.85", "oracle_over_best_single_fixed": "<= 0.80",
-           "eq13_bound": "<= 0.80 (the step's aim, by Eq. 13)",
+           "step_bound": "<= 0.80 (the step's aim, replayed)", "eq13_bound": "(Eq. 13's steady state, same step)",
            "switch_s": "<= 2", "table_ms": "< 10", "error_over_drift": "<= 1.5 (real models)"}
 
 
@@ -147,105 +148,9 @@ def candidates(p) -> list[tuple[int, int]]:
     return sorted(picks | {(1, p.cores), (p.cores, 1)})
 
 
-def batch_means_se(values) -> float:
-    """The standard error of the mean of a queue's latencies in arrival order. They are
-    correlated (a request waits behind those before it), so the spread of ``BATCHES``
-    consecutive batches' means, not of the values, says how far the mean may be off."""
-    v = np.asarray(values, float)
-    k = min(BATCHES, len(v) // 4)
-    if k < 2:
-        return float("inf")
-    means = v[: k * (len(v) // k)].reshape(k, -1).mean(axis=1)
-    return float(means.std(ddof=1) / math.sqrt(k))
-
-
-def measure_point(client, model, inputs, rate: float, chunk_s: float, cap_s: float, seed: int) -> dict:
-    """Poisson arrivals at ``rate`` in chunks of ``chunk_s`` until the mean's standard error
-    is at most ``POINT_SE`` of it or ``cap_s`` has passed; each chunk's first ``WARMUP``
-    left out (it starts from an empty queue). The latencies kept, their mean and standard
-    error, the requests sent and whether it stopped at the cap."""
-    kept, sent, lost, t0, k = [], 0, 0, time.monotonic(), 0
-    while True:
-        records, s = run_load(client, model, inputs, rate, chunk_s, 100_000, seed=seed + 1000 * k)
-        k += 1
-        sent += len(records)
-        lost += s["lost"]
-        kept += [r.latency_ms for r in records[int(WARMUP * len(records)):] if r.latency_ms is not None and not r.error_code]
-        mean = float(np.mean(kept)) if kept else float("nan")
-        se = batch_means_se(kept)
-        if (kept and se <= POINT_SE * mean) or time.monotonic() - t0 >= cap_s:
-            return {"mean_ms": mean, "se_ms": se, "n": sent, "kept": len(kept), "lost": lost, "chunks": k,
-                    "capped": not se <= POINT_SE * mean, "took_s": time.monotonic() - t0}
-
-
-def inrun_prediction(p, config, rate: float, before: dict, after: dict) -> float | None:
-    """Eq. 13 (+ path) with mu_i from the service times the worker measured during the run
-    (the profile's where no batch started with i running)."""
-    c, t = config
-    h = p.handoff_ms.get(c, 0.0)
-    mu = []
-    for i in range(1, c + 1):
-        k, mean, _ = service_between(before, after, i)
-        mu.append(1000.0 / ((mean if k >= 3 else p.service_ms[(i, t)]) + h))
-    if utilisation(mu, rate) >= 1:
-        return None
-    return latency(mu, rate) * 1000.0 - h + p.path_at(rate)
-
-
-def stable_requests(se_ms: float, n: int, mean_ms: float) -> int:
-    """Requests a run needs for its mean's standard error to be ``STABLE_SE`` of ``mean_ms``,
-    from the standard error ``se_ms`` that runs of ``n`` requests give (1/sqrt(n));
-    the warm-up (``WARMUP``) added; at least the warm-up and one request."""
-    need = n * (se_ms / (STABLE_SE * mean_ms)) ** 2 if mean_ms > 0 else float(n)
-    return max(int(math.ceil(need / (1 - WARMUP))), int(WARMUP * n) + 1)
-
-
-def predicted_vs_measured(client, spec, model, p, configs, inputs, chunk_s, cap_s, log, loads) -> tuple[list[dict], float]:
-    dispatcher = spec.service("dispatcher").config.worker_endpoint
-    workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
-    points, exhaustive_s = [], 0.0
-    for config in configs:
-        set_configuration(dispatcher, model, *config)
-        cap = p.capacity(config)
-        for k, load in enumerate(loads):
-            rate = load * cap
-
-            def one_load():
-                before = service_counters(workers)
-                m = measure_point(client, model, inputs, rate, chunk_s, cap_s, seed=100 + k)
-                return before, service_counters(workers), m
-
-            (before, after, m), stolen, takes = least_starved(one_load, log=log, what=f"{config[0]}x{config[1]} at {load:.0%}")
-            exhaustive_s += m["took_s"]
-            inrun = inrun_prediction(p, config, rate, before, after)
-            measured, predicted = m["mean_ms"], p.predict_ms(config, rate)
-            err = abs(predicted - measured) / measured
-            # beside it, the one path of the profile's spaced requests at every rate (as before the path by rate)
-            const = predicted - p.path_at(rate) + p.path_ms
-            stderr = m["se_ms"] / measured if math.isfinite(m["se_ms"]) else None
-            stable_n = stable_requests(m["se_ms"], m["kept"], measured) if stderr is not None else None
-            points.append({"config": list(config), "load": load, "rate": round(rate, 3), "n": m["n"],
-                           "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
-                           "error": round(err, 4), "se_ms": round(m["se_ms"], 3) if stderr is not None else None,
-                           "path_term_ms": round(p.path_at(rate), 3), "predicted_const_ms": round(const, 3),
-                           "error_const": round(abs(const - measured) / measured, 4),
-                           "within_2se": within(predicted - measured, m["se_ms"]),
-                           "within_2se_const": within(const - measured, m["se_ms"]),
-                           "stderr": None if stderr is None else round(stderr, 4), "capped": m["capped"],
-                           "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
-                           "inrun_error": None if inrun is None else round(abs(inrun - measured) / measured, 4),
-                           "lost": m["lost"], "stable_n": stable_n,
-                           "stable_s": None if stable_n is None else round(stable_n / rate, 1),
-                           "steal": None if stolen is None else round(stolen, 4), "takes": takes})
-            log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {m['n']:5d} req, {m['took_s']:4.1f} s): "
-                f"predicted {predicted:7.2f} ms, measured {measured:7.2f} +- {m['se_ms']:.2f} ms "
-                f"(SE {stderr or float('inf'):.1%}{', capped' if m['capped'] else ''}), error {err:6.1%} "
-                f"(one path {abs(const - measured) / measured:6.1%}); in-run "
-                + ("unstable" if inrun is None else f"{inrun:7.2f} ms") + f"; steal {stolen or 0:.0%}")
-    return points, exhaustive_s
-
-
-def best_pick(client, dispatcher, model, p, configs, inputs, chunk_s, cap_s, log) -> list[dict]:
+def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list[dict]:
+    """Every candidate at 20, 50 and 80% of the largest capacity, one run of ``run_s`` each: a
+    ranking, not a prediction to judge within 3%."""
     top = max(p.capacity(c) for c in p.configurations())
     rows = []
     for k, frac in enumerate((0.2, 0.5, 0.8)):
@@ -256,8 +161,9 @@ def best_pick(client, dispatcher, model, p, configs, inputs, chunk_s, cap_s, log
             if pred is None or rate > 0.95 * p.capacity(config):
                 continue  # unstable by its profile: a queue that grows for ever is not a candidate
             set_configuration(dispatcher, model, *config)
-            m = least_starved(lambda: measure_point(client, model, inputs, rate, chunk_s, cap_s, seed=200 + k),
-                              log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]
+            warm = min(WARM_RELAX * relaxation_s(p, config, rate), 0.5 * run_s)
+            m = merge([least_starved(lambda: run_point(client, model, inputs, rate, run_s, warm, seed=200 + k),
+                                     log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]])
             name = "x".join(map(str, config))
             measured[name], predicted[name] = m["mean_ms"], pred
         ranked = sorted(measured, key=measured.get)
@@ -286,8 +192,9 @@ def drift_error(points: list[dict], a, b) -> float:
 
 
 def run_model(store: str, model: str, quick: bool, log) -> dict:
-    # each point: chunks of ``chunk_s`` until its standard error is 1% of its mean, or ``cap_s``
-    chunk_s, cap_s, loads, phase_s = (2.0, 2.0, QUICK_LOADS, 1.5) if quick else (4.0, 20.0, LOADS, 6.0)
+    # each point a pilot run of ``pilot_s``, then the model's ``budget_s`` for points spent where
+    # their standard errors need it (--quick: the pilot alone, 2 s)
+    pilot_s, loads, pick_s, phase_s = (2.0, QUICK_LOADS, 2.0, 1.5) if quick else (PILOT_S, LOADS, 10.0, 4.0)
     cores = cores_of(model)
     launcher_dir = Path(f"runs/serf/{model}")
     inputs = inputs_for(model)
@@ -313,9 +220,9 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
         # the other work took from it)
         table_ms = min(ModelPlan(p).table_ms for _ in range(5))
         with Client(spec.client_endpoints, timeout_ms=60_000.0) as client:
-            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, configs, inputs, chunk_s, cap_s, log, loads)
-            # (a ranking, not a prediction to judge within 3%: shorter points)
-            picks = best_pick(client, dispatcher, model, p, configs, inputs, chunk_s, min(cap_s, 10.0), log)
+            budget_s = 0.0 if quick else POINT_BUDGET_S * len(configs) * len(loads)
+            points, exhaustive_s = predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budget_s, log, loads)
+            picks = best_pick(client, dispatcher, model, p, configs, inputs, pick_s, log)
         drift = None
         if cores_of(model) == CORES:
             # a real model: its error is judged against how far its own profile moves in
@@ -324,7 +231,8 @@ def run_model(store: str, model: str, quick: bool, log) -> dict:
             drift = drift_error(points, p, again)
             log(f"   the profile again after the points: Eq. 13 moved {drift:.1%} at the points (drift)")
     step = step_load(lambda serf: cluster(store, model, serf=serf), model, p, inputs, phase_s, path, configs, log,
-                     launcher_dir, again=not quick, only_designed=quick)
+                     launcher_dir, again=not quick, only_designed=quick,
+                     factors=QUICK_LOW_FACTORS if quick else LOW_FACTORS)
     errors = np.array([pt["error"] for pt in points])
     inrun = np.array([pt["inrun_error"] for pt in points if pt["inrun_error"] is not None])
     counted = [r for r in picks if r["counts"]]
@@ -385,7 +293,9 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
         "adaptive_over_best_fixed": max(max(m["step"]["adaptive_over_best_fixed"]) for m in ms),
         "adaptive_over_best_single_fixed": max(m["step"]["adaptive_over_best_single_fixed"] for m in ms),
         "oracle_over_best_single_fixed": max(m["step"]["oracle_over_best_single_fixed"] for m in ms),
-        # the same bound by Eq. 13 on each profile, when the step was chosen (bench.serf_step.design)
+        # the bound the design replayed on each profile, when the step was chosen
+        # (bench.serf_step.design), and Eq. 13's steady-state bound of the same step
+        "step_bound": max(m["step"]["design"]["bound"] for m in ms),
         "eq13_bound": max(m["step"]["design"]["eq13_bound"] for m in ms),
         "switch_s": max(switches) if switches else None,
         "steps_without_switch": sum(s is None for m in ms for s in m["step"]["adaptive"]["switch_s"]),
@@ -399,7 +309,8 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
                          "fixed_again_over_first": m["step"].get("fixed_again_over_first"),
                          "adaptive_over_best_single_fixed": m["step"]["adaptive_over_best_single_fixed"],
                          "oracle_over_best_single_fixed": m["step"]["oracle_over_best_single_fixed"],
-                         "eq13_bound": m["step"]["design"]["eq13_bound"],
+                         "step_bound": m["step"]["design"]["bound"], "eq13_bound": m["step"]["design"]["eq13_bound"],
+                         "adaptive_replayed": m["step"]["design"]["adaptive_replayed"],
                          "switch_s": m["step"]["adaptive"]["switch_s"]}
                       for name, m in out["models"].items()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
@@ -410,7 +321,7 @@ def experiment(quick: bool, store: str = "runs/serf/store", log=print, models: l
     for name, figures in out["per_model"].items():
         log(f"-- {name}")
         for line in figures_table(figures, [k for k in FIGURES if k in figures] + [
-                "fixed_again_over_first", "mean_error_const", "within_2se", "within_2se_const", "inrun_mean_error", "inrun_p90_error", "drift_error",
+                "fixed_again_over_first", "adaptive_replayed", "mean_error_const", "within_2se", "within_2se_const", "inrun_mean_error", "inrun_p90_error", "drift_error",
                 "error_over_drift"], TARGETS):
             log(line)
     for name, figures in (out["real"] or {}).items():
@@ -464,7 +375,8 @@ def plot(out: dict, path: Path) -> None:
 #: the printed table (keel experiment): every model's figures; the targets are the emulated host's
 FIGURES = ("mean_error", "p90_error", "max_error", "max_point_stderr", "points_capped", "best_pick_rate", "profiling_s",
            "exhaustive_over_profiling", "exhaustive_stable_over_profiling", "adaptive_over_best_fixed",
-           "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "eq13_bound", "switch_s", "table_ms")
+           "adaptive_over_best_single_fixed", "oracle_over_best_single_fixed", "step_bound", "eq13_bound", "switch_s",
+           "table_ms")
 
 
 def run(args: argparse.Namespace, log=print) -> dict:

@@ -2,29 +2,10 @@
 high, on the same arrivals for every fixed configuration and for the adaptive
 configurator, and the bound on any configurator (each phase's best fixed).
 
-The step is derived from the profile (``design``), not chosen by hand: among low rates
-``LOW_GRID`` and high rates ``HIGH_GRID`` (fractions of the largest capacity) and low
-phases ``LOW_FACTORS`` times as long as the high ones, the one whose bound by Eq. 13 is
-least (each phase served by the configuration Eq. 13 finds best at its rate, over the
-best single configuration, requests weighted as the phases hold them; the shortest low
-phases that reach ``BOUND_AIM``). Why this shape: a switch gains only where no single
-configuration is near best in every phase. On the emulated 8-core host the light load's
-best (1x8: base / speedup(8)) cannot carry a heavy load, and a configuration that can
-(4x2, 8x1) is far slower at a light one, but a middle one (2x4) is within 10-15% of 1x8
-idle and carries most loads: the bound is low only where the high rate is past the
-middle one's capacity, and the low phases hold enough of the requests. In the bound a
-configuration carries a phase only at utilisation <= ``CARRY`` (near its capacity a
-fixed run builds a backlog that the steady state does not see), and no configuration
-may sit between ``CARRY`` and ``EDGE`` at the high rate: there the hand-off's run-to-run
-move (a few ms) decides whether it carries the phase, and with it the bound.
-
-On the interfering model no step makes the bound small: 2x4 is within ~12% of the best
-at every load (SERF Fig. 12: a middle configuration throughout), so each phase's best
-fixed can gain at most that much over it. The bound Eq. 13 gives is printed and reported
-(``eq13_bound``) beside the measured one.
-
-Fixed runs: the configurations given (the experiment passes its candidates: the reference
-table's picks over the loads and the extremes), each started from the same warm-up.
+The step, and the bound it can show, come from the profile (``bench.serf_design``). Fixed
+runs: the configurations given (the experiment passes its candidates: the reference
+table's picks over the loads and the extremes, or with ``--quick`` those the design
+names), each started from the same warm-up.
 """
 from __future__ import annotations
 
@@ -36,73 +17,13 @@ from typing import Callable
 import numpy as np
 
 from keel.common.client import Client
-from keel.common.loadgen import open_loop, schedule, summarize
+from keel.bench.serf_design import (LOW_FACTORS, STEP_SEED, WARMUP, _durations, design, name_of, oracle_mean, oracle_picks,
+                                    step_offsets)
+from keel.common.loadgen import open_loop, summarize
 from keel.common.steal import least_starved
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher
 from keel.services.serf.profiler import set_configuration
-
-#: the share of a run's first requests left out of its mean (the queue starts empty)
-WARMUP = 0.1
-#: the step's rates looked at (fractions of the largest capacity) and how much longer a low
-#: phase may last than a high one (``design``)
-LOW_GRID = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
-HIGH_GRID = tuple(round(0.5 + 0.025 * k, 3) for k in range(17))  # 0.5 .. 0.9
-LOW_FACTORS = (3.0, 4.0, 5.0, 6.0)
-#: the bound a step aims at: under the target (0.80) by the run-to-run spread of a phase's mean
-BOUND_AIM = 0.70
-#: a configuration carries a phase at utilisation <= CARRY, and none may sit in (CARRY, EDGE)
-CARRY, EDGE = 0.92, 1.05
-
-
-def eq13_bound(p, configs, rates: list[float], lengths: list[float]) -> tuple[float, list, tuple] | None:
-    """The bound by Eq. 13 on profile ``p`` for phases at ``rates`` (req/s) of ``lengths``
-    (s), in order: (each phase's best / the best single configuration, each phase's best,
-    the best single one); None where some phase has no configuration that carries it.
-    As the measured bound (``oracle_picks``), it sees no backlog: a configuration serves a
-    phase it carries from a clean start, and one that does not carry a phase serves no
-    whole run."""
-    lat = {c: [p.predict_ms(c, r) if r <= CARRY * p.capacity(c) else None for r in rates] for c in configs}
-    picks = []
-    for k in range(len(rates)):
-        able = [c for c in configs if lat[c][k] is not None]
-        if not able:
-            return None
-        picks.append(min(able, key=lambda c: lat[c][k]))
-    weights = [r * length for r, length in zip(rates, lengths)]  # requests in each phase
-    total = sum(weights)
-    mean = {c: sum(w * v for w, v in zip(weights, lat[c])) / total for c in configs if None not in lat[c]}
-    single = min(mean, key=mean.get)
-    oracle = sum(w * lat[c][k] for k, (w, c) in enumerate(zip(weights, picks))) / total
-    return oracle / mean[single], picks, single
-
-
-def design(p, configs, phase_s: float) -> dict:
-    """The step for profile ``p`` and the fixed ``configs`` (the module's docstring), high
-    phases ``phase_s`` long: low and high rate (req/s), the low phases' length factor, and
-    its bound by Eq. 13 (each phase's best configuration, low, high, low, high)."""
-    top = max(p.capacity(c) for c in p.configurations())
-    found = []
-    for factor in LOW_FACTORS:
-        for lo in LOW_GRID:
-            for hi in HIGH_GRID:
-                low, high = lo * top, hi * top
-                if any(CARRY < high / p.capacity(c) < EDGE for c in configs):
-                    continue  # a configuration at the edge: whether it carries is the run's luck
-                lengths = [factor * phase_s, phase_s] * 2
-                b = eq13_bound(p, configs, [low, high] * 2, lengths)
-                if b is not None:
-                    found.append((b[0], factor, lo, hi, b[1], b[2]))
-    if not found:
-        raise ValueError("no step load: no configuration carries any high rate looked at")
-    aimed = [f for f in found if f[0] <= BOUND_AIM]
-    # the shortest low phases that reach the aim, then the least bound; else the least bound
-    bound, factor, lo, hi, picks, single = min(aimed, key=lambda f: (f[1], f[0])) if aimed else min(found)
-    name = lambda c: "x".join(map(str, c))  # noqa: E731
-    return {"low": lo, "high": hi, "low_rate": round(lo * top, 2), "high_rate": round(hi * top, 2),
-            "low_factor": factor, "eq13_bound": round(bound, 4), "eq13_picks": [name(c) for c in picks],
-            "eq13_best_single": name(single)}
-
 
 def run_load(client: Client, model: str, inputs: np.ndarray, rate: float, seconds: float, count: int, seed: int,
              offsets: np.ndarray | None = None) -> tuple[list, dict]:
@@ -118,27 +39,11 @@ def mean_after_warmup(records) -> float:
     return float(np.mean(lat)) if lat else float("nan")
 
 
-def _durations(starts: list[float], phase_s: float | list[float]) -> list[float]:
-    return list(phase_s) if isinstance(phase_s, (list, tuple)) else [phase_s] * len(starts)
-
-
-def step_offsets(low: float, high: float, phase_s: float, seed: int,
-                 low_factor: float = 1.0) -> tuple[np.ndarray, list[float], list[float]]:
-    """Poisson arrivals of low, high, low, high phases (a low one ``low_factor`` x
-    ``phase_s`` long): the offsets, each phase's start and its length (s)."""
-    parts, starts, lengths, t = [], [], [], 0.0
-    for i, rate in enumerate((low, high, low, high)):
-        length = phase_s * (low_factor if i % 2 == 0 else 1.0)
-        offs, _ = schedule(rate, None, seed + i, 1, duration_s=length)
-        parts.append(offs + t)
-        starts.append(t)
-        lengths.append(length)
-        t += length
-    return np.concatenate(parts), starts, lengths
-
-
-def phase_means(records, starts: list[float], phase_s: float | list[float]) -> list[float]:
-    t0 = records[0].sent - 0.0 if records else 0.0
+def phase_means(records, starts: list[float], phase_s: float | list[float], first: float = 0.0) -> list[float]:
+    """Each phase's mean latency; ``first`` is the first request's offset in the schedule,
+    so a phase is the schedule's (at 5 req/s the first request comes ~0.2 s in, and timed
+    from it a high phase's first requests counted in the low phase before)."""
+    t0 = records[0].sent - first if records else 0.0
     out = []
     for s, length in zip(starts, _durations(starts, phase_s)):
         lat = [r.latency_ms for r in records if s <= r.sent - t0 < s + length and r.latency_ms is not None]
@@ -219,29 +124,31 @@ def run_fixed(spec_of: Callable, model, inputs, offsets, starts, lengths, config
 
                 name = "x".join(map(str, config))
                 (records, s), stolen, takes = least_starved(one_run, log=log, what=f"fixed {name}")
-                fixed[name] = {"phases_ms": phase_means(records, starts, lengths), "mean_ms": mean_after_warmup(records),
-                               "lost": s["lost"], "series": _series(records), "steal": stolen, "takes": takes}
+                first = float(offsets[0])
+                fixed[name] = {"phases_ms": phase_means(records, starts, lengths, first), "mean_ms": mean_after_warmup(records),
+                               "lost": s["lost"], "series": _series(records, first), "steal": stolen, "takes": takes}
                 log(f"   fixed {name}: phases " + ", ".join(f"{v:.1f}" for v in fixed[name]["phases_ms"])
                     + f" ms; overall {fixed[name]['mean_ms']:.1f} ms")
     return fixed
 
 
 def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, configs, log, launcher_dir,
-              again: bool = True, only_designed: bool = False) -> dict:
+              again: bool = True, only_designed: bool = False, factors: tuple[float, ...] = LOW_FACTORS) -> dict:
     """The step ``design`` gives for ``configs``; fixed runs of ``configs`` (with
-    ``only_designed``, of the configurations its bound names: fewer runs, where Eq. 13 is
-    trusted to say which are best), the adaptive run (``spec_of(profile_path)``), the
+    ``only_designed``, of those the design names: each phase's best and every one that
+    could be the best single fixed configuration by its replay, ``named``), the adaptive run (``spec_of(profile_path)``), the
     oracle bound and (``again``) the best single fixed run once more."""
     cores = p.cores
-    plan = design(p, configs, phase_s)
+    plan = design(p, configs, phase_s, factors)
     low, high = plan["low_rate"], plan["high_rate"]
-    log(f"   step: {plan['low']:.0%} / {plan['high']:.1%} of the largest capacity ({low} / {high} req/s), low "
-        f"phases {plan['low_factor']:g} x the high ones; Eq. 13's bound {plan['eq13_bound']:.3f} "
-        f"({', '.join(plan['eq13_picks'])} against {plan['eq13_best_single']} throughout)")
+    log(f"   step: {plan['low']:.0%} / {plan['high']:.0%} of the largest capacity ({low} / {high} req/s), low "
+        f"phases {plan['low_factor']:g} x the high ones; the bound replayed {plan['bound']:.3f} "
+        f"({', '.join(plan['picks'])} against {plan['best_single']} throughout; replayed means {plan['replayed_ms']} ms, "
+        f"with no hand-off {plan['replayed_ms_no_handoff']} ms); the adaptive run replayed {plan['adaptive_replayed']:.3f}; "
+        f"Eq. 13's steady state {plan['eq13_bound']:.3f}")
     if only_designed:
-        named = set(plan["eq13_picks"]) | {plan["eq13_best_single"]}
-        configs = [c for c in configs if "x".join(map(str, c)) in named]
-    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=300, low_factor=plan["low_factor"])
+        configs = [c for c in configs if name_of(c) in plan["named"]]
+    offsets, starts, lengths = step_offsets(low, high, phase_s, seed=STEP_SEED, low_factor=plan["low_factor"])
     fixed = run_fixed(spec_of, model, inputs, offsets, starts, lengths, configs, cores, log, launcher_dir / "fixed")
     spec = spec_of(str(profile_path))
     with Launcher(launcher_dir / "adaptive") as launcher:
@@ -259,10 +166,11 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
                 return records, s, poller, t0, request_status(dispatcher, 2.0) or {}
 
             (records, s, poller, t0, status), stolen, takes = least_starved(one_run, log=log, what="adaptive")
-    origin = records[0].sent if records else t0
+    first = float(offsets[0])
+    origin = records[0].sent - first if records else t0  # the schedule's zero
     serf_status = (status.get("serf") or {}).get(model) or {}
-    adaptive = {"phases_ms": phase_means(records, starts, lengths), "mean_ms": mean_after_warmup(records),
-                "lost": s["lost"], "series": _series(records),
+    adaptive = {"phases_ms": phase_means(records, starts, lengths, first), "mean_ms": mean_after_warmup(records),
+                "lost": s["lost"], "series": _series(records, first),
                 "switch_s": switch_times(poller.seen, origin, starts, lengths),
                 # the configurator's decisions (time from the run's first request), and what
                 # the status showed every 0.1 s: configuration and the arrival rate it read
@@ -296,35 +204,9 @@ def step_load(spec_of: Callable, model, p, inputs, phase_s, profile_path, config
     return out
 
 
-def oracle_picks(fixed: dict[str, dict], phases: int) -> list[tuple[str, int]]:
-    """Each phase's best fixed configuration, and the phase whose requests stand for it:
-    its own, or for a phase at the rate of the one two before (low, high, low, high) that
-    earlier one where the configuration did better there. A fixed configuration that
-    cannot carry a high phase enters the next low one with a backlog that a configurator
-    switching at the step never builds (it ran another configuration through the high
-    phase), so that low phase is the first low phase again, from its clean start."""
-    out = []
-    for i in range(phases):
-        seen = [i] + ([i - 2] if i >= 2 else [])
-        out.append(min(((name, j) for name in fixed for j in seen), key=lambda nj: fixed[nj[0]]["phases_ms"][nj[1]]))
-    return out
-
-
-def oracle_mean(fixed: dict[str, dict], starts: list[float], phase_s: float | list[float]) -> tuple[float, list[str]]:
-    """The bound on any configurator under the step load: each phase's requests as the fixed
-    configuration measured best in that phase served them (the runs share their arrivals;
-    ``oracle_picks``), their mean after the first ``WARMUP`` (as ``mean_after_warmup``);
-    and the configuration per phase."""
-    lengths, lat = _durations(starts, phase_s), []
-    picks = oracle_picks(fixed, len(starts))
-    for name, j in picks:
-        s, length = starts[j], lengths[j]
-        lat += [ms for t, ms in fixed[name]["series"] if s <= t < s + length]
-    return (float(np.mean(lat[int(WARMUP * len(lat)):])) if lat else float("nan")), [name for name, _ in picks]
-
-
-def _series(records) -> list[list[float]]:
-    t0 = records[0].sent if records else 0.0
+def _series(records, first: float = 0.0) -> list[list[float]]:
+    """(s in the schedule, ms) per request answered (``phase_means``)."""
+    t0 = records[0].sent - first if records else 0.0
     return [[round(r.sent - t0, 3), round(r.latency_ms, 2)] for r in records if r.latency_ms is not None]
 
 

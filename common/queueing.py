@@ -74,16 +74,20 @@ def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, w
     Poisson arrivals (or the given ``arrivals`` times, s, sorted: a replay of a measured
     run); a request's service time is ``1 / mu[k-1]``, k being the number of requests in
     service once it starts. The reference Eq. 13 is tested against."""
+    if arrivals is None:
+        arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / lam, n))
+    latencies = sojourn_times(mu, arrivals)
+    return float(latencies[int(len(latencies) * warmup):].mean())
+
+
+def sojourn_times(mu: Sequence[float], arrivals: Sequence[float]) -> np.ndarray:
+    """Each request's time in the queue of ``simulate`` (s), from an empty start, for the
+    given ``arrivals`` (s, sorted): a replay of one schedule, transients and backlogs in."""
     import heapq
     from collections import deque
 
-    import numpy as np
-
-    if arrivals is None:
-        arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / lam, n))
-    else:
-        arrivals = np.asarray(arrivals, dtype=float)
-        n = len(arrivals)
+    arrivals = np.asarray(arrivals, dtype=float)
+    n = len(arrivals)
     c, running, waiting = len(mu), [], deque()
     latencies = np.empty(n)
     i = done = 0
@@ -99,7 +103,7 @@ def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, w
         latencies[idx], done = t - arrivals[idx], done + 1
         if waiting:
             heapq.heappush(running, (t + 1.0 / mu[len(running)], waiting.popleft()))
-    return float(latencies[int(n * warmup):].mean())
+    return latencies
 
 
 def reference_table(profiles: dict[tuple[int, int], Sequence[float]], rates: Sequence[float]) -> list[dict]:

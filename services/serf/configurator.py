@@ -12,7 +12,10 @@ asks for a switch when
 - the current one is unstable near this rate, or Eq. 13 averaged over the rate and
   ``NOISE_Z`` standard errors of its count either side (``spread``) predicts the best at
   least ``hysteresis`` (a fraction) faster (so noise near a crossing does not flap), and
-- the last switch is at least ``hold_s`` old (minimum hold time).
+- the last switch is at least ``hold_s`` old (minimum hold time), unless the current one
+  cannot carry the rate: its backlog grows every moment it stays (a step past its
+  capacity seen half-way, 4x2 at 126/s, then 174/s: held, it built a backlog for the
+  rest of a 1.5 s phase).
 
 The arrival rate is the dispatcher's count of the model's arrivals over the longest of
 0.5, 1, 2 and 4 s in which they look steady (``ModelQueue.arrival_rate``): a step is seen
@@ -205,8 +208,10 @@ class Configurator:
                 return None
         if best == current:
             return None
-        # a configuration past the budget goes at once; any other switch must be worth it
-        if not over and now - plan.switched_at < self.hold_s:
+        # a configuration past the budget, or one that cannot carry the rate, goes at once;
+        # any other switch must be worth it
+        unstable = current is not None and current in plan.profile.configurations() and plan.predicted_ms is None
+        if not (over or unstable) and now - plan.switched_at < self.hold_s:
             return None
         if not over and current is not None and current in plan.profile.configurations() and \
                 not self._better(plan.profile, best, current, per_worker, spread):

@@ -109,6 +109,10 @@ def test_hysteresis_and_hold_time_stop_flapping():
     assert held.decide("m", 75.0, (1, 2), 1, now=0.0) == (2, 1)
     assert held.decide("m", 5.0, (2, 1), 1, now=1.0) is None  # within the hold time
     assert held.decide("m", 5.0, (2, 1), 1, now=6.0) == (1, 2)
+    # within the hold time, but (1,2) cannot carry the rate: its backlog grows, so it goes at once
+    assert held.decide("m", 84.0, (1, 2), 1, now=7.0) == (2, 1)
+    # and the way back waits for the hold time as any switch does
+    assert held.decide("m", 5.0, (2, 1), 1, now=8.0) is None
 
 
 def test_configurator_observes_latency():
@@ -251,7 +255,7 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
 
 
 def test_the_experiment_projects_a_stable_point_by_its_standard_error():
-    from keel.bench.serf_experiment import STABLE_SE, stable_requests
+    from keel.bench.serf_points import STABLE_SE, stable_requests
 
     # a mean of 100 requests with an SE of 3% needs 4x the requests for 1.5%, / 0.9 for the warm-up
     assert STABLE_SE == 0.015
@@ -261,7 +265,7 @@ def test_the_experiment_projects_a_stable_point_by_its_standard_error():
 
 
 def test_the_step_loads_oracle_takes_each_phases_best_fixed_configuration():
-    from keel.bench.serf_experiment import oracle_mean
+    from keel.bench.serf_design import oracle_mean
 
     # two phases of 1 s, the same arrivals: "a" is best in the first, "b" in the second
     fixed = {"a": {"phases_ms": [10.0, 50.0], "series": [[0.1 * k, 10.0] for k in range(10)]

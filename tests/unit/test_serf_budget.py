@@ -60,8 +60,9 @@ def test_the_best_configuration_within_the_budget_by_eq13():
 def test_a_configuration_past_the_budget_goes_at_once():
     conf = Configurator({"m": sublinear("m")}, hold_s=60.0)
     assert conf.decide("m", 5.0, None, 1, now=0.0) == (1, 4)
-    # within the hold time an ordinary switch waits ...
-    assert conf.decide("m", 90.0, (1, 4), 1, now=1.0) is None
+    # within the hold time an ordinary switch waits (1x4 still carries 55/s; 2x2 is better) ...
+    assert conf.decide("m", 55.0, (1, 4), 1, now=1.0) is None
+    assert Configurator({"m": sublinear("m")}, hold_s=0.0).decide("m", 55.0, (1, 4), 1, now=1.0) == (2, 2)
     # ... but another model took two of the four cores: 1x4 no longer fits
     assert conf.decide("m", 5.0, (1, 4), 1, now=1.0, cores=2) == (1, 2)
     # nothing left at all: nothing SERF may choose, and it does not try
