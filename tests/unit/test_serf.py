@@ -237,8 +237,6 @@ def test_a_worker_keeps_one_torch_thread_on_its_loop_and_gives_the_executors_the
     import subprocess
     import sys
 
-    import torch
-
     from keel.common.modelstore import ModelStore
 
     from keel.common.architectures import build
