@@ -9,10 +9,11 @@ the experiment's own operator kind ``OnlineHashedLinear``), where stopping to co
 enough for the ordering nspb < s2 < remus to show. Per cell, Poisson load at half of
 bare's capacity (capped at what one Python client can send), modes interleaved, on real
 processes: p50, p99, throughput, overhead against bare, the mean batch that formed, the
-lineage bookkeeping time per batch. The 50 ms cells of those graphs run at least
-``PAD_HAMS_REPS`` repetitions, alternating with the other cells: their p50 is a queueing
-figure one repetition does not pin; each row is the median of its repetitions, and
-``pad50_reps`` holds every repetition's p50 and p99 (the spread).
+lineage bookkeeping time per batch. The 50 ms cells (the large-state graph's too) run at
+least ``PAD_HAMS_REPS`` repetitions, alternating with the other cells: their p50 is a
+queueing figure one repetition does not pin (the large-state graph's nspb cell moved by 10
+points of overhead from one repetition to the next); each row is the median of its
+repetitions, and ``pad50_reps`` holds every repetition's p50 and p99 (the spread).
 
 The floor, per graph at batch 64 (a traced nspb cell): per reply, the hold (the output of
 the operator that answers the frontend -> the frontend released it), one process hop (the
@@ -300,7 +301,7 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
         # a cell thrown away: the client process's first cell had a slow tail whatever its mode
         run_cell("warm-up", graphs(PAD_MS, 1)["gru_gru"], "bare", 20.0, 1.0, Path(tmp), seed=99)
         def reps_of(name, pad):
-            return max(reps, PAD_HAMS_REPS) if pad == PAD_HAMS_MS and name in names else reps
+            return max(reps, PAD_HAMS_REPS) if pad == PAD_HAMS_MS else reps
 
         product = itertools.product(range(max(reps, PAD_HAMS_REPS)), todo)  # rep-major: repetitions alternate in time
         for cell, (rep, (name, batch, pad, modes)) in enumerate(c for c in product if c[0] < reps_of(c[1][0], c[1][2])):
@@ -358,7 +359,10 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
            # the spread of the 50 ms cells' repetitions (each rep's p50 and p99, ms), per graph and mode
            "pad50_reps": {f"{n}/{m}": {"p50_ms": index[(n, m, 64, PAD_HAMS_MS)]["p50_ms_reps"],
                                        "p99_ms": index[(n, m, 64, PAD_HAMS_MS)]["p99_ms_reps"]}
-                          for n in names for m in ("bare", "nspb")},
+                          for n in names for m in ("bare", "nspb")}
+                         | {f"ol_large/{m}": {"p50_ms": index[("ol_large", m, 64, PAD_HAMS_MS)]["p50_ms_reps"],
+                                              "p99_ms": index[("ol_large", m, 64, PAD_HAMS_MS)]["p99_ms_reps"]}
+                            for m in ("bare", "nspb", "s2", "remus")},
            "nspb_hold_over_floor_ms_b64": max((f["hold_over_floor_ms"] for f in floors
                                                if f["hold_over_floor_ms"] is not None), default=None),
            # the same less the update of the state the reply waits on (the model's own work,
