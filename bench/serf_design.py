@@ -39,9 +39,6 @@ near its own capacity, does not drain before the phase ends; in 4 s phases it do
 """
 from __future__ import annotations
 
-import heapq
-from collections import deque
-
 import numpy as np
 
 from keel.common.loadgen import schedule
@@ -143,36 +140,11 @@ def replay(p, config, offsets: np.ndarray, starts: list[float], rates: list[floa
 
 def replay_adaptive(p, plan: list[tuple[float, tuple[int, int]]], offsets: np.ndarray, rates_at: np.ndarray) -> np.ndarray:
     """Each request's latency (ms) through the profile's queue when the configuration
-    changes at the times given (``plan``: (from s, configuration), in order): as the
-    worker switches, a request runs as it started, and a new one starts only while fewer
-    than the configuration's slots run. ``rates_at``: the path's rate at each request."""
-    running: list = []
-    waiting: deque = deque()
-    out = np.empty(len(offsets))
-    times = [t for t, _ in plan]
-
-    def config_at(t: float) -> tuple[int, int]:
-        return plan[max(0, int(np.searchsorted(times, t, side="right")) - 1)][1]
-
-    def start(t: float, idx: int) -> None:
-        c, threads = config_at(t)
-        h = p.handoff_ms.get(c, 0.0)
-        heapq.heappush(running, (t + (p.service_ms[(len(running) + 1, threads)] + h) / 1000.0, idx, h))
-
-    i = 0
-    while i < len(offsets) or running:
-        if i < len(offsets) and (not running or offsets[i] <= running[0][0]):
-            t, i = offsets[i], i + 1
-            if len(running) < config_at(t)[0]:
-                start(t, i - 1)
-            else:
-                waiting.append(i - 1)
-            continue
-        t, idx, h = heapq.heappop(running)
-        out[idx] = (t - offsets[idx]) * 1000.0 - h
-        while waiting and len(running) < config_at(t)[0]:
-            start(t, waiting.popleft())
-    return out + np.array([p.path_at(r) for r in rates_at])
+    changes at the times given (``plan``: (from s, configuration), in order; the switch as
+    ``common.queueing.sojourn_times`` serves it). ``rates_at``: the path's rate at each request."""
+    queues = [(t, [1000.0 / p.service_ms[(i, threads)] for i in range(1, c + 1)], p.handoff_ms.get(c, 0.0) / 1000.0)
+              for t, (c, threads) in plan]
+    return sojourn_times([], offsets, queues) * 1000.0 + np.array([p.path_at(r) for r in rates_at])
 
 
 def replay_bound(p, configs, low: float, high: float, phase_s: float, factor: float, handoff: bool = True) -> dict:

@@ -20,6 +20,8 @@ Example
 """
 from __future__ import annotations
 
+import bisect
+
 import math
 from collections.abc import Sequence
 
@@ -80,29 +82,46 @@ def simulate(mu: Sequence[float], lam: float, n: int = 100_000, seed: int = 0, w
     return float(latencies[int(len(latencies) * warmup):].mean())
 
 
-def sojourn_times(mu: Sequence[float], arrivals: Sequence[float]) -> np.ndarray:
+def sojourn_times(mu: Sequence[float], arrivals: Sequence[float],
+                  plan: Sequence[tuple[float, Sequence[float], float]] | None = None) -> np.ndarray:
     """Each request's time in the queue of ``simulate`` (s), from an empty start, for the
-    given ``arrivals`` (s, sorted): a replay of one schedule, transients and backlogs in."""
+    given ``arrivals`` (s, sorted): a replay of one schedule, transients and backlogs in.
+
+    ``plan`` (from s, mu, hand-off s; in time order) changes the queue as it runs, as a
+    worker switching configurations does: a request is served as it started, a new one
+    starts only while fewer than ``len(mu)`` run, and is held ``1 / mu[k-1]`` plus the
+    hand-off (a slot idle between requests), which is left out of its sojourn. Without it: ``mu``, no hand-off."""
     import heapq
     from collections import deque
 
+    plan = list(plan) if plan else [(0.0, mu, 0.0)]
+    times = [t for t, _, _ in plan]
     arrivals = np.asarray(arrivals, dtype=float)
     n = len(arrivals)
-    c, running, waiting = len(mu), [], deque()
+    running, waiting = [], deque()
     latencies = np.empty(n)
+
+    def queue_at(t: float) -> tuple[Sequence[float], float]:
+        _, rates, handoff = plan[max(0, bisect.bisect_right(times, t) - 1)]
+        return rates, handoff
+
+    def start(t: float, idx: int) -> None:
+        rates, handoff = queue_at(t)
+        heapq.heappush(running, (t + 1.0 / rates[len(running)] + handoff, idx, handoff))
+
     i = done = 0
     while done < n:
         if i < n and (not running or arrivals[i] <= running[0][0]):
             t, idx, i = arrivals[i], i, i + 1
-            if len(running) < c:
-                heapq.heappush(running, (t + 1.0 / mu[len(running)], idx))
+            if len(running) < len(queue_at(t)[0]):
+                start(t, idx)
             else:
                 waiting.append(idx)
             continue
-        t, idx = heapq.heappop(running)
-        latencies[idx], done = t - arrivals[idx], done + 1
-        if waiting:
-            heapq.heappush(running, (t + 1.0 / mu[len(running)], waiting.popleft()))
+        t, idx, handoff = heapq.heappop(running)
+        latencies[idx], done = t - arrivals[idx] - handoff, done + 1
+        while waiting and len(running) < len(queue_at(t)[0]):
+            start(t, waiting.popleft())
     return latencies
 
 
