@@ -336,6 +336,12 @@ class WorkerConfig:
     #: before the worker first loads torch. Off by default: in the SERF quick runs a longer
     #: spin made the spaced profile faster than the open-loop service (docs/results/serf.md)
     omp_spincount: int = 0
+    #: a batch the model is expected to finish in less than this (ms, from the recent
+    #: batches' service times) runs on the worker's loop thread, as a Clipper container runs
+    #: its batches, when no executor is busy and one torch thread is configured: the hand-off
+    #: to an executor and back (two thread wake-ups, a pipe) cost more than such a model.
+    #: 0 = every batch goes to an executor
+    inline_below_ms: float = 0.5
     #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
     #: without a GPU refuses "cuda" at start with a clear error
     device: str = "cpu"
@@ -376,6 +382,7 @@ class WorkerConfig:
         _check(self.price >= 0, "price", "must be >= 0")
         _check(1 <= self.torch_threads <= 256, "torch_threads", "must be in 1..256")
         _check(self.omp_spincount >= 0, "omp_spincount", "must be >= 0 (0 = libgomp's default)")
+        _check(self.inline_below_ms >= 0, "inline_below_ms", "must be >= 0 (0 = never inline)")
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
         _check(self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit()),

@@ -24,6 +24,11 @@ Concurrency (SERF §IV): a worker runs up to ``slots`` batches at once, each wit
 to an ``Executors`` pool (one Python thread per slot; torch releases the GIL while it
 computes) and delivers predictions and ``Done`` itself when an executor signals, through
 a pipe the loop polls, that a batch finished (ZeroMQ sockets stay on the loop's thread).
+A batch the model is expected to finish within ``inline_below_ms`` runs on the loop's own
+thread instead, as a Clipper container runs each batch, when no executor is busy: for a
+model that short the hand-off (two thread wake-ups and a pipe, each dear in a process woken
+cold) costs more than the model. The expectation is the recent batches' service time, so
+a worker's first batch, and every batch of a model that became slow, goes to an executor.
 torch's thread count lives in each calling thread's OpenMP state (set once per thread
 when it first computes), so an executor calls ``torch.set_num_threads`` itself before a
 batch whenever the configured figure changed. Measured here before choosing threads over
@@ -85,6 +90,8 @@ class Worker(Service):
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
         self.held = 0  # batches handed to the executors and not yet answered
+        #: the recent batches' service time (ms, a moving average); None before the first
+        self.expected_ms: float | None = None
         #: service times of the batches run, by how many were computing when each started
         #: (SERF's i): count, sum and sum of squares (ms). SERF's profiler reads them before
         #: and after a phase (mean and SCV of mu_i); an experiment, during a run
@@ -278,8 +285,20 @@ class Worker(Service):
         if not job.live:
             self._answer(job)
             return
+        if self._inline(job):
+            job.running = 1
+            self._compute(job)
+            self._answer(job)
+            return
         self.held += 1
         self.executors.submit(job)
+
+    def _inline(self, job: Job) -> bool:
+        """Whether the loop runs ``job`` itself: a model expected to be shorter than its
+        hand-off, no executor busy (nothing to wait behind, nothing computing beside it), and
+        the one torch thread the loop's thread keeps (``__init__``) what is configured."""
+        return (self.held == 0 and self.expected_ms is not None and self.expected_ms < self.cfg.inline_below_ms
+                and (self.threads == 1 or self.executors.set_threads is None))
 
     def _compute(self, job: Job) -> None:
         """On an executor thread: run the model; never raises, never touches a socket."""
@@ -320,6 +339,7 @@ class Worker(Service):
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
         self.m_service.observe(job.service_ms / 1000.0)
         if error is None and live:
+            self.expected_ms = job.service_ms if self.expected_ms is None else 0.8 * self.expected_ms + 0.2 * job.service_ms
             acc = self.service.setdefault(str(job.running), {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0})
             acc["n"] += 1
             acc["sum_ms"] += job.service_ms
