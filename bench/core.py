@@ -25,7 +25,8 @@ the floor, with its range (``FIGURE_range``) and every repetition (``FIGURE_runs
 come from a bisection to within 5% (``bench.rates``). Per-request log lines are off.
 
 ``--breakdown`` prints instead where one request's time goes, hop by hop
-(``bench.breakdown``).
+(``bench.breakdown``); ``--cold`` what each step of a message's handling costs warm and in
+a process woken cold (``bench.cold``).
 """
 from __future__ import annotations
 
@@ -55,11 +56,15 @@ TARGETS = {"noop_p50_us": "<= 450", "noop_p50_vs_floor": "<= 1.5", "async_p50_vs
 def options(parser) -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="where one request's time goes, per hop: one outstanding and at 80%% of the throughput")
+    parser.add_argument("--cold", action="store_true",
+                        help="what decoding, encoding and other per-message steps cost warm and in a process woken cold")
     parser.add_argument("--rate", type=float, default=None,
                         help="with --breakdown: the throughput to take 80%% of (default: searched first)")
 
 
 def report_name(args) -> str:
+    if getattr(args, "cold", False):
+        return "core-cold"
     return "core-breakdown" if getattr(args, "breakdown", False) else "core"
 
 
@@ -85,6 +90,10 @@ def _put(out: dict, key: str, figure: dict) -> None:
 
 
 def run(args, log=print) -> dict:
+    if getattr(args, "cold", False):
+        from keel.bench.cold import run_cold
+
+        return run_cold(args, log)
     if getattr(args, "breakdown", False):
         from keel.bench.breakdown import run_breakdown
 
