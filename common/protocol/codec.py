@@ -27,30 +27,34 @@ _INT = {int}
 def encode(msg: Any) -> list:
     """Frames for ``msg``: the orjson header, then one buffer per tensor (zero-copy)."""
     cls = type(msg)
-    names, _ = _FIELDS[cls]
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": cls.KIND}
-    for name in names:
+    for name in _PLAIN_OF[cls]:
         value = getattr(msg, name)
         if value is not None:
-            if name in _TYPED:
-                value = [e.to_json() for e in value] if name == "lineage" else value.to_json()
             header[name] = value
+    for name in _TYPED_OF[cls]:
+        value = getattr(msg, name)
+        if value is not None:
+            header[name] = [e.to_json() for e in value] if name == "lineage" else value.to_json()
     frames: list = [b""]
-    descs = []
-    for name in cls.TENSORS:
-        arr = getattr(msg, name)
-        if arr is None:
-            descs.append(None)
-            continue
-        arr = np.asarray(arr)
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)  # not on every array: it turns a 0-d tensor into shape (1,)
-        name = DTYPE_NAMES.get(arr.dtype)
-        if name is None:
-            raise ProtocolError(f"dtype {arr.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
-        descs.append({"dtype": name, "shape": list(arr.shape)})
-        frames.append(arr.data if arr.nbytes else b"")
-    if descs:
+    if cls.TENSORS:
+        descs = []
+        for name in cls.TENSORS:
+            arr = getattr(msg, name)
+            if arr is None:
+                descs.append(None)
+                continue
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            dtype = DTYPE_NAMES.get(arr.dtype)
+            if dtype is None:
+                raise ProtocolError(f"dtype {arr.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+            buf = arr.data  # (its c_contiguous: arr.flags builds a flags object, dear in a process woken cold)
+            if not buf.c_contiguous:
+                arr = np.ascontiguousarray(arr)  # not on every array: it turns a 0-d tensor into shape (1,)
+                buf = arr.data
+            descs.append({"dtype": dtype, "shape": list(arr.shape)})
+            frames.append(buf if arr.nbytes else b"")
         header["tensors"] = descs
     frames[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
     return frames
@@ -160,6 +164,8 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
 # Fields that travel as JSON but are typed on both sides of the wire (and, per kind, which it has).
 _TYPED = {"group": CodingTag.from_json, "members": ParityMembers.from_json, "lineage": LineageEntry.list_from_json}
 _TYPED_OF = {cls: tuple(name for name in _TYPED if name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
+#: per kind, its header fields that travel as they are (in the dataclass's order)
+_PLAIN_OF = {cls: tuple(name for name in _FIELDS[cls][0] if name not in _TYPED) for cls in MESSAGES.values()}
 
 
 def _finite(value: Any) -> bool:
