@@ -72,8 +72,9 @@ CARRY = 0.92
 #: could be the best single fixed configuration measured: ``--quick`` runs it too
 RIVAL = 1.25
 #: the adaptive run as replayed: each phase's best from this long after its step (the
-#: configurator's switches came 0.4-1.2 s after a step, 2026-11-27)
-SWITCH_S = 0.6
+#: configurator decided 0.31 and 0.42 s after a step up in a quick run, 2026-11-27 13:10,
+#: since it counts the rate from the step's change point; 0.53-0.54 s before)
+SWITCH_S = 0.35
 
 
 def name_of(config) -> str:

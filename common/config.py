@@ -260,8 +260,9 @@ class DispatcherConfig:
     #: the load shows in the rate within 0.1-0.2 s (``ModelQueue.arrival_rate``), which a
     #: chore on the heartbeat (0.25 s) would wait for up to another 0.25 s
     serf_interval_s: float = 0.05
-    #: SERF: a switch between two configurations that both carry the load is made once it
-    #: has been worth it this long (s); one that cannot carry the load is left at once
+    #: SERF: with no step in the rate since the last switch, a switch between two
+    #: configurations that both carry the load is made once it has been worth it this long
+    #: (s); after a step, or from one that cannot carry the load, at once
     serf_confirm_s: float = 0.25
     #: SERF: the cores of each host (host -> cores), shared by the workers there: the
     #: configurator never gives a model's workers more slots x threads than the host has

@@ -373,7 +373,7 @@ class Dispatcher(Service):
             cores = cores_left(self.cfg.serf_cores, self.cfg.serf_hosts, self.workers.values(), model) \
                 if self.cfg.serf_cores else None
             choice = self.serf.decide(model, rate, current, len(workers), now, spread=self.serf.spread(rate, window_s),
-                                      cores=cores)
+                                      cores=cores, step_at=self.queues[model].step_at)
             if choice is not None:
                 self.log.info("serf switch", model=model, rate=round(rate, 2), to=list(choice), previous=list(current))
                 for w in list(workers):

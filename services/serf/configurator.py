@@ -12,7 +12,8 @@ asks for a switch when
 - the current one is unstable near this rate, or Eq. 13 averaged over the rate and
   ``NOISE_Z`` standard errors of its count either side (``spread``) predicts the best at
   least ``hysteresis`` (a fraction) faster (so noise near a crossing does not flap), and
-- it has been so for ``confirm_s`` (the dispatcher's ``serf_confirm_s``, 0.25 s), and
+- it has been so for ``confirm_s`` (the dispatcher's ``serf_confirm_s``, 0.25 s) where the
+  rate has not stepped since the last switch, and
 - the last switch is at least ``hold_s`` old (minimum hold time), unless the current one
   cannot carry the rate: its backlog grows every moment it stays (a step past its
   capacity seen half-way, 4x2 at 126/s, then 174/s: held, it built a backlog for the
@@ -207,11 +208,13 @@ class Configurator:
         return why
 
     def decide(self, model: str, rate: float, current: tuple[int, int] | None, workers: int,
-               now: float, spread: float = 0.0, cores: int | None = None) -> tuple[int, int] | None:
+               now: float, spread: float = 0.0, cores: int | None = None,
+               step_at: float = float("-inf")) -> tuple[int, int] | None:
         """The configuration to switch ``model``'s workers to now, or None to stay.
         ``spread`` (req/s, of ``rate``): how far the estimate may be off by chance
         (``_better``); ``cores``: the most slots x threads each worker may take (the host
-        budgets, ``cores_left``; None: no budget)."""
+        budgets, ``cores_left``; None: no budget); ``step_at``: when the rate last stepped
+        (``ModelQueue.arrival_rate``)."""
         plan = self.models[model]
         per_worker, spread = rate / max(1, workers), spread / max(1, workers)
         plan.rate = per_worker
@@ -225,6 +228,7 @@ class Configurator:
             if best is None:  # not even one core each is left: nothing SERF may choose
                 return None
         if best == current:
+            plan.pending = None
             return None
         # a configuration past the budget, or one that cannot carry the rate, goes at once;
         # any other switch must be worth it
@@ -235,12 +239,12 @@ class Configurator:
                 not self._better(plan.profile, best, current, per_worker, spread):
             plan.pending = None
             return None
-        if not (over or unstable) and current is not None:
-            # a switch between two that both carry the load: the better one for
-            # ``confirm_s`` on end. The configurator looks every 0.05 s so that one that
-            # cannot carry a step goes at once; twenty looks a second at a rate wandering
-            # near a crossing would otherwise find the crossing five times as often as the
-            # heartbeat's four did (4x2 and 8x1 at a steady 155/s on the emulated host)
+        if not (over or unstable) and current is not None and step_at <= plan.switched_at:
+            # a switch between two that both carry the load, with no step in the rate since
+            # the last switch: the better one for ``confirm_s`` on end. The configurator
+            # looks every 0.05 s so that a step is followed at once; twenty looks a second
+            # at a steady rate wandering near a crossing would otherwise find the crossing
+            # five times as often as the heartbeat's four did (4x2 and 8x1 at 155/s)
             if plan.pending != best:
                 plan.pending, plan.pending_since = best, now
             if now - plan.pending_since < self.confirm_s:

@@ -50,7 +50,7 @@ def serve(phases, seed, start=(2, 1), profile: Profile | None = None):
         if estimate is None:
             continue
         estimates.append((now, estimate[0], estimate[1]))
-        choice = conf.decide("m", estimate[0], current, 1, now, spread=conf.spread(*estimate))
+        choice = conf.decide("m", estimate[0], current, 1, now, spread=conf.spread(*estimate), step_at=queue.step_at)
         if choice is not None:
             switches.append((now, choice))
             current = choice
@@ -200,3 +200,18 @@ def test_a_light_load_is_checked_too():
         t += 1 / 6
         fixes += [f for f in [conf.check("m", (1, 2), t)] if f]
     assert len(fixes) == 1 and p.service_ms[(1, 2)] == pytest.approx(0.75 * 14.2)
+
+
+def test_a_switch_both_carry_waits_its_confirmation_unless_the_rate_stepped_since_the_last():
+    conf = Configurator({"m": Profile("m", "1", 2, dict(RESNET))}, hold_s=0.0, confirm_s=0.25)
+    assert conf.decide("m", 10.0, (2, 1), 1, now=0.0) is None  # worth it, not yet for 0.25 s
+    assert conf.decide("m", 10.0, (2, 1), 1, now=0.1) is None
+    assert conf.decide("m", 10.0, (2, 1), 1, now=0.3) == (1, 2)
+    # a step in the rate seen after that switch: the next one at once
+    assert conf.decide("m", 77.7, (1, 2), 1, now=5.0, step_at=4.8) == (2, 1)
+    # a look that finds it no longer worth it starts the wait again
+    assert conf.decide("m", 10.0, (2, 1), 1, now=6.0) is None
+    assert conf.decide("m", 77.7, (2, 1), 1, now=6.1) is None
+    assert conf.decide("m", 10.0, (2, 1), 1, now=6.2) is None
+    assert conf.decide("m", 10.0, (2, 1), 1, now=6.4) is None
+    assert conf.decide("m", 10.0, (2, 1), 1, now=6.5) == (1, 2)
