@@ -262,8 +262,10 @@ class DispatcherConfig:
     serf_interval_s: float = 0.05
     #: SERF: with no step in the rate since the last switch, a switch between two
     #: configurations that both carry the load is made once it has been worth it this long
-    #: (s); after a step, or from one that cannot carry the load, at once
-    serf_confirm_s: float = 0.25
+    #: (s); after a step, or from one that cannot carry the load, at once. 1 s: a steady
+    #: rate's count (4 s) wanders slowly; replayed at 155/s on the emulated host, 0.25 s
+    #: left 11-13 switches a minute, 1 s 6-11, 2 s 4-8, and a step is followed as fast
+    serf_confirm_s: float = 1.0
     #: SERF: the cores of each host (host -> cores), shared by the workers there: the
     #: configurator never gives a model's workers more slots x threads than the host has
     #: left beside the other workers' current ones; {} = no budget

@@ -12,7 +12,7 @@ asks for a switch when
 - the current one is unstable near this rate, or Eq. 13 averaged over the rate and
   ``NOISE_Z`` standard errors of its count either side (``spread``) predicts the best at
   least ``hysteresis`` (a fraction) faster (so noise near a crossing does not flap), and
-- it has been so for ``confirm_s`` (the dispatcher's ``serf_confirm_s``, 0.25 s) where the
+- it has been so for ``confirm_s`` (the dispatcher's ``serf_confirm_s``, 1 s) where the
   rate has not stepped since the last switch, and
 - the last switch is at least ``hold_s`` old (minimum hold time), unless the current one
   cannot carry the rate: its backlog grows every moment it stays (a step past its
@@ -244,7 +244,8 @@ class Configurator:
             # the last switch: the better one for ``confirm_s`` on end. The configurator
             # looks every 0.05 s so that a step is followed at once; twenty looks a second
             # at a steady rate wandering near a crossing would otherwise find the crossing
-            # five times as often as the heartbeat's four did (4x2 and 8x1 at 155/s)
+            # five times as often as the heartbeat's four did (4x2 and 8x1 at 155/s);
+            # the confirmation spans several looks, which see much the same count
             if plan.pending != best:
                 plan.pending, plan.pending_since = best, now
             if now - plan.pending_since < self.confirm_s:
