@@ -46,6 +46,7 @@ move with that load, but Keel's own path (client, frontend, dispatcher, worker) 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ import numpy as np
 
 from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, relaxation_s,
                                     run_point)
+from keel.bench.serf_accuracy import WITHIN_SE
 from keel.bench.serf_design import LOW_FACTORS, QUICK_LOW_FACTORS
 from keel.bench.serf_step import step_load
 from keel.common.client import Client
@@ -150,12 +152,17 @@ def candidates(p) -> list[tuple[int, int]]:
 
 def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list[dict]:
     """Every candidate at 20, 50 and 80% of the largest capacity, one run of ``run_s`` each: a
-    ranking, not a prediction to judge within 3%."""
+    ranking, not a prediction to judge within 3%. A load counts (``counts``) where the
+    measured top two differ by more than 5% and by more than ``WITHIN_SE`` standard errors
+    of their difference (each mean's by batch means): near a configuration's capacity a
+    run's mean moves by tens of percent from run to run (4x2 at 151/s, 20 s runs:
+    45.6-52.5 ms, each +-5.5 ms), and a gap that its own measurement cannot tell from
+    noise says nothing of the pick."""
     top = max(p.capacity(c) for c in p.configurations())
     rows = []
     for k, frac in enumerate((0.2, 0.5, 0.8)):
         rate = frac * top
-        measured, predicted = {}, {}
+        measured, se, predicted = {}, {}, {}
         for config in configs:
             pred = p.predict_ms(config, rate)
             if pred is None or rate > 0.95 * p.capacity(config):
@@ -165,17 +172,30 @@ def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list
             m = merge([least_starved(lambda: run_point(client, model, inputs, rate, run_s, warm, seed=200 + k),
                                      log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]])
             name = "x".join(map(str, config))
-            measured[name], predicted[name] = m["mean_ms"], pred
+            measured[name], se[name], predicted[name] = m["mean_ms"], m["se_ms"], pred
         ranked = sorted(measured, key=measured.get)
         pick = min(predicted, key=predicted.get) if predicted else None
         gap = (measured[ranked[1]] / measured[ranked[0]] - 1) if len(ranked) > 1 else None
+        told = len(ranked) > 1 and within_noise(measured[ranked[1]] - measured[ranked[0]], se[ranked[0]], se[ranked[1]])
         rows.append({"rate": round(rate, 2), "measured_ms": {k: round(v, 2) for k, v in measured.items()},
+                     "se_ms": {k: round(v, 2) if math.isfinite(v) else None for k, v in se.items()},
                      "predicted_ms": {k: round(v, 2) for k, v in predicted.items()}, "pick": pick,
                      "measured_best": ranked[0] if ranked else None, "top_two_gap": None if gap is None else round(gap, 4),
-                     "counts": gap is not None and gap > 0.05, "right": pick == (ranked[0] if ranked else None)})
-        log(f"   {rate:6.1f}/s: measured {rows[-1]['measured_ms']}, Eq. 13 picks {pick}, measured best "
-            f"{rows[-1]['measured_best']} (top two {0 if gap is None else gap:.1%} apart)")
+                     "gap_within_noise": told if len(ranked) > 1 else None,
+                     "counts": gap is not None and gap > 0.05 and not told,
+                     "right": pick == (ranked[0] if ranked else None)})
+        log(f"   {rate:6.1f}/s: measured {rows[-1]['measured_ms']} (SE {rows[-1]['se_ms']}), Eq. 13 picks {pick}, "
+            f"measured best {rows[-1]['measured_best']} (top two {0 if gap is None else gap:.1%} apart"
+            f"{', within their noise' if told else ''})")
     return rows
+
+
+def within_noise(diff_ms: float, se_a: float, se_b: float) -> bool:
+    """Is a difference of two measured means (ms) within ``WITHIN_SE`` standard errors of
+    it (theirs combined)? An unknown standard error (too few requests) is noise too."""
+    if not (math.isfinite(se_a) and math.isfinite(se_b)):
+        return True
+    return abs(diff_ms) <= WITHIN_SE * math.hypot(se_a, se_b)
 
 
 def drift_error(points: list[dict], a, b) -> float:

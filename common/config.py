@@ -256,6 +256,16 @@ class DispatcherConfig:
     #: never sooner than ``serf_hold_s`` after the last switch
     serf_hysteresis: float = 0.05
     serf_hold_s: float = 1.0
+    #: SERF: how often the configurator reads the arrival rate and decides (s); a step in
+    #: the load shows in the rate within 0.1-0.2 s (``ModelQueue.arrival_rate``), which a
+    #: chore on the heartbeat (0.25 s) would wait for up to another 0.25 s
+    serf_interval_s: float = 0.05
+    #: SERF: with no step in the rate since the last switch, a switch between two
+    #: configurations that both carry the load is made once it has been worth it this long
+    #: (s); after a step, or from one that cannot carry the load, at once. 1 s: a steady
+    #: rate's count (4 s) wanders slowly; replayed at 155/s on the emulated host, 0.25 s
+    #: left 11-13 switches a minute, 1 s 6-11, 2 s 4-8, and a step is followed as fast
+    serf_confirm_s: float = 1.0
     #: SERF: the cores of each host (host -> cores), shared by the workers there: the
     #: configurator never gives a model's workers more slots x threads than the host has
     #: left beside the other workers' current ones; {} = no budget
@@ -296,6 +306,8 @@ class DispatcherConfig:
         _check(self.drs_threshold >= 0, "drs_threshold", "must be >= 0")
         _check(0 <= self.serf_hysteresis < 1, "serf_hysteresis", "must be in [0, 1)")
         _check(self.serf_hold_s >= 0, "serf_hold_s", "must be >= 0")
+        _check(self.serf_interval_s > 0, "serf_interval_s", "must be > 0")
+        _check(self.serf_confirm_s >= 0, "serf_confirm_s", "must be >= 0")
         for host, cores in self.serf_cores.items():
             _check(isinstance(cores, int) and cores >= 1, f"serf_cores.{host}", "must be a whole number of cores >= 1")
         for name, policy in self.models.items():

@@ -22,8 +22,8 @@ whole to ``parity`` workers. ``configure(worker, slots=, threads=)`` is SERF's l
 sends ``Configure`` to the worker and fills the new number of slots at once. An operator's
 ``Configure(model=M, slots=, threads=)`` on the ROUTER (``keel serf set``, SERF's
 profiler) applies it to every worker of M. With ``serf = {M = PROFILE}`` the dispatcher
-runs SERF's configurator (``services.serf.configurator``) every heartbeat: M's arrival
-rate (counted over a window), the reference table, hysteresis and a hold time, then
+runs SERF's configurator (``services.serf.configurator``) every ``serf_interval_s``: M's
+arrival rate (counted since its last step), the reference table, hysteresis and a hold time, then
 ``configure``; the profile is checked against the service times of each ``Done``; its state is in
 ``status()["serf"]`` and the ``serf_*`` metrics. ``Configure(model=M, version=V)`` on the
 ROUTER (``keel model rollout``) makes SERF follow V's profile, or hold M where V has none;
@@ -113,12 +113,12 @@ class Dispatcher(Service):
             # a model without a profile is held (served as configured, not switched) until a
             # rollout brings a version that has one: a missing profile must not stop the service
             self.serf = Configurator({m: p for m, p in profiles.items() if p is not None}, cfg.serf_hysteresis,
-                                     cfg.serf_hold_s) if profiles else None
+                                     cfg.serf_hold_s, confirm_s=cfg.serf_confirm_s) if profiles else None
             for m in [m for m, p in profiles.items() if p is None]:
                 why = self.serf.hold(m, f"no profile for {m} at {cfg.serf[m]}: keel serf profile SPEC --model {m}")
                 self.log.error("SERF: no profile for this model; its configuration stays as it is", model=m, why=why)
         if self.serf is not None:
-            self.every(cfg.heartbeat_interval_s, self._serf)
+            self.every(cfg.serf_interval_s, self._serf)
             gauge = self.metrics.gauge
             self.m_serf = {k: gauge(f"serf_{k}", doc, ["model"]) for k, doc in (
                 ("arrival_rate", "arrival rate per worker SERF reads (req/s)"),
@@ -373,7 +373,7 @@ class Dispatcher(Service):
             cores = cores_left(self.cfg.serf_cores, self.cfg.serf_hosts, self.workers.values(), model) \
                 if self.cfg.serf_cores else None
             choice = self.serf.decide(model, rate, current, len(workers), now, spread=self.serf.spread(rate, window_s),
-                                      cores=cores)
+                                      cores=cores, step_at=self.queues[model].step_at)
             if choice is not None:
                 self.log.info("serf switch", model=model, rate=round(rate, 2), to=list(choice), previous=list(current))
                 for w in list(workers):

@@ -12,15 +12,19 @@ asks for a switch when
 - the current one is unstable near this rate, or Eq. 13 averaged over the rate and
   ``NOISE_Z`` standard errors of its count either side (``spread``) predicts the best at
   least ``hysteresis`` (a fraction) faster (so noise near a crossing does not flap), and
+- it has been so for ``confirm_s`` (the dispatcher's ``serf_confirm_s``, 1 s) where the
+  rate has not stepped since the last switch, and
 - the last switch is at least ``hold_s`` old (minimum hold time), unless the current one
   cannot carry the rate: its backlog grows every moment it stays (a step past its
   capacity seen half-way, 4x2 at 126/s, then 174/s: held, it built a backlog for the
   rest of a 1.5 s phase).
 
-The arrival rate is the dispatcher's count of the model's arrivals over the longest of
-0.5, 1, 2 and 4 s in which they look steady (``ModelQueue.arrival_rate``): a step is seen
-within 0.5-1 s (the queue's EWMA, used before, took 2-2.25 s to see a step down to a
-fifth), a steady load is counted over 4 s.
+The arrival rate is the dispatcher's count of the model's arrivals since the last step in
+it, at most 4 s back (``ModelQueue.arrival_rate``: a step is a change point of the Poisson
+arrivals, seen within 0.1-0.2 s; the queue's EWMA, used before, took 2-2.25 s to see a step
+down to a fifth); the configurator looks every ``serf_interval_s`` (0.05 s). Where the count
+is short (just after a step), the table's best is judged over where the rate may be
+(``ModelPlan.best``).
 
 The profile is checked against serving (``observe_service``): every ``Done`` gives the
 worker's service time and how many batches it held (i), as a ratio to the profiled
@@ -92,6 +96,9 @@ class ModelPlan:
         #: the recent switches (wall time, from, to, rate per worker), oldest first
         self.switch_log: deque[dict] = deque(maxlen=64)
         self.switched_at = float("-inf")
+        #: a switch found worth it, and since when (``Configurator.confirm_s``)
+        self.pending: tuple[int, int] | None = None
+        self.pending_since = 0.0
         #: the profile check: (when, observed / profiled service time) of the running
         #: configuration since the last switch, when the mean went off, the corrections
         self.ratios: deque[tuple[float, float]] = deque(maxlen=CHECK_SAMPLES)
@@ -122,14 +129,22 @@ class ModelPlan:
             return None
         return statistics.median(r for _, r in self.ratios)
 
-    def best(self, rate: float) -> tuple[int, int]:
-        """The table's best configuration at the first grid rate >= ``rate`` (beyond the
-        grid: the one that carries the most)."""
-        i = bisect.bisect_left(self.rates, rate)
-        row = self.table[min(i, len(self.table) - 1)]
-        if row["best"] is None or i >= len(self.table):
-            return max(self.profile.configurations(), key=self.profile.capacity)
-        return row["best"]
+    def best(self, rate: float, spread: float = 0.0) -> tuple[int, int]:
+        """The table's best configuration at ``rate``, where the rate may be ``spread`` off
+        by chance: of the configurations that carry rate + spread, the one whose Eq. 13 at
+        rate -+ spread (the table's first grid rates >= each; weights 1/4, 1/2, 1/4, as
+        ``_better``) is least; none carries it: the one that carries the most. Why the
+        spread: just after a step the rate is counted over a fraction of a second (the
+        configurator follows a step within 0.1-0.2 s), and a configuration picked at the
+        low end of where the rate may be, near its capacity at the high end, builds a
+        backlog that the hold time then keeps it in."""
+        rows = []
+        for r in (max(0.0, rate - spread), rate, rate + spread):
+            i = bisect.bisect_left(self.rates, r)
+            if i >= len(self.table) or self.table[i]["best"] is None:
+                return max(self.profile.configurations(), key=self.profile.capacity)
+            rows.append(self.table[i]["latency_s"])
+        return min(rows[-1], key=lambda c: 0.25 * rows[0][c] + 0.5 * rows[1][c] + 0.25 * rows[2][c])
 
     def best_within(self, rate: float, cores: int) -> tuple[int, int] | None:
         """The best configuration of at most ``cores`` (slots x threads) by Eq. 13 at
@@ -161,11 +176,15 @@ def cores_left(budget: dict[str, int], hosts: dict[str, str], workers, model: st
 
 class Configurator:
     def __init__(self, profiles: dict[str, Profile], hysteresis: float = 0.05, hold_s: float = 1.0, alpha: float = 0.1,
-                 check_threshold: float = CHECK_THRESHOLD, check_sustain_s: float = CHECK_SUSTAIN_S):
+                 check_threshold: float = CHECK_THRESHOLD, check_sustain_s: float = CHECK_SUSTAIN_S,
+                 confirm_s: float = 0.0):
         self.models = {m: ModelPlan(p) for m, p in profiles.items()}
         #: models SERF manages but holds: model -> why (no profile of the version served)
         self.held: dict[str, str] = {}
         self.hysteresis, self.hold_s, self.alpha = hysteresis, hold_s, alpha
+        #: how long a switch that is not forced (the current configuration unstable or past
+        #: the budget) must stay worth it before it is made (``decide``)
+        self.confirm_s = confirm_s
         self.check_threshold, self.check_sustain_s = check_threshold, check_sustain_s
         self.noise_z = NOISE_Z
 
@@ -189,15 +208,17 @@ class Configurator:
         return why
 
     def decide(self, model: str, rate: float, current: tuple[int, int] | None, workers: int,
-               now: float, spread: float = 0.0, cores: int | None = None) -> tuple[int, int] | None:
+               now: float, spread: float = 0.0, cores: int | None = None,
+               step_at: float = float("-inf")) -> tuple[int, int] | None:
         """The configuration to switch ``model``'s workers to now, or None to stay.
         ``spread`` (req/s, of ``rate``): how far the estimate may be off by chance
         (``_better``); ``cores``: the most slots x threads each worker may take (the host
-        budgets, ``cores_left``; None: no budget)."""
+        budgets, ``cores_left``; None: no budget); ``step_at``: when the rate last stepped
+        (``ModelQueue.arrival_rate``)."""
         plan = self.models[model]
         per_worker, spread = rate / max(1, workers), spread / max(1, workers)
         plan.rate = per_worker
-        best = plan.best(per_worker)
+        best = plan.best(per_worker, spread)
         if current is not None:
             plan.predicted_ms = plan.profile.predict_ms(current, per_worker, path=False) \
                 if current in plan.profile.configurations() else None
@@ -207,6 +228,7 @@ class Configurator:
             if best is None:  # not even one core each is left: nothing SERF may choose
                 return None
         if best == current:
+            plan.pending = None
             return None
         # a configuration past the budget, or one that cannot carry the rate, goes at once;
         # any other switch must be worth it
@@ -215,7 +237,20 @@ class Configurator:
             return None
         if not over and current is not None and current in plan.profile.configurations() and \
                 not self._better(plan.profile, best, current, per_worker, spread):
+            plan.pending = None
             return None
+        if not (over or unstable) and current is not None and step_at <= plan.switched_at:
+            # a switch between two that both carry the load, with no step in the rate since
+            # the last switch: the better one for ``confirm_s`` on end. The configurator
+            # looks every 0.05 s so that a step is followed at once; twenty looks a second
+            # at a steady rate wandering near a crossing would otherwise find the crossing
+            # five times as often as the heartbeat's four did (4x2 and 8x1 at 155/s);
+            # the confirmation spans several looks, which see much the same count
+            if plan.pending != best:
+                plan.pending, plan.pending_since = best, now
+            if now - plan.pending_since < self.confirm_s:
+                return None
+        plan.pending = None
         plan.switches += 1
         plan.switched_at = now
         plan.ratios.clear()

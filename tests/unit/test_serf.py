@@ -313,3 +313,13 @@ def test_the_profiler_measures_a_curves_ends_and_middles_and_interpolates_its_st
     seen, value = measured(lambda i: 40.0)
     curve([1, 2, 3], value, {1: 40.0})
     assert seen == [3, 2]
+
+
+def test_the_hand_off_is_one_figure_for_every_number_of_slots_the_median_of_those_timed():
+    from keel.services.serf.profiler import pooled
+
+    # one profile of the emulated host, 2026-11-27: two slots' few rounds read 3.15 ms
+    timed = {1: 1.15, 2: 3.15, 4: 0.45, 8: 0.17}
+    h = pooled(timed, 8)
+    assert sorted(h) == list(range(1, 9)) and all(v == pytest.approx(0.8) for v in h.values())
+    assert pooled({}, 2) == {}

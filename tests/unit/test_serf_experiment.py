@@ -180,6 +180,10 @@ def test_the_bound_takes_a_low_phase_after_a_high_one_from_its_clean_start():
     # a configuration picked for the phase before keeps its own backlog: no clean start for it
     kept = {"mid": {"phases_ms": [20.0, 60.0, 45.0, 60.0]}, "high": {"phases_ms": [30.0, 70.0, 30.0, 70.0]}}
     assert oracle_picks(kept, 4) == [("mid", 0), ("mid", 1), ("high", 2), ("mid", 3)]
+    # a high phase stands for itself: its arrivals, not the first high phase's, however
+    # much better the first one went (no configuration that carries it enters with a backlog)
+    luckier = {"low": {"phases_ms": [10.0, 400.0, 12.0, 300.0]}, "high": {"phases_ms": [30.0, 50.0, 30.0, 60.0]}}
+    assert oracle_picks(luckier, 4)[3] == ("high", 3)
     starts, lengths = [0.0, 6.0, 8.0, 14.0], [6.0, 2.0, 6.0, 2.0]
     series = {"low": [[0.5 * k, 10.0] for k in range(12)] + [[6.0 + 0.5 * k, 400.0] for k in range(4)]
               + [[8.0 + 0.5 * k, 100.0] for k in range(12)] + [[14.0 + 0.5 * k, 300.0] for k in range(4)],
