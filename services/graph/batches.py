@@ -182,8 +182,10 @@ class Batches:
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
             if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
                 self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+            touched = getattr(self.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta,
+                                touched=touched() if touched and self.mode.ships_touched and u.batch is not None else None)
         if self.stateful and self.stash is not None:
             self.stash.after_update(last, lineages, applied)
         self._send_all(u.replies)
