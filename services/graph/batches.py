@@ -97,6 +97,7 @@ class Batches:
         degraded_here = True if self.hams_role is R.DEGRADED else None
         recording = self.applied is not None
         sends, outs, recorded = [], [], []  # recorded: (request, seq, origin, output) newly applied
+        end = first + len(rows) - 1
         for seq, r, lineage in zip(range(first, first + len(rows)), rows, row_lineages):
             fresh_row = id(r) in computed
             out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
@@ -105,7 +106,7 @@ class Batches:
             outs.append(out)
             msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
                                degraded=degraded_here or (True if r.degraded else None),  # the client is told
-                               request=r.request, reply_to=r.reply_to)
+                               request=r.request, reply_to=r.reply_to, more=True if seq < end else None)
             if tracing:
                 self.trace.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
                                  request=r.request, duplicate=None if fresh_row else True)
