@@ -114,6 +114,11 @@ class OnlineHashedLinear(StatefulOperator):
         err = torch.from_numpy(np.asarray(outputs, np.float32)).reshape(len(batch.inputs), -1) - y
         grad = err[:, None, :] * feats[..., None]  # d loss / d w[bucket] per (row, feature)
         self.state["w"].index_add_(0, idx.reshape(-1), grad.reshape(-1, self.n_out), alpha=-self.lr)
+        self._touched = np.unique(idx.numpy())
+
+    def touched(self):
+        """The buckets the batch's features hashed to: all that the update changed."""
+        return {"w": self._touched}
 
 
 def graphs(pad_ms: float, batch: int) -> dict[str, dict]:

@@ -194,6 +194,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "error": (lambda v: isinstance(v, str), "a string"),
     "error_code": (lambda v: isinstance(v, str), "a string"),
     "degraded": (lambda v: isinstance(v, bool), "true or false"),
+    "more": (lambda v: isinstance(v, bool), "true or false"),
     "timeout_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "service_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "price": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),

@@ -282,6 +282,9 @@ class GraphRequest:
     #: the frontend's graph endpoint that the graph's output for this origin goes back to
     #: (a graph may be served by several frontends)
     reply_to: str | None = None
+    #: more rows of the sender's batch follow this one: a receiver takes a predecessor's
+    #: batch whole (a fragment taken alone leaves the rest a whole batch time behind)
+    more: bool | None = None
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from keel.common.protocol.messages import GraphAck, GraphRequest, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.roles import Role
-from keel.services.graph.statemgr import header_of, outputs_of
+from keel.services.graph.statemgr import Folded, header_of, outputs_of
 
 
 class BackupSide:
@@ -47,6 +47,9 @@ class BackupSide:
                 if e.operator == self.op and e.predecessor in self.preds:
                     source = lin.source_of(e.predecessor, e.predecessor_seq)
                     self.consumed[source] = max(self.consumed.get(source, -1), e.predecessor_seq)
+            if self.backup.folded is None:
+                self.backup.folded = Folded()
+            self.backup.folded.fold(state.state["blob"])  # the whole state it makes (touched rows written in)
             header = header_of(state.state["blob"])
             if not header.get("origins"):
                 continue

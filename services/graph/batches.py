@@ -97,6 +97,7 @@ class Batches:
         degraded_here = True if self.hams_role is R.DEGRADED else None
         recording = self.applied is not None
         sends, outs, recorded = [], [], []  # recorded: (request, seq, origin, output) newly applied
+        end = first + len(rows) - 1
         for seq, r, lineage in zip(range(first, first + len(rows)), rows, row_lineages):
             fresh_row = id(r) in computed
             out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
@@ -105,7 +106,7 @@ class Batches:
             outs.append(out)
             msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
                                degraded=degraded_here or (True if r.degraded else None),  # the client is told
-                               request=r.request, reply_to=r.reply_to)
+                               request=r.request, reply_to=r.reply_to, more=True if seq < end else None)
             if tracing:
                 self.trace.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
                                  request=r.request, duplicate=None if fresh_row else True)
@@ -182,8 +183,10 @@ class Batches:
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
             if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
                 self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+            touched = getattr(self.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0), meta=meta)
+                                idle=not self.queue and not self.inbox.poll(0), meta=meta,
+                                touched=touched() if touched and self.mode.ships_touched and u.batch is not None else None)
         if self.stateful and self.stash is not None:
             self.stash.after_update(last, lineages, applied)
         self._send_all(u.replies)

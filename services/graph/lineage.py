@@ -126,6 +126,9 @@ class Backup:
         self.pending: dict[int, ShippedState] = {}  # first_seq -> state
         self.applied: ShippedState | None = None
         self.max_applied_seq = -1
+        #: the whole state the applied states make (``services.graph.statemgr.Folded``: a
+        #: state may ship only the rows its update touched); the operator folds each in
+        self.folded = None
 
     def receive(self, state: ShippedState) -> list[ShippedState]:
         if state.epoch != self.epoch or state.operator != self.operator or state.last_seq <= self.max_applied_seq:

@@ -80,6 +80,14 @@ class StatefulOperator(StatelessOperator):
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         self.state = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
 
+    def touched(self) -> dict[str, np.ndarray] | None:
+        """The rows (first axis) of each state tensor the last ``update`` changed, for the
+        tensors it changed only in part; None (the default): it may have changed any of them.
+        NSPB then ships those rows only (``statemgr.pack``): a model whose state is large and
+        whose update touches little of it (per-stream states, sparse weights) ships KBs, not
+        its whole state. Called after ``update``, before the next ``compute``."""
+        return None
+
 
 class MLP(StatelessOperator):
     """A stateless two-layer MLP on flat inputs."""
@@ -156,6 +164,11 @@ class GRU(StatefulOperator):
     def update(self, batch, outputs):
         streams, h = self._pending
         self.state["hidden"][streams] = h
+        self._touched = np.asarray(streams, dtype=np.int64)
+
+    def touched(self):
+        """The hidden states of the batch's streams (each stream once)."""
+        return {"hidden": self._touched}
 
 
 class OnlineMLP(StatefulOperator):

@@ -26,7 +26,7 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.roles import BACKING, SERVING, Role, check_one_holder
-from keel.services.graph.statemgr import pack, unpack
+from keel.services.graph.statemgr import pack
 
 #: a holder numbers and sends only this long after the manager last confirmed it: under
 #: the manager's silence window (``ManagerConfig``: 5 heartbeats of 30 ms = 150 ms), so a
@@ -213,7 +213,7 @@ class Recovery:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
         t0 = time.monotonic()
         max_seq = self.backup.max_applied_seq
-        state = unpack(self.backup.applied.state["blob"])[0] if self.backup.applied is not None else {}
+        state = self.backup.folded.at() if self.backup.applied is not None else {}
         self._become("promoted")
         self.model = self._new_model(self.spec)
         self.model.start()
@@ -338,7 +338,7 @@ class Recovery:
         good = [st for st in self.statemgr.saved.values()
                 if not any(e.operator == pred and e.seq > max_seq for e in st.lineage)]
         if good:
-            return good[-1].last_seq, unpack(good[-1].blob)[0], good[-1].lineage
+            return good[-1].last_seq, self.statemgr.state_at(good[-1].last_seq), good[-1].lineage
         # The state before my first batch, when none of mine is durable yet: every state I
         # shipped is still saved (only states older than a durable one are let go), so none
         # took nothing of pred's, and no reply waits on any of them. Fig. 6 right after the

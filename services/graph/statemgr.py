@@ -13,10 +13,16 @@ than W states are in flight (W=1: state n was delivered, §III-B). In the stop-t
 modes (S2, Remus) the copy happens in place, with the model stopped. Shipped states are
 kept until the backup says the next is applied (§IV-C), then freed.
 
-The whole state travels (``pack``: one blob, a JSON header and the raw tensors, the
-batch's outputs stacked as one more), so the backup overwrites, never merges; loading
-never unpickles. Packing reads the model's tensors directly and is the state's one copy
-(an ``np.savez`` with a zip member per output cost ~1 ms per batch of 64; this ~0.05 ms).
+A state travels as one blob (``pack``: a JSON header and the raw tensors, the batch's
+outputs stacked as one more); loading never unpickles. Packing reads the model's tensors
+directly and is the state's one copy (an ``np.savez`` with a zip member per output cost ~1
+ms per batch of 64; this ~0.05 ms). In nspb and s1 a model that says which rows its
+update touched (``StatefulOperator.touched``) ships those rows only, after a first whole
+state: a 16 MiB state took 8-9 ms to cross one ZeroMQ TCP hop here, on the way to every
+held reply, where the rows a batch touched take KBs. The backup still holds, and promotes
+with, the whole state (``Folded``: the rows written into it in batch order), and the
+primary rolls back in place to a whole state, so HAMS's overwrite semantics (§IV-C, §IV-E)
+are kept; what the wire carries is what changed.
 """
 from __future__ import annotations
 
@@ -46,31 +52,49 @@ def _running_mean(mean: float, x: float, first: bool) -> float:
     return x if first else (1 - _EWMA) * mean + _EWMA * x
 
 
-def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dict | None = None) -> np.ndarray:
-    """The whole state and the batch's outputs as one byte blob: a 4-byte header length, a
-    JSON header (each tensor's name, dtype, shape, offset; the outputs' seqs) and the raw
+def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dict | None = None,
+         touched: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """The state and the batch's outputs as one byte blob: a 4-byte header length, a JSON
+    header (each tensor's name, dtype, shape, offset; the outputs' seqs) and the raw
     buffers, each copied once, straight from the model's tensors (this is the copy).
     ``meta``: more header keys (each output's origin and stream, so a promoted backup can
-    resend its saved outputs, HAMS II)."""
+    resend its saved outputs, HAMS II). ``touched``: per tensor, the rows (first axis) the
+    update changed: only those rows travel, with their indices as ``NAME@rows``, and the
+    header names the tensors shipped so (``rows``); the others travel whole."""
     seqs = sorted(outputs)
-    arrays = dict(state)
+    touched = touched or {}
+    arrays = {}
+    for name, a in state.items():
+        a = np.asarray(a)
+        if name in touched:
+            rows = np.asarray(touched[name], dtype=np.int64)
+            arrays[name] = (a, rows)  # gathered straight into the blob below
+            arrays[f"{name}@rows"] = rows
+        else:
+            arrays[name] = a
     if seqs:
         arrays[""] = np.stack([outputs[s] for s in seqs])  # "" is never a state name: the outputs
     entries, offset = [], 0
     for name, a in arrays.items():
-        a = np.asarray(a)
-        if a.dtype.hasobject:
+        src, rows = a if isinstance(a, tuple) else (a, None)
+        if src.dtype.hasobject:
             raise TypeError(f"state tensor {name!r} has an object dtype; only numeric tensors travel")
-        entries.append([name, a.dtype.str, list(a.shape), offset])
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    header = orjson.dumps({**(meta or {}), "tensors": entries, "seqs": seqs})
+        shape = [len(rows), *src.shape[1:]] if rows is not None else list(src.shape)
+        entries.append([name, src.dtype.str, shape, offset])
+        offset += -(-(int(np.prod(shape)) * src.dtype.itemsize) // _ALIGN) * _ALIGN
+    header = orjson.dumps({**(meta or {}), "tensors": entries, "seqs": seqs,
+                           **({"rows": sorted(touched)} if touched else {})})
     start = -(-(4 + len(header)) // _ALIGN) * _ALIGN
     blob = np.empty(start + offset, dtype=np.uint8)
     blob[:4] = np.frombuffer(len(header).to_bytes(4, "little"), np.uint8)
     blob[4:4 + len(header)] = np.frombuffer(header, np.uint8)
-    for (name, _, _, off), a in zip(entries, arrays.values()):
-        a = np.asarray(a)
-        blob[start + off:start + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+    for (name, dtype, shape, off), a in zip(entries, arrays.values()):
+        src, rows = a if isinstance(a, tuple) else (a, None)
+        dest = blob[start + off:start + off + int(np.prod(shape)) * src.dtype.itemsize].view(src.dtype).reshape(shape)
+        if rows is not None:
+            np.take(src, rows, axis=0, out=dest)
+        else:
+            dest[...] = src
     return blob
 
 
@@ -82,7 +106,8 @@ def header_of(blob: np.ndarray) -> dict:
 
 
 def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
-    """``pack``'s inverse (copies; never unpickles)."""
+    """``pack``'s inverse (copies; never unpickles). A blob of touched rows gives those rows
+    and their indices (``NAME@rows``): ``Folded`` writes them into a whole state."""
     raw = np.ascontiguousarray(blob, dtype=np.uint8)
     n = int.from_bytes(raw[:4].tobytes(), "little")
     header = orjson.loads(raw[4:4 + n].tobytes())
@@ -96,6 +121,56 @@ def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarra
         arrays[name] = raw[start + off:start + off + size].view(dt).reshape(shape).copy()
     outs = arrays.pop("", None)
     return arrays, ({s: outs[i] for i, s in enumerate(header["seqs"])} if outs is not None else {})
+
+
+class Folded:
+    """The whole state after the newest of a run of shipped states, oldest first (``fold``):
+    a whole one is kept as shipped (read only when asked: stop-to-copy modes ship every
+    state whole, and copying each again would cost what they already pay), and the rows of
+    each later one shipped as touched rows are written into a copy of it. A backup folds
+    every state it applies (it promotes with ``at()``); a primary folds the states it lets
+    go, and rolls back to ``at(the saved ones up to the point)``."""
+
+    def __init__(self):
+        self.blob: np.ndarray | None = None
+        self.tensors: dict[str, np.ndarray] | None = None
+
+    def fold(self, blob: np.ndarray) -> None:
+        self.blob, self.tensors = _folded(self.blob, self.tensors, blob, in_place=True)
+
+    def at(self, later: list[np.ndarray] = ()) -> dict[str, np.ndarray]:
+        """The whole state after ``later`` (states shipped after the folded ones, oldest
+        first), leaving this as it was. Read only: ``load_state`` copies what it loads."""
+        blob, tensors, owned = self.blob, self.tensors, False
+        for b in later:
+            blob, tensors = _folded(blob, tensors, b, in_place=owned)
+            owned = tensors is not None and tensors is not self.tensors
+        if tensors is None:
+            return unpack(blob)[0] if blob is not None else {}
+        return tensors
+
+
+def _folded(blob, tensors, new: np.ndarray, in_place: bool):
+    """(blob, tensors) after ``new``: a whole state replaces them, touched rows are written
+    into the tensors (made from the whole blob first; copied first unless ``in_place``)."""
+    header = header_of(new)
+    if not header.get("rows"):
+        return new, None
+    if tensors is None:
+        if blob is None:
+            raise ValueError("a state of touched rows with no whole state before it")
+        tensors = unpack(blob)[0]
+    elif not in_place:
+        tensors = {k: v.copy() for k, v in tensors.items()}
+    part = unpack(new)[0]
+    for name, value in part.items():
+        if name.endswith("@rows"):
+            continue
+        if name in header["rows"]:
+            tensors[name][part[f"{name}@rows"]] = value
+        else:
+            tensors[name] = value
+    return None, tensors
 
 
 def outputs_of(blob: np.ndarray) -> dict[int, np.ndarray]:
@@ -131,6 +206,7 @@ class StateManager:
         self.copying: Future | None = None
         self.in_flight: OrderedDict[int, float] = OrderedDict()  # last seq -> when shipped (not yet acked)
         self.saved: OrderedDict[int, GraphState] = OrderedDict()  # last seq -> shipped, not yet superseded
+        self.folded = Folded()  # the whole state after the saved states I let go
         self.durable_seq = -1
         self.copy_ms = 0.0  # the last copy's time
         self.copy_s = 0.0  # all copies' time
@@ -140,11 +216,11 @@ class StateManager:
         self._submitted = 0.0
 
     def _copy(self, state_arrays, outputs, first: int, last: int, lineage: list[LineageEntry],
-              on_loop: bool = False, meta: dict | None = None) -> None:
+              on_loop: bool = False, meta: dict | None = None, touched: dict | None = None) -> None:
         t0 = time.perf_counter()
         if not on_loop:
             self.handoff_ms = _running_mean(self.handoff_ms, (t0 - self._submitted) * 1000, self.in_background == 1)
-        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs, meta))
+        state = GraphState(self.operator, self.epoch, first, last, lineage, pack(state_arrays(), outputs, meta, touched))
         self.copy_ms = (time.perf_counter() - t0) * 1000
         self.copy_s += self.copy_ms / 1000
         self.copy_ms_avg = _running_mean(self.copy_ms_avg, self.copy_ms, self.copies == 1)
@@ -160,21 +236,28 @@ class StateManager:
             self._sock = transport.make_socket(self.ctx, zmq.PUSH, connect=self.backup_endpoint)
         transport_send(self._sock, state)
 
-    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False, meta: dict | None = None) -> None:
+    def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False, meta: dict | None = None,
+              touched: dict[str, np.ndarray] | None = None) -> None:
         """Copy and ship the state after a batch: at once (stop to copy) or in the background.
+
+        ``touched``: the rows of each tensor the batch's update changed (the model's
+        ``touched()``): only they travel, and the backup writes them into the whole state it
+        holds; None ships the whole state. The first state I ship is whole, whatever the
+        update touched: the backup's whole state starts from it.
 
         ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
         thread hand-off on the way to durability (which a held reply waits for). Copies that
         have cost less than the hand-off are made at once too (the module's docstring). The
         two sockets may deliver states out of order; the backup applies them in batch order."""
         self.copies += 1
+        touched = touched if self.copies > 1 else None
         if self.pool is None or idle or (self.copy_ms_avg <= self.handoff_ms and self.copies % PROBE_EVERY):
             self.wait_copy()
-            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True, meta=meta)
+            self._copy(state_arrays, outputs, first, last, lineage, on_loop=True, meta=meta, touched=touched)
         else:
             self.in_background += 1
             self._submitted = time.perf_counter()
-            self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage, False, meta)
+            self.copying = self.pool.submit(self._copy, state_arrays, outputs, first, last, lineage, False, meta, touched)
 
     def wait_copy(self) -> None:
         """NSPB: the update of batch n+1 starts only once the copy of state n has finished."""
@@ -192,8 +275,15 @@ class StateManager:
         self.on_ack(seq)
         with self.lock:
             self.durable_seq = max(self.durable_seq, seq)
-            for s in [s for s in self.saved if s < self.durable_seq]:
-                del self.saved[s]
+            gone = [self.saved.pop(s) for s in sorted(s for s in self.saved if s < self.durable_seq)]
+        for state in gone:  # outside the lock: the first fold of touched rows copies the whole state once
+            self.folded.fold(state.blob)
+
+    def state_at(self, last: int) -> dict[str, np.ndarray]:
+        """The whole state after my saved state ending at ``last`` (a roll-back in place)."""
+        with self.lock:
+            later = [st.blob for s, st in sorted(self.saved.items()) if s <= last]
+        return self.folded.at(later)
 
     def ready_for_update(self) -> bool:
         with self.lock:

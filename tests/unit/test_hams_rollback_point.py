@@ -11,11 +11,12 @@ import numpy as np
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphState
 from keel.services.graph.recovery import Recovery
-from keel.services.graph.statemgr import pack
+from keel.services.graph.statemgr import StateManager, pack
 
 
 def _operator(saved: dict, durable_seq: int):
-    statemgr = SimpleNamespace(saved=OrderedDict(saved), durable_seq=durable_seq, wait_copy=lambda: None)
+    statemgr = StateManager("g3", 1, window=2, in_background=False, send=lambda state: None)
+    statemgr.saved, statemgr.durable_seq = OrderedDict(saved), durable_seq  # the whole state at a seq comes from it
     return SimpleNamespace(statemgr=statemgr, mode=SimpleNamespace(ships_state=True))
 
 
