@@ -29,15 +29,9 @@ class Mode:
     ships_state: bool = True
     #: a stateful primary writes a checkpoint every ``checkpoint_every`` batches (ls only)
     checkpoints: bool = False
-    #: the state ships as the rows the batch's update touched where the model says which
-    #: (``StatefulOperator.touched``): HAMS's white-box retrieval (nspb, s1). The stop-to-copy
-    #: baselines copy the whole state, as Remus must (HAMS §IV-B: it cannot tell which GPU
-    #: memory an update dirtied)
-    ships_touched: bool = False
 
 
-MODES = {m.name: m for m in (Mode("bare", True, False), Mode("nspb", True, False, ships_touched=True),
-                             Mode("s1", True, True, ships_touched=True),
+MODES = {m.name: m for m in (Mode("bare", True, False), Mode("nspb", True, False), Mode("s1", True, True),
                              Mode("s2", False, False), Mode("remus", False, True),
                              Mode("strawman", True, False, ships_state=False),
                              Mode("ls", True, False, ships_state=False, checkpoints=True))}

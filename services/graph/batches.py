@@ -186,7 +186,7 @@ class Batches:
             touched = getattr(self.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
             self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
                                 idle=not self.queue and not self.inbox.poll(0), meta=meta,
-                                touched=touched() if touched and self.mode.ships_touched and u.batch is not None else None)
+                                touched=touched() if touched and u.batch is not None else None)
         if self.stateful and self.stash is not None:
             self.stash.after_update(last, lineages, applied)
         self._send_all(u.replies)

@@ -16,7 +16,7 @@ kept until the backup says the next is applied (§IV-C), then freed.
 A state travels as one blob (``pack``: a JSON header and the raw tensors, the batch's
 outputs stacked as one more); loading never unpickles. Packing reads the model's tensors
 directly and is the state's one copy (an ``np.savez`` with a zip member per output cost ~1
-ms per batch of 64; this ~0.05 ms). In nspb and s1 a model that says which rows its
+ms per batch of 64; this ~0.05 ms). In every mode a model that says which rows its
 update touched (``StatefulOperator.touched``) ships those rows only, after a first whole
 state: a 16 MiB state took 8-9 ms to cross one ZeroMQ TCP hop here, on the way to every
 held reply, where the rows a batch touched take KBs. The backup still holds, and promotes
@@ -125,8 +125,8 @@ def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarra
 
 class Folded:
     """The whole state after the newest of a run of shipped states, oldest first (``fold``):
-    a whole one is kept as shipped (read only when asked: stop-to-copy modes ship every
-    state whole, and copying each again would cost what they already pay), and the rows of
+    a whole one is kept as shipped (read only when asked: a model that names no touched
+    rows ships every state whole, and copying each again would cost what it already pays), and the rows of
     each later one shipped as touched rows are written into a copy of it. A backup folds
     every state it applies (it promotes with ``at()``); a primary folds the states it lets
     go, and rolls back to ``at(the saved ones up to the point)``."""

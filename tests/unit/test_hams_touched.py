@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from keel.bench.hams_overhead import OnlineHashedLinear
-from keel.common.spec.modes import MODES
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP
 from keel.services.graph.statemgr import Folded, StateManager, header_of, outputs_of, pack, unpack
 
@@ -66,10 +65,6 @@ def test_the_first_state_is_whole_then_touched_rows_and_a_roll_back_is_whole():
     assert list(mgr.saved) == [2, 3]
     for seq in (2, 3):
         assert np.array_equal(mgr.state_at(seq)["w"], states[seq])
-
-
-def test_only_hams_own_retrieval_ships_touched_rows():
-    assert {m for m, mode in MODES.items() if mode.ships_touched} == {"nspb", "s1"}
 
 
 def test_models_name_the_rows_their_update_touched():
