@@ -22,7 +22,8 @@ import numpy as np
 import orjson
 import zmq
 
-from keel.bench.rates import spread
+from keel.bench.floor import messages
+from keel.bench.rates import SHAPE, spread
 from keel.common import protocol
 from keel.common.metrics import Metrics
 from keel.common.protocol import codec
@@ -30,43 +31,28 @@ from keel.common.protocol import codec
 THRASH_BYTES = 16 * 1024 * 1024
 SLEEP_S = 0.0002
 REPEATS = 5
+#: the no-op model's output size on the path ``keel bench core`` measures
+OUTPUT_SIZE = 10
 #: calls a figure is the mean of (warm, cold), by --quick
 CALLS = {True: (500, 100), False: (2000, 300)}
-
-
-def _messages() -> dict:
-    """One message of each kind the request path carries, as the path sends them (one query)."""
-    x = np.zeros(64, np.float32)
-    out = np.zeros((1, 10), np.float32)
-    qid, now, endpoint = (1 << 52) + 123_456, time.time(), "tcp://127.0.0.1:45123"
-    rid, client = "123456-0123abcd-100000", "123456-0123abcd"
-    return {
-        "Predict": protocol.Predict(request_id=rid, model="m", input=x, timeout_ms=1000.0, client=client),
-        "Queries": protocol.Queries(model="m", qids=[qid], budgets_ms=[999.93], reply_to=endpoint, inputs=x[None], sent_at=now),
-        "Batch": protocol.Batch(batch_id=qid, model="m", qids=[qid], reply_to=[endpoint], inputs=x[None], budgets_ms=[999.81],
-                                sent_at=now),
-        "Predictions": protocol.Predictions(batch_id=qid, model="m", qids=[qid], outputs=out, worker="m-0", service_ms=0.012,
-                                            version="1"),
-        "Reply": protocol.Reply(request_id=rid, source="model", output=out[0], model="m", version="1"),
-        "Done": protocol.Done(worker="m-0", batch_id=qid, batch_size=1, service_ms=0.012, ok=True),
-    }
 
 
 def steps() -> dict[str, Callable[[], object]]:
     """Name -> a call of one step, on data made once."""
     out: dict[str, Callable[[], object]] = {"nothing": lambda: None}
-    for kind, msg in _messages().items():
-        frames = [zmq.Frame(bytes(memoryview(f))) for f in protocol.encode(msg)]  # as received
+    msgs = {type(m).__name__: m for m in messages(SHAPE, OUTPUT_SIZE).values()}
+    received = {}
+    for kind, msg in msgs.items():
+        frames = received[kind] = [zmq.Frame(bytes(memoryview(f))) for f in protocol.encode(msg)]
         out[f"decode {kind}"] = lambda frames=frames: protocol.decode(frames)
         out[f"encode {kind}"] = lambda msg=msg: protocol.encode(msg)
-    batch = protocol.encode(_messages()["Batch"])
-    header, tensor = zmq.Frame(bytes(batch[0])), zmq.Frame(bytes(memoryview(batch[1])))
+    header, tensor = received["Batch"]
     desc = orjson.loads(header.bytes)["tensors"][0]
-    fields = {name: getattr(_messages()["Batch"], name) for name in ("batch_id", "model", "qids", "reply_to", "inputs")}
+    fields = {name: getattr(msgs["Batch"], name) for name in ("batch_id", "model", "qids", "reply_to", "inputs")}
     out["Batch: JSON header only (orjson.loads)"] = lambda: orjson.loads(header.buffer)
     out["Batch: its tensor on its frame"] = lambda: codec.decode_tensor(desc, tensor)
     out["Batch: the dataclass only"] = lambda: protocol.Batch(**fields)
-    x = np.zeros(64, np.float32)
+    x = msgs["Predict"].input
     out["np.isfinite(x).all() (admission)"] = lambda: np.isfinite(x).all()
     metrics = Metrics("cold")
     histogram, counter = metrics.histogram("h_seconds", "h"), metrics.counter("c_total", "c")
@@ -104,7 +90,7 @@ def run_cold(args, log=print) -> dict:
         out["steps"][name] = {"warm_us": warm, "cold_us": cold}
         log(f"{name:40s} {warm['median']:6.1f} ({warm['range'][0]:.1f}-{warm['range'][1]:.1f})"
             f" {cold['median']:7.1f} ({cold['range'][0]:.0f}-{cold['range'][1]:.0f})")
-    kinds = [k for k in _messages()]
+    kinds = [name.removeprefix("decode ") for name in table if name.startswith("decode ")]
     for mode in ("warm", "cold"):
         key = f"codec_per_request_{mode}_us"  # every kind decoded and encoded once: one request's share
         out[key] = sum(out["steps"][f"{op} {k}"][f"{mode}_us"]["median"] for k in kinds for op in ("decode", "encode"))

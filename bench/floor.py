@@ -41,7 +41,7 @@ import zmq
 
 from keel.common import protocol
 from keel.common.transport import recv_nowait, send_frames
-from keel.common.protocol import Batch, Predict, Predictions, Queries, Reply
+from keel.common.protocol import Batch, Done, Predict, Predictions, Queries, Reply
 
 _TAG = struct.Struct("<Q")
 POLL_MS = 1000
@@ -49,14 +49,14 @@ POLL_MS = 1000
 READY_TIMEOUT_S = 60.0
 
 
-def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarray]:
-    """The header frames (and the output tensor) of Keel's messages for one query of
-    ``shape`` float32 on each hop, with ids, names and times of realistic length."""
+def messages(shape: list[int], output_size: int) -> dict:
+    """Keel's message on each hop for one query of ``shape`` float32, with ids, names and
+    times of realistic length (and the worker's ``Done``, which leaves the path)."""
     x = np.zeros(shape, np.float32)
     out = np.zeros((1, output_size), np.float32)
     qid, now, endpoint = (1 << 52) + 123_456, time.time(), "tcp://127.0.0.1:45123"
     rid, client = "123456-0123abcd-100000", "123456-0123abcd"
-    msgs = {
+    return {
         "predict": Predict(request_id=rid, model="m", input=x, timeout_ms=1000.0, client=client),
         "queries": Queries(model="m", qids=[qid], budgets_ms=[999.93], reply_to=endpoint, inputs=x[None], sent_at=now),
         "batch": Batch(batch_id=qid, model="m", qids=[qid], reply_to=[endpoint], inputs=x[None], budgets_ms=[999.81],
@@ -64,9 +64,17 @@ def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarra
         "predictions": Predictions(batch_id=qid, model="m", qids=[qid], outputs=out, worker="m-0", service_ms=0.012,
                                    version="1"),
         "reply": Reply(request_id=rid, source="model", output=out[0], model="m", version="1"),
+        "done": Done(worker="m-0", batch_id=qid, batch_size=1, service_ms=0.012, ok=True),
     }
+
+
+def templates(shape: list[int], output_size: int) -> dict[str, bytes | np.ndarray]:
+    """The header frames (and the output tensor) of Keel's messages on each hop
+    (``messages``)."""
+    msgs = messages(shape, output_size)
+    del msgs["done"]  # not on the path the chain forwards
     heads: dict[str, bytes | np.ndarray] = {k: bytes(protocol.encode(m)[0]) for k, m in msgs.items()}
-    heads["output"] = out[0]
+    heads["output"] = msgs["reply"].output
     return heads
 
 
