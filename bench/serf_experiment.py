@@ -56,7 +56,7 @@ import numpy as np
 
 from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, relaxation_s,
                                     run_point)
-from keel.bench.serf_accuracy import WITHIN_SE
+from keel.bench.serf_accuracy import within
 from keel.bench.serf_design import LOW_FACTORS, QUICK_LOW_FACTORS
 from keel.bench.serf_step import step_load
 from keel.common.client import Client
@@ -191,11 +191,11 @@ def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list
 
 
 def within_noise(diff_ms: float, se_a: float, se_b: float) -> bool:
-    """Is a difference of two measured means (ms) within ``WITHIN_SE`` standard errors of
+    """Is a difference of two measured means (ms) within ``serf_accuracy.within`` of the standard error of
     it (theirs combined)? An unknown standard error (too few requests) is noise too."""
     if not (math.isfinite(se_a) and math.isfinite(se_b)):
         return True
-    return abs(diff_ms) <= WITHIN_SE * math.hypot(se_a, se_b)
+    return within(diff_ms, math.hypot(se_a, se_b))
 
 
 def drift_error(points: list[dict], a, b) -> float:

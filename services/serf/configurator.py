@@ -82,6 +82,13 @@ CHECK_THRESHOLD = 0.2
 CHECK_SUSTAIN_S = 3.0
 
 
+def around(rate: float, spread: float) -> tuple[tuple[float, float], ...]:
+    """Where a rate counted with ``spread`` of chance error may be, as (rate, weight):
+    rate -+ spread and the rate itself, weighted 1/4, 1/4 and 1/2 (how ``ModelPlan.best``
+    and ``Configurator._better`` average Eq. 13 over it)."""
+    return (max(0.0, rate - spread), 0.25), (rate, 0.5), (rate + spread, 0.25)
+
+
 class ModelPlan:
     """One model's table and switching state."""
 
@@ -132,19 +139,19 @@ class ModelPlan:
     def best(self, rate: float, spread: float = 0.0) -> tuple[int, int]:
         """The table's best configuration at ``rate``, where the rate may be ``spread`` off
         by chance: of the configurations that carry rate + spread, the one whose Eq. 13 at
-        rate -+ spread (the table's first grid rates >= each; weights 1/4, 1/2, 1/4, as
-        ``_better``) is least; none carries it: the one that carries the most. Why the
+        rate -+ spread (the table's first grid rates >= each, weighted by ``around``) is least; none carries it: the one that carries the most. Why the
         spread: just after a step the rate is counted over a fraction of a second (the
         configurator follows a step within 0.1-0.2 s), and a configuration picked at the
         low end of where the rate may be, near its capacity at the high end, builds a
         backlog that the hold time then keeps it in."""
         rows = []
-        for r in (max(0.0, rate - spread), rate, rate + spread):
+        for r, weight in around(rate, spread):
             i = bisect.bisect_left(self.rates, r)
             if i >= len(self.table) or self.table[i]["best"] is None:
                 return max(self.profile.configurations(), key=self.profile.capacity)
-            rows.append(self.table[i]["latency_s"])
-        return min(rows[-1], key=lambda c: 0.25 * rows[0][c] + 0.5 * rows[1][c] + 0.25 * rows[2][c])
+            rows.append((self.table[i]["latency_s"], weight))
+        # the configurations that carry the highest rate (its row), by their weighted Eq. 13
+        return min(rows[-1][0], key=lambda c: sum(weight * latency[c] for latency, weight in rows))
 
     def best_within(self, rate: float, cores: int) -> tuple[int, int] | None:
         """The best configuration of at most ``cores`` (slots x threads) by Eq. 13 at
@@ -264,10 +271,10 @@ class Configurator:
     def _better(self, profile: Profile, best: tuple[int, int], current: tuple[int, int], rate: float,
                 spread: float) -> bool:
         """Is ``best`` worth a switch from ``current``? Eq. 13 averaged over where the rate
-        may be (rate -+ spread, weights 1/4, 1/2, 1/4) at least ``hysteresis`` lower; at
+        may be (``around``) at least ``hysteresis`` lower; at
         once where only the current one is unstable, never where only the best is."""
         mean_now = mean_best = 0.0
-        for r, weight in ((max(0.0, rate - spread), 0.25), (rate, 0.5), (rate + spread, 0.25)):
+        for r, weight in around(rate, spread):
             now_ms, best_ms = profile.predict_ms(current, r), profile.predict_ms(best, r)
             if now_ms is None and best_ms is None:
                 continue
