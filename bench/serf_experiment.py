@@ -191,8 +191,8 @@ def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list
 
 
 def within_noise(diff_ms: float, se_a: float, se_b: float) -> bool:
-    """Is a difference of two measured means (ms) within ``serf_accuracy.within`` of the standard error of
-    it (theirs combined)? An unknown standard error (too few requests) is noise too."""
+    """Is a difference of two measured means (ms) noise: ``within`` its standard error (the
+    two means' combined)? An unknown standard error (too few requests) is noise too."""
     if not (math.isfinite(se_a) and math.isfinite(se_b)):
         return True
     return within(diff_ms, math.hypot(se_a, se_b))
