@@ -285,7 +285,7 @@ class Worker(Service):
         if not job.live:
             self._answer(job)
             return
-        if self._inline(job):
+        if self._inline():
             job.running = 1
             self._compute(job)
             self._answer(job)
@@ -293,15 +293,16 @@ class Worker(Service):
         self.held += 1
         self.executors.submit(job)
 
-    def _inline(self, job: Job) -> bool:
-        """Whether the loop runs ``job`` itself: a model expected to be shorter than its
+    def _inline(self) -> bool:
+        """Whether the loop runs the next batch itself: a model expected to be shorter than its
         hand-off, no executor busy (nothing to wait behind, nothing computing beside it), and
         the one torch thread the loop's thread keeps (``__init__``) what is configured."""
         return (self.held == 0 and self.expected_ms is not None and self.expected_ms < self.cfg.inline_below_ms
                 and (self.threads == 1 or self.executors.set_threads is None))
 
     def _compute(self, job: Job) -> None:
-        """On an executor thread: run the model; never raises, never touches a socket."""
+        """On an executor thread (or the loop's, ``_inline``): run the model; never raises,
+        never touches a socket."""
         batch, live = job.batch, job.live
         start = time.perf_counter()
         try:

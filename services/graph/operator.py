@@ -341,8 +341,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
         if msg.more:  # its batch goes on: the first row of it sets how long the rest is waited for
-            if self.rest_due.get(msg.sender, 0.0) < time.monotonic():
-                self.rest_due[msg.sender] = time.monotonic() + REST_OF_BATCH_S
+            now = time.monotonic()
+            if self.rest_due.get(msg.sender, 0.0) < now:
+                self.rest_due[msg.sender] = now + REST_OF_BATCH_S
         else:
             self.rest_due.pop(msg.sender, None)
         source = source_of(msg.sender, msg.seq)
@@ -380,18 +381,20 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
-        def can_step() -> bool:
+        def can_step(rest_s: float) -> bool:
             return bool(self.queue) and self.hams_role in SERVING and not self.numbering and self.leased() \
-                and self.pending_update is None and not self._rest_of_batch_s()
+                and self.pending_update is None and not rest_s
 
-        if timeout is None and can_step():
-            timeout = 0
-        elif timeout is None and self.queue and self._rest_of_batch_s():
-            timeout = min(self.next_timeout(), self._rest_of_batch_s())  # the rest arrives, or the wait ends
+        if timeout is None:
+            rest_s = self._rest_of_batch_s()
+            if can_step(rest_s):
+                timeout = 0
+            elif self.queue and rest_s:
+                timeout = min(self.next_timeout(), rest_s)  # the rest arrives, or the wait ends
         super().tick(timeout)
         if self.pending_update is not None:
             self._guarded("update", lambda _: self._try_update(), None)
-        if can_step():
+        if can_step(self._rest_of_batch_s()):
             self._guarded("step", self.step, None)
 
     def _rest_of_batch_s(self) -> float:
