@@ -21,7 +21,6 @@ Example
 from __future__ import annotations
 
 import bisect
-
 import math
 from collections.abc import Sequence
 

@@ -112,7 +112,7 @@ class ModelQueue:
         split = _change_point(t, rows, start, now)
         if split is not None:
             self.step_at = start = split
-            t, rows = self._since(start)
+            rows = rows[t > start]  # the arrivals after the step (those read above, not the queue again)
         return float(rows.sum()) / (now - start), now - start
 
     def _since(self, start: float) -> tuple[np.ndarray, np.ndarray]:
