@@ -17,17 +17,25 @@ from keel.common.protocol.messages import GraphState
 
 class Padded:
     """A model whose ``compute`` takes at least ``pad_ms`` per call (the rest of the model
-    is the wrapped one's): the service time of a bigger model than this machine runs."""
+    is the wrapped one's): the service time of a bigger model than this machine runs. The
+    padding comes first and the wrapped model's compute last, as a real model's forward
+    pass ends where its output is ready and its update follows at once (NSPB: on the way
+    to every held reply), not a pad's length after what it read."""
 
     def __init__(self, model, pad_ms: float):
         self._model, self._pad_s = model, pad_ms / 1000
+        self._compute_s = 0.0  # the last compute's time: the padding before the next leaves room for it
 
     def compute(self, batch):
         t0 = time.perf_counter()
+        if self._pad_s > self._compute_s:
+            time.sleep(self._pad_s - self._compute_s)
+        t1 = time.perf_counter()
         out = self._model.compute(batch)
-        pad = self._pad_s - (time.perf_counter() - t0)
-        if pad > 0:
-            time.sleep(pad)
+        t2 = time.perf_counter()
+        self._compute_s = t2 - t1
+        if t2 - t0 < self._pad_s:  # faster than the last: the rest (at least pad_ms in all)
+            time.sleep(self._pad_s - (t2 - t0))
         return out
 
     def __getattr__(self, name):

@@ -222,7 +222,7 @@ class OnlineMLP(StatefulOperator):
             h = torch.addmm(b1, x, w1.t()).clamp_min_(0)
             out = torch.addmm(b2, h, w2.t())
         d_out = (out - y).mul_(2.0 / y.numel())  # d loss / d output
-        d_z = (d_out @ w2).mul_(h > 0)  # through the ReLU: where its output is > 0 (its input was)
+        d_z = torch.ops.aten.threshold_backward(d_out @ w2, h, 0)  # through the ReLU: 0 where its output is 0
         w2.addmm_(d_out.t(), h, alpha=-self.lr)
         b2.sub_(d_out.sum(0), alpha=self.lr)
         w1.addmm_(d_z.t(), x, alpha=-self.lr)

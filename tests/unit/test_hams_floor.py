@@ -40,3 +40,16 @@ def test_the_floor_is_each_replys_hop_plus_ship(tmp_path):
     assert f["hold_over_floor_ms"] == pytest.approx(0.2)
     assert f["update_p50_ms"] == pytest.approx(0.1)
     assert f["hold_over_floor_and_update_ms"] == pytest.approx(0.1)
+
+
+def test_remus_over_nspb_divides_by_no_less_than_the_cells_resolution():
+    from keel.bench.hams_overhead import remus_over_nspb, resolution
+
+    bare = [198.0, 202.0, 200.0]  # bare moves 2% of its median between its own repetitions
+    assert resolution(bare) == pytest.approx(0.02)
+    assert resolution([200.0]) is None
+    assert remus_over_nspb({"nspb": 0.05, "remus": 0.30}, bare) == pytest.approx(6.0)  # measured: the plain ratio
+    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, bare) == pytest.approx(15.0)  # within noise: a lower bound
+    assert remus_over_nspb({"nspb": 0.005, "remus": 0.30}, bare) == pytest.approx(15.0)
+    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, [200.0]) is None  # no resolution, no cost: undefined
+    assert remus_over_nspb({"nspb": None, "remus": 0.30}, bare) is None

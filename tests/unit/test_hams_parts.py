@@ -167,3 +167,29 @@ def test_a_backup_reads_a_states_outputs_without_the_state():
     assert sorted(got) == [7, 8] and all(np.array_equal(got[s], outputs[s]) for s in outputs)
     assert {s: o.tolist() for s, o in got.items()} == {s: o.tolist() for s, o in unpack(blob)[1].items()}
     assert outputs_of(pack(state, {})) == {}  # a state with no outputs (a whole state shipped to a joiner)
+
+
+def test_padded_compute_takes_the_pad_and_computes_at_its_end():
+    """The overhead experiment's padding: each call takes at least pad_ms, and the wrapped
+    model's compute runs after the padding, right before the update that follows it."""
+    import time
+
+    from keel.services.graph.hooks import Padded
+
+    class Clocked:
+        def __init__(self):
+            self.done_at = []
+
+        def compute(self, batch):
+            time.sleep(0.002)
+            self.done_at.append(time.perf_counter())
+            return batch
+
+    model = Clocked()
+    padded = Padded(model, pad_ms=30)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        assert padded.compute("rows") == "rows"
+        took = time.perf_counter() - t0
+        assert took >= 0.030
+        assert took - (model.done_at[-1] - t0) < 0.010  # the compute ended near the call's end, not its start

@@ -88,3 +88,15 @@ def test_models_name_the_rows_their_update_touched():
 
     mlp = OnlineMLP((5,), (2,))
     assert mlp.touched() is None  # a dense step: the whole state ships
+
+
+def test_weight_decay_changes_the_whole_state_and_names_no_rows():
+    """The large-state graph's model under weight decay: every weight moves every step, so
+    the whole state ships (``touched`` None), as an online-learned model's does in HAMS."""
+    ol = OnlineHashedLinear((6,), (2,), buckets=1 << 10, decay=1e-2)
+    ol.start()
+    ol.state["w"].fill_(1.0)
+    batch = GraphBatch(np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32), [0, 1, 2, 3])
+    ol.update(batch, ol.compute(batch) + 1.0)
+    assert ol.touched() is None
+    assert (ol.state["w"].numpy() != 1.0).all()
