@@ -98,7 +98,8 @@ def finish(module: Any, report: dict, path: Path, log=print) -> int:
             log(line)
     plot = getattr(module, "plot", None)
     if plot is not None:
-        log(f"wrote {path} and {write_json_and_plot(path, report, plot)}")
+        drawn = write_json_and_plot(path, report, plot)
+        log(f"wrote {path} and {drawn}" if Path(drawn).exists() else f"wrote {path} (nothing to draw)")
     else:
         log(f"wrote {write_json(path, report)}")
     passed = getattr(module, "passed", None)

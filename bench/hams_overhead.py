@@ -469,6 +469,82 @@ def hold_breakdown(graph_name: str = "gru_gru", batch: int = 64, duration_s: flo
             "backup_apply_to_release_ms": {"p50": pct(to_release, 50), "p90": pct(to_release, 90)}}
 
 
+def chain_of(table: dict) -> list[str]:
+    """The operators of a chain graph in order, from the frontend's one successor on (a
+    graph that branches has no one order: ValueError)."""
+    succ: dict[str, list[str]] = {}
+    for a, b in table["edges"]:
+        succ.setdefault(a, []).append(b)
+    order, node = [], "frontend"
+    while True:
+        nexts = succ.get(node, [])
+        if len(nexts) != 1:
+            raise ValueError(f"{node} has {len(nexts)} successors: not a chain")
+        node = nexts[0]
+        if node == "frontend":
+            return order
+        order.append(node)
+
+
+def stages_of(trace_dir: Path, order: list[str]) -> dict:
+    """From one cell's traces: per released reply, the time from each operator's output to
+    the next one's on its lineage and from the last one's to the release (p50 ms, each
+    stage's queueing, compute and hop; the last, the hold's), and per operator the median
+    time from one batch's outputs to the next's (its cycle) and the median rows a batch."""
+    from keel.chaos.invariants import load_graph_traces
+
+    streams = load_graph_traces(str(trace_dir))
+    out_t = {(o["operator"], o["seq"]): o["t"] for o in streams["graph_output"]}
+    names = [f"{a} -> {b}" for a, b in zip(order, order[1:])] + [f"{order[-1]} -> release"]
+    gaps: dict[str, list[float]] = {n: [] for n in names}
+    for r in streams["graph_release"]:
+        seqs = {e[2]: e[3] for e in r["lineage"]}
+        ts = [out_t.get((op, seqs.get(op))) for op in order]
+        if None in ts:
+            continue
+        for name, t0, t1 in zip(names, ts, [*ts[1:], r["t"]]):
+            gaps[name].append(1000 * (t1 - t0))
+    cycles, rows = {}, {}
+    for op in order:
+        ts = sorted(t for (o, _), t in out_t.items() if o == op)
+        starts = [i for i in range(len(ts)) if i == 0 or ts[i] - ts[i - 1] > BATCH_GAP_S]  # a batch's rows: within it
+        cycles[op] = float(np.median(np.diff([ts[i] for i in starts]))) * 1000 if len(starts) > 1 else None
+        rows[op] = float(np.median(np.diff([*starts, len(ts)]))) if starts else None
+    return {"replies": len(gaps[names[-1]]),
+            "stages_p50_ms": {n: float(np.median(v)) if v else None for n, v in gaps.items()},
+            "cycle_ms": cycles, "rows_per_batch": rows}
+
+
+#: outputs of one batch are written within this of each other, batches further apart
+BATCH_GAP_S = 0.002
+
+
+def stages(graph_name: str, reps: int = 2, pad_ms: float = PAD_HAMS_MS, batch: int = 64, duration_s: float = 4.0,
+           log=print) -> dict:
+    """Where a chain graph's p50 goes in bare and nspb: traced cells of each, in turn,
+    ``reps`` times, at ``pad_ms`` per batch (``stages_of`` per cell). Stages padded to the
+    same time can lock in phase: a stage a little slower per batch than the one before it
+    makes that one's outputs wait, and the wait grows until two of its batches merge, so
+    one cell's queueing differs from the next one's by up to a batch time."""
+    table = graphs(pad_ms, batch)[graph_name]
+    order = chain_of(table)
+    cells = []
+    for rep in range(reps):
+        for mode in ("bare", "nspb"):
+            with tempfile.TemporaryDirectory(prefix="hams-stages-") as tmp:
+                cell = run_cell(graph_name, table, mode, rate_of(graph_name, batch, pad_ms), duration_s, Path(tmp),
+                                seed=rep, traced=True)
+                st = stages_of(next(Path(tmp).glob("trace-*")), order)
+            cells.append({"rep": rep, "mode": mode, "p50_ms": cell["p50_ms"], "p99_ms": cell["p99_ms"],
+                          "steal": cell["steal"], **st})
+            fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            log(f"  rep {rep} {mode:5s} p50 {cell['p50_ms']:.1f} ms; p50 per stage: "
+                + ", ".join(f"{n} {fmt(v)}" for n, v in st["stages_p50_ms"].items())
+                + " ms; cycle " + ", ".join(f"{op} {fmt(c)}" for op, c in st["cycle_ms"].items()) + " ms"
+                + f" ({st['replies']} replies)")
+    return {"graph": graph_name, "pad_ms": pad_ms, "batch": batch, "order": order, "cells": cells}
+
+
 def plot_overheads(out: dict, path: Path) -> None:
     """p50 per mode at 10 ms per batch (a panel per batch size), and at 50 ms per batch the
     p50 over bare per graph and mode (the large-state graph's ordering), its repetitions'
@@ -539,7 +615,9 @@ FIGURES = ("nspb_p50_overhead_b64", "nspb_p99_overhead_b64", "nspb_p50_overhead_
 
 
 def run(args: argparse.Namespace, log=print) -> dict:
-    log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes")
+    if args.stages:
+        log(f"HAMS overhead: where {args.stages}'s p50 goes, bare and nspb in turn, traced")
+        return stages(args.stages, reps=args.reps or 2, log=log)
     if args.breakdown:
         out = hold_breakdown()
         log(f"{out['graph']} batch {out['batch']} nspb: p50 {out['p50_ms']:.2f} ms, mean hold {out['hold_ms']:.2f} ms over "
@@ -548,6 +626,7 @@ def run(args: argparse.Namespace, log=print) -> dict:
             f"-> the frontend released: p50 {out['backup_apply_to_release_ms']['p50']:.2f} ms "
             f"(p90 {out['backup_apply_to_release_ms']['p90']:.2f}); steal {out['steal'] or 0:.0%}")
         return out
+    log("HAMS overhead: modes bare/nspb/s1/s2/remus interleaved on real processes")
     out = overheads(args.quick, log, reps=args.reps)
     for line in table(out):
         log(line)
@@ -563,6 +642,10 @@ def plot(out: dict, path: Path) -> None:
 def options(e: argparse.ArgumentParser) -> None:
     """``keel experiment hams-overhead``'s own options."""
     e.add_argument("--reps", type=int, help="repetitions of every cell (default: 1 quick, 2 full)")
+    e.add_argument("--stages", metavar="GRAPH", choices=("gru_gru", "online_learning", "stateful_last", "ol_large"),
+                   help="instead: traced bare and nspb cells of a chain GRAPH at 50 ms per batch, in turn (--reps "
+                        "times, default 2), and per reply the time from each operator's output to the next's and to "
+                        "the release")
     e.add_argument("--breakdown", action="store_true",
                    help="instead: one traced nspb cell (gru_gru, batch 64) and where its held replies' time goes")
 

@@ -222,15 +222,20 @@ def write_json(path: str | Path, report: dict) -> Path:
 
 def write_json_and_plot(path: str | Path, report: dict, plot: Callable[[dict, Path], None]) -> Path:
     """``write_json`` with the report's plot beside it (``path`` as .png, drawn by
-    ``plot(report, png)``, named in the report as ``plot``); returns the plot's path.
+    ``plot(report, png)``, named in the report as ``plot`` when one was drawn); returns the
+    plot's path.
 
     Keys that start with "_" are the plot's (series too long for the figures) and are left
     out of the JSON; the JSON is written even if the plot fails."""
     png = Path(path).with_suffix(".png")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    png.unlink(missing_ok=True)  # a run that draws nothing must not leave an older run's plot beside its JSON
     report["plot"] = str(png)
     try:
         plot(report, png)
     finally:
+        if not png.exists():
+            report.pop("plot", None)
         write_json(path, {k: v for k, v in report.items() if not str(k).startswith("_")})
     return png
 

@@ -53,3 +53,26 @@ def test_remus_over_nspb_divides_by_no_less_than_the_cells_resolution():
     assert remus_over_nspb({"nspb": 0.005, "remus": 0.30}, bare) == pytest.approx(15.0)
     assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, [200.0]) is None  # no resolution, no cost: undefined
     assert remus_over_nspb({"nspb": None, "remus": 0.30}, bare) is None
+
+
+def test_stages_split_each_reply_between_the_operators_outputs_and_the_release(tmp_path):
+    from keel.bench.hams_overhead import chain_of, graphs, stages_of
+
+    assert chain_of(graphs(50.0, 64)["ol_large"]) == ["m", "ol", "post"]
+    with pytest.raises(ValueError):
+        chain_of(graphs(50.0, 64)["fanout_join"])
+    lines = []
+    for b, t0 in enumerate((0.0, 0.05, 0.10)):  # three batches of two rows, 50 ms apart
+        for k in range(2):
+            seq = 2 * b + k
+            lines += [{"stream": "output", "operator": "g1", "seq": seq, "t": t0 + 0.0001 * k},
+                      {"stream": "output", "operator": "g2", "seq": seq, "t": t0 + 0.051 + 0.0001 * k},
+                      {"stream": "release", "origin": seq, "t": t0 + 0.053 + 0.0001 * k,
+                       "lineage": [["frontend", seq, "g1", seq], ["g1", seq, "g2", seq]]}]
+    (tmp_path / "g.jsonl").write_bytes(b"\n".join(orjson.dumps(rec) for rec in lines))
+    st = stages_of(tmp_path, ["g1", "g2"])
+    assert st["replies"] == 6
+    assert st["stages_p50_ms"]["g1 -> g2"] == pytest.approx(51.0)
+    assert st["stages_p50_ms"]["g2 -> release"] == pytest.approx(2.0)
+    assert st["cycle_ms"]["g1"] == pytest.approx(50.0)
+    assert st["rows_per_batch"]["g2"] == 2
