@@ -75,7 +75,8 @@ from keel.services.selection.runtime import Applications, Call
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
 #: freed memory is handed back to the system once the de-duplication table has shrunk by
-#: this many bytes, or this many client connections have closed, since it last was
+#: this many bytes (half its limit if that is less: a table of a few MB that emptied must
+#: count), or this many client connections have closed, since it last was
 TRIM_STEP = 8 << 20
 TRIM_CLIENTS = 64
 
@@ -140,6 +141,7 @@ class Frontend(Service):
         self.counts: dict[str, int] = defaultdict(int)
         self.nonfinite_models: set[str] = set()  # logged once each
         self.trim_mark, self.closed_clients = 0, 0  # since memory was last handed back
+        self.memory_released = 0  # times freed memory was handed back to the system
         self.every(1.0, self._forget_answered)
         # per target: ``target`` its name ("" for a request refused before it named one), ``kind``
         # model, application or graph
@@ -621,8 +623,9 @@ class Frontend(Service):
     def _forget_answered(self, now: float) -> None:
         self.dedup.forget(now)
         kept = self.dedup.bytes
-        if kept + TRIM_STEP < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
+        if kept + min(TRIM_STEP, self.cfg.dedup_max_bytes // 2) < self.trim_mark or self.closed_clients >= TRIM_CLIENTS:
             release_memory()  # the memory freed stays the process's otherwise
+            self.memory_released += 1
             self.trim_mark, self.closed_clients = kept, 0
         self.trim_mark = max(self.trim_mark, kept)
 
@@ -648,6 +651,7 @@ class Frontend(Service):
                 # the gateway's model versions: what the workers serve now, not the spec's at start
                 "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},
                 "dedup": {"entries": len(self.dedup), "bytes": self.dedup.bytes}, "clients": len(self.clients),
+                "memory_released": self.memory_released,
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0,
                 "graphs": {name: route.status() for name, route in self.graphs.items()},
