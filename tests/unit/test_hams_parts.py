@@ -192,4 +192,4 @@ def test_padded_compute_takes_the_pad_and_computes_at_its_end():
         assert padded.compute("rows") == "rows"
         took = time.perf_counter() - t0
         assert took >= 0.030
-        assert took - (model.done_at[-1] - t0) < 0.010  # the compute ended near the call's end, not its start
+        assert took - (model.done_at[-1] - t0) < 0.015  # near the call's end (padded after it, it would end ~28 ms before)
