@@ -48,6 +48,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -195,11 +196,11 @@ class StreamClient:
 
 
 def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: float, log_dir: Path, seed: int,
-             traced: bool = False) -> dict:
-    """One cell: the graph in ``mode`` under open load; ``traced``: every process writes its
-    trace and the cell's floor (``floor_of``) comes with it."""
+             read_trace: Callable[[Path], dict] | None = None) -> dict:
+    """One cell: the graph in ``mode`` under open load; ``read_trace``: every process writes
+    its trace, and what this reads of them (``floor_of``, ``stages_of``) comes with the cell."""
     trace_dir = log_dir / f"trace-{graph_name}-{mode}-{uuid.uuid4().hex[:6]}"
-    graph = read_graph(dict(table, mode=mode, **({"trace_dir": str(trace_dir)} if traced else {})))
+    graph = read_graph(dict(table, mode=mode, **({"trace_dir": str(trace_dir)} if read_trace else {})))
     services, client_ep = graph_services(graph, free_port_block(64))
     launcher = Launcher(log_dir / f"{graph_name}-{mode}")
     client = None
@@ -234,7 +235,7 @@ def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: f
                 "hold_ms": fe.get("hold_ms_mean"),
                 "update_wait_ms": max((s["update_wait_ms_per_batch"] for s in primaries), default=None),
                 "copy_ms": max((s["copy_ms_mean"] for s in primaries), default=None),
-                "steal": stolen, **(floor_of(trace_dir) if traced else {})}
+                "steal": stolen, **(read_trace(trace_dir) if read_trace else {})}
     finally:
         if client is not None:
             client.close()
@@ -359,7 +360,7 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
                     f"steal {stolen or 0:.0%})")
         for name in names:  # the floor: a traced nspb cell per graph at batch 64 (tracing costs: not a cell above)
             res = run_cell(name, graphs(PAD_MS, 64)[name], "nspb", rate_of(name, 64, PAD_MS), duration, Path(tmp),
-                           seed=0, traced=True)
+                           seed=0, read_trace=floor_of)
             floors.append({"graph": name, "batch": 64, "pad_ms": PAD_MS, "p50_ms": res["p50_ms"],
                            **{k: res.get(k) for k in ("replies_traced", "hold_p50_ms", "hop_p50_ms", "ship_p50_ms",
                                                       "floor_ms", "floor_p50s_summed_ms", "hold_over_floor_ms",
@@ -528,17 +529,16 @@ def stages(graph_name: str, reps: int = 2, pad_ms: float = PAD_HAMS_MS, batch: i
     one cell's queueing differs from the next one's by up to a batch time."""
     table = graphs(pad_ms, batch)[graph_name]
     order = chain_of(table)
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     cells = []
     for rep in range(reps):
         for mode in ("bare", "nspb"):
             with tempfile.TemporaryDirectory(prefix="hams-stages-") as tmp:
-                cell = run_cell(graph_name, table, mode, rate_of(graph_name, batch, pad_ms), duration_s, Path(tmp),
-                                seed=rep, traced=True)
-                st = stages_of(next(Path(tmp).glob("trace-*")), order)
-            cells.append({"rep": rep, "mode": mode, "p50_ms": cell["p50_ms"], "p99_ms": cell["p99_ms"],
-                          "steal": cell["steal"], **st})
-            fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-            log(f"  rep {rep} {mode:5s} p50 {cell['p50_ms']:.1f} ms; p50 per stage: "
+                st = run_cell(graph_name, table, mode, rate_of(graph_name, batch, pad_ms), duration_s, Path(tmp),
+                              seed=rep, read_trace=lambda trace_dir: stages_of(trace_dir, order))
+            cells.append({"rep": rep, "mode": mode, **{k: st[k] for k in ("p50_ms", "p99_ms", "steal", "replies",
+                                                                          "stages_p50_ms", "cycle_ms", "rows_per_batch")}})
+            log(f"  rep {rep} {mode:5s} p50 {st['p50_ms']:.1f} ms; p50 per stage: "
                 + ", ".join(f"{n} {fmt(v)}" for n, v in st["stages_p50_ms"].items())
                 + " ms; cycle " + ", ".join(f"{op} {fmt(c)}" for op, c in st["cycle_ms"].items()) + " ms"
                 + f" ({st['replies']} replies)")

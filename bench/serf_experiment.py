@@ -176,17 +176,17 @@ def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list
         ranked = sorted(measured, key=measured.get)
         pick = min(predicted, key=predicted.get) if predicted else None
         gap = (measured[ranked[1]] / measured[ranked[0]] - 1) if len(ranked) > 1 else None
-        told = len(ranked) > 1 and within_noise(measured[ranked[1]] - measured[ranked[0]], se[ranked[0]], se[ranked[1]])
+        in_noise = len(ranked) > 1 and within_noise(measured[ranked[1]] - measured[ranked[0]], se[ranked[0]], se[ranked[1]])
         rows.append({"rate": round(rate, 2), "measured_ms": {k: round(v, 2) for k, v in measured.items()},
                      "se_ms": {k: round(v, 2) if math.isfinite(v) else None for k, v in se.items()},
                      "predicted_ms": {k: round(v, 2) for k, v in predicted.items()}, "pick": pick,
                      "measured_best": ranked[0] if ranked else None, "top_two_gap": None if gap is None else round(gap, 4),
-                     "gap_within_noise": told if len(ranked) > 1 else None,
-                     "counts": gap is not None and gap > 0.05 and not told,
+                     "gap_within_noise": in_noise if len(ranked) > 1 else None,
+                     "counts": gap is not None and gap > 0.05 and not in_noise,
                      "right": pick == (ranked[0] if ranked else None)})
         log(f"   {rate:6.1f}/s: measured {rows[-1]['measured_ms']} (SE {rows[-1]['se_ms']}), Eq. 13 picks {pick}, "
             f"measured best {rows[-1]['measured_best']} (top two {0 if gap is None else gap:.1%} apart"
-            f"{', within their noise' if told else ''})")
+            f"{', within their noise' if in_noise else ''})")
     return rows
 
 

@@ -12,15 +12,15 @@ from keel.common.protocol.messages import GraphAck, GraphRequest, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.roles import Role
-from keel.services.graph.statemgr import Folded, header_of, outputs_of
+from keel.services.graph.statemgr import Folded, Packed, header_of
 
 
 class BackupSide:
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
-        if self.hams_role is Role.REJOINING and msg.epoch == self.backup.epoch and header_of(msg.blob).get("whole"):
-            header = header_of(msg.blob)  # the primary's whole state: Algorithm 2 goes on from it
+        header = header_of(msg.blob) if self.hams_role is Role.REJOINING and msg.epoch == self.backup.epoch else {}
+        if header.get("whole"):  # the primary's whole state: Algorithm 2 goes on from it
             self.backup.max_applied_seq = msg.first_seq - 1
             for op, seq in header["durable"].items():
                 self.backup.durable.notify(op, seq)
@@ -49,11 +49,12 @@ class BackupSide:
                     self.consumed[source] = max(self.consumed.get(source, -1), e.predecessor_seq)
             if self.backup.folded is None:
                 self.backup.folded = Folded()
-            self.backup.folded.fold(state.state["blob"])  # the whole state it makes (touched rows written in)
-            header = header_of(state.state["blob"])
+            packed = Packed(state.state["blob"])  # its header read once, for all of what follows
+            self.backup.folded.fold(packed)  # the whole state it makes (touched rows written in)
+            header = packed.header
             if not header.get("origins"):
                 continue
-            outs = outputs_of(state.state["blob"])  # not the state's tensors: a 16 MiB state is 16 MiB copied
+            outs = packed.outputs()  # not the state's tensors: a 16 MiB state is 16 MiB copied
             n = len(header["seqs"])
             requests, reply_to = header.get("requests") or [None] * n, header.get("reply_to") or [None] * n
             origin_of = dict(zip(header["seqs"], header["origins"]))

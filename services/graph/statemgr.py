@@ -98,29 +98,63 @@ def pack(state: dict[str, np.ndarray], outputs: dict[int, np.ndarray], meta: dic
     return blob
 
 
-def header_of(blob: np.ndarray) -> dict:
-    """``pack``'s JSON header alone (the outputs' seqs and ``meta``)."""
-    raw = np.ascontiguousarray(blob, dtype=np.uint8)
-    n = int.from_bytes(raw[:4].tobytes(), "little")
-    return orjson.loads(raw[4:4 + n].tobytes())
+class Packed:
+    """A ``pack``ed blob read once: its JSON header and where its tensors start. A backup
+    reads each applied state's header for folding, for its outputs and for its records:
+    parsed once here, not once for each."""
 
+    __slots__ = ("blob", "raw", "header", "start")
 
-def unpack(blob: np.ndarray) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
-    """``pack``'s inverse (copies; never unpickles). A blob of touched rows gives those rows
-    and their indices (``NAME@rows``): ``Folded`` writes them into a whole state."""
-    raw = np.ascontiguousarray(blob, dtype=np.uint8)
-    n = int.from_bytes(raw[:4].tobytes(), "little")
-    header = orjson.loads(raw[4:4 + n].tobytes())
-    start = -(-(4 + n) // _ALIGN) * _ALIGN
-    arrays = {}
-    for name, dtype, shape, off in header["tensors"]:
+    def __init__(self, blob: np.ndarray):
+        self.blob = blob
+        self.raw = raw = np.ascontiguousarray(blob, dtype=np.uint8)
+        n = int.from_bytes(raw[:4].tobytes(), "little")
+        self.header = orjson.loads(raw[4:4 + n].tobytes())
+        self.start = -(-(4 + n) // _ALIGN) * _ALIGN
+
+    @staticmethod
+    def of(blob: np.ndarray | Packed) -> Packed:
+        return blob if isinstance(blob, Packed) else Packed(blob)
+
+    def _tensor(self, dtype: str, shape: list[int], off: int) -> np.ndarray:
+        """A copy of one tensor (never unpickles: object dtypes are refused)."""
         dt = np.dtype(dtype)
         if dt.hasobject:
             raise ValueError("object dtypes are refused")
-        size = int(np.prod(shape)) * dt.itemsize
-        arrays[name] = raw[start + off:start + off + size].view(dt).reshape(shape).copy()
+        begin = self.start + off
+        return self.raw[begin:begin + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape).copy()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every tensor the blob holds, the outputs as ``""``."""
+        return {name: self._tensor(dtype, shape, off) for name, dtype, shape, off in self.header["tensors"]}
+
+    def outputs(self) -> dict[int, np.ndarray]:
+        """The batch's outputs alone, by seq (the state's tensors not copied)."""
+        for name, dtype, shape, off in self.header["tensors"]:
+            if name == "":
+                outs = self._tensor(dtype, shape, off)
+                return {s: outs[i] for i, s in enumerate(self.header["seqs"])}
+        return {}
+
+
+def header_of(blob: np.ndarray) -> dict:
+    """``pack``'s JSON header alone (the outputs' seqs and ``meta``)."""
+    return Packed(blob).header
+
+
+def unpack(blob: np.ndarray | Packed) -> tuple[dict[str, np.ndarray], dict[int, np.ndarray]]:
+    """``pack``'s inverse (copies; never unpickles). A blob of touched rows gives those rows
+    and their indices (``NAME@rows``): ``Folded`` writes them into a whole state."""
+    packed = Packed.of(blob)
+    arrays = packed.arrays()
     outs = arrays.pop("", None)
-    return arrays, ({s: outs[i] for i, s in enumerate(header["seqs"])} if outs is not None else {})
+    return arrays, ({s: outs[i] for i, s in enumerate(packed.header["seqs"])} if outs is not None else {})
+
+
+def outputs_of(blob: np.ndarray | Packed) -> dict[int, np.ndarray]:
+    """The batch's outputs alone (a backup keeps them for a resend): ``unpack`` without
+    copying the state's tensors, which a backup only reads at a takeover."""
+    return Packed.of(blob).outputs()
 
 
 class Folded:
@@ -135,7 +169,7 @@ class Folded:
         self.blob: np.ndarray | None = None
         self.tensors: dict[str, np.ndarray] | None = None
 
-    def fold(self, blob: np.ndarray) -> None:
+    def fold(self, blob: np.ndarray | Packed) -> None:
         self.blob, self.tensors = _folded(self.blob, self.tensors, blob, in_place=True)
 
     def at(self, later: list[np.ndarray] = ()) -> dict[str, np.ndarray]:
@@ -150,12 +184,13 @@ class Folded:
         return tensors
 
 
-def _folded(blob, tensors, new: np.ndarray, in_place: bool):
+def _folded(blob, tensors, new: np.ndarray | Packed, in_place: bool):
     """(blob, tensors) after ``new``: a whole state replaces them, touched rows are written
     into the tensors (made from the whole blob first; copied first unless ``in_place``)."""
-    header = header_of(new)
+    new = Packed.of(new)
+    header = new.header
     if not header.get("rows"):
-        return new, None
+        return new.blob, None
     if tensors is None:
         if blob is None:
             raise ValueError("a state of touched rows with no whole state before it")
@@ -171,22 +206,6 @@ def _folded(blob, tensors, new: np.ndarray, in_place: bool):
         else:
             tensors[name] = value
     return None, tensors
-
-
-def outputs_of(blob: np.ndarray) -> dict[int, np.ndarray]:
-    """The batch's outputs alone (a backup keeps them for a resend): ``unpack`` without
-    copying the state's tensors, which a backup only reads at a takeover."""
-    raw = np.ascontiguousarray(blob, dtype=np.uint8)
-    n = int.from_bytes(raw[:4].tobytes(), "little")
-    header = orjson.loads(raw[4:4 + n].tobytes())
-    start = -(-(4 + n) // _ALIGN) * _ALIGN
-    for name, dtype, shape, off in header["tensors"]:
-        if name == "":
-            dt = np.dtype(dtype)
-            size = int(np.prod(shape)) * dt.itemsize
-            outs = raw[start + off:start + off + size].view(dt).reshape(shape).copy()
-            return {s: outs[i] for i, s in enumerate(header["seqs"])}
-    return {}
 
 
 class StateManager:
@@ -323,4 +342,5 @@ def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict] | None:
             blob = np.frombuffer(f.read(), dtype=np.uint8)
     except FileNotFoundError:
         return None
-    return unpack(blob)[0], header_of(blob)
+    packed = Packed(blob)
+    return unpack(packed)[0], packed.header
