@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, relaxation_s,
-                                    run_point)
+from keel.bench.serf_points import (PILOT_S, POINT_BUDGET_S, WARM_RELAX, merge, predicted_vs_measured, queue_of,
+                                    relaxation_s, run_point, steady)
 from keel.bench.serf_accuracy import within
 from keel.bench.serf_design import LOW_FACTORS, QUICK_LOW_FACTORS
 from keel.bench.serf_step import step_load
@@ -169,8 +169,10 @@ def best_pick(client, dispatcher, model, p, configs, inputs, run_s, log) -> list
                 continue  # unstable by its profile: a queue that grows for ever is not a candidate
             set_configuration(dispatcher, model, *config)
             warm = min(WARM_RELAX * relaxation_s(p, config, rate), 0.5 * run_s)
-            m = merge([least_starved(lambda: run_point(client, model, inputs, rate, run_s, warm, seed=200 + k),
-                                     log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]])
+            queue = queue_of(p, config)
+            m = merge([least_starved(lambda: run_point(client, model, inputs, rate, run_s, warm, seed=200 + k, queue=queue),
+                                     log=log, what=f"best pick {config[0]}x{config[1]} at {rate:.1f}/s")[0]],
+                      steady(queue, rate, seed=k))
             name = "x".join(map(str, config))
             measured[name], se[name], predicted[name] = m["mean_ms"], m["se_ms"], pred
         ranked = sorted(measured, key=measured.get)

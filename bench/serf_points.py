@@ -16,7 +16,18 @@ How a point is measured, and why:
   how much longer a point needs; the points that need least get it first, so that the
   most points reach ``POINT_SE``. A light point of a fast configuration reaches 1% in a few
   seconds; one at 75% load of a slow configuration needs minutes, which is why the full
-  run's loads stop at 60%. ``--quick`` takes the pilot alone (2 s).
+  run's loads stop at 60%. ``--quick`` takes the pilot alone (2 s);
+- the mean is estimated with a control variate (``merge``): each request's arrival is
+  replayed through the profile's own queue (``common.queueing.shared_sojourn_times``: while
+  k run, each progresses at mu_k, as on a host whose requests interfere; the same arrival
+  times, from the same empty start), and the point's mean is that queue's
+  steady-state mean (``steady``, a long simulation) plus the mean of measured minus
+  replayed. The two share the arrivals' bursts, which are most of a loaded queue's
+  variance, so the difference's standard error is a fraction of the plain mean's (and the
+  replay's transient from an empty start cancels the measured one's). The estimate is
+  unbiased whatever the profile says (the replay's expected mean is ``steady``'s by
+  construction); a profile far from the host only makes the difference noisier. The plain
+  mean and its standard error are reported beside it (``plain_mean_ms``, ``plain_se_ms``).
 """
 from __future__ import annotations
 
@@ -28,7 +39,7 @@ import numpy as np
 from keel.bench.serf_accuracy import within
 from keel.bench.serf_design import WARMUP
 from keel.bench.serf_step import run_load
-from keel.common.queueing import latency, utilisation
+from keel.common.queueing import latency, shared_sojourn_times, utilisation
 from keel.common.steal import least_starved
 from keel.services.serf.profiler import service_between, service_counters, set_configuration
 
@@ -46,6 +57,8 @@ PILOT_S, POINT_BUDGET_S, POINT_MAX_S, PASSES, MIN_RUN_S, NEED_MARGIN = 6.0, 30.0
 BATCHES = 10
 #: a stable point for the projected exhaustive sweep (a 95% interval of +-3%)
 STABLE_SE = 0.015
+#: arrivals of the long simulation that gives the replayed queue's steady-state mean (``steady``)
+STEADY_ARRIVALS = 400_000
 
 
 def batch_means_se(values) -> float:
@@ -68,25 +81,63 @@ def relaxation_s(p, config, rate: float) -> float:
     return 1.0 / (cap * (1.0 - math.sqrt(min(rate / cap, 0.99))) ** 2)
 
 
-def run_point(client, model, inputs, rate: float, seconds: float, warm_s: float, seed: int) -> dict:
+def queue_of(p, config) -> tuple[list[float], float]:
+    """The profile's queue of ``config`` as the replay serves it: (mu_1..mu_c with the
+    hand-off, the hand-off ms), as ``Profile.predict_ms`` reads it."""
+    return p.mu(config), p.handoff_ms.get(config[0], 0.0)
+
+
+def replayed_ms(queue: tuple[list[float], float], sent: list[float]) -> np.ndarray:
+    """Each request's time (ms) in ``queue`` for the arrivals ``sent`` (s), from an empty
+    start, less the hand-off (as ``Profile.predict_ms``)."""
+    mu, handoff_ms = queue
+    return shared_sojourn_times(mu, np.maximum.accumulate(np.asarray(sent, float) - sent[0])) * 1000.0 - handoff_ms
+
+
+def steady(queue: tuple[list[float], float], rate: float, seed: int = 0) -> tuple[float, float]:
+    """The replayed queue's steady-state mean (ms) at ``rate``, and its batch-means standard
+    error: ``STEADY_ARRIVALS`` Poisson arrivals (~0.6 s), the first ``WARMUP`` left out."""
+    sent = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, STEADY_ARRIVALS))
+    lat = replayed_ms(queue, sent)[int(WARMUP * STEADY_ARRIVALS):]
+    return float(lat.mean()), batch_means_se(lat)
+
+
+def run_point(client, model, inputs, rate: float, seconds: float, warm_s: float, seed: int,
+              queue: tuple[list[float], float] | None = None) -> dict:
     """One continuous run of Poisson arrivals at ``rate`` for ``seconds``: the latencies of
     the requests sent after its first ``warm_s`` (at least its first ``WARMUP`` share: the
-    queue fills from empty), the requests sent and lost, and the time it took."""
+    queue fills from empty), the requests sent and lost, and the time it took. With
+    ``queue`` (``queue_of``), also each kept request's latency less its replay through
+    that queue (``diff``: every request sent is replayed, answered or not)."""
     t = time.monotonic()
     records, s = run_load(client, model, inputs, rate, seconds, 100_000, seed=seed)
     t0 = records[0].sent if records else 0.0
     skip = max(int(WARMUP * len(records)), sum(1 for r in records if r.sent - t0 < warm_s))
-    kept = [r.latency_ms for r in records[skip:] if r.latency_ms is not None and not r.error_code]
-    return {"kept": kept, "sent": len(records), "lost": s["lost"], "kept_s": max(0.0, seconds - warm_s),
-            "took_s": time.monotonic() - t}
+    keep = [k for k in range(skip, len(records)) if records[k].latency_ms is not None and not records[k].error_code]
+    part = {"kept": [records[k].latency_ms for k in keep], "sent": len(records), "lost": s["lost"],
+            "kept_s": max(0.0, seconds - warm_s), "took_s": time.monotonic() - t}
+    if queue is not None and records:
+        replay = replayed_ms(queue, [r.sent for r in records])
+        part["diff"] = [records[k].latency_ms - replay[k] for k in keep]
+    return part
 
 
-def merge(parts: list[dict]) -> dict:
-    """A point from its runs: the mean and batch-means standard error of every kept latency."""
+def merge(parts: list[dict], steady_ms: tuple[float, float] | None = None) -> dict:
+    """A point from its runs. Without ``steady_ms``: the mean and batch-means standard error
+    of every kept latency. With it (``steady``: the replayed queue's steady-state mean and
+    its standard error), the control-variate estimate (the module's docstring): that mean
+    plus the mean of measured minus replayed, its standard error the two's combined; the
+    plain mean beside it (``plain_mean_ms``, ``plain_se_ms``)."""
     kept = [ms for part in parts for ms in part["kept"]]
-    mean = float(np.mean(kept)) if kept else float("nan")
-    se = batch_means_se(kept)
-    return {"mean_ms": mean, "se_ms": se, "n": sum(part["sent"] for part in parts), "kept": len(kept),
+    plain = float(np.mean(kept)) if kept else float("nan")
+    plain_se = batch_means_se(kept)
+    mean, se = plain, plain_se
+    if steady_ms is not None and all("diff" in part for part in parts):
+        diff = [ms for part in parts for ms in part["diff"]]
+        mean = steady_ms[0] + float(np.mean(diff)) if diff else float("nan")
+        se = math.hypot(batch_means_se(diff), steady_ms[1])
+    return {"mean_ms": mean, "se_ms": se, "plain_mean_ms": plain, "plain_se_ms": plain_se,
+            "n": sum(part["sent"] for part in parts), "kept": len(kept),
             "lost": sum(part["lost"] for part in parts), "runs": len(parts), "capped": not se <= POINT_SE * mean,
             "took_s": sum(part["took_s"] for part in parts), "kept_s": sum(part["kept_s"] for part in parts)}
 
@@ -146,13 +197,15 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
     """Every candidate at every load: a pilot run of ``pilot_s`` each, then what is left of
     ``budget_s`` (the pilots included) spent where the standard errors need it
     (``extensions``, at most ``PASSES`` rounds); each run continuous, its warm-up
-    (``relaxation_s``) left out. The points and the time they took."""
+    (``relaxation_s``) left out, each mean estimated against the profile's queue on the
+    same arrivals (``merge``). The points and the time they took."""
     dispatcher = spec.service("dispatcher").config.worker_endpoint
     workers = [s.config.status_endpoint for s in spec.services if s.role == "worker"]
     keys = [(config, k, load) for config in configs for k, load in enumerate(loads)]
     parts: dict = {key: [] for key in keys}
     intervals: dict = {key: [] for key in keys}
     steal: dict = {key: [] for key in keys}
+    steadies = {key: steady(queue_of(p, key[0]), key[2] * p.capacity(key[0]), seed=key[1]) for key in keys}
 
     def measure(key, seconds: float) -> None:
         config, k, load = key
@@ -162,7 +215,7 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
 
         def one_run():
             before = service_counters(workers)
-            part = run_point(client, model, inputs, rate, seconds, warm, seed)
+            part = run_point(client, model, inputs, rate, seconds, warm, seed, queue=queue_of(p, config))
             return before, service_counters(workers), part
 
         (before, after, part), stolen, takes = least_starved(one_run, log=log, what=f"{config[0]}x{config[1]} at {load:.0%}")
@@ -181,7 +234,7 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
 
     measure_all({key: pilot_s for key in keys})
     for _ in range(PASSES):
-        figures = [merge(parts[key]) for key in keys]
+        figures = [merge(parts[key], steadies[key]) for key in keys]
         left = budget_s - sum(f["took_s"] for f in figures)  # the pilots count in the budget
         more = extensions(figures, left, POINT_MAX_S)
         if not any(more):
@@ -193,7 +246,7 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
     for key in keys:
         config, k, load = key
         rate = load * p.capacity(config)
-        m = merge(parts[key])
+        m = merge(parts[key], steadies[key])
         stolen = max((s for s, _ in steal[key] if s is not None), default=None)
         exhaustive_s += m["took_s"]
         inrun = inrun_prediction(p, config, rate, intervals[key])
@@ -213,6 +266,9 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
                        "within_2se": within(predicted - measured, m["se_ms"]),
                        "within_2se_const": within(const - measured, m["se_ms"]),
                        "stderr": None if stderr is None else round(stderr, 4), "capped": m["capped"],
+                       "plain_mean_ms": round(m["plain_mean_ms"], 3),
+                       "plain_se_ms": round(m["plain_se_ms"], 3) if math.isfinite(m["plain_se_ms"]) else None,
+                       "steady_ms": round(steadies[key][0], 3),
                        "inrun_predicted_ms": None if inrun is None else round(inrun, 3),
                        "inrun_error": None if inrun is None else round(abs(inrun - measured) / measured, 4),
                        "lost": m["lost"], "stable_n": stable_n,
@@ -220,7 +276,8 @@ def predicted_vs_measured(client, spec, model, p, configs, inputs, pilot_s, budg
                        "steal": None if stolen is None else round(stolen, 4), "takes": sum(t for _, t in steal[key])})
         log(f"   {config[0]}x{config[1]} at {load:4.0%} ({rate:6.1f}/s, {m['n']:5d} req, {m['runs']} runs, {m['took_s']:4.1f} s): "
             f"predicted {predicted:7.2f} ms, measured {measured:7.2f} +- {m['se_ms']:.2f} ms "
-            f"(SE {stderr or float('inf'):.1%}{', capped' if m['capped'] else ''}), error {err:6.1%} "
+            f"(SE {stderr or float('inf'):.1%}{', capped' if m['capped'] else ''}; plain {m['plain_mean_ms']:.2f} "
+            f"+- {m['plain_se_ms']:.2f}), error {err:6.1%} "
             f"(one path {abs(const - measured) / measured:6.1%}); in-run "
             + ("unstable" if inrun is None else f"{inrun:7.2f} ms") + f"; steal {stolen or 0:.0%}")
     return points, exhaustive_s

@@ -141,3 +141,41 @@ def reference_table(profiles: dict[tuple[int, int], Sequence[float]], rates: Seq
         row = {config: w[k] for config, w in by_config.items() if w[k] == w[k]}  # NaN: unstable there
         table.append({"rate": lam, "latency_s": row, "best": min(row, key=row.get) if row else None})
     return table
+
+
+def shared_sojourn_times(mu: Sequence[float], arrivals: Sequence[float]) -> np.ndarray:
+    """Each request's time (s) in the same queue read as its birth-death chain reads it
+    (Eq. 2-4): while k requests run, each progresses at ``mu[k-1]`` (its share of the
+    host), so a request slows when others start beside it and speeds up when they end,
+    as requests that interfere do on a host (``common.serf_host``). FCFS, at most
+    ``len(mu)`` at once, from an empty start; ``arrivals`` (s) sorted. With no
+    interference (``mu`` all equal) it is ``sojourn_times``.
+
+    Every running request progresses at the same rate, so one clock of the work done by
+    each since the start (``work``) orders their ends: a request started at work ``w`` ends
+    when the clock reaches ``w + 1``."""
+    import heapq
+    from collections import deque
+
+    arrivals = np.asarray(arrivals, dtype=float)
+    n, c = len(arrivals), len(mu)
+    running, waiting = [], deque()  # (work at which it ends, index)
+    out = np.empty(n)
+    t = work = 0.0
+    i = done = 0
+    while done < n:
+        rate = mu[len(running) - 1] if running else 0.0
+        end = t + (running[0][0] - work) / rate if running else math.inf
+        if i < n and arrivals[i] <= end:
+            work, t, idx, i = work + (arrivals[i] - t) * rate, arrivals[i], i, i + 1
+            if len(running) < c:
+                heapq.heappush(running, (work + 1.0, idx))
+            else:
+                waiting.append(idx)
+            continue
+        finish, idx = heapq.heappop(running)
+        work, t = finish, end
+        out[idx], done = t - arrivals[idx], done + 1
+        if waiting:
+            heapq.heappush(running, (work + 1.0, waiting.popleft()))
+    return out

@@ -74,3 +74,23 @@ def test_simulate_replays_given_arrivals():
     assert simulate([100.0], 1.0, arrivals=[0.0, 0.0, 0.0], warmup=0.0) == pytest.approx(0.020)
     # two servers, interference: the second to start runs at mu_2 (20 ms)
     assert simulate([100.0, 50.0], 1.0, arrivals=[0.0, 0.0], warmup=0.0) == pytest.approx(0.015)
+
+
+def test_shared_sojourns_slow_a_request_while_others_run_beside_it():
+    import numpy as np
+
+    from keel.common.queueing import shared_sojourn_times, sojourn_times
+
+    # alone 100 ms; two at once each at half speed
+    mu = [10.0, 5.0]
+    # both at 0: 200 ms each (timed at their start, the same)
+    assert shared_sojourn_times(mu, [0.0, 0.0]) == pytest.approx([0.2, 0.2])
+    # the second 50 ms later: the first alone for half its work, then both at half speed;
+    # the second ends alone (150 ms each), where timing by the start gives 100 and 200 ms
+    assert shared_sojourn_times(mu, [0.0, 0.05]) == pytest.approx([0.15, 0.15])
+    assert sojourn_times(mu, [0.0, 0.05]) == pytest.approx([0.1, 0.2])
+    # FCFS and at most len(mu) at once: a third waits for the first to end
+    assert shared_sojourn_times(mu, [0.0, 0.0, 0.0]) == pytest.approx([0.2, 0.2, 0.3])
+    # with no interference the two readings are one
+    arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / 100.0, 5000))
+    assert shared_sojourn_times([60.0] * 2, arrivals) == pytest.approx(sojourn_times([60.0] * 2, arrivals))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keel.bench import serf_points
+from keel.common.queueing import shared_sojourn_times
 from keel.bench.serf_points import POINT_SE, extensions, inrun_prediction, merge, relaxation_s, run_point
 from keel.services.serf.profile import Profile
 
@@ -72,3 +73,48 @@ def test_the_in_run_prediction_pools_the_service_times_of_every_run_of_a_point()
     assert pooled == pytest.approx(alone)
     # fewer than 3 batches: the profile's own figure
     assert inrun_prediction(p, (1, 1), 10.0, [(zero, {1: (2, 60.0, 0.0)})]) == pytest.approx(p.predict_ms((1, 1), 10.0))
+
+
+def _loaded_run(monkeypatch, mu_true: list[float], rate: float, seconds: float, seed: int, path_ms: float = 2.0):
+    """A run whose latencies are those of a queue with ``mu_true`` on its own Poisson
+    arrivals, plus a path with noise: what ``run_load`` would give from a live host."""
+    rng = np.random.default_rng(seed)
+    sent = 50.0 + np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds)))
+    ms = shared_sojourn_times(mu_true, sent - sent[0]) * 1000.0 + path_ms + rng.normal(0.0, 0.3, len(sent))
+    records = [_Rec(t, float(v)) for t, v in zip(sent, ms)]
+    monkeypatch.setattr(serf_points, "run_load", lambda *a, **k: (records, {"lost": 0}))
+
+
+def test_a_loaded_points_mean_is_estimated_against_the_profiles_queue_on_the_same_arrivals(monkeypatch):
+    # 2 slots of 10 ms at 75% load (150/s): the plain mean of 20 s moves by several percent
+    p = Profile("m", "1", 2, {(1, 1): 10.0, (2, 1): 10.0})
+    rate, queue = 150.0, serf_points.queue_of(p, (2, 1))
+    truth = serf_points.steady(queue, rate, seed=99)[0] + 2.0  # the queue's long-run mean, plus the path
+    steady = serf_points.steady(queue, rate)
+    for seed in range(3):
+        _loaded_run(monkeypatch, queue[0], rate, 20.0, seed)
+        m = merge([run_point(None, "m", None, rate, 20.0, warm_s=1.0, seed=seed, queue=queue)], steady)
+        # the arrivals' bursts are the replay's too: the difference is the path and its noise
+        assert m["se_ms"] < m["plain_se_ms"] / 4
+        assert abs(m["mean_ms"] - truth) < 3 * m["se_ms"] + 0.02 * truth
+        assert m["se_ms"] <= POINT_SE * m["mean_ms"] and not m["capped"]
+    # without the steady state (or a run without its replay): the plain mean, as before
+    plain = merge([run_point(None, "m", None, rate, 20.0, warm_s=1.0, seed=0)], steady)
+    assert plain["mean_ms"] == plain["plain_mean_ms"] and plain["se_ms"] == plain["plain_se_ms"]
+
+
+def test_the_estimate_follows_the_host_not_the_profile_when_they_differ(monkeypatch):
+    # the host serves 15% slower than its profile says: the estimate is the host's mean,
+    # not the profile's (the replay only takes out the noise both share)
+    p = Profile("m", "1", 2, {(1, 1): 10.0, (2, 1): 10.0})
+    rate, queue = 130.0, serf_points.queue_of(p, (2, 1))
+    slower = [m / 1.15 for m in queue[0]]
+    truth = serf_points.steady((slower, 0.0), rate, seed=99)[0] + 2.0
+    assert truth > 1.3 * serf_points.steady(queue, rate)[0]  # far apart: the test can tell them
+    estimates = []
+    for seed in range(4):
+        _loaded_run(monkeypatch, slower, rate, 30.0, seed)
+        m = merge([run_point(None, "m", None, rate, 30.0, warm_s=1.0, seed=seed, queue=queue)],
+                  serf_points.steady(queue, rate))
+        estimates.append(m["mean_ms"])
+    assert abs(np.mean(estimates) - truth) < 0.05 * truth
