@@ -161,7 +161,8 @@ def extensions(points: list[dict], budget_s: float, max_s: float) -> list[float]
             need.append(max_s)  # too few requests to say: as long as a point may run
     more = [0.0] * len(points)
     for k in sorted(range(len(points)), key=lambda j: need[j]):
-        give = min(need[k], max(0.0, max_s - points[k]["took_s"]), budget_s)
+        # a point just short of it needs a fraction of a second: a run of MIN_RUN_S then
+        give = min(max(need[k], MIN_RUN_S) if need[k] > 0 else 0.0, max(0.0, max_s - points[k]["took_s"]), budget_s)
         if give >= MIN_RUN_S:
             more[k], budget_s = give, budget_s - give
     return more

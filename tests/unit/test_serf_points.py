@@ -32,6 +32,8 @@ def test_the_time_for_points_goes_first_to_those_that_need_least():
     # a point with too few requests to say runs as long as a point may
     assert extensions([{"mean_ms": 50.0, "se_ms": float("inf"), "kept": 3, "kept_s": 1.0, "took_s": 2.0}], 500.0, 60.0) == [58.0]
     assert extensions(points, 0.0, 120.0) == [0.0] * 4  # --quick: the pilot alone
+    # a point just over it (a need of a fraction of a second) still gets one short run
+    assert extensions([_point(0.0101, 6.0)], 100.0, 120.0) == [serf_points.MIN_RUN_S]
 
 
 def test_a_queue_from_empty_takes_longer_to_fill_near_its_capacity_and_on_slower_servers():
