@@ -18,8 +18,10 @@ SERF does not batch), every part through the real path:
 2. Predicted (Eq. 13 + the profiled path) against measured mean latency at the client,
    Poisson arrivals, for each candidate configuration (on 8 cores: the table's best at some
    load, and the extremes 1x8 and 8x1; on 2 cores all three) at loads that are fractions of
-   its own capacity (``bench.serf_points``). Each point runs until its mean's standard
-   error (batch means: a queue's latencies are correlated) is at most ``POINT_SE`` of the
+   its own capacity (``bench.serf_points``). Each point's mean is estimated against the
+   profile's own queue replayed on the same arrivals (a control variate: the arrivals'
+   bursts, most of a loaded queue's noise, are the replay's too), and each point runs
+   until that mean's standard error (batch means: a queue's latencies are correlated) is at most ``POINT_SE`` of the
    mean, its warm-up left out; the full run spends the model's time for points where the
    standard errors need it, ``--quick`` takes one 2 s run. Each point reports that standard
    error beside its prediction error (``stderr``; ``max_point_stderr`` over the run).
