@@ -132,9 +132,12 @@ class Packed:
         """The batch's outputs alone, by seq (the state's tensors not copied)."""
         for name, dtype, shape, off in self.header["tensors"]:
             if name == "":
-                outs = self._tensor(dtype, shape, off)
-                return {s: outs[i] for i, s in enumerate(self.header["seqs"])}
+                return self.by_seq(self._tensor(dtype, shape, off))
         return {}
+
+    def by_seq(self, outs: np.ndarray | None) -> dict[int, np.ndarray]:
+        """The stacked outputs tensor as one row per seq ({} without one)."""
+        return {} if outs is None else {s: outs[i] for i, s in enumerate(self.header["seqs"])}
 
 
 def header_of(blob: np.ndarray) -> dict:
@@ -147,8 +150,7 @@ def unpack(blob: np.ndarray | Packed) -> tuple[dict[str, np.ndarray], dict[int, 
     and their indices (``NAME@rows``): ``Folded`` writes them into a whole state."""
     packed = Packed.of(blob)
     arrays = packed.arrays()
-    outs = arrays.pop("", None)
-    return arrays, ({s: outs[i] for i, s in enumerate(packed.header["seqs"])} if outs is not None else {})
+    return arrays, packed.by_seq(arrays.pop("", None))
 
 
 def outputs_of(blob: np.ndarray | Packed) -> dict[int, np.ndarray]:

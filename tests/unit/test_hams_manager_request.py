@@ -30,6 +30,14 @@ def asked(sock: zmq.Socket, op: str) -> list:
     return out
 
 
+def gathered(socks: list, got: list[list], op: str) -> bool:
+    """Add the requests for ``op`` now waiting at each socket to its list in ``got``; has
+    every socket had one? (Other requests, such as the link's snapshot ask, are read past.)"""
+    for sock, envelopes in zip(socks, got):
+        envelopes.extend(asked(sock, op))
+    return all(got)
+
+
 def answer(sock: zmq.Socket, who: bytes, op: str, result: dict) -> None:
     transport.send(sock, protocol.Control(op=op, result=result), envelope=[who])
 
@@ -48,11 +56,12 @@ def test_the_leaders_decision_reaches_the_callback_once_and_silence_is_asked_aga
     try:
         link.request("promote", {"group": "graph/g2", "name": "op-g2", "expected_epoch": 3}, replies.append)
         first = [[] for _ in socks]  # the link's other asks (its feed's snapshot) may come first
-        run_until(svc, lambda: all([got.extend(asked(s, "promote")) or got for s, got in zip(socks, first)]))
+        run_until(svc, lambda: gathered(socks, first, "promote"))
         assert all(len(a) >= 1 for a in first), first  # to every replica: only the leader decides
         answer(socks[0], first[0][0], "promote", {"status": "not_leader", "leader": endpoints[1]})
-        again = []
-        run_until(svc, lambda: again.extend(asked(socks[1], "promote")) or again)  # the leader, silent so far
+        again = [[]]
+        run_until(svc, lambda: gathered(socks[1:2], again, "promote"))  # the leader, silent so far
+        again = again[0]
         assert link.pending and not replies
         assert again, "a silent leader is asked again while no replica decides"
         answer(socks[1], again[0], "promote", {"status": "ok", "epoch": 4, "holder": "op-g2"})
