@@ -12,11 +12,11 @@ A model whose batches take longer than ``DEVICE_ABOVE_MS`` computes on the opera
 thread (``services.executors``, one thread; torch and a GPU's wait release the GIL), as a
 GPU service's batch runs on its device while the host goes on: the loop serves its inbox
 meanwhile (inputs, acks, durability notices, heartbeats), and once a batch is computed it
-numbers and sends its outputs, updates the state, starts the next batch, and only then, in
-the background modes (nspb, s1), ships the state it updated (``after_start``, in the same
-tick: the copy overlaps the next batch's compute, which reads the state the copy reads).
-The stop-to-copy modes (s2, remus) ship before the next batch starts: their model stops
-for the copy, as the paper's baselines do. A loop that stopped for each batch (50 ms at HAMS's
+numbers its outputs, updates the state, starts the next batch, and only then sends the
+outputs and ships the state it updated (``after_start``, in that order, in the same tick:
+the sends and the copy overlap the next batch's compute, which reads the state the copy
+reads; an output waits for the update, ~0.1 ms for a GRU, and a reply held for the state
+waits for it anyway). A loop that stopped for each batch (50 ms at HAMS's
 scale) added its own per-batch work to every batch: a stateful operator's NSPB work made
 its batches 0.5 ms longer than its neighbours', and a 50 ms fan-out's branches then drifted
 out of phase (their join waited up to a batch). A short batch computes on the loop, where
@@ -40,12 +40,9 @@ from keel.services.graph.models import GraphBatch
 from keel.services.graph.roles import SERVING, Role as R
 
 
-#: a model whose batches take longer than this (a running mean) computes them on the device
-#: thread (the module's docstring); a shorter one on the loop: the two hand-offs a batch then
-#: makes (to the thread and back, ~0.1-0.7 ms each on a busy 2-core machine) pay where the
-#: batch is long against them (HAMS's 50 ms), not at 10 ms a batch, where batch-1 replies
-#: measured slower with them (nspb's overhead over bare +10.5% against +8.1%, quick runs)
-DEVICE_ABOVE_MS = 20.0
+#: a model whose last batch took longer than this computes its batches on the device thread
+#: (the module's docstring); a shorter one on the loop (a hand-off is ~0.1-0.7 ms here)
+DEVICE_ABOVE_MS = 2.0
 #: weight of the newest batch in the compute time's running mean
 _COMPUTE_EWMA = 0.3
 
@@ -76,8 +73,8 @@ class Batches:
     computing: tuple[Job, list, list] | None = None
     #: its job once finished, for ``tick`` to take on
     computed_job: Job | None = None
-    #: the ship of the state just updated (and the replies that wait for it to start), made
-    #: once the next batch has started (``tick``, the same tick)
+    #: the sends and the ship of the batch just computed, made once the next batch has
+    #: started (``tick``, the same tick; in order)
     after_start: list | None = None
     compute_ms = 0.0  # running mean of a batch's compute
 
@@ -99,7 +96,7 @@ class Batches:
             self.device.submit(job)
             return
         # computed here: what waits for a batch to start goes first (the last state ships
-        # before this batch's update changes it)
+        # before this batch's update changes it, the last outputs leave before these)
         self.run_after_start()
         job = Job(batch, rows, time.monotonic(), self.model)
         self.run_on_device(job)  # here, on the loop
@@ -155,8 +152,8 @@ class Batches:
     def _computed(self, rows: list, fresh: list, batch: GraphBatch | None, outputs, error: Exception | None,
                   later: bool = False) -> None:
         """A computed batch: numbered with its lineage, its outputs sent or held, its update
-        started (or waiting for NSPB's window). ``later``: in the background modes the
-        ship waits in ``after_start`` for the next batch to start."""
+        started (or waiting for NSPB's window). ``later``: the sends and the ship wait in
+        ``after_start`` for the next batch to start."""
         computed = {}
         if batch is not None:
             if error is not None:  # the model's own error: the rows it fails on are answered now, the rest go on
@@ -236,7 +233,10 @@ class Batches:
                 # their sends are not on the way to it (outputs to operators leave at once)
                 replies = [(t, m) for t, m in sends if t == FRONTEND]
                 sends = [(t, m) for t, m in sends if t != FRONTEND]
-            self._send_all(sends)
+            if later:
+                self.start_later(lambda: self._send_all(sends))
+            else:
+                self._send_all(sends)
         if not self.model.stateful:
             return
         self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
@@ -302,7 +302,7 @@ class Batches:
             self.stash.after_update(last, lineages, applied)
         if ship is None:
             self._send_all(u.replies)
-        elif later and self.mode.copy_in_background:
+        elif later:
             self.start_later(ship)
         else:
             ship()

@@ -399,7 +399,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                 timeout = min(self.next_timeout(), rest_s)  # the rest arrives, or the wait ends
         super().tick(timeout)
         # in this order, with no message handled in between: a batch the device computed is
-        # numbered, sent and updated, the next one starts, then its state ships (nspb, s1)
+        # numbered and updated, the next one starts, then its outputs leave and its state ships
         if self.computed_job is not None:
             self._guarded("computed", lambda _: self.take_computed(), None)
         if self.pending_update is not None:
