@@ -8,6 +8,20 @@ send or hold the outputs, update the state and copy it (NSPB, §IV-B..D), per mo
     update(batch n)             changes the state
     copy state n                in the background while n+1 computes (nspb, s1); stopped (s2, remus)
 
+A model whose batches take longer than ``DEVICE_ABOVE_MS`` computes on the operator's device
+thread (``services.executors``, one thread; torch and a GPU's wait release the GIL), as a
+GPU service's batch runs on its device while the host goes on: the loop serves its inbox
+meanwhile (inputs, acks, durability notices, heartbeats), and once a batch is computed it
+numbers and sends its outputs, updates the state, starts the next batch, and only then, in
+the background modes (nspb, s1), ships the state it updated (``after_start``, in the same
+tick: the copy overlaps the next batch's compute, which reads the state the copy reads).
+The stop-to-copy modes (s2, remus) ship before the next batch starts: their model stops
+for the copy, as the paper's baselines do. A loop that stopped for each batch (50 ms at HAMS's
+scale) added its own per-batch work to every batch: a stateful operator's NSPB work made
+its batches 0.5 ms longer than its neighbours', and a 50 ms fan-out's branches then drifted
+out of phase (their join waited up to a batch). A short batch computes on the loop, where
+a hand-off would cost more than it frees.
+
 A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRADED).
 """
 from __future__ import annotations
@@ -21,9 +35,19 @@ from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.graph import FRONTEND
 from keel.services.graph import lineage as lin
 from keel.services.graph.lineage import source_of
+from keel.services.executors import Job
 from keel.services.graph.models import GraphBatch
-from keel.services.graph.roles import Role as R
+from keel.services.graph.roles import SERVING, Role as R
 
+
+#: a model whose batches take longer than this (a running mean) computes them on the device
+#: thread (the module's docstring); a shorter one on the loop: the two hand-offs a batch then
+#: makes (to the thread and back, ~0.1-0.7 ms each on a busy 2-core machine) pay where the
+#: batch is long against them (HAMS's 50 ms), not at 10 ms a batch, where batch-1 replies
+#: measured slower with them (nspb's overhead over bare +10.5% against +8.1%, quick runs)
+DEVICE_ABOVE_MS = 20.0
+#: weight of the newest batch in the compute time's running mean
+_COMPUTE_EWMA = 0.3
 
 #: an update waits for the window at most this long (a backup that never acks is lost
 #: long before: BACKUP_GRACE_S); then it goes on, as Remus would after a timeout
@@ -48,18 +72,94 @@ class _Update:
 
 class Batches:
     pending_update: _Update | None = None
+    #: the batch on the device thread: (its job, its rows, the rows computed)
+    computing: tuple[Job, list, list] | None = None
+    #: its job once finished, for ``tick`` to take on
+    computed_job: Job | None = None
+    #: the ship of the state just updated (and the replies that wait for it to start), made
+    #: once the next batch has started (``tick``, the same tick)
+    after_start: list | None = None
+    compute_ms = 0.0  # running mean of a batch's compute
 
     def step(self, _=None) -> None:
+        """The next batch: computed here, or started on the device thread (the module's
+        docstring), where ``tick`` takes it on once ``on_device_done`` has it."""
         rows = self._next_batch()
         # exactly once: a request my state applied already is not applied again (its saved
         # output goes on, numbered like any output); only the others are computed and applied
         fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
-        batch, computed = None, {}
-        if fresh:
-            batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
-            try:
-                outputs = self.model.compute(batch)
-            except Exception:  # the model's own error: the rows it fails on are answered now, the rest go on
+        if not fresh:
+            self.run_after_start()
+            self._computed(rows, fresh, None, None, None)
+            return
+        batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
+        if self.compute_ms > DEVICE_ABOVE_MS:
+            job = Job(batch, rows, time.monotonic(), self.model)
+            self.computing = (job, rows, fresh)
+            self.device.submit(job)
+            return
+        # computed here: what waits for a batch to start goes first (the last state ships
+        # before this batch's update changes it)
+        self.run_after_start()
+        job = Job(batch, rows, time.monotonic(), self.model)
+        self.run_on_device(job)  # here, on the loop
+        self._timed(job)
+        self._computed(rows, fresh, batch, job.outputs, job.error)
+
+    def run_on_device(self, job: Job) -> None:
+        """A batch's compute (on the device thread, or on the loop for a short one)."""
+        t0 = time.perf_counter()
+        try:
+            job.outputs = job.predictor.compute(job.batch)
+        except Exception as exc:  # the model's own error: answered per row (``_computed``)
+            job.error = exc
+        job.service_ms = (time.perf_counter() - t0) * 1000
+
+    def _timed(self, job: Job) -> None:
+        first = self.batches == 0
+        self.compute_ms = job.service_ms if first else (1 - _COMPUTE_EWMA) * self.compute_ms + _COMPUTE_EWMA * job.service_ms
+
+    def on_device_done(self, _fd=None) -> None:
+        """The device thread finished a batch: kept for ``tick``, unless a roll-back, a
+        fencing or a step-down dropped it meanwhile (``computing`` cleared or another model):
+        then its inputs come again by lineage, as an abandoned update's do."""
+        for job in self.device.done():
+            if self.computing is not None and self.computing[0] is job:
+                self.computed_job = job
+
+    def take_computed(self) -> None:
+        """Go on with the batch the device thread computed (``tick``)."""
+        job, self.computed_job = self.computed_job, None
+        _, rows, fresh = self.computing
+        self.computing = None
+        self._timed(job)
+        if job.predictor is not self.model or self.hams_role not in SERVING:
+            return  # rolled back, fenced or stepped down while it computed
+        self._computed(rows, fresh, job.batch, job.outputs, job.error, later=True)
+
+    def drop_computing(self) -> None:
+        """A roll-back or a step-down: the batch computing is void."""
+        self.computing = self.computed_job = None
+
+    def start_later(self, work) -> None:
+        if self.after_start is None:
+            self.after_start = []
+        self.after_start.append(work)
+
+    def run_after_start(self) -> None:
+        """What waited for the next batch to start (``tick``)."""
+        work, self.after_start = self.after_start, None
+        for fn in work or ():
+            fn()
+
+    def _computed(self, rows: list, fresh: list, batch: GraphBatch | None, outputs, error: Exception | None,
+                  later: bool = False) -> None:
+        """A computed batch: numbered with its lineage, its outputs sent or held, its update
+        started (or waiting for NSPB's window). ``later``: in the background modes the
+        ship waits in ``after_start`` for the next batch to start."""
+        computed = {}
+        if batch is not None:
+            if error is not None:  # the model's own error: the rows it fails on are answered now, the rest go on
                 failed = {id(r) for r in fresh}
                 fresh, batch, outputs = self._without_failing_rows(fresh)
                 failed -= {id(r) for r in fresh}
@@ -143,11 +243,13 @@ class Batches:
                                       lineages, outs, time.perf_counter(), replies)
         if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state:
             self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
-        self._try_update()
+        self._try_update(later)
 
-    def _try_update(self) -> None:
+    def _try_update(self, later: bool = False) -> None:
         """NSPB: the update of the pending batch starts once fewer than W states are in
-        flight (``StateManager.ready_for_update``). Until then the loop goes on serving
+        flight (``StateManager.ready_for_update``). ``later``: the state's ship, and the
+        replies that wait for it to start, wait in ``after_start`` for the next batch to
+        start. Until then the loop goes on serving
         everything but a new batch (its inbox, its heartbeats: a wait longer than the
         manager's silence window must not read as a death, the backup's disconnect,
         status); a predecessor's takeover or my backup's death may roll me back meanwhile:
@@ -181,15 +283,29 @@ class Batches:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
                     "requests": [r.request for r in rows], "reply_to": [r.reply_to for r in rows],
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
-            if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
-                self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
             touched = getattr(self.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
-            self.statemgr.start(self.model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
-                                idle=not self.queue and not self.inbox.poll(0), meta=meta,
-                                touched=touched() if touched and u.batch is not None else None)
+            touched = touched() if touched and u.batch is not None else None
+            statemgr, model = self.statemgr, self.model
+
+            def ship():
+                if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
+                    self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+                # idle: copying in place stops no batch (the device computes the next one, or none waits)
+                idle = self.computing is not None or (not self.queue and not self.inbox.poll(0))
+                statemgr.start(model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
+                               idle=idle, meta=meta, touched=touched,
+                               waited_on=self.mode.hold_outputs or FRONTEND in self.succs)
+                self._send_all(u.replies)
+        else:
+            ship = None
         if self.stateful and self.stash is not None:
             self.stash.after_update(last, lineages, applied)
-        self._send_all(u.replies)
+        if ship is None:
+            self._send_all(u.replies)
+        elif later and self.mode.copy_in_background:
+            self.start_later(ship)
+        else:
+            ship()
 
     def _send_all(self, sends: list) -> None:
         for target, msg in sends:

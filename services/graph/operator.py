@@ -55,6 +55,7 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, 
 from keel.common.spec.graph import FRONTEND, operator_class, read_graph
 from keel.common.spec.modes import MODES
 from keel.services.base import Service
+from keel.services.executors import Executors, set_torch_threads
 from keel.services.graph import hooks
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
@@ -179,6 +180,11 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                 self.model.start()
             if self.stateful:
                 self.statemgr = self._new_statemgr(config.peers[f"{self.op}.backup"])
+        # a long batch computes on this thread while the loop serves (``services.graph.batches``)
+        self.device = Executors(self.run_on_device, set_torch_threads)
+        self.device.ensure(1)
+        self.poller.register(self.device.fd, zmq.POLLIN)
+        self.handlers[self.device.fd] = self.on_device_done
         hooks.install(self)
         self.manager = None
         if config.manager is not None:
@@ -383,7 +389,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def tick(self, timeout: float | None = None) -> None:
         def can_step(rest_s: float) -> bool:
             return bool(self.queue) and self.hams_role in SERVING and not self.numbering and self.leased() \
-                and self.pending_update is None and not rest_s
+                and self.pending_update is None and self.computing is None and not rest_s
 
         if timeout is None:
             rest_s = self._rest_of_batch_s()
@@ -392,10 +398,16 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             elif self.queue and rest_s:
                 timeout = min(self.next_timeout(), rest_s)  # the rest arrives, or the wait ends
         super().tick(timeout)
+        # in this order, with no message handled in between: a batch the device computed is
+        # numbered, sent and updated, the next one starts, then its state ships (nspb, s1)
+        if self.computed_job is not None:
+            self._guarded("computed", lambda _: self.take_computed(), None)
         if self.pending_update is not None:
-            self._guarded("update", lambda _: self._try_update(), None)
+            self._guarded("update", lambda _: self._try_update(later=True), None)
         if can_step(self._rest_of_batch_s()):
             self._guarded("step", self.step, None)
+        if self.after_start:
+            self._guarded("after start", lambda _: self.run_after_start(), None)
 
     def _rest_of_batch_s(self) -> float:
         """How long the next batch still waits for the rest of a predecessor's batch: a
@@ -420,6 +432,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                     output_loop_ms_per_batch=1000 * self.output_loop_s / max(1, self.batches),
                     update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
                     update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
+                    compute_ms=self.compute_ms, computing=self.computing is not None,
                     tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
                             "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
@@ -440,6 +453,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         return info
 
     def drain(self) -> None:
+        self.device.close()
         if self.manager is not None:
             self.manager.close()
         if self.statemgr is not None:

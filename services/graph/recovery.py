@@ -120,6 +120,7 @@ class Recovery:
             self._become("newer_holder" if rejoin else "newer_holder_alone")
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
+            self.drop_computing()
             self.held.clear()
             self.outputs.clear()
             self.fenced = True
@@ -328,6 +329,7 @@ class Recovery:
         held sends of outputs above it."""
         self.queue.clear()
         self.joining.clear()
+        self.drop_computing()
         for seq in [s for s in self.held if s > last]:
             del self.held[seq]
 

@@ -4,10 +4,16 @@ On the primary it copies the state after batch n out of the model *while batch n
 computes* (NSPB: a thread; torch releases the GIL while it copies), packs it with the
 batch's requests' lineage and outputs, and ships it to the backup. Handing a copy to the
 thread has a cost of its own (the thread's wake-up and the GIL: 0.3-0.5 ms at the median on
-a busy 2-core machine, more than copying a MiB), and a held reply waits for it; so NSPB
-copies in place when its copies have cost less than the hand-off (the model stops for less
-than the hand-off would delay durability) and in the background when they cost more, and
-sends one copy in ``PROBE_EVERY`` to the thread to keep the hand-off's cost measured.
+a busy 2-core machine, more than copying a MiB), and a held reply waits for it; so where a
+reply waits on the state (the operator answers the frontend, or its mode holds outputs
+until the state is delivered) NSPB copies in place when its copies have cost less than the
+hand-off (the model stops for less than the hand-off would delay durability), in the
+background when they cost more, and sends one copy in ``PROBE_EVERY`` to the thread to keep
+the hand-off's cost measured. Where nothing waits on it (the outputs go on to operators,
+whose batches take longer than the hand-off), every copy goes to the thread: a copy in
+place would lengthen every batch of the operator, the stage that then falls behind its
+neighbours' (a 50 ms fan-out lost its branches' phase to 0.5 ms a batch). The primary's
+fold of the states it lets go (``on_durable``) is on the thread too: nothing waits on it.
 ``ready_for_update`` says when the update of batch n+1 may start: the copy of state n has finished and fewer
 than W states are in flight (W=1: state n was delivered, §III-B). In the stop-to-copy
 modes (S2, Remus) the copy happens in place, with the model stopped. Shipped states are
@@ -258,7 +264,7 @@ class StateManager:
         transport_send(self._sock, state)
 
     def start(self, state_arrays, outputs, first, last, lineage, idle: bool = False, meta: dict | None = None,
-              touched: dict[str, np.ndarray] | None = None) -> None:
+              touched: dict[str, np.ndarray] | None = None, waited_on: bool = True) -> None:
         """Copy and ship the state after a batch: at once (stop to copy) or in the background.
 
         ``touched``: the rows of each tensor the batch's update changed (the model's
@@ -269,10 +275,13 @@ class StateManager:
         ``idle``: no batch is waiting, so copying at once stops nothing, and it saves the
         thread hand-off on the way to durability (which a held reply waits for). Copies that
         have cost less than the hand-off are made at once too (the module's docstring). The
-        two sockets may deliver states out of order; the backup applies them in batch order."""
+        two sockets may deliver states out of order; the backup applies them in batch order.
+
+        ``waited_on``: a reply waits for this state's durability (False: only operators'
+        batches do, which take longer than the hand-off; the copy goes to the thread)."""
         self.copies += 1
         touched = touched if self.copies > 1 else None
-        if self.pool is None or idle or (self.copy_ms_avg <= self.handoff_ms and self.copies % PROBE_EVERY):
+        if self.pool is None or idle or (waited_on and self.copy_ms_avg <= self.handoff_ms and self.copies % PROBE_EVERY):
             self.wait_copy()
             self._copy(state_arrays, outputs, first, last, lineage, on_loop=True, meta=meta, touched=touched)
         else:
@@ -297,11 +306,20 @@ class StateManager:
         with self.lock:
             self.durable_seq = max(self.durable_seq, seq)
             gone = [self.saved.pop(s) for s in sorted(s for s in self.saved if s < self.durable_seq)]
+        if gone and self.pool is not None:
+            self.pool.submit(self._fold, gone)  # off the loop, while the next batch computes
+        elif gone:
+            self._fold(gone)
+
+    def _fold(self, gone: list[GraphState]) -> None:
         for state in gone:  # outside the lock: the first fold of touched rows copies the whole state once
             self.folded.fold(state.blob)
 
     def state_at(self, last: int) -> dict[str, np.ndarray]:
-        """The whole state after my saved state ending at ``last`` (a roll-back in place)."""
+        """The whole state after my saved state ending at ``last`` (a roll-back in place),
+        once the folds handed to the thread are done (it runs its tasks in order)."""
+        if self.pool is not None:
+            self.pool.submit(lambda: None).result()
         with self.lock:
             later = [st.blob for s, st in sorted(self.saved.items()) if s <= last]
         return self.folded.at(later)

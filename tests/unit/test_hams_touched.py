@@ -67,6 +67,45 @@ def test_the_first_state_is_whole_then_touched_rows_and_a_roll_back_is_whole():
         assert np.array_equal(mgr.state_at(seq)["w"], states[seq])
 
 
+
+def test_a_state_no_reply_waits_on_is_copied_and_folded_on_the_thread():
+    """Where only operators' batches wait on a state (its outputs go on to operators) every
+    copy goes to the thread however cheap; the primary's fold of the states it lets go is
+    there too, and a roll-back's whole state sees every fold handed to it."""
+    import zmq
+
+    from keel.common import protocol
+
+    ctx = zmq.Context()
+    backup = ctx.socket(zmq.PULL)
+    port = backup.bind_to_random_port("tcp://127.0.0.1")
+    sent = []
+    mgr = StateManager("g", 1, window=8, in_background=True, send=sent.append, ctx=ctx,
+                       backup_endpoint=f"tcp://127.0.0.1:{port}")
+    try:
+        w = np.zeros((6, 2), np.float32)
+        states = []
+        mgr.handoff_ms = 1e6  # a hand-off dearer than any copy: a waited-on state would be copied in place
+        for seq, rows in enumerate([[0], [2, 4], [4], [5]]):
+            w[rows] += seq + 1
+            states.append(w.copy())
+            mgr.start(lambda: {"w": w}, {seq: np.zeros(1, np.float32)}, seq, seq, [], touched={"w": np.array(rows)},
+                      waited_on=seq == 0)
+            mgr.wait_copy()  # as the next update does
+        assert [m.last_seq for m in sent] == [0] and mgr.in_background == 3
+        shipped = []
+        while len(shipped) < 3 and backup.poll(5000):
+            shipped.append(protocol.decode(backup.recv_multipart()).last_seq)
+        assert sorted(shipped) == [1, 2, 3]
+        mgr.on_durable(2)  # states 0 and 1 folded, on the thread
+        assert list(mgr.saved) == [2, 3]
+        for seq in (2, 3):
+            assert np.array_equal(mgr.state_at(seq)["w"], states[seq])
+    finally:
+        mgr.close()
+        backup.close(0)
+        ctx.term()
+
 def test_models_name_the_rows_their_update_touched():
     gru = GRU((4,), (3,), streams=16)
     gru.start()

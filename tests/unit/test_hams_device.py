@@ -1,0 +1,86 @@
+"""A stateful operator whose batches are long computes them on its device thread: its loop
+goes on serving while a batch computes (inputs queue, status answers), and what leaves it
+is what the loop-bound path sends: every output in order, every state applied by the
+backup. A real primary and backup (GraphOperators on real ZeroMQ sockets, ticked here)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from keel.chaos.graph_trials import gru_chain
+from keel.common import transport
+from keel.common.config import GraphOperatorConfig
+from keel.common.protocol.codec import decode
+from keel.common.protocol.messages import GraphRequest
+from keel.deploy.local import free_port_block
+from keel.services.graph.batches import DEVICE_ABOVE_MS
+from keel.services.graph.operator import GraphOperator
+
+PAD_MS = 300.0  # one batch: long enough to look inside it
+
+
+def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_order():
+    ctx = zmq.Context.instance()
+    sink = ctx.socket(zmq.PULL)
+    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
+    made, push = [], None
+    table = gru_chain(max_batch=4, pad_ms=PAD_MS)
+    try:
+        base = free_port_block(2)
+        endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
+        peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
+                 "g2": sink_endpoint, "g2.backup": sink_endpoint}
+        primary = GraphOperator(GraphOperatorConfig(name="g1-p", operator="g1", role="primary", endpoint=endpoints[0],
+                                                    graph=table, peers=peers))
+        made.append(primary)
+        backup = GraphOperator(GraphOperatorConfig(name="g1-b", operator="g1", role="backup", endpoint=endpoints[1],
+                                                   graph=table, peers=peers))
+        made.append(backup)
+        push = ctx.socket(zmq.PUSH)
+        push.connect(endpoints[0])
+        rng = np.random.default_rng(2)
+        origin = 5 << 32
+        sent = []
+
+        def send(n: int) -> None:
+            nonlocal origin
+            for _ in range(n):
+                origin += 1
+                sent.append(f"k{len(sent)}")
+                transport.send(push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
+                                                  rng.normal(size=4).astype(np.float32), request=sent[-1],
+                                                  reply_to=sink_endpoint))
+
+        def tick_until(done, limit_s: float = 10.0) -> None:
+            deadline = time.monotonic() + limit_s
+            while time.monotonic() < deadline and not done():
+                primary.tick(0.005)
+                backup.tick(0.001)
+            assert done()
+
+        send(1)  # the first batch computes on the loop: nothing says yet that batches are long
+        tick_until(lambda: primary.batches == 1)
+        assert primary.computing is None and primary.compute_ms > DEVICE_ABOVE_MS
+        send(1)
+        tick_until(lambda: primary.computing is not None)  # the second is on the device thread
+        t0 = time.monotonic()
+        send(3)  # these arrive while it computes: the loop takes them in, and answers status
+        tick_until(lambda: len(primary.queue) == 3, limit_s=PAD_MS / 2000)
+        info = primary.status()
+        assert info["computing"] and primary.computing is not None and time.monotonic() - t0 < PAD_MS / 1000
+        tick_until(lambda: backup.backup.max_applied_seq == len(sent) - 1)
+        outputs = []
+        while sink.poll(500):
+            msg = decode(sink.recv_multipart())
+            if isinstance(msg, GraphRequest):
+                outputs.append(msg)
+        assert [m.request for m in outputs] == sent and [m.seq for m in outputs] == list(range(len(sent)))
+        assert primary.batches == 3 and primary.statemgr.copies == 3  # one state shipped per batch
+    finally:
+        if push is not None:
+            push.close(0)
+        for op in made:
+            op.shutdown()
+        sink.close(0)
