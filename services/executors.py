@@ -1,6 +1,7 @@
 """The worker's executors: the threads that run its batches through the model, so that a
 worker computes up to ``slots`` batches at once (SERF's service parallelism) while its
-poll loop keeps every ZeroMQ socket on its own thread.
+poll loop keeps every ZeroMQ socket on its own thread. A graph operator uses one as its
+device thread for long batches (``services.graph.batches``).
 
 torch's intra-op thread count is per calling OS thread (OpenMP state, set once per thread
 when it first computes), so an executor sets it itself before a batch whenever the

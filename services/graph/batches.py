@@ -13,7 +13,7 @@ thread (``services.executors``, one thread; torch and a GPU's wait release the G
 GPU service's batch runs on its device while the host goes on: the loop serves its inbox
 meanwhile (inputs, acks, durability notices, heartbeats), and once a batch is computed it
 numbers and sends its outputs, updates the state, starts the next batch, and only then, in
-the background modes (nspb, s1), ships the state it updated (``after_start``, in the same
+the background modes (nspb, s1), ships the state it updated (``pending_ship``, in the same
 tick: the copy overlaps the next batch's compute, which reads the state the copy reads).
 The stop-to-copy modes (s2, remus) ship before the next batch starts: their model stops
 for the copy, as the paper's baselines do. A loop that stopped for each batch (50 ms at HAMS's
@@ -72,13 +72,13 @@ class _Update:
 
 class Batches:
     pending_update: _Update | None = None
-    #: the batch on the device thread: (its job, its rows, the rows computed)
-    computing: tuple[Job, list, list] | None = None
+    #: the batch on the device thread: (its job, whose ``live`` holds its rows; the rows computed)
+    computing: tuple[Job, list] | None = None
     #: its job once finished, for ``tick`` to take on
     computed_job: Job | None = None
     #: the ship of the state just updated (and the replies that wait for it to start), made
-    #: once the next batch has started (``tick``, the same tick)
-    after_start: list | None = None
+    #: once the next batch has started (``tick``, the same tick: one update a tick, one ship)
+    pending_ship = None
     compute_ms = 0.0  # running mean of a batch's compute
 
     def step(self, _=None) -> None:
@@ -88,22 +88,18 @@ class Batches:
         # exactly once: a request my state applied already is not applied again (its saved
         # output goes on, numbered like any output); only the others are computed and applied
         fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
-        if not fresh:
-            self.run_after_start()
-            self._computed(rows, fresh, None, None, None)
-            return
-        batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh])
-        if self.compute_ms > DEVICE_ABOVE_MS:
-            job = Job(batch, rows, time.monotonic(), self.model)
-            self.computing = (job, rows, fresh)
+        batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh]) if fresh else None
+        job = Job(batch, rows, time.monotonic(), self.model)
+        if fresh and self.compute_ms > DEVICE_ABOVE_MS:
+            self.computing = (job, fresh)
             self.device.submit(job)
             return
-        # computed here: what waits for a batch to start goes first (the last state ships
+        # computed here: a ship waiting for a batch to start goes first (the last state ships
         # before this batch's update changes it)
-        self.run_after_start()
-        job = Job(batch, rows, time.monotonic(), self.model)
-        self.run_on_device(job)  # here, on the loop
-        self._timed(job)
+        self.ship_pending()
+        if fresh:
+            self.run_on_device(job)  # here, on the loop
+            self._timed(job)
         self._computed(rows, fresh, batch, job.outputs, job.error)
 
     def run_on_device(self, job: Job) -> None:
@@ -130,33 +126,28 @@ class Batches:
     def take_computed(self) -> None:
         """Go on with the batch the device thread computed (``tick``)."""
         job, self.computed_job = self.computed_job, None
-        _, rows, fresh = self.computing
+        fresh = self.computing[1]
         self.computing = None
         self._timed(job)
         if job.predictor is not self.model or self.hams_role not in SERVING:
             return  # rolled back, fenced or stepped down while it computed
-        self._computed(rows, fresh, job.batch, job.outputs, job.error, later=True)
+        self._computed(job.live, fresh, job.batch, job.outputs, job.error, later=True)
 
     def drop_computing(self) -> None:
         """A roll-back or a step-down: the batch computing is void."""
         self.computing = self.computed_job = None
 
-    def start_later(self, work) -> None:
-        if self.after_start is None:
-            self.after_start = []
-        self.after_start.append(work)
-
-    def run_after_start(self) -> None:
-        """What waited for the next batch to start (``tick``)."""
-        work, self.after_start = self.after_start, None
-        for fn in work or ():
-            fn()
+    def ship_pending(self) -> None:
+        """The ship that waited for the next batch to start (``tick``)."""
+        ship, self.pending_ship = self.pending_ship, None
+        if ship is not None:
+            ship()
 
     def _computed(self, rows: list, fresh: list, batch: GraphBatch | None, outputs, error: Exception | None,
                   later: bool = False) -> None:
         """A computed batch: numbered with its lineage, its outputs sent or held, its update
         started (or waiting for NSPB's window). ``later``: in the background modes the
-        ship waits in ``after_start`` for the next batch to start."""
+        ship waits in ``pending_ship`` for the next batch to start."""
         computed = {}
         if batch is not None:
             if error is not None:  # the model's own error: the rows it fails on are answered now, the rest go on
@@ -248,7 +239,7 @@ class Batches:
     def _try_update(self, later: bool = False) -> None:
         """NSPB: the update of the pending batch starts once fewer than W states are in
         flight (``StateManager.ready_for_update``). ``later``: the state's ship, and the
-        replies that wait for it to start, wait in ``after_start`` for the next batch to
+        replies that wait for it to start, wait in ``pending_ship`` for the next batch to
         start. Until then the loop goes on serving
         everything but a new batch (its inbox, its heartbeats: a wait longer than the
         manager's silence window must not read as a death, the backup's disconnect,
@@ -303,7 +294,7 @@ class Batches:
         if ship is None:
             self._send_all(u.replies)
         elif later and self.mode.copy_in_background:
-            self.start_later(ship)
+            self.pending_ship = ship
         else:
             ship()
 

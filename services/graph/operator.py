@@ -406,8 +406,8 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self._guarded("update", lambda _: self._try_update(later=True), None)
         if can_step(self._rest_of_batch_s()):
             self._guarded("step", self.step, None)
-        if self.after_start:
-            self._guarded("after start", lambda _: self.run_after_start(), None)
+        if self.pending_ship is not None:
+            self._guarded("ship", lambda _: self.ship_pending(), None)
 
     def _rest_of_batch_s(self) -> float:
         """How long the next batch still waits for the rest of a predecessor's batch: a

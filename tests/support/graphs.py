@@ -2,6 +2,7 @@
 ``graph``, and its operators) started and answering, and every request's reply."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -64,3 +65,42 @@ def status(svc, graph="graph"):
     if svc.role == "graph_operator":
         return transport.request_status(svc.config.status_endpoint)
     return transport.request_status(svc.config.client_endpoint)["graphs"][graph]
+
+
+def g1_primary_and_backup(table: dict, sink_endpoint: str, made: list) -> list[str]:
+    """g1's primary and backup of a GRU -> GRU ``table`` as GraphOperators in this process
+    (ticked by the test), everything else they send going to ``sink_endpoint``; both are
+    appended to ``made`` as they are made (for the test to shut down). Their inbox endpoints.
+    The two ports come from a free block, not probed with ZeroMQ sockets: their close is
+    finished by the I/O thread later, and the operator's bind raced it."""
+    from keel.common.config import GraphOperatorConfig
+    from keel.services.graph.operator import GraphOperator
+
+    base = free_port_block(2)
+    endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
+    peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
+             "g2": sink_endpoint, "g2.backup": sink_endpoint}
+    for name, role, endpoint in (("g1-p", "primary", endpoints[0]), ("g1-b", "backup", endpoints[1])):
+        made.append(GraphOperator(GraphOperatorConfig(name=name, operator="g1", role=role, endpoint=endpoint,
+                                                      graph=table, peers=peers)))
+    return endpoints
+
+
+@contextlib.contextmanager
+def threaded_statemgr(window: int = 8):
+    """A primary's StateManager with its copying thread, shipping to a PULL socket bound
+    here: (the manager, the states it shipped from the loop, that socket); closed after."""
+    from keel.services.graph.statemgr import StateManager
+
+    ctx = zmq.Context()
+    backup = ctx.socket(zmq.PULL)
+    port = backup.bind_to_random_port("tcp://127.0.0.1")
+    sent: list = []
+    mgr = StateManager("g", 1, window=window, in_background=True, send=sent.append, ctx=ctx,
+                       backup_endpoint=f"tcp://127.0.0.1:{port}")
+    try:
+        yield mgr, sent, backup
+    finally:
+        mgr.close()
+        backup.close(0)
+        ctx.term()

@@ -15,10 +15,10 @@ from keel.common import protocol, transport
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.codec import decode
 from keel.common.protocol.messages import GraphRequest
-from keel.deploy.local import free_port_block
 from keel.services.graph import applied as applied_module
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.operator import GraphOperator, source_of
+from tests.support.graphs import g1_primary_and_backup
 
 
 def out(v: float) -> np.ndarray:
@@ -62,18 +62,8 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
     sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
     made, push = [], None
     try:
-        # two free ports for the operators' inboxes (not probed with ZeroMQ sockets: their
-        # close is finished by the I/O thread later, and the operator's bind raced it)
-        base = free_port_block(2)
-        endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
-        peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
-                 "g2": sink_endpoint, "g2.backup": sink_endpoint}
-        primary = GraphOperator(GraphOperatorConfig(name="g1-p", operator="g1", role="primary", endpoint=endpoints[0],
-                                                    graph=gru_chain(), peers=peers))
-        made.append(primary)
-        backup = GraphOperator(GraphOperatorConfig(name="g1-b", operator="g1", role="backup", endpoint=endpoints[1],
-                                                   graph=gru_chain(), peers=peers))
-        made.append(backup)
+        endpoints = g1_primary_and_backup(gru_chain(), sink_endpoint, made)
+        primary, backup = made
         push = ctx.socket(zmq.PUSH)
         push.connect(endpoints[0])
         rng = np.random.default_rng(1)

@@ -11,12 +11,10 @@ import zmq
 
 from keel.chaos.graph_trials import gru_chain
 from keel.common import transport
-from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.codec import decode
 from keel.common.protocol.messages import GraphRequest
-from keel.deploy.local import free_port_block
 from keel.services.graph.batches import DEVICE_ABOVE_MS
-from keel.services.graph.operator import GraphOperator
+from tests.support.graphs import g1_primary_and_backup
 
 PAD_MS = 300.0  # one batch: long enough to look inside it
 
@@ -28,16 +26,8 @@ def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_o
     made, push = [], None
     table = gru_chain(max_batch=4, pad_ms=PAD_MS)
     try:
-        base = free_port_block(2)
-        endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
-        peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
-                 "g2": sink_endpoint, "g2.backup": sink_endpoint}
-        primary = GraphOperator(GraphOperatorConfig(name="g1-p", operator="g1", role="primary", endpoint=endpoints[0],
-                                                    graph=table, peers=peers))
-        made.append(primary)
-        backup = GraphOperator(GraphOperatorConfig(name="g1-b", operator="g1", role="backup", endpoint=endpoints[1],
-                                                   graph=table, peers=peers))
-        made.append(backup)
+        endpoints = g1_primary_and_backup(table, sink_endpoint, made)
+        primary, backup = made
         push = ctx.socket(zmq.PUSH)
         push.connect(endpoints[0])
         rng = np.random.default_rng(2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import zmq
 
 from keel.common import protocol
 from keel.common.protocol.fields import LineageEntry
@@ -13,6 +12,7 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, 
 from keel.services.graph.assignment import EpochRole
 from keel.common.spec.graph import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
+from tests.support.graphs import threaded_statemgr
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, outputs_of, pack, unpack
 
 
@@ -62,13 +62,7 @@ def test_window_counts_states_in_flight():
 
 
 def test_nspb_copies_in_place_when_that_costs_less_than_the_hand_off():
-    ctx = zmq.Context()
-    backup = ctx.socket(zmq.PULL)
-    port = backup.bind_to_random_port("tcp://127.0.0.1")
-    sent = []
-    mgr = StateManager("g", 1, window=8, in_background=True, send=sent.append, ctx=ctx,
-                       backup_endpoint=f"tcp://127.0.0.1:{port}")
-    try:
+    with threaded_statemgr() as (mgr, sent, backup):
         state = lambda: {"x": np.zeros(4)}  # noqa: E731
         mgr.start(state, {}, 0, 0, [])  # nothing measured yet: in place
         mgr.start(state, {}, 1, 1, [])  # a copy's cost known, the hand-off's not: to the thread
@@ -86,10 +80,6 @@ def test_nspb_copies_in_place_when_that_costs_less_than_the_hand_off():
         assert mgr.in_background == 3
         mgr.start(state, {}, 100, 100, [], idle=True)  # no batch waiting: in place whatever the costs
         assert sent[-1].last_seq == 100
-    finally:
-        mgr.close()
-        backup.close(0)
-        ctx.term()
 
 
 def test_compute_reads_state_update_writes_it():

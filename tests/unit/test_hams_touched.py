@@ -7,6 +7,7 @@ import pytest
 
 from keel.bench.hams_overhead import OnlineHashedLinear
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP
+from tests.support.graphs import threaded_statemgr
 from keel.services.graph.statemgr import Folded, StateManager, header_of, outputs_of, pack, unpack
 
 
@@ -72,17 +73,9 @@ def test_a_state_no_reply_waits_on_is_copied_and_folded_on_the_thread():
     """Where only operators' batches wait on a state (its outputs go on to operators) every
     copy goes to the thread however cheap; the primary's fold of the states it lets go is
     there too, and a roll-back's whole state sees every fold handed to it."""
-    import zmq
-
     from keel.common import protocol
 
-    ctx = zmq.Context()
-    backup = ctx.socket(zmq.PULL)
-    port = backup.bind_to_random_port("tcp://127.0.0.1")
-    sent = []
-    mgr = StateManager("g", 1, window=8, in_background=True, send=sent.append, ctx=ctx,
-                       backup_endpoint=f"tcp://127.0.0.1:{port}")
-    try:
+    with threaded_statemgr() as (mgr, sent, backup):
         w = np.zeros((6, 2), np.float32)
         states = []
         mgr.handoff_ms = 1e6  # a hand-off dearer than any copy: a waited-on state would be copied in place
@@ -101,10 +94,7 @@ def test_a_state_no_reply_waits_on_is_copied_and_folded_on_the_thread():
         assert list(mgr.saved) == [2, 3]
         for seq in (2, 3):
             assert np.array_equal(mgr.state_at(seq)["w"], states[seq])
-    finally:
-        mgr.close()
-        backup.close(0)
-        ctx.term()
+
 
 def test_models_name_the_rows_their_update_touched():
     gru = GRU((4,), (3,), streams=16)
