@@ -20,13 +20,44 @@ def test_the_search_ends_within_its_precision_below_the_capacity_from_any_start(
     calls: list[float] = []
     found, rows = max_rate(capacity(7300.0, calls), start, 60000.0, log=lambda s: None)
     assert 7300.0 / PRECISION <= found <= 7300.0
-    assert [r["rate"] for r in rows] == calls and len(calls) <= 14
+    assert [r["rate"] for r in rows] == calls and len(set(calls)) <= 14
+    # a rate that passes is probed once; one that fails twice, and no more
+    assert all(calls.count(r) == (1 if r <= 7300.0 else 2) for r in calls)
 
 
 def test_a_finer_step_from_the_last_figure_needs_few_probes():
     calls: list[float] = []
     found, _ = max_rate(capacity(7300.0, calls), 7000.0, 60000.0, log=lambda s: None, step=1.25)
-    assert 7300.0 / PRECISION <= found <= 7300.0 and len(calls) <= 6
+    assert 7300.0 / PRECISION <= found <= 7300.0 and len(set(calls)) <= 6
+
+
+def test_a_probe_that_fails_by_chance_below_the_knee_does_not_send_the_search_down():
+    """A stall spoils one probe of a rate the system holds: the rate is taken again and a
+    majority of three decides; before, the search went on below it."""
+    calls: list[float] = []
+    holds = capacity(7300.0, calls)
+
+    def stalls_once(rate: float) -> dict:
+        row = holds(rate)
+        if len(calls) == 3:  # the third probe (4000/s, well below the knee) stalls
+            row = {**row, "p99_ms": 45.0, "ok": False}
+        return row
+
+    found, rows = max_rate(stalls_once, 1000.0, 60000.0, log=lambda s: None)
+    assert 7300.0 / PRECISION <= found <= 7300.0
+    assert [(r["rate"], r["ok"], r["probe"]) for r in rows[2:5]] == [(4000.0, False, 1), (4000.0, True, 2), (4000.0, True, 3)]
+
+
+def test_a_rate_that_fails_two_probes_of_three_fails():
+    at_2000 = iter([False, True, False])  # 2000/s: failed, passed, failed; below it every probe passes
+
+    def try_rate(rate: float) -> dict:
+        ok = next(at_2000) if rate == 2000.0 else rate < 2000.0
+        return {"rate": rate, "p50_ms": 1.0, "p99_ms": 5.0 if ok else 50.0, "lost": 0, "ok": ok}
+
+    found, rows = max_rate(try_rate, 1000.0, 60000.0, log=lambda s: None)
+    assert 2000.0 / PRECISION <= found < 2000.0
+    assert [r["probe"] for r in rows if r["rate"] == 2000.0] == [1, 2, 3]
 
 
 def test_the_limit_and_nothing_passing_are_reported_as_such():
