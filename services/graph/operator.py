@@ -42,6 +42,7 @@ go to every frontend (``config.frontends``); the GC horizon is per frontend inca
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict, deque
 
@@ -183,6 +184,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         # a long batch computes on this thread while the loop serves (``services.graph.batches``)
         self.device = Executors(self.run_on_device, set_torch_threads)
         self.device.ensure(1)
+        self.device_started = threading.Event()  # the device thread began the batch just submitted
         self.poller.register(self.device.fd, zmq.POLLIN)
         self.handlers[self.device.fd] = self.on_device_done
         hooks.install(self)

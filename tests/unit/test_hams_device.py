@@ -74,3 +74,47 @@ def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_o
         for op in made:
             op.shutdown()
         sink.close(0)
+
+
+def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
+    """The ship's copy holds the GIL while it runs; made before the device thread began the
+    batch just submitted, it delayed that batch's start, every batch (the module's
+    ``ship_pending``)."""
+    ctx = zmq.Context.instance()
+    sink = ctx.socket(zmq.PULL)
+    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
+    made, push = [], None
+    try:
+        endpoints = g1_primary_and_backup(gru_chain(max_batch=1, pad_ms=60.0), sink_endpoint, made)
+        primary, backup = made
+        began, ships = [], []
+        compute, start = primary.model.compute, primary.statemgr.start
+
+        def timed_compute(batch):
+            began.append(time.monotonic())
+            return compute(batch)
+
+        def timed_start(*args, **kwargs):
+            # (computes begun, batches taken, whether one computes on the device now)
+            ships.append((len(began), primary.batches, primary.computing is not None))
+            return start(*args, **kwargs)
+
+        primary.model.compute, primary.statemgr.start = timed_compute, timed_start
+        push = ctx.socket(zmq.PUSH)
+        push.connect(endpoints[0])
+        for i in range(5):  # one row a batch: five batches, the first on the loop, the rest on the device
+            transport.send(push, GraphRequest("frontend", (5 << 32) + i, (5 << 32) + i, 0, [],
+                                              np.ones(4, np.float32), request=f"k{i}", reply_to=sink_endpoint))
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and backup.backup.max_applied_seq < 4:
+            primary.tick(0.005)
+            backup.tick(0.001)
+        assert backup.backup.max_applied_seq == 4
+        behind = [s for s in ships if s[2]]  # the ships made while the next batch was on the device
+        assert behind and all(n_began == taken + 1 for n_began, taken, _ in behind), ships
+    finally:
+        if push is not None:
+            push.close(0)
+        for op in made:
+            op.shutdown()
+        sink.close(0)

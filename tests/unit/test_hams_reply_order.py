@@ -4,6 +4,7 @@ which holds them until the batch's state is durable, once the state's ship has s
 so their sends are not on the way to it. Without a backup to ship to, nothing waits."""
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, deque
 from types import SimpleNamespace
 
@@ -43,6 +44,7 @@ class _Op(Batches):
         self.lineage_recent = deque()
         self.batches = self.rows = self.duplicates = 0
         self.inbox = SimpleNamespace(poll=lambda timeout: 0)
+        self.device_started = threading.Event()
         self.statemgr = SimpleNamespace(wait_copy=lambda: None, ready_for_update=lambda: True,
                                         start=lambda *a, **kw: self.log.append(("ship",)))
 
