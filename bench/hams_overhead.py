@@ -393,6 +393,9 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
         return max(vals) if vals else None
 
     ol = {m: index[("ol_large", m, 64, PAD_HAMS_MS)] for m in ("nspb", "s2", "remus")}
+    pad50_resolution = {n: resolution(index[(n, "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]) for n in names}
+    pad50 = {n: index[(n, "nspb", 64, PAD_HAMS_MS)]["p50_overhead"] for n in names}
+    worst_pad50 = max((n for n in names if pad50[n] is not None), key=pad50.get, default=None)
     over = {m: ol[m]["p50_overhead"] for m in ol}
     out = {"quick": quick, "pad_ms": [PAD_MS, PAD_HAMS_MS], "graphs": names, "reps": reps,
            "nspb_p50_overhead_b64": worst("nspb", 64, "p50_overhead"),
@@ -420,7 +423,8 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
            "ol_resolution": resolution(index[("ol_large", "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]),
            # what the 50 ms cells' p50 can tell from nothing: bare's spread over its own repetitions,
            # per graph, and the graph whose nspb overhead is reported (the worst)
-           "pad50_resolution": {n: resolution(index[(n, "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]) for n in names},
+           "pad50_resolution": pad50_resolution,
+           "nspb_pad50_resolution": pad50_resolution[worst_pad50] if worst_pad50 else None,
            "remus_overhead_ol_b64": over["remus"], "s2_overhead_ol_b64": over["s2"], "nspb_overhead_ol_b64": over["nspb"],
            "ordering_ok": ol["nspb"]["p50_ms"] < ol["s2"]["p50_ms"] < ol["remus"]["p50_ms"],
            "throughput_ratio_b64": min(index[(n, "nspb", 64, PAD_MS)]["throughput_ratio"] for n in names),
@@ -442,9 +446,6 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
            "steal_max": max(r["steal_max"] for r in rows), "cells_retaken": retaken,
            "cells_over_steal_max": sum(1 for runs in cells.values() for r in runs if (r["steal"] or 0.0) > STEAL_MAX),
            "rows": rows, "floors": floors}
-    pad50 = {n: index[(n, "nspb", 64, PAD_HAMS_MS)]["p50_overhead"] for n in names}
-    worst_graph = max((n for n in names if pad50[n] is not None), key=lambda n: pad50[n], default=None)
-    out["nspb_pad50_resolution"] = None if worst_graph is None else out["pad50_resolution"][worst_graph]
     return out
 
 

@@ -67,23 +67,64 @@ def status(svc, graph="graph"):
     return transport.request_status(svc.config.client_endpoint)["graphs"][graph]
 
 
-def g1_primary_and_backup(table: dict, sink_endpoint: str, made: list) -> list[str]:
-    """g1's primary and backup of a GRU -> GRU ``table`` as GraphOperators in this process
-    (ticked by the test), everything else they send going to ``sink_endpoint``; both are
-    appended to ``made`` as they are made (for the test to shut down). Their inbox endpoints.
-    The two ports come from a free block, not probed with ZeroMQ sockets: their close is
-    finished by the I/O thread later, and the operator's bind raced it."""
+class InProcessG1:
+    """g1's primary and backup of a GRU -> GRU table as GraphOperators in this process, ticked
+    by the test; everything else they send (g1's outputs, the frontend's notices) goes to
+    ``sink``, a PULL socket bound here, and ``push`` feeds the primary's inbox."""
+
+    def __init__(self, primary, backup, push, sink, sink_endpoint: str):
+        self.primary, self.backup, self.push, self.sink, self.sink_endpoint = primary, backup, push, sink, sink_endpoint
+
+    def tick_until(self, done, limit_s: float = 10.0) -> bool:
+        """Tick both until ``done()`` or ``limit_s``; whether it is done."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and not done():
+            self.primary.tick(0.005)
+            self.backup.tick(0.001)
+        return done()
+
+    def outputs(self, wait_ms: int = 500) -> list:
+        """The GraphRequests (g1's outputs) that reached the sink, until it is quiet ``wait_ms``."""
+        from keel.common.protocol.codec import decode
+        from keel.common.protocol.messages import GraphRequest
+
+        got = []
+        while self.sink.poll(wait_ms):
+            msg = decode(self.sink.recv_multipart())
+            if isinstance(msg, GraphRequest):
+                got.append(msg)
+        return got
+
+
+@contextlib.contextmanager
+def g1_in_process(table: dict):
+    """An ``InProcessG1`` of ``table``, shut down and closed after. The operators' two ports
+    come from a free block, not probed with ZeroMQ sockets: their close is finished by the
+    I/O thread later, and the operator's bind raced it."""
     from keel.common.config import GraphOperatorConfig
     from keel.services.graph.operator import GraphOperator
 
-    base = free_port_block(2)
-    endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
-    peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
-             "g2": sink_endpoint, "g2.backup": sink_endpoint}
-    for name, role, endpoint in (("g1-p", "primary", endpoints[0]), ("g1-b", "backup", endpoints[1])):
-        made.append(GraphOperator(GraphOperatorConfig(name=name, operator="g1", role=role, endpoint=endpoint,
-                                                      graph=table, peers=peers)))
-    return endpoints
+    ctx = zmq.Context.instance()
+    sink = ctx.socket(zmq.PULL)
+    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
+    made, push = [], None
+    try:
+        base = free_port_block(2)
+        endpoints = [f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"]
+        peers = {"frontend": sink_endpoint, "g1": endpoints[0], "g1.backup": endpoints[1],
+                 "g2": sink_endpoint, "g2.backup": sink_endpoint}
+        for name, role, endpoint in (("g1-p", "primary", endpoints[0]), ("g1-b", "backup", endpoints[1])):
+            made.append(GraphOperator(GraphOperatorConfig(name=name, operator="g1", role=role, endpoint=endpoint,
+                                                          graph=table, peers=peers)))
+        push = ctx.socket(zmq.PUSH)
+        push.connect(endpoints[0])
+        yield InProcessG1(*made, push, sink, sink_endpoint)
+    finally:
+        if push is not None:
+            push.close(0)
+        for op in made:
+            op.shutdown()
+        sink.close(0)
 
 
 @contextlib.contextmanager

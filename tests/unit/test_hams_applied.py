@@ -4,8 +4,6 @@ primary and backup (GraphOperators on real ZeroMQ sockets, ticked here), that th
 table is the primary's as of the state it applied, past the bound included."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import orjson
 import zmq
@@ -18,7 +16,7 @@ from keel.common.protocol.messages import GraphRequest
 from keel.services.graph import applied as applied_module
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.operator import GraphOperator, source_of
-from tests.support.graphs import g1_primary_and_backup
+from tests.support.graphs import g1_in_process
 
 
 def out(v: float) -> np.ndarray:
@@ -57,44 +55,24 @@ def test_origins_are_taken_per_frontend_incarnation():
 
 def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
     monkeypatch.setattr(applied_module, "LIMIT", 8)  # small, so the bound forgets keys on both sides
-    ctx = zmq.Context.instance()
-    sink = ctx.socket(zmq.PULL)
-    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
-    made, push = [], None
-    try:
-        endpoints = g1_primary_and_backup(gru_chain(), sink_endpoint, made)
-        primary, backup = made
-        push = ctx.socket(zmq.PUSH)
-        push.connect(endpoints[0])
+    with g1_in_process(gru_chain()) as g:
+        primary, backup = g.primary, g.backup
         rng = np.random.default_rng(1)
         origin = 3 << 32
         sent = []
         for key in [f"k{i}" for i in range(12)] + [f"k{i}" for i in range(0, 12, 2)]:  # retries, some past the bound
             origin += 1
             sent.append(key)
-            transport.send(push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
-                                              rng.normal(size=4).astype(np.float32), request=key, reply_to=sink_endpoint))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and backup.backup.max_applied_seq < len(sent) - 1:
-            primary.tick(0.01)
-            backup.tick(0.01)
+            transport.send(g.push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
+                                                rng.normal(size=4).astype(np.float32), request=key, reply_to=g.sink_endpoint))
+        g.tick_until(lambda: backup.backup.max_applied_seq >= len(sent) - 1)
         assert backup.backup.max_applied_seq == len(sent) - 1
         assert len(primary.applied) == 8 and primary.duplicates > 0
         assert list(backup.applied.entries) == list(primary.applied.entries)
         assert all(a.seq == backup.applied.get(k).seq and np.array_equal(a.output, backup.applied.get(k).output)
                    for k, a in primary.applied.entries.items())
-        outputs = []
-        while sink.poll(200):
-            msg = decode(sink.recv_multipart())
-            if isinstance(msg, GraphRequest):
-                outputs.append(msg)
+        outputs = g.outputs(200)
         assert [m.request for m in outputs] == sent  # every input answered, in order, with its key
-    finally:
-        if push is not None:
-            push.close(0)
-        for op in made:
-            op.shutdown()
-        sink.close(0)
 
 
 def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnation():

@@ -7,29 +7,19 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import zmq
 
 from keel.chaos.graph_trials import gru_chain
 from keel.common import transport
-from keel.common.protocol.codec import decode
 from keel.common.protocol.messages import GraphRequest
 from keel.services.graph.batches import DEVICE_ABOVE_MS
-from tests.support.graphs import g1_primary_and_backup
+from tests.support.graphs import g1_in_process
 
 PAD_MS = 300.0  # one batch: long enough to look inside it
 
 
 def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_order():
-    ctx = zmq.Context.instance()
-    sink = ctx.socket(zmq.PULL)
-    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
-    made, push = [], None
-    table = gru_chain(max_batch=4, pad_ms=PAD_MS)
-    try:
-        endpoints = g1_primary_and_backup(table, sink_endpoint, made)
-        primary, backup = made
-        push = ctx.socket(zmq.PUSH)
-        push.connect(endpoints[0])
+    with g1_in_process(gru_chain(max_batch=4, pad_ms=PAD_MS)) as g:
+        primary, backup = g.primary, g.backup
         rng = np.random.default_rng(2)
         origin = 5 << 32
         sent = []
@@ -39,54 +29,32 @@ def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_o
             for _ in range(n):
                 origin += 1
                 sent.append(f"k{len(sent)}")
-                transport.send(push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
-                                                  rng.normal(size=4).astype(np.float32), request=sent[-1],
-                                                  reply_to=sink_endpoint))
-
-        def tick_until(done, limit_s: float = 10.0) -> None:
-            deadline = time.monotonic() + limit_s
-            while time.monotonic() < deadline and not done():
-                primary.tick(0.005)
-                backup.tick(0.001)
-            assert done()
+                transport.send(g.push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
+                                                    rng.normal(size=4).astype(np.float32), request=sent[-1],
+                                                    reply_to=g.sink_endpoint))
 
         send(1)  # the first batch computes on the loop: nothing says yet that batches are long
-        tick_until(lambda: primary.batches == 1)
+        assert g.tick_until(lambda: primary.batches == 1)
         assert primary.computing is None and primary.compute_ms > DEVICE_ABOVE_MS
         send(1)
-        tick_until(lambda: primary.computing is not None)  # the second is on the device thread
+        assert g.tick_until(lambda: primary.computing is not None)  # the second is on the device thread
         t0 = time.monotonic()
         send(3)  # these arrive while it computes: the loop takes them in, and answers status
-        tick_until(lambda: len(primary.queue) == 3, limit_s=PAD_MS / 2000)
+        assert g.tick_until(lambda: len(primary.queue) == 3, limit_s=PAD_MS / 2000)
         info = primary.status()
         assert info["computing"] and primary.computing is not None and time.monotonic() - t0 < PAD_MS / 1000
-        tick_until(lambda: backup.backup.max_applied_seq == len(sent) - 1)
-        outputs = []
-        while sink.poll(500):
-            msg = decode(sink.recv_multipart())
-            if isinstance(msg, GraphRequest):
-                outputs.append(msg)
+        assert g.tick_until(lambda: backup.backup.max_applied_seq == len(sent) - 1)
+        outputs = g.outputs()
         assert [m.request for m in outputs] == sent and [m.seq for m in outputs] == list(range(len(sent)))
         assert primary.batches == 3 and primary.statemgr.copies == 3  # one state shipped per batch
-    finally:
-        if push is not None:
-            push.close(0)
-        for op in made:
-            op.shutdown()
-        sink.close(0)
 
 
 def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
     """The ship's copy holds the GIL while it runs; made before the device thread began the
     batch just submitted, it delayed that batch's start, every batch (the module's
     ``ship_pending``)."""
-    ctx = zmq.Context.instance()
-    sink = ctx.socket(zmq.PULL)
-    sink_endpoint = f"tcp://127.0.0.1:{sink.bind_to_random_port('tcp://127.0.0.1')}"
-    made, push = [], None
-    try:
-        endpoints = g1_primary_and_backup(gru_chain(max_batch=1, pad_ms=60.0), sink_endpoint, made)
-        primary, backup = made
+    with g1_in_process(gru_chain(max_batch=1, pad_ms=60.0)) as g:
+        primary, backup = g.primary, g.backup
         began, ships = [], []
         compute, start = primary.model.compute, primary.statemgr.start
 
@@ -100,21 +68,10 @@ def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
             return start(*args, **kwargs)
 
         primary.model.compute, primary.statemgr.start = timed_compute, timed_start
-        push = ctx.socket(zmq.PUSH)
-        push.connect(endpoints[0])
         for i in range(5):  # one row a batch: five batches, the first on the loop, the rest on the device
-            transport.send(push, GraphRequest("frontend", (5 << 32) + i, (5 << 32) + i, 0, [],
-                                              np.ones(4, np.float32), request=f"k{i}", reply_to=sink_endpoint))
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and backup.backup.max_applied_seq < 4:
-            primary.tick(0.005)
-            backup.tick(0.001)
+            transport.send(g.push, GraphRequest("frontend", (5 << 32) + i, (5 << 32) + i, 0, [],
+                                                np.ones(4, np.float32), request=f"k{i}", reply_to=g.sink_endpoint))
+        g.tick_until(lambda: backup.backup.max_applied_seq >= 4)
         assert backup.backup.max_applied_seq == 4
         behind = [s for s in ships if s[2]]  # the ships made while the next batch was on the device
         assert behind and all(n_began == taken + 1 for n_began, taken, _ in behind), ships
-    finally:
-        if push is not None:
-            push.close(0)
-        for op in made:
-            op.shutdown()
-        sink.close(0)

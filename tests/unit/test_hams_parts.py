@@ -12,8 +12,8 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, 
 from keel.services.graph.assignment import EpochRole
 from keel.common.spec.graph import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
-from tests.support.graphs import threaded_statemgr
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, outputs_of, pack, unpack
+from tests.support.graphs import threaded_statemgr
 
 
 def test_assignment_changes_only_to_a_newer_epoch():

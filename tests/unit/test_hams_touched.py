@@ -7,8 +7,8 @@ import pytest
 
 from keel.bench.hams_overhead import OnlineHashedLinear
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP
-from tests.support.graphs import threaded_statemgr
 from keel.services.graph.statemgr import Folded, StateManager, header_of, outputs_of, pack, unpack
+from tests.support.graphs import threaded_statemgr
 
 
 def test_touched_rows_travel_alone_with_their_indices():
