@@ -156,21 +156,16 @@ class Workload:
 
 
 def _recording_client(frontends: list[str], timeout_ms: float, retries: int, duplicates: list):
-    from keel.common import protocol
     from keel.common.client import Client
 
     class RecordingClient(Client):
         """Keeps the answers the library drops as duplicates, for the invariants."""
 
-        def _finish(self, frames, frontend):  # noqa: ANN001 - the library's own hook
-            try:
-                reply = protocol.decode(frames)
-                rid = getattr(reply, "request_id", None)
-                if rid is not None and rid not in self.calls:
-                    duplicates.append((time.time(), reply))
-            except protocol.ProtocolError:
-                pass
-            return super()._finish(frames, frontend)
+        def _result(self, reply, frontend):  # noqa: ANN001 - the library's own hook
+            rid = getattr(reply, "request_id", None)
+            if rid is not None and rid not in self.calls:
+                duplicates.append((time.time(), reply))
+            return super()._result(reply, frontend)
 
     return RecordingClient(frontends, timeout_ms=timeout_ms, retries=retries)
 

@@ -64,6 +64,7 @@ True
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -195,6 +196,7 @@ class _Base:
         self.monitors: list[zmq.Socket | None] = [None] * len(self.frontends)
         # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
         self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
+        self.corked = 0  # while > 0 (``cork``), sends wait in the outbox to leave together
 
     @property
     def moved(self) -> int:
@@ -267,9 +269,29 @@ class _Base:
         msg = self.engine.message(rid, call, time.perf_counter(), self.client_id)
         self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
 
+    @contextlib.contextmanager
+    def cork(self):
+        """Hold this client's sends until the block ends (or the client next waits for
+        answers), then send them together: the queries for one frontend leave as one
+        message, up to ``protocol.MAX_BUNDLE`` a message, each still its own request to the
+        frontend. For a sender with several queries due at once (an open-loop sender that
+        fell behind, ``predict_batch``): one send and one wake-up of the frontend for many.
+
+        >>> with client.cork():                      # doctest: +SKIP
+        ...     rids = [client.submit("m", x) for x in rows]
+        """
+        self.corked += 1
+        try:
+            yield self
+        finally:
+            self.corked -= 1
+            if not self.corked:
+                self._flush_all()
+
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
         self.outbox[i].append((rid, attempt, frames))
-        self._flush(i)
+        if not self.corked:
+            self._flush(i)
 
     def _live(self, i: int, rid: str, attempt: int) -> bool:
         """Is this queued message still wanted (its call's current attempt, its feedback awaited)?"""
@@ -284,16 +306,20 @@ class _Base:
             return  # a callback the loop ran after close
         box = self.outbox[i]
         while box:
-            rid, attempt, frames = box[0]
-            if not self._live(i, rid, attempt):
-                box.popleft()
-                continue
+            taken = []  # the live messages of the next bundle (one, unless sends were corked)
+            while box and len(taken) < protocol.MAX_BUNDLE:
+                entry = box.popleft()
+                if self._live(i, entry[0], entry[1]):
+                    taken.append(entry)
+            if not taken:
+                break
+            frames = taken[0][2] if len(taken) == 1 else [f for entry in taken for f in entry[2]]
             try:
                 transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
             except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
+                box.extendleft(reversed(taken))
                 self.outbox[i] = deque(e for e in box if self._live(i, *e[:2]))
                 break
-            box.popleft()
         self._writing(i, bool(self.outbox[i]))
 
     def _writing(self, i: int, waiting: bool) -> None:
@@ -311,11 +337,23 @@ class _Base:
 
     # ------------------------------------------------------------------ answers
 
-    def _finish(self, frames: list, frontend: int) -> Result | None:
+    def _finish(self, frames: list, frontend: int) -> list[Result]:
+        """The results in one message from frontend ``frontend``: a reply, or a bundle of them
+        (this client's queries ask for bundles, ``Predict.bundle``)."""
         try:
-            reply = protocol.decode(frames)
+            replies = protocol.decode_all(frames)
         except protocol.ProtocolError:
-            return None
+            return []
+        results = []
+        for reply in replies:
+            result = self._result(reply, frontend)
+            if result is not None:
+                results.append(result)
+        return results
+
+    def _result(self, reply, frontend: int) -> Result | None:
+        """The result of one message from frontend ``frontend``, or None (a feedback's answer,
+        a duplicate answer, another kind)."""
         if isinstance(reply, Feedback):
             if reply.request_id in self.acks and reply.ok is not None:
                 self.acks[reply.request_id] = FeedbackResult(reply.request_id, reply.ok, reply.error, reply.error_code)
@@ -431,9 +469,7 @@ class Client(_Base):
                 if not event & zmq.POLLIN:
                     continue
                 for frames in transport.drain(sock, 100_000):
-                    result = self._finish(frames, i)
-                    if result is not None:
-                        out.append(result)
+                    out += self._finish(frames, i)
             if out or any(self.acks.values()) or time.perf_counter() >= end:
                 return out
 
@@ -515,12 +551,13 @@ class Client(_Base):
         rids: list[str] = []
         wanted: set[str] = set()
         got: dict[str, Result] = {}
-        for i, x in enumerate(xs):
-            if len(wanted) >= window:
-                self._gather(wanted, got, window - 1)
-            rid = self.submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
-            rids.append(rid)
-            wanted.add(rid)
+        with self.cork():  # the rows leave together (a wait for answers sends what is held)
+            for i, x in enumerate(xs):
+                if len(wanted) >= window:
+                    self._gather(wanted, got, window - 1)
+                rid = self.submit(name, x, keys[i], version, timeout_ms, f"{request_id}-{i}" if request_id else None)
+                rids.append(rid)
+                wanted.add(rid)
         self._gather(wanted, got)
         return self._outcomes([got[r] for r in rids], raise_errors)
 
@@ -601,7 +638,13 @@ class AsyncClient(_Base):
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
         super()._send(i, rid, attempt, frames)
-        self._drain(i)  # the send may have consumed the descriptor's edge
+        if not self.corked:
+            self._drain(i)  # the send may have consumed the descriptor's edge
+
+    def _flush_all(self) -> None:
+        for i, box in enumerate(self.outbox):
+            if box:
+                self._drain(i)
 
     def _drain(self, i: int) -> None:
         """Hand frontend ``i``'s socket what waits for it; read every reply waiting on it."""
@@ -611,11 +654,11 @@ class AsyncClient(_Base):
         if sock is None:
             return
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            result = self._finish(transport.recv_nowait(sock), i)
+            results = self._finish(transport.recv_nowait(sock), i)
             for rid, future in self.ack_futures.items():
                 if self.acks.get(rid) is not None and not future.done():
                     future.set_result(None)
-            if result is not None:
+            for result in results:
                 self._resolve(result)
 
     def _resolve(self, result: Result) -> None:
@@ -640,9 +683,7 @@ class AsyncClient(_Base):
             self._resolve(result)
         for rid in again:
             self._send_call(rid)
-        for i, box in enumerate(self.outbox):
-            if box:
-                self._drain(i)
+        self._flush_all()
         self._arm()
 
     async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,

@@ -38,7 +38,8 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
-counted (``reply_dropped``), and a frame above ``max_payload_bytes`` plus a header is
+counted (``reply_dropped``); a client that reads bundles (``Predict.bundle``) gets the replies
+a batch of predictions answers for it in one message (``_bundle``), and a frame above ``max_payload_bytes`` plus a header is
 refused before it is read (the sender is disconnected). At most ``max_clients``
 connections are kept (past it, the one that sent least recently is hung up, counted
 ``clients_hung_up``): with
@@ -74,6 +75,10 @@ from keel.services.selection.runtime import Applications, Call
 
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
+#: a bundle of replies to one client (``Predict.bundle``) is sent once it holds this many
+#: replies or this many bytes of outputs, at the latest when the batch of predictions is read
+BUNDLE_REPLIES = protocol.MAX_BUNDLE
+BUNDLE_BYTES = 1 << 20
 #: freed memory is handed back to the system once the de-duplication table has shrunk by
 #: this many bytes (half its limit if that is less: a table of a few MB that emptied must
 #: count), or this many client connections have closed, since it last was
@@ -133,6 +138,8 @@ class Frontend(Service):
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
         self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``_answer(later=True)``)
+        #: client envelope -> [frames of the replies bundled for it, how many, their outputs' bytes]: not yet sent
+        self.bundles: dict[tuple, list] = {}
         #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
         #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
         self.traces: dict[int, list[float]] = {}
@@ -173,21 +180,23 @@ class Frontend(Service):
                 self.clients.move_to_end(fd)
             envelope, body = protocol.split_envelope(frames)
             envelope = [f.bytes for f in envelope]
-            try:
-                msg = protocol.decode(body, self.cfg.max_payload_bytes)
+            try:  # one request, or several a client sent together (``Client.cork``)
+                msgs = protocol.decode_all(body, self.cfg.max_payload_bytes)
             except protocol.ProtocolError as exc:
                 self._refuse(Request(envelope, _request_id_of(body), start), ErrorCode.BAD_REQUEST, str(exc))
                 continue
-            if isinstance(msg, Predict):
-                self._on_predict(msg, envelope, start)
-            elif isinstance(msg, Feedback) and msg.ok is None:
-                self._on_feedback(msg, envelope)
-            elif isinstance(msg, Status) and msg.info is None:
-                self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
-            else:  # a control message (Configure), or an answer kind: not a client's to send
-                self.counts["refused_kind"] += 1
-                self.m_refused.labels(kind=msg.KIND).inc()
-                self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST, f"a client may not send {msg.KIND} messages")
+            for msg in msgs:
+                if isinstance(msg, Predict):
+                    self._on_predict(msg, envelope, start)
+                elif isinstance(msg, Feedback) and msg.ok is None:
+                    self._on_feedback(msg, envelope)
+                elif isinstance(msg, Status) and msg.info is None:
+                    self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
+                else:  # a control message (Configure), or an answer kind: not a client's to send
+                    self.counts["refused_kind"] += 1
+                    self.m_refused.labels(kind=msg.KIND).inc()
+                    self._refuse(Request(envelope, "", start), ErrorCode.BAD_REQUEST,
+                                 f"a client may not send {msg.KIND} messages")
         self._flush()
 
     def _on_connections(self, sock: zmq.Socket) -> None:
@@ -216,7 +225,7 @@ class Frontend(Service):
         # de-duplication: the client's own id when it sends one (the same on every
         # connection and frontend), else the connection it came on
         dkey = (msg.client.encode() if msg.client else envelope[0], rid)
-        request = Request(envelope, rid, start, dkey)
+        request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True)
         kind = self._kind(msg.model)
         if kind is None:
             known = ", ".join(sorted(self.targets())) or "none"
@@ -384,6 +393,7 @@ class Frontend(Service):
                     self.configured.add(msg.model)
                     self.counts["configured"] += 1
         finally:  # before any client message is read, even after a failure here
+            self._send_bundles()
             self._record()
         self._flush()
 
@@ -542,7 +552,10 @@ class Frontend(Service):
                                            confidence=confidence, degraded=degraded,
                                            trace=None if trace is None else [*trace, time.time()]))
             request.to(State.ANSWERED)
-            self._send(request.envelope, frames)
+            if later and request.bundle:
+                self._bundle(request.envelope, frames, 0 if output is None else output.nbytes)
+            else:
+                self._send(request.envelope, frames)
             answer = (request, frames, now - request.start, remember, count, latencies, model, kind, source, code, degraded)
             if later:
                 self.unrecorded.append(answer)
@@ -586,11 +599,30 @@ class Frontend(Service):
             self.by_request.pop(request.dedup, None)
         self._answer(requests, source, graph, None, output, error, code, degraded=degraded)
 
-    def _send(self, envelope: list, frames: list) -> None:
-        """A reply to a client, never blocking: one that does not fit its queue is dropped."""
+    def _send(self, envelope: list, frames: list, replies: int = 1) -> None:
+        """A reply (or a bundle of ``replies``) to a client, never blocking: one that does not
+        fit its queue is dropped."""
         failed = transport.try_send_frames(self.router, [*envelope, *frames])
         if failed is not None:
-            self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += 1
+            self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += replies
+
+    def _bundle(self, envelope: list, frames: list, nbytes: int) -> None:
+        """A reply for a client that reads bundles: kept with its others from this batch of
+        predictions, sent as one message by ``_send_bundles`` (or now, once the bundle is full)."""
+        bundle = self.bundles.get(key := tuple(envelope))
+        if bundle is None:
+            bundle = self.bundles[key] = [[], 0, 0]
+        bundle[0] += frames
+        bundle[1] += 1
+        bundle[2] += nbytes
+        if bundle[1] >= BUNDLE_REPLIES or bundle[2] >= BUNDLE_BYTES:
+            del self.bundles[key]
+            self._send(envelope, bundle[0], bundle[1])
+
+    def _send_bundles(self) -> None:
+        for envelope, (frames, replies, _) in self.bundles.items():
+            self._send(list(envelope), frames, replies)
+        self.bundles.clear()
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
         self._answer([request], Source.ERROR, "", "", None, text, code)

@@ -47,9 +47,9 @@ Example
 """
 from __future__ import annotations
 
-from keel.common.protocol.codec import decode, decode_header, decode_tensor, encode, split_envelope
+from keel.common.protocol.codec import decode, decode_all, decode_header, decode_tensor, encode, split_envelope
 from keel.common.protocol.fields import (
-    ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
+    ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
     ModelRole, ParityMembers, ProtocolError, Source, request_key, transit_s,
 )
@@ -59,11 +59,11 @@ from keel.common.protocol.messages import (
 )
 
 __all__ = [
-    "ALLOWED_DTYPES", "DTYPE_NAMES", "MAX_BATCH", "MAX_HEADER_BYTES", "MAX_ID", "MAX_K", "MAX_NAME",
+    "ALLOWED_DTYPES", "DTYPE_NAMES", "MAX_BATCH", "MAX_BUNDLE", "MAX_HEADER_BYTES", "MAX_ID", "MAX_K", "MAX_NAME",
     "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
     "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
     "MemberBatch", "ModelRole", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register",
-    "Reply", "Source", "Status", "decode", "decode_header", "decode_tensor", "encode", "request_key", "split_envelope",
+    "Reply", "Source", "Status", "decode", "decode_all", "decode_header", "decode_tensor", "encode", "request_key", "split_envelope",
     "transit_s",
 ]
 

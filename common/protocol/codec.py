@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from keel.common.protocol.fields import (
-    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
+    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     ModelRole, _is_ids, _is_int, _is_strs,
 )
@@ -109,7 +109,33 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     """The message in ``frames`` (no routing envelope). Raises ProtocolError if malformed."""
     if not frames:
         raise ProtocolError("empty message")
-    header = decode_header(frames[0])
+    msg, end = _decode_at(frames, 0, max_payload)
+    if end != len(frames):
+        if type(msg).TENSORS:
+            raise ProtocolError(f"{msg.KIND} has {len(frames) - 1} tensor frames, header describes {end - 1}")
+        raise ProtocolError(f"{msg.KIND} carries no tensors but has {len(frames) - 1} extra frames")
+    return msg
+
+
+def decode_all(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> list:
+    """The messages in ``frames``: one, or up to ``MAX_BUNDLE`` back to back (a bundle: each
+    message's header, then its tensor frames; a client's queries sent together, ``Client.cork``,
+    and a client's replies where it asked for them so, ``Predict.bundle``). ``max_payload``
+    bounds each message's tensors."""
+    if not frames:
+        raise ProtocolError("empty message")
+    out, at = [], 0
+    while at < len(frames):
+        if len(out) == MAX_BUNDLE:
+            raise ProtocolError(f"a bundle carries at most {MAX_BUNDLE} messages")
+        msg, at = _decode_at(frames, at, max_payload)
+        out.append(msg)
+    return out
+
+
+def _decode_at(frames: list, at: int, max_payload: int) -> tuple[Any, int]:
+    """(the message whose header is ``frames[at]``, the index just past its tensor frames)."""
+    header = decode_header(frames[at])
     kind = header.get("kind")
     cls = MESSAGES.get(kind) if isinstance(kind, str) else None  # a list or object kind is unhashable
     if cls is None:
@@ -133,14 +159,15 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
     for name in _TYPED_OF[cls]:
         if kwargs.get(name) is not None:
             kwargs[name] = _TYPED[name](kwargs[name])
+    end = at + 1
     if cls.TENSORS:
         descs = header.get("tensors")
         if not isinstance(descs, list) or len(descs) != len(cls.TENSORS):
             raise ProtocolError(f"{cls.KIND} needs {len(cls.TENSORS)} tensor descriptor(s)")
-        present = len(descs) - descs.count(None)
-        if len(frames) != 1 + present:
-            raise ProtocolError(f"{cls.KIND} has {len(frames) - 1} tensor frames, header describes {present}")
-        total, i = 0, 1
+        end += len(descs) - descs.count(None)
+        if end > len(frames):
+            raise ProtocolError(f"{cls.KIND} has {len(frames) - at - 1} tensor frames, header describes {end - at - 1}")
+        total, i = 0, at + 1
         for name, desc in zip(cls.TENSORS, descs):
             if desc is None:
                 if name in _REQUIRED_TENSORS[cls]:
@@ -151,14 +178,12 @@ def decode(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> Any:
             total += arr.nbytes
             kwargs[name] = arr
             i += 1
-    elif len(frames) != 1:
-        raise ProtocolError(f"{cls.KIND} carries no tensors but has {len(frames) - 1} extra frames")
     try:
         msg = cls(**kwargs)
     except TypeError as exc:
         raise ProtocolError(str(exc)) from None
     _check_message(msg)
-    return msg
+    return msg, end
 
 
 # Fields that travel as JSON but are typed on both sides of the wire (and, per kind, which it has).
@@ -195,6 +220,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "error_code": (lambda v: isinstance(v, str), "a string"),
     "degraded": (lambda v: isinstance(v, bool), "true or false"),
     "more": (lambda v: isinstance(v, bool), "true or false"),
+    "bundle": (lambda v: isinstance(v, bool), "true or false"),
     "timeout_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "service_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "price": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),

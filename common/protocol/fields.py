@@ -29,6 +29,7 @@ MAX_K = 64  # a coding group's size
 MAX_SLOTS = 1024  # credits one worker may announce
 MAX_BATCH = 65_536  # queries in one batch
 MAX_THREADS = 256
+MAX_BUNDLE = 64  # messages one ZeroMQ message carries back to back (a client's queries, its replies)
 MAX_ID = 2**63 - 1  # query, batch and group ids fit a signed 64-bit integer
 
 

@@ -33,6 +33,10 @@ class Predict:
     #: then each process's receipt and send; set by a client that asks for a breakdown
     #: (``keel bench core --breakdown``), and only then stamped
     trace: list[float] | None = None
+    #: the client reads several replies from one message (``protocol.decode_all``): the
+    #: frontend may then send the replies of one batch of predictions to this connection
+    #: together, one message and one wake-up for many
+    bundle: bool | None = None
 
 
 @dataclass(slots=True)

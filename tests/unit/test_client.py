@@ -103,15 +103,45 @@ def test_a_frontend_that_timed_out_is_avoided_until_it_answers(zsock):
 
 
 def received(router: zmq.Socket, n: int = 1) -> list[Predict]:
-    """The next ``n`` Predicts a stand-in frontend got."""
+    """The next ``n`` Predicts a stand-in frontend got (alone, or several in a message)."""
     out = []
-    for _ in range(n):
+    while len(out) < n:
         assert router.poll(5000), "no call arrived"
         _, body = protocol.split_envelope(router.recv_multipart())
-        msg = protocol.decode(body)
-        assert isinstance(msg, Predict)
-        out.append(msg)
+        msgs = protocol.decode_all(body)
+        assert all(isinstance(msg, Predict) for msg in msgs)
+        out += msgs
     return out
+
+
+def test_corked_sends_leave_together_and_uncorked_ones_alone(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    xs = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        with c.cork():
+            rids = [c.submit("m", x) for x in xs]
+            assert not router.poll(200)  # held while corked
+        assert router.poll(5000)
+        envelope, body = protocol.split_envelope(router.recv_multipart())
+        msgs = protocol.decode_all(body)
+        assert [m.request_id for m in msgs] == rids and all(m.bundle for m in msgs)  # one message, in order
+        for m in msgs:
+            transport.send(router, Reply(request_id=m.request_id, source=Source.MODEL, output=m.input), envelope)
+        got = {}
+        while len(got) < 3:
+            got.update((r.request_id, r) for r in c.collect(1000))
+        assert [list(got[r].output) for r in rids] == xs.tolist()
+        c.submit("m", xs[0])
+        c.submit("m", xs[1])
+        assert len(received(router, 2)) == 2 and not router.poll(200)
+        with c.cork():  # over MAX_BUNDLE: more than one message
+            for _ in range(protocol.MAX_BUNDLE + 1):
+                c.submit("m", xs[0])
+        sizes = []
+        while sum(sizes) < protocol.MAX_BUNDLE + 1:
+            assert router.poll(5000)
+            sizes.append(len(protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])))
+        assert sizes == [protocol.MAX_BUNDLE, 1]
 
 
 def test_every_predict_carries_its_key_version_and_the_client_id(zsock):

@@ -72,11 +72,11 @@ class Echo:
                     except zmq.Again:
                         break
                     envelope, body = protocol.split_envelope(frames)
-                    msg = protocol.decode(body)
-                    if isinstance(msg, Predict):
-                        transport.send(self.router, Reply(request_id=msg.request_id, source=Source.MODEL,
-                                                          output=msg.input), envelope)
-                        self.answered += 1
+                    for msg in protocol.decode_all(body):  # a client's corked sends come together
+                        if isinstance(msg, Predict):
+                            transport.send(self.router, Reply(request_id=msg.request_id, source=Source.MODEL,
+                                                              output=msg.input), envelope)
+                            self.answered += 1
         finally:
             self.router.close(0)
 

@@ -599,3 +599,49 @@ def test_a_batchs_replies_leave_before_they_are_remembered_and_a_retry_still_fin
         h.predict(c, f"b{i}", x_of(30 + i))
         assert list(h.reply(c).output) == [float(i), float(i)]
     assert h.counts()["duplicate"] == 3
+
+
+def test_a_client_that_reads_bundles_gets_a_batchs_replies_in_one_message(harness, monkeypatch):
+    h = harness()
+    bundled, plain = h.client(), h.client()
+    for i in range(3):
+        transport.send(bundled, Predict(request_id=f"b{i}", model="m", input=x_of(40 + i), timeout_ms=10_000, bundle=True))
+        h.predict(plain, f"p{i}", x_of(50 + i))
+    qids = []
+    while len(qids) < 6:
+        qids += h.queries().qids
+    h.answer("m", qids, [[i, i] for i in range(6)])
+    frames = h.step(lambda: bundled.poll(0) and bundled.recv_multipart())
+    assert sorted(r.request_id for r in protocol.decode_all(frames)) == ["b0", "b1", "b2"]  # one message
+    assert {h.reply(plain).request_id for _ in range(3)} == {"p0", "p1", "p2"}  # one message each
+    h.no_reply(bundled)
+    transport.send(bundled, Predict(request_id="b1", model="m", input=x_of(41), timeout_ms=10_000, bundle=True))
+    assert h.reply(bundled).request_id == "b1" and h.counts()["duplicate"] == 1  # a retry: from the table, alone
+
+    monkeypatch.setattr("keel.services.frontend.BUNDLE_REPLIES", 2)  # a full bundle leaves at once
+    for i in range(3):
+        transport.send(bundled, Predict(request_id=f"c{i}", model="m", input=x_of(60 + i), timeout_ms=10_000, bundle=True))
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    h.answer("m", qids, [[i, i] for i in range(3)])
+    sizes = [len(protocol.decode_all(h.step(lambda: bundled.poll(0) and bundled.recv_multipart()))) for _ in range(2)]
+    assert sizes == [2, 1]
+
+
+def test_queries_a_client_sent_together_are_each_their_own_request(harness):
+    h = harness()
+    c = h.client()
+    msgs = [Predict(request_id=f"t{i}", model="m", input=x_of(70 + i), timeout_ms=10_000) for i in range(3)]
+    msgs.insert(1, Predict(request_id="bad", model="m", input=np.zeros(DIM + 1, np.float32)))
+    c.send_multipart([f for m in msgs for f in protocol.encode(m)])
+    bad = h.reply(c)
+    assert (bad.request_id, bad.error_code) == ("bad", ErrorCode.BAD_REQUEST)  # its own answer; the rest go on
+    qids = []
+    while len(qids) < 3:
+        qids += h.queries().qids
+    h.answer("m", qids, [[i, i] for i in range(3)])
+    assert {h.reply(c).request_id for _ in range(3)} == {"t0", "t1", "t2"}
+    c.send_multipart([f for _ in range(protocol.MAX_BUNDLE + 1) for f in protocol.encode(msgs[0])])
+    too_many = h.reply(c)
+    assert too_many.error_code == ErrorCode.BAD_REQUEST and "at most" in too_many.error

@@ -251,6 +251,23 @@ def test_tensor_frame_count_must_match_descriptors():
         decode([done[0], b"x"])
 
 
+def test_a_bundle_is_several_messages_back_to_back_and_decode_takes_exactly_one():
+    replies = [Reply(request_id="a", source=Source.MODEL, output=np.array([1.0, 2.0], np.float32), model="m"),
+               Reply(request_id="b", source=Source.ERROR, error="no", error_code="model_error"),
+               Reply(request_id="c", source=Source.MODEL, output=np.array([3.0, 4.0], np.float32), model="m")]
+    frames = [bytes(f) for r in replies for f in encode(r)]
+    got = protocol.decode_all(frames)
+    assert [(r.request_id, None if r.output is None else list(r.output)) for r in got] == [
+        ("a", [1.0, 2.0]), ("b", None), ("c", [3.0, 4.0])]
+    assert [m.request_id for m in protocol.decode_all(frames[:2])] == ["a"]  # one message is a bundle of one
+    with pytest.raises(ProtocolError, match="tensor frames"):
+        decode(frames)  # a bundle is not one message
+    with pytest.raises(ProtocolError, match="tensor frames"):
+        protocol.decode_all(frames[:-1])  # the last reply lacks its tensor
+    with pytest.raises(ProtocolError):
+        protocol.decode_all(frames[:2] + [b"not json"])
+
+
 def test_required_tensor_may_not_be_absent():
     head = header(good_predict_frames())
     head["tensors"] = [None]
