@@ -197,6 +197,7 @@ class _Base:
         # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
         self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
         self.corked = 0  # while > 0 (``cork``), sends wait in the outbox to leave together
+        self.cork_calls = 0  # calls started since the outermost cork began
 
     @property
     def moved(self) -> int:
@@ -214,7 +215,9 @@ class _Base:
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
         call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
-        self.engine.start(rid, call, now)
+        # a corked call after the first leaves with those before it: to the same frontend
+        self.engine.start(rid, call, now, together=self.corked > 0 and self.cork_calls > 0)
+        self.cork_calls += self.corked > 0
         return rid, call
 
     # ------------------------------------------------------------------ sockets
@@ -274,12 +277,15 @@ class _Base:
         """Hold this client's sends until the block ends (or the client next waits for
         answers), then send them together: the queries for one frontend leave as one
         message, up to ``protocol.MAX_BUNDLE`` a message, each still its own request to the
-        frontend. For a sender with several queries due at once (an open-loop sender that
+        frontend (with several frontends, a cork's calls go to one while it is not suspect,
+        ``MAX_BUNDLE`` in a row at most, then on round-robin). For a sender with several queries due at once (an open-loop sender that
         fell behind, ``predict_batch``): one send and one wake-up of the frontend for many.
 
         >>> with client.cork():                      # doctest: +SKIP
         ...     rids = [client.submit("m", x) for x in rows]
         """
+        if not self.corked:
+            self.cork_calls = 0
         self.corked += 1
         try:
             yield self

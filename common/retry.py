@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from keel.common.protocol import ErrorCode, Predict, Source
+from keel.common.protocol import MAX_BUNDLE, ErrorCode, Predict, Source
 from keel.common.results import Reason, Result
 
 
@@ -86,14 +86,24 @@ class RetryEngine:
         self.calls: dict[str, _Call] = {}
         self.expiry: list[tuple[float, str]] = []  # heap of (slice end, request id); stale entries skipped
         self.turn = 0  # round-robin: the frontend the next call tries first
+        self.last, self.kept = -1, 0  # the last new call's frontend, and how many calls in a row it got
         self.suspect_until = [0.0] * len(frontends)  # perf_counter; a frontend that timed out
         self.links = [Link.CONNECTING] * len(frontends)
         self.accepted = [False] * len(frontends)  # the current socket's connection was accepted once
         self.moved = 0  # calls sent to another frontend because theirs dropped, refused or was unreachable
 
-    def start(self, rid: str, call: _Call, now: float) -> None:
-        """Take a new call; its first attempt goes to ``call.frontend`` (chosen here)."""
-        call.frontend = self.pick(now)
+    def start(self, rid: str, call: _Call, now: float, together: bool = False) -> None:
+        """Take a new call; its first attempt goes to ``call.frontend`` (chosen here).
+        ``together``: it leaves with the calls started before it (a corked client's), so it
+        goes where they went while that frontend is not suspect, up to ``MAX_BUNDLE`` calls
+        in a row: a bundle is not split over the frontends, and a long run of calls still
+        spreads."""
+        if together and self.kept < MAX_BUNDLE and self.last >= 0 and self.suspect_until[self.last] <= now:
+            call.frontend = self.last
+            self.kept += 1
+        else:
+            call.frontend = self.last = self.pick(now)
+            self.kept = 1
         self.calls[rid] = call
         self._schedule(rid, call, now)
 

@@ -70,6 +70,32 @@ def test_calls_are_spread_round_robin(zsock):
             assert got == 2
 
 
+def test_a_corks_calls_go_to_one_frontend_and_corks_spread(zsock):
+    routers = [zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*") for _ in range(3)]
+    x = np.zeros(4, np.float32)
+
+    def got() -> list[int]:
+        """Predicts each stand-in frontend received."""
+        counts = []
+        for router in routers:
+            n = 0
+            while router.poll(300):
+                n += len(protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1]))
+            counts.append(n)
+        return counts
+
+    with Client([transport.endpoint_of(r) for r in routers], timeout_ms=5000) as c:
+        for _ in range(2):
+            with c.cork():
+                for _ in range(5):
+                    c.submit("m", x)
+        assert got() == [5, 5, 0]  # each cork whole, the corks round-robin
+        with c.cork():
+            for _ in range(protocol.MAX_BUNDLE + 1):
+                c.submit("m", x)
+        assert sorted(got()) == [0, 1, protocol.MAX_BUNDLE]  # at most a bundle's worth in a row
+
+
 def serve_one(router: zmq.Socket, timeout_ms: int = 5000) -> None:
     """Answer one Predict on a stand-in frontend."""
     assert router.poll(timeout_ms), "no call arrived"
