@@ -196,7 +196,7 @@ class _Base:
         self.monitors: list[zmq.Socket | None] = [None] * len(self.frontends)
         # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
         self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
-        self.corked = 0  # while > 0 (``cork``), sends wait in the outbox to leave together
+        self.corked = 0  # while > 0 (``Client.cork``), sends wait in the outbox to leave together
         self.cork_calls = 0  # calls started since the outermost cork began
 
     @property
@@ -217,7 +217,8 @@ class _Base:
         call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
         # a corked call after the first leaves with those before it: to the same frontend
         self.engine.start(rid, call, now, together=self.corked > 0 and self.cork_calls > 0)
-        self.cork_calls += self.corked > 0
+        if self.corked:
+            self.cork_calls += 1
         return rid, call
 
     # ------------------------------------------------------------------ sockets
@@ -271,28 +272,6 @@ class _Base:
         call = self.calls[rid]
         msg = self.engine.message(rid, call, time.perf_counter(), self.client_id)
         self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
-
-    @contextlib.contextmanager
-    def cork(self):
-        """Hold this client's sends until the block ends (or the client next waits for
-        answers), then send them together: the queries for one frontend leave as one
-        message, up to ``protocol.MAX_BUNDLE`` a message, each still its own request to the
-        frontend (with several frontends, a cork's calls go to one while it is not suspect,
-        ``MAX_BUNDLE`` in a row at most, then on round-robin). For a sender with several queries due at once (an open-loop sender that
-        fell behind, ``predict_batch``): one send and one wake-up of the frontend for many.
-
-        >>> with client.cork():                      # doctest: +SKIP
-        ...     rids = [client.submit("m", x) for x in rows]
-        """
-        if not self.corked:
-            self.cork_calls = 0
-        self.corked += 1
-        try:
-            yield self
-        finally:
-            self.corked -= 1
-            if not self.corked:
-                self._flush_all()
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
         self.outbox[i].append((rid, attempt, frames))
@@ -432,6 +411,29 @@ class Client(_Base):
         if self.sockets[i] is not None and waiting != (i in self.waiting):
             self.poller.register(self.sockets[i], zmq.POLLIN | zmq.POLLOUT if waiting else zmq.POLLIN)
             (self.waiting.add if waiting else self.waiting.discard)(i)
+
+    @contextlib.contextmanager
+    def cork(self):
+        """Hold this client's sends until the block ends (or the client next waits for
+        answers), then send them together: the queries for one frontend leave as one
+        message, up to ``protocol.MAX_BUNDLE`` a message, each still its own request to the
+        frontend. With several frontends, a cork's calls go to one while it is not suspect
+        (``MAX_BUNDLE`` in a row at most), and corks go round-robin. For a sender with
+        several queries due at once (an open-loop sender, ``predict_batch``): one send and
+        one wake-up of the frontend for many.
+
+        >>> with client.cork():                      # doctest: +SKIP
+        ...     rids = [client.submit("m", x) for x in rows]
+        """
+        if not self.corked:
+            self.cork_calls = 0
+        self.corked += 1
+        try:
+            yield self
+        finally:
+            self.corked -= 1
+            if not self.corked:
+                self._flush_all()
 
     def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
                timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None) -> str:
@@ -644,8 +646,7 @@ class AsyncClient(_Base):
 
     def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
         super()._send(i, rid, attempt, frames)
-        if not self.corked:
-            self._drain(i)  # the send may have consumed the descriptor's edge
+        self._drain(i)  # the send may have consumed the descriptor's edge
 
     def _flush_all(self) -> None:
         for i, box in enumerate(self.outbox):

@@ -452,7 +452,8 @@ class Frontend(Service):
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
             trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
-            self._answer(pending.requests, source, pending.model, version, output, trace=trace, later=True)
+            self._answer(pending.requests, source, pending.model, version, output, trace=trace, later=True,
+                         bundle=len(msg.qids) > 1)
 
     def _nonfinite(self, msg: Predictions, rows: int) -> None:
         """A model answered NaN or infinity for a finite input (the input was checked at
@@ -535,13 +536,15 @@ class Frontend(Service):
     def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None, models: list[str] | None = None,
                 confidence: float | None = None, degraded: bool | None = None, trace: list[float] | None = None,
-                later: bool = False) -> None:
+                later: bool = False, bundle: bool = False) -> None:
         """The one way a reply leaves: remembered for de-duplication (real answers only),
         counted and logged per target. ``trace``: a traced request's stamps, to which the
         reply's send is added. ``later``: the remembering, counting and logging wait for
         ``_record``, so the replies of one batch of predictions all leave first; only for
         answers given while reading predictions, whose reader records them before it
-        returns (before any client message is read: a retry always finds its answer)."""
+        returns (before any client message is read: a retry always finds its answer).
+        ``bundle``: one of several answers of a batch of predictions, sent with the others to
+        a client that reads bundles (``_bundle``; a lone answer leaves at once)."""
         now = time.perf_counter()
         remember = code is None
         kind = self._kind(model) or ""
@@ -552,7 +555,7 @@ class Frontend(Service):
                                            confidence=confidence, degraded=degraded,
                                            trace=None if trace is None else [*trace, time.time()]))
             request.to(State.ANSWERED)
-            if later and request.bundle:
+            if bundle and request.bundle:
                 self._bundle(request.envelope, frames, 0 if output is None else output.nbytes)
             else:
                 self._send(request.envelope, frames)
