@@ -39,8 +39,11 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``); a client that reads bundles (``Predict.bundle``) gets the replies
-a batch of predictions answers for it in one message (``_bundle``), and a frame above ``max_payload_bytes`` plus a header is
-refused before it is read (the sender is disconnected). At most ``max_clients``
+a batch of several predictions answers for it in one message (``_bundle``); a client may
+send several requests in one message (``Client.cork``), each admitted and answered on its
+own (a malformed one refuses the message, answered under its first request id); and a
+frame above ``max_payload_bytes`` plus a header is refused before it is read (the sender
+is disconnected). At most ``max_clients``
 connections are kept (past it, the one that sent least recently is hung up, counted
 ``clients_hung_up``): with
 ``client_hwm`` and the de-duplication table's limits, that bounds the process's memory,
@@ -76,7 +79,7 @@ from keel.services.selection.runtime import Applications, Call
 #: reconstructed outputs kept to grade against their late predictions, at most
 GRADED = 50_000
 #: a bundle of replies to one client (``Predict.bundle``) is sent once it holds this many
-#: replies or this many bytes of outputs, at the latest when the batch of predictions is read
+#: replies or this many bytes of outputs, at the latest once the predictions read are answered
 BUNDLE_REPLIES = protocol.MAX_BUNDLE
 BUNDLE_BYTES = 1 << 20
 #: freed memory is handed back to the system once the de-duplication table has shrunk by

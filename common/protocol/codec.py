@@ -10,8 +10,8 @@ import numpy as np
 import orjson
 
 from keel.common.protocol.fields import (
-    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
-    MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
+    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME,
+    MAX_PAYLOAD_BYTES, MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
@@ -121,7 +121,7 @@ def decode_all(frames: list, max_payload: int = MAX_PAYLOAD_BYTES) -> list:
     """The messages in ``frames``: one, or up to ``MAX_BUNDLE`` back to back (a bundle: each
     message's header, then its tensor frames; a client's queries sent together, ``Client.cork``,
     and a client's replies where it asked for them so, ``Predict.bundle``). ``max_payload``
-    bounds each message's tensors."""
+    bounds each message's tensors. One malformed message refuses the whole bundle."""
     if not frames:
         raise ProtocolError("empty message")
     out, at = [], 0
