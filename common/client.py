@@ -197,7 +197,6 @@ class _Base:
         # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
         self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
         self.corked = 0  # while > 0 (``Client.cork``), sends wait in the outbox to leave together
-        self.cork_calls = 0  # calls started since the outermost cork began
 
     @property
     def moved(self) -> int:
@@ -215,10 +214,8 @@ class _Base:
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
         call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
-        # a corked call after the first leaves with those before it: to the same frontend
-        self.engine.start(rid, call, now, together=self.corked > 0 and self.cork_calls > 0)
-        if self.corked:
-            self.cork_calls += 1
+        # a corked call leaves with those before it in the cork: to the same frontend
+        self.engine.start(rid, call, now, together=self.corked > 0)
         return rid, call
 
     # ------------------------------------------------------------------ sockets
@@ -426,7 +423,7 @@ class Client(_Base):
         ...     rids = [client.submit("m", x) for x in rows]
         """
         if not self.corked:
-            self.cork_calls = 0
+            self.engine.last = -1  # the cork's first call picks its frontend anew
         self.corked += 1
         try:
             yield self
@@ -648,11 +645,6 @@ class AsyncClient(_Base):
         super()._send(i, rid, attempt, frames)
         self._drain(i)  # the send may have consumed the descriptor's edge
 
-    def _flush_all(self) -> None:
-        for i, box in enumerate(self.outbox):
-            if box:
-                self._drain(i)
-
     def _drain(self, i: int) -> None:
         """Hand frontend ``i``'s socket what waits for it; read every reply waiting on it."""
         if self.outbox[i]:
@@ -690,7 +682,9 @@ class AsyncClient(_Base):
             self._resolve(result)
         for rid in again:
             self._send_call(rid)
-        self._flush_all()
+        for i, box in enumerate(self.outbox):
+            if box:
+                self._drain(i)
         self._arm()
 
     async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,

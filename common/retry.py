@@ -86,7 +86,7 @@ class RetryEngine:
         self.calls: dict[str, _Call] = {}
         self.expiry: list[tuple[float, str]] = []  # heap of (slice end, request id); stale entries skipped
         self.turn = 0  # round-robin: the frontend the next call tries first
-        self.last, self.kept = -1, 0  # the last new call's frontend, and how many calls in a row it got
+        self.last, self.kept = -1, 0  # the last new call's frontend (-1: none), and how many calls in a row it got
         self.suspect_until = [0.0] * len(frontends)  # perf_counter; a frontend that timed out
         self.links = [Link.CONNECTING] * len(frontends)
         self.accepted = [False] * len(frontends)  # the current socket's connection was accepted once
