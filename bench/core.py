@@ -41,8 +41,7 @@ from keel.common.client import Client
 from keel.common.transport import request_status
 from keel.deploy.local import Launcher, free_port_block
 
-SLO_P99_MS, SHAPE = rates.SLO_P99_MS, rates.SHAPE
-REPEATS = 3
+SLO_P99_MS, SHAPE, REPEATS = rates.SLO_P99_MS, rates.SHAPE, rates.REPEATS
 
 #: the printed table and its targets (keel bench)
 FIGURES = ("noop_p50_us", "floor_p50_us", "noop_p50_vs_floor", "noop_p99_us", "async_p50_us", "async_p50_vs_blocking",
@@ -85,10 +84,6 @@ def _searches(plans: dict, xs: np.ndarray, seconds: float, log) -> dict:
     return {name: (rates.spread(found[name]), probes[name]) for name in plans}
 
 
-def _put(out: dict, key: str, figure: dict) -> None:
-    out[key], out[f"{key}_range"], out[f"{key}_runs"] = figure["median"], figure["range"], figure["runs"]
-
-
 def run(args, log=print) -> dict:
     if getattr(args, "cold", False):
         from keel.bench.cold import run_cold
@@ -119,19 +114,19 @@ def run(args, log=print) -> dict:
                 log(f"noop latency through the asyncio client, repetition {rep + 1} of {REPEATS} ...")
                 lat["async"].append(rates.async_latency(cluster.client_endpoints[0], "m", lat_xs))
             for name in lat:
-                _put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
-                _put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))
+                rates.put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
+                rates.put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))
             log("throughput (open-loop Poisson, p99 <= 20 ms, none lost) ...")
             plans = {name: (client, 2000, 60000) for name, client in clients.items()}
             for name, (figure, probes) in _searches(plans, xs, seconds, log).items():
-                _put(out, f"{name}_throughput_rps", figure)
+                rates.put(out, f"{name}_throughput_rps", figure)
                 out[f"{name}_probes"] = probes
     with Launcher(run_dir / "two-frontends") as launcher:
         two = rates.model_cluster(launcher, 2, frontends=2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
         log("throughput with two frontends (one client spreading its calls over both) ...")
         with Client(two.client_endpoints, timeout_ms=5000) as client:
             figure, probes = _searches({"two": (client, 2000, 60000)}, xs, seconds, log)["two"]
-        _put(out, "noop_throughput_two_frontends_rps", figure)
+        rates.put(out, "noop_throughput_two_frontends_rps", figure)
         out["two_frontends_probes"] = probes
     out["noop_p50_vs_floor"] = out["noop_p50_us"] / out["floor_p50_us"]
     out["async_p50_vs_blocking"] = out["async_p50_us"] / out["noop_p50_us"]
@@ -151,11 +146,11 @@ def run(args, log=print) -> dict:
         info = request_status(aimd.service("dispatcher").config.worker_endpoint, 2.0) or {"workers": {}}
         sizes = [w["batch_size"] for w in info["workers"].values()]
         out["aimd_batch_size"] = int(np.median(sizes)) if sizes else None
-    _put(out, "batch1_throughput_rps", one[0])
-    _put(out, "aimd_throughput_rps", many[0])
+    rates.put(out, "batch1_throughput_rps", one[0])
+    rates.put(out, "aimd_throughput_rps", many[0])
     out["batch1_probes"], out["aimd_probes"] = one[1], many[1]
     speedups = [a / b for a, b in zip(many[0]["runs"], one[0]["runs"]) if b]
     if speedups:
-        _put(out, "batching_speedup", rates.spread(speedups))
+        rates.put(out, "batching_speedup", rates.spread(speedups))
     out["elapsed_s"] = time.time() - t0
     return out

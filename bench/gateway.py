@@ -3,13 +3,23 @@
 Through real processes on loopback (gateway, frontend, dispatcher, two no-op workers):
 
 - ``gateway_p50_us`` / ``gateway_p99_us``: one ``infer`` outstanding (one row, binary
-  tensors, a kept-alive HTTP connection from the standard library's client), HTTP client
-  -> gateway -> frontend -> ... ;
+  tensors, a kept-alive HTTP connection written and read on a plain socket: the lightest
+  caller, as Keel's client is on the ZeroMQ side), HTTP caller -> gateway -> frontend -> ... ;
 - ``client_p50_us`` / ``client_p99_us``: the same queries through ``common.client.Client``;
-- ``gateway_added_p50_us``: the difference (target <= 300 us);
+- ``gateway_added_p50_us``: the difference, repetition by repetition (target <= 300 us);
+- ``gateway_stdlib_p50_us`` / ``gateway_stdlib_added_p50_us``: the same through the
+  standard library's ``http.client`` (this bench's caller before 2026-11-28; it spends
+  100-200 µs a request of its own);
 - ``gateway_throughput_rps``: the highest open-loop Poisson rate of one-row ``infer``s
   through the gateway whose p99 stays <= 20 ms with every request answered 200 (a
-  bisection to within 5%, ``bench.rates``).
+  bisection to within 5%, ``bench.rates``; the load generator writes and reads plain
+  kept-alive connections, one request on each at a time); ``gateway_throughput_vs_client``
+  is it over ``core_rps_without_curve``, the ZeroMQ client's rate on the same path
+  without the gateway (target >= 0.5).
+
+The latencies are taken ``rates.REPEATS`` times in turn (gateway, http.client, ZeroMQ
+client); each figure is the median, with its range (``_range``) and every repetition
+(``_runs``).
 
 CURVE's cost, on ``keel bench core``'s no-op cluster (client -> frontend -> dispatcher ->
 worker, ``bench.rates``' latency and SLO-bounded rate search), with and without
@@ -28,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import socket
 import time
 from pathlib import Path
 
@@ -44,15 +56,18 @@ from keel.deploy.local import Launcher, free_port, free_port_block
 
 SLO_P99_MS = 20.0
 DIM = 8
+PATH = "/v2/models/m/infer"
 #: the fixed rate the CPU per request at load is read at (well under the gateway's throughput)
 LOAD_RPS = 300
 
 #: the printed table and its targets (keel bench)
 FIGURES = ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
-           "gateway_cpu_us", "http_caller_cpu_us", "zmq_caller_cpu_us", "gateway_cpu_us_at_load",
-           "http_caller_cpu_us_at_load", "gateway_throughput_rps", "core_p50_us_without_curve", "core_p50_us_with_curve", "core_rps_without_curve",
-           "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost")
-TARGETS = {"gateway_added_p50_us": "<= 300", "curve_p50_cost": "<= 0.10", "curve_throughput_cost": "<= 0.10"}
+           "gateway_stdlib_p50_us", "gateway_stdlib_added_p50_us", "gateway_cpu_us", "http_caller_cpu_us",
+           "zmq_caller_cpu_us", "gateway_cpu_us_at_load", "http_caller_cpu_us_at_load", "gateway_throughput_rps",
+           "gateway_throughput_vs_client", "core_p50_us_without_curve", "core_p50_us_with_curve",
+           "core_rps_without_curve", "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost")
+TARGETS = {"gateway_added_p50_us": "<= 300", "gateway_throughput_vs_client": ">= 0.5", "curve_p50_cost": "<= 0.10",
+           "curve_throughput_cost": "<= 0.10"}
 
 
 def _body(x: np.ndarray) -> tuple[bytes, dict]:
@@ -63,10 +78,55 @@ def _body(x: np.ndarray) -> tuple[bytes, dict]:
     return head + raw, {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
 
 
+def _request(x: np.ndarray) -> bytes:
+    """One infer of row ``x`` as the bytes an HTTP/1.1 caller writes (keep-alive)."""
+    body, headers = _body(x)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n{head}\r\n").encode() + body
+
+
+_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
+
+
+def _response(buf: bytes) -> tuple[int, int] | None:
+    """(status, bytes it spans) of the HTTP response at the start of ``buf``; None while it
+    is incomplete (the gateway always sends Content-Length)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    length = _LENGTH.search(buf, 0, end + 2)
+    size = end + 4 + (int(length.group(1)) if length else 0)
+    return (int(buf[9:12]), size) if len(buf) >= size else None
+
+
 def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
-    """Latency (ms) of one-row binary infers, one at a time, on one kept-alive connection
-    (the standard library's blocking client: the lightest caller, so the figure is the
-    gateway's more than the caller's)."""
+    """Latency (ms) of one-row binary infers, one at a time, on one kept-alive connection,
+    written and read on a plain socket: the lightest HTTP caller, as Keel's client is the
+    lightest ZeroMQ one, so the difference is the gateway's (the standard library's
+    ``http.client`` spends 100-200 µs a request of its own: ``_one_outstanding_stdlib``)."""
+    requests = [_request(x) for x in xs]
+    lat = []
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i, request in enumerate(requests):
+            t = time.perf_counter()
+            sock.sendall(request)
+            buf = b""
+            while (answer := _response(buf)) is None:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise RuntimeError("the gateway closed the connection")
+                buf += chunk
+            if answer[0] != 200:
+                raise RuntimeError(f"gateway answered {answer[0]}")
+            if i >= warm:
+                lat.append((time.perf_counter() - t) * 1000.0)
+    return np.array(lat)
+
+
+def _one_outstanding_stdlib(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
+    """``_one_outstanding`` through the standard library's ``http.client`` (the caller of
+    this bench's figures before 2026-11-28)."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -75,7 +135,7 @@ def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
         for i, x in enumerate(xs):
             body, headers = _body(x)
             t = time.perf_counter()
-            conn.request("POST", "/v2/models/m/infer", body=body, headers=headers)
+            conn.request("POST", PATH, body=body, headers=headers)
             resp = conn.getresponse()
             resp.read()
             if resp.status != 200:
@@ -87,54 +147,91 @@ def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
     return np.array(lat)
 
 
-async def _open_loop(url: str, xs: np.ndarray, rate: float, seconds: float) -> dict:
-    """Send a seeded Poisson schedule; latency of each request answered 200, and failures."""
-    import aiohttp
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection of the load generator: one request at a time."""
 
+    def __init__(self):
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.answer: asyncio.Future | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        answer = _response(self.buf)
+        if answer is not None and self.answer is not None and not self.answer.done():
+            self.buf = self.buf[answer[1]:]
+            self.answer.set_result(answer[0])
+
+    def connection_lost(self, exc) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_exception(ConnectionError("the gateway closed the connection"))
+
+    def send(self, request: bytes) -> asyncio.Future:
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.answer
+
+
+async def _open_loop(port: int, xs: np.ndarray, rate: float, seconds: float) -> dict:
+    """Send a seeded Poisson schedule over kept-alive connections (one more opened whenever
+    every one is busy; written and read as ``_one_outstanding`` does); latency of each
+    request answered 200, and failures (another status, a closed connection, 10 s)."""
+    loop = asyncio.get_running_loop()
     offsets, rows = schedule(rate, None, int(rate), len(xs), seconds)
-    bodies = [_body(x) for x in xs]
+    requests = [_request(x) for x in xs]
+    idle: list[_Connection] = []
     lat: list[float] = []
     failed = 0
 
-    async def one(session, row: int) -> None:
+    async def one(row: int) -> None:
         nonlocal failed
-        body, headers = bodies[row]
         t = time.perf_counter()
         try:
-            async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-                ok = resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            ok = False
-        if ok:
+            conn = idle.pop() if idle else (await loop.create_connection(_Connection, "127.0.0.1", port))[1]
+            answer = conn.send(requests[row])
+            timer = loop.call_later(10.0, lambda: answer.done() or answer.set_exception(TimeoutError()))
+            try:
+                status = await answer
+            finally:
+                timer.cancel()
+        except (OSError, TimeoutError):
+            failed += 1
+            return
+        if status == 200:
             lat.append((time.perf_counter() - t) * 1000.0)
+            idle.append(conn)
         else:
             failed += 1
+            conn.transport.close()
 
-    timeout = aiohttp.ClientTimeout(total=10.0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=256)) as session:
-        start, tasks = time.perf_counter(), []
-        for offset, row in zip(offsets, rows):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(session, int(row))))
-        await asyncio.gather(*tasks)
+    start, tasks = time.perf_counter(), []
+    for offset, row in zip(offsets, rows):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(loop.create_task(one(int(row))))
+    await asyncio.gather(*tasks)
+    for conn in idle:
+        conn.transport.close()
     arr = np.array(lat) if lat else np.array([np.inf])
     return {"rate": rate, "sent": len(offsets), "failed": failed,
             "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99))}
 
 
-def _max_rate(url: str, seconds: float, log) -> tuple[float, list[dict]]:
+def _max_rate(port: int, seconds: float, log) -> tuple[float, list[dict]]:
     """Highest offered rate with p99 <= SLO and nothing failed: ``bench.rates``' bisection
     (to within 5%) over open-loop runs of ``seconds``."""
     xs = np.random.default_rng(1).random((1024, DIM), dtype=np.float32)
-    asyncio.run(_open_loop(url, xs, 100, 0.5))  # warm-up
+    asyncio.run(_open_loop(port, xs, 100, 0.5))  # warm-up
     shown = bar(None, "gateway rate search", unit="rate")
 
     def attempt(rate: float) -> dict:
         shown.update(1)
-        row = asyncio.run(_open_loop(url, xs, rate, seconds))
+        row = asyncio.run(_open_loop(port, xs, rate, seconds))
         row["lost"] = row["failed"]
         row["ok"] = row["failed"] == 0 and row["p99_ms"] <= SLO_P99_MS
         return row
@@ -189,32 +286,45 @@ def run(args, log=print) -> dict:
                              "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
         })
         launcher.start_spec(spec)
-        url = f"http://127.0.0.1:{port}/v2/models/m/infer"
         xs = np.random.default_rng(0).random((n + warm, DIM), dtype=np.float32)
-        log("gateway latency, one request outstanding ...")
         both = CPUMeter({"gateway": launcher.procs["gateway"].pid, "caller": os.getpid()})
-        both.start()
-        gw = _one_outstanding(port, xs, warm)
-        cpu = both.stop(len(xs))
-        out["gateway_cpu_us"], out["http_caller_cpu_us"] = cpu["gateway"]["total"], cpu["caller"]["total"]
-        log("ZeroMQ client latency, one request outstanding ...")
+        meter = CPUMeter({"caller": os.getpid()})
+        runs: dict[str, list[float]] = {k: [] for k in ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us",
+                                                         "gateway_added_p50_us", "gateway_stdlib_p50_us",
+                                                         "gateway_stdlib_added_p50_us", "gateway_cpu_us",
+                                                         "http_caller_cpu_us", "zmq_caller_cpu_us")}
         with Client(spec.client_endpoints) as client:
-            for x in xs[:warm]:
-                client.predict("m", x)
-            meter = CPUMeter({"caller": os.getpid()})
-            meter.start()
-            zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
-            out["zmq_caller_cpu_us"] = meter.stop(len(zc))["caller"]["total"]
+            for rep in range(rates.REPEATS):
+                log(f"one request outstanding, repetition {rep + 1} of {rates.REPEATS}: the gateway (a plain socket, "
+                    "then http.client), then the ZeroMQ client ...")
+                both.start()
+                gw = _one_outstanding(port, xs, warm)
+                cpu = both.stop(len(xs))
+                runs["gateway_cpu_us"].append(cpu["gateway"]["total"])
+                runs["http_caller_cpu_us"].append(cpu["caller"]["total"])
+                stdlib = _one_outstanding_stdlib(port, xs, warm)
+                for x in xs[:warm]:
+                    client.predict("m", x)
+                meter.start()
+                zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
+                runs["zmq_caller_cpu_us"].append(meter.stop(len(zc))["caller"]["total"])
+                p50 = {name: float(np.percentile(lat, 50) * 1000) for name, lat in (("gw", gw), ("std", stdlib), ("zc", zc))}
+                runs["gateway_p50_us"].append(p50["gw"])
+                runs["gateway_p99_us"].append(float(np.percentile(gw, 99) * 1000))
+                runs["client_p50_us"].append(p50["zc"])
+                runs["client_p99_us"].append(float(np.percentile(zc, 99) * 1000))
+                runs["gateway_added_p50_us"].append(p50["gw"] - p50["zc"])  # each repetition's own pair
+                runs["gateway_stdlib_p50_us"].append(p50["std"])
+                runs["gateway_stdlib_added_p50_us"].append(p50["std"] - p50["zc"])
+        for key, values in runs.items():
+            rates.put(out, key, rates.spread(values))
         log(f"CPU per request at {LOAD_RPS} req/s through the gateway (gateway, and the HTTP load generator) ...")
         both.start()
-        probe = asyncio.run(_open_loop(url, xs, LOAD_RPS, seconds))
+        probe = asyncio.run(_open_loop(port, xs, LOAD_RPS, seconds))
         cpu = both.stop(probe["sent"])
         out["gateway_cpu_us_at_load"], out["http_caller_cpu_us_at_load"] = cpu["gateway"]["total"], cpu["caller"]["total"]
-        out["gateway_p50_us"], out["gateway_p99_us"] = float(np.percentile(gw, 50) * 1000), float(np.percentile(gw, 99) * 1000)
-        out["client_p50_us"], out["client_p99_us"] = float(np.percentile(zc, 50) * 1000), float(np.percentile(zc, 99) * 1000)
-        out["gateway_added_p50_us"] = out["gateway_p50_us"] - out["client_p50_us"]
         log("gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
-        out["gateway_throughput_rps"], out["gateway_probes"] = _max_rate(url, seconds, log)
+        out["gateway_throughput_rps"], out["gateway_probes"] = _max_rate(port, seconds, log)
     import tempfile
 
     from keel.common import curve
@@ -227,6 +337,7 @@ def run(args, log=print) -> dict:
     plain_p50, plain_rps = out["core_p50_us_without_curve"], out["core_rps_without_curve"]
     out["curve_p50_cost"] = out["core_p50_us_with_curve"] / plain_p50 - 1 if plain_p50 else None
     out["curve_throughput_cost"] = 1 - out["core_rps_with_curve"] / plain_rps if plain_rps else None
+    out["gateway_throughput_vs_client"] = out["gateway_throughput_rps"] / plain_rps if plain_rps else None
     out["elapsed_s"] = time.time() - t0
     return out
 

@@ -33,6 +33,8 @@ from keel.common.loadgen import open_loop, summarize
 #: a search ends when the highest rate that passed is within this of the lowest that failed
 PRECISION = 1.05
 SLO_P99_MS = 20.0
+#: every figure of ``keel bench core`` and ``keel bench gateway`` is the median of this many repetitions in one run
+REPEATS = 3
 #: the measured model's input (a no-op or a sleep: the path is what is measured)
 SHAPE = [64]
 
@@ -41,6 +43,11 @@ def spread(values: list[float]) -> dict:
     """The median of ``values``, their range, and the values themselves."""
     return {"median": float(np.median(values)), "range": [float(min(values)), float(max(values))],
             "runs": [float(v) for v in values]}
+
+
+def put(out: dict, key: str, figure: dict) -> None:
+    """Store ``spread``'s ``figure`` in a report: the median at ``key``, ``key_range``, ``key_runs``."""
+    out[key], out[f"{key}_range"], out[f"{key}_runs"] = figure["median"], figure["range"], figure["runs"]
 
 
 def latency(client, model: str, xs: np.ndarray, warmup: int = 200) -> dict:

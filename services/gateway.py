@@ -1,7 +1,7 @@
 """HTTP gateway: the Open Inference Protocol v2 (KServe / Triton REST) onto Keel's client path.
 
-The gateway is an aiohttp server in one asyncio loop with one ``AsyncClient`` to the
-frontends. It decodes HTTP (JSON or binary tensors, parameters) and encodes answers; the
+The gateway is an HTTP/1.1 server (``services.httpserver``: asyncio and httptools) in one
+asyncio loop with one ``AsyncClient`` to the frontends. It decodes HTTP (JSON or binary tensors, parameters) and encodes answers; the
 rest -- which targets the frontends serve, versions, input rules, one Keel query per row,
 errors -- is ``services.inference.Inference``, which the gRPC gateway shares. Routes (OIP
 v2; docs/guide/http.md), ``{m}`` any target the frontends serve (a model, an application,
@@ -60,18 +60,18 @@ import numpy as np
 import orjson
 import zmq
 import zmq.asyncio
-from aiohttp import web
-
 from keel.common import curve, inputs, logs, protocol, transport
 from keel.common.client import AsyncClient
 from keel.common.config import GatewayConfig
 from keel.common.inputs import DATATYPES, OIP_OF
 from keel.common.metrics import Metrics
+from keel.services.httpserver import HTTPError, HTTPServer, Request, Response, Router
 from keel.services.inference import Inference, InferError, call_parameters
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH_KEY = HEADER_LENGTH.lower()  # as the server's Request keys its headers
 
 #: paths a load balancer probes without a token
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
@@ -83,9 +83,12 @@ class GatewayError(Exception):
     """The gateway cannot start as configured: a TLS or tokens file is missing or unsafe."""
 
 
-def error_response(status: int, message: str, headers: dict | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json",
-                        headers=headers)
+def error_response(status: int, message: str, headers: dict | None = None) -> Response:
+    return Response(status, orjson.dumps({"error": message}), "application/json", headers)
+
+
+def json_response(obj: Any) -> Response:
+    return Response(200, _dumps(obj), "application/json")
 
 
 _short = inputs.short
@@ -238,7 +241,8 @@ class Gateway:
         self.tokens: Tokens | None = None
         # the queries are Inference's count (status() reports it): one for every transport
         self.counts = {"requests": 0, "errors": 0, "unauthorized": 0}
-        self.runner: web.AppRunner | None = None
+        self.routes = self.router()
+        self.server: HTTPServer | None = None
         self.port: int | None = None
         self.grpc: Any = None  # the gRPC server (services.gateway_grpc.GrpcServer) when grpc_port is set
         self.grpc_port: int | None = None
@@ -249,53 +253,48 @@ class Gateway:
 
     # ------------------------------------------------------------------ app
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.guard])
-        r = app.router
-        r.add_get("/v2/health/live", self.live)
-        r.add_get("/v2/health/ready", self.ready)
-        r.add_get("/v2", self.server_metadata)
+    def router(self) -> Router:
+        r = Router()
+        r.add("GET", "/v2/health/live", self.live)
+        r.add("GET", "/v2/health/ready", self.ready)
+        r.add("GET", "/v2", self.server_metadata)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-            r.add_get(prefix, self.model_metadata)
-            r.add_get(prefix + "/ready", self.model_ready)
-            r.add_post(prefix + "/infer", self.infer)
-        return app
+            r.add("GET", prefix, self.model_metadata)
+            r.add("GET", prefix + "/ready", self.model_ready)
+            r.add("POST", prefix + "/infer", self.infer)
+        return r
 
-    @web.middleware
-    async def guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """The bearer token first (when the gateway has a list), then the handler; every
-        refusal, aiohttp's own included (no such path, wrong method, body too large), and
-        a failure of the gateway itself come back as the protocol's JSON error."""
+    async def handle(self, request: Request) -> Response:
+        """The bearer token first (when the gateway has a list), then the route's handler;
+        every refusal, the router's own included (no such path, wrong method), and a failure
+        of the gateway itself come back as the protocol's JSON error."""
         if self.tokens is not None and request.path not in OPEN_PATHS:
-            why = self.tokens.refuse(request.headers.get("Authorization"))
+            why = self.tokens.refuse(request.headers.get("authorization"))
             if why is not None:
                 self.counts["unauthorized"] += 1
                 return error_response(401, why, {"WWW-Authenticate": 'Bearer realm="keel"'})
         try:
+            handler, request.match_info = self.routes.resolve(request.method, request.path)
             return await handler(request)
         except Exception as exc:  # every failure becomes a JSON answer
-            response = self.refusal(request, exc)
-            if response is None:
-                raise
-            return response
+            return self.refusal(request, exc)
 
-    def refusal(self, request: web.Request, exc: Exception) -> web.Response | None:
-        """The JSON error answering ``exc``; None for what is not a failure to answer (a
-        redirect; a caller that hung up)."""
+    def refusal(self, request: Request, exc: Exception) -> Response:
+        """The JSON error answering ``exc``."""
         if isinstance(exc, InferError):
             return error_response(exc.status, str(exc))
-        if isinstance(exc, web.HTTPException):
-            if exc.status < 400:
-                return None
+        if isinstance(exc, HTTPError):
             message = {404: f"no such path: {request.method} {_short(request.path)}",
-                       405: f"{request.method} is not allowed on {_short(request.path)}",
-                       413: f"the body is larger than this gateway's max_body_bytes ({self.cfg.max_body_bytes})"}
-            headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-            return error_response(exc.status, message.get(exc.status, exc.reason), headers)
-        if isinstance(exc, ConnectionError):
-            return None
+                       405: f"{request.method} is not allowed on {_short(request.path)}"}
+            return error_response(exc.status, message.get(exc.status, exc.message), exc.headers)
         self.log.exception("request failed", path=request.path)
         return error_response(500, f"the gateway failed on this request: {type(exc).__name__} (see its log)")
+
+    def refused(self, status: int, message: str, headers: dict) -> Response:
+        """The server's own refusals (malformed HTTP, a body or head too large)."""
+        if status == 413:
+            message = f"the body is larger than this gateway's max_body_bytes ({self.cfg.max_body_bytes})"
+        return error_response(status, message, headers)
 
     def tls_context(self) -> ssl.SSLContext | None:
         if self.cfg.tls_cert is None:
@@ -314,11 +313,8 @@ class Gateway:
         self.client = AsyncClient(self.cfg.frontend_endpoints, timeout_ms=self.cfg.timeout_ms,
                                   retries=self.cfg.retries)
         self.inference = Inference(self.cfg, self.client)
-        self.runner = web.AppRunner(self.app(), access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, self.cfg.http_host, self.cfg.http_port, reuse_address=True, ssl_context=tls)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the bound port (http_port 0: any)
+        self.server = HTTPServer(self.handle, self.refused, max_body_bytes=self.cfg.max_body_bytes)
+        self.port = await self.server.start(self.cfg.http_host, self.cfg.http_port, ssl=tls)  # http_port 0: any
         if self.cfg.grpc_port is not None:
             # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
             from keel.services.gateway_grpc import GrpcServer
@@ -334,8 +330,8 @@ class Gateway:
     async def close(self) -> None:
         if self.grpc is not None:
             await self.grpc.stop()
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.server is not None:
+            await self.server.close()
         if self.inference is not None:  # after the server: no request asks for targets any more
             await self.inference.close()
         if self.client is not None:
@@ -394,18 +390,18 @@ class Gateway:
 
     # ------------------------------------------------------------------ health, metadata, versions
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def live(self, request: Request) -> Response:
+        return Response(200)
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: Request) -> Response:
         if not await self.inference.statuses():
             raise InferError(503, "no frontend answered")
-        return web.Response(status=200)
+        return Response(200)
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": "keel", "version": VERSION, "extensions": EXTENSIONS}, dumps=_dumps)
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response({"name": "keel", "version": VERSION, "extensions": EXTENSIONS})
 
-    async def _target(self, request: web.Request, fresh: bool = False) -> tuple[str, dict, str | None]:
+    async def _target(self, request: Request, fresh: bool = False) -> tuple[str, dict, str | None]:
         """(name, target, the version the path pins or None): 404 unknown, 503 no frontend."""
         name = request.match_info["model"]
         pinned = request.match_info.get("version") or None
@@ -413,43 +409,41 @@ class Gateway:
             await self.inference.targets(fresh=True)
         return name, await self.inference.target(name, pinned), pinned
 
-    async def _infer_target(self, request: web.Request) -> tuple[str, dict, str | None]:
+    async def _infer_target(self, request: Request) -> tuple[str, dict, str | None]:
         name, pinned = request.match_info["model"], request.match_info.get("version") or None
         return name, await self.inference.target_or_spec(name, pinned), pinned
 
-    async def model_metadata(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: Request) -> Response:
         name, target, _ = await self._target(request, fresh=True)
-        return web.json_response({
+        return json_response({
             "name": name, "versions": target["versions"], "platform": "keel",
             "inputs": [{"name": "input", "datatype": OIP_OF.get(target["input_dtype"], target["input_dtype"]),
                         "shape": [-1, *target["input_shape"]]}],
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, target["output_size"]]}],
             "parameters": {"keel_kind": target["kind"], "keel_key": target["key"]},
-        }, dumps=_dumps)
+        })
 
-    async def model_ready(self, request: web.Request) -> web.Response:
+    async def model_ready(self, request: Request) -> Response:
         await self._target(request, fresh=True)
-        return web.Response(status=200)
+        return Response(200)
 
     # ------------------------------------------------------------------ infer
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: Request) -> Response:
         self.counts["requests"] += 1
         start = time.perf_counter()
         try:
             response = await self._infer(request)
         except Exception as exc:  # counted by status here, answered as the guard would
             response = self.refusal(request, exc)
-            if response is None:
-                raise
             self.counts["errors"] += 1
         self.m_requests.labels(code=str(response.status)).inc()
         self.m_latency.observe(time.perf_counter() - start)
         return response
 
-    async def _infer(self, request: web.Request) -> web.Response:
+    async def _infer(self, request: Request) -> Response:
         name, target, pinned = await self._infer_target(request)
-        header, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+        header, binary = split_body(request.body, request.headers.get(HEADER_LENGTH_KEY))
         x = read_input(header, binary, target)
         key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
         binary_output = wants_binary(header)
@@ -473,13 +467,12 @@ class Gateway:
         body["outputs"] = [output]
         if not binary_output:
             output["data"] = out.reshape(-1).tolist()
-            return web.Response(body=_dumps(body), content_type="application/json")
+            return Response(200, _dumps(body), "application/json")
         raw = out.tobytes()
         output["parameters"] = {"binary_data_size": len(raw)}
-        head = _dumps(body).encode()
-        return web.Response(body=head + raw, content_type="application/octet-stream",
-                            headers={HEADER_LENGTH: str(len(head))})
+        head = _dumps(body)
+        return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
 
 
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+def _dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -134,7 +134,7 @@ def modules_after(call: str) -> tuple[str, set[str]]:
 def test_keel_help_imports_no_experiment_and_no_heavy_library():
     printed, loaded = modules_after("main(['--help'])")
     assert "experiment" in printed and "chaos" in printed  # the plug-in commands are listed
-    heavy = {"torch", "numpy", "zmq", "matplotlib", "scipy", "aiohttp", "pysyncobj"} & loaded
+    heavy = {"torch", "numpy", "zmq", "matplotlib", "scipy", "grpc", "httptools", "pysyncobj"} & loaded
     assert not heavy, heavy
     experiments = sorted(m for m in loaded if m.startswith("keel.bench.") and m != "keel.bench.cli")
     assert experiments == []
