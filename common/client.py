@@ -652,7 +652,7 @@ class AsyncClient(_Base):
         sock = self.sockets[i]
         if sock is None:
             return
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while transport.readable(sock):
             results = self._finish(transport.recv_nowait(sock), i)
             for rid, future in self.ack_futures.items():
                 if self.acks.get(rid) is not None and not future.done():

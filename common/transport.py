@@ -102,6 +102,12 @@ def recv_nowait(sock: zmq.Socket) -> list:
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message waits on ``sock`` (``ZMQ_EVENTS``, asked with plain ints: pyzmq's
+    ``getsockopt`` returns a ``PollEvent`` flag, whose ``&`` runs in Python's enum module)."""
+    return bool(sock.get(_EVENTS) & _POLLIN)
+
+
 def drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[list]:
     """The frames of each message waiting on ``sock`` (at most ``limit``), without blocking.
 
@@ -118,7 +124,7 @@ def drain(sock: zmq.Socket, limit: int = 1000) -> Iterator[list]:
     except zmq.Again:  # the poll's news was stale (another reader of this loop took it)
         return
     yield frames
-    if limit <= 1 or sock.closed or not sock.get(_EVENTS) & _POLLIN:  # its handler may have closed it
+    if limit <= 1 or sock.closed or not readable(sock):  # its handler may have closed it
         return
     for _ in range(limit - 1):
         try:

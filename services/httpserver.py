@@ -88,21 +88,37 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Router:
-    """Routes by path segments: a pattern's ``{name}`` matches one non-empty segment."""
+    """Routes by path segments: a pattern's ``{name}`` matches one non-empty segment. The
+    last ``CACHED`` paths resolved are kept (a client asks the same few paths again and
+    again; the cache is emptied when full, so odd paths cannot grow it)."""
+
+    CACHED = 1024
 
     def __init__(self):
         self.routes: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        self.cache: dict[tuple[str, str], tuple[Any, dict[str, str]]] = {}
 
     def add(self, method: str, pattern: str, handler: Any) -> None:
         segments = tuple(pattern.split("/"))
         for known, methods in self.routes:
             if known == segments:
                 methods[method] = handler
-                return
-        self.routes.append((segments, {method: handler}))
+                break
+        else:
+            self.routes.append((segments, {method: handler}))
+        self.cache.clear()
 
     def resolve(self, method: str, path: str) -> tuple[Any, dict[str, str]]:
-        """(handler, match_info); ``HTTPError`` 404 or 405."""
+        """(handler, match_info); ``HTTPError`` 404 or 405. The match_info is shared by the
+        requests of one path: read it, do not change it."""
+        found = self.cache.get((method, path))
+        if found is None:
+            if len(self.cache) >= self.CACHED:
+                self.cache.clear()
+            found = self.cache[method, path] = self._resolve(method, path)
+        return found
+
+    def _resolve(self, method: str, path: str) -> tuple[Any, dict[str, str]]:
         parts = path.split("/")
         for segments, methods in self.routes:
             if len(segments) != len(parts):

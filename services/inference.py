@@ -231,8 +231,11 @@ class Inference:
         if other is not None:
             raise InferError(409, f"model {name!r} version {version} was asked, but version {other.version} answered: "
                                   "a rollout moved the workers; send it again, or without a version")
-        out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
-            np.zeros((0, target["output_size"]), np.float32)
+        if len(results) == 1:  # the common case, without np.stack's list
+            out = np.asarray(results[0].output, np.float32).reshape(1, -1)
+        else:
+            out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
+                np.zeros((0, target["output_size"]), np.float32)
         return out, results
 
     async def target_or_spec(self, name: str, version: str | None) -> dict:
