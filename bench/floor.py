@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import socket
 import struct
 import subprocess
 import sys
@@ -153,6 +154,99 @@ def _worker(worker_ep: str, prediction_ep: str, name: str, shape: list[int], out
             send_frames(push, [ident, tag, predictions, output])
 
 
+def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int) -> None:
+    """The gateway's floor: HTTP/1.1 on asyncio and httptools (as ``services.httpserver``) in
+    front of the chain. Each request's body ends with the binary input tensor, forwarded as
+    the floor's client sends it; each answer is written back as an OIP response with a
+    template JSON head and the output tensor received (binary). No routing, no checks, no
+    JSON decoding: what the gateway does past that is its cost."""
+    import asyncio
+
+    import httptools
+    import orjson
+
+    predict = templates(shape, output_size)["predict"]
+    x_bytes = int(np.prod(shape)) * 4
+    out_bytes = output_size * 4
+    head = orjson.dumps({"model_name": "m", "outputs": [{"name": "output", "datatype": "FP32", "shape": [1, output_size],
+                                                         "parameters": {"binary_data_size": out_bytes}}]})
+    response = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(head), len(head) + out_bytes, head))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(client_ep)
+    waiting: dict[int, asyncio.Transport] = {}
+    tags = itertools.count(1)
+
+    def answer() -> None:  # the descriptor is edge-triggered: read until nothing waits
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            for tag, _, out in _drain(sock):
+                conn = waiting.pop(_TAG.unpack(tag.bytes)[0], None)
+                if conn is not None and not conn.is_closing():
+                    conn.write(response + out.bytes)
+
+    class Connection(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport, self.parser, self.body = transport, httptools.HttpRequestParser(self), []
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            body, self.body = b"".join(self.body), []
+            n = next(tags)
+            waiting[n] = self.transport
+            send_frames(sock, [_TAG.pack(n), predict, body[-x_bytes:]])
+            answer()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(sock.get(zmq.FD), answer)
+        await loop.create_server(Connection, "127.0.0.1", int(http_port), reuse_address=True)
+        answer()
+        await asyncio.Event().wait()  # until SIGTERM
+
+    asyncio.run(serve())
+
+
+class FloorGateway:
+    """The gateway's floor (``_gateway``) in front of a running ``Floor``, on ``http_port``;
+    ended (SIGTERM, by process id) on exit."""
+
+    def __init__(self, floor: Floor, http_port: int):
+        self.floor, self.http_port = floor, http_port
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> FloorGateway:
+        shape = ",".join(map(str, self.floor.shape))
+        self.proc = subprocess.Popen([sys.executable, "-m", "keel.bench.floor", "gateway", str(self.http_port),
+                                      self.floor.client_endpoint, shape, str(self.floor.output_size)])
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:  # ready when it takes a connection
+            try:
+                socket.create_connection(("127.0.0.1", self.http_port), timeout=1.0).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.__exit__()
+                    raise RuntimeError("the floor's gateway did not start") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=1.0)
+
+
 class Floor:
     """The bare chain's processes (frontend, dispatcher, ``workers`` workers), started on
     loopback on entry and ended (SIGTERM, by process id) on exit."""
@@ -192,7 +286,8 @@ def main(argv: list[str]) -> None:
     """``python -m keel.bench.floor ROLE ENDPOINTS... SHAPE OUTPUT_SIZE``: one process of the chain."""
     role, *rest = argv
     shape, output_size = [int(d) for d in rest[-2].split(",")], int(rest[-1])
-    {"frontend": _frontend, "dispatcher": _dispatcher, "worker": _worker}[role](*rest[:-2], shape, output_size)
+    roles = {"frontend": _frontend, "dispatcher": _dispatcher, "worker": _worker, "gateway": _gateway}
+    roles[role](*rest[:-2], shape, output_size)
 
 
 if __name__ == "__main__":

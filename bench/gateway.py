@@ -17,6 +17,15 @@ Through real processes on loopback (gateway, frontend, dispatcher, two no-op wor
   is it over ``core_rps_without_curve``, the ZeroMQ client's rate on the same path
   without the gateway (target >= 0.5).
 
+The floor, in the same run (``bench.floor``): the bare chain of Keel's hops with the
+gateway's floor in front (HTTP/1.1 on asyncio and httptools, each request's tensor forwarded
+and each answer written back, nothing parsed or checked past HTTP), through the same callers:
+
+- ``floor_gateway_p50_us`` / ``floor_client_p50_us`` / ``floor_gateway_added_p50_us``: as
+  above, through the floor's gateway and the floor's own ZeroMQ client;
+- ``floor_gateway_throughput_rps``, and ``floor_gateway_throughput_vs_client`` over
+  ``core_rps_without_curve``: what any gateway of this shape could carry on this machine.
+
 The latencies are taken ``rates.REPEATS`` times in turn (gateway, http.client, ZeroMQ
 client); each figure is the median, with its range (``_range``) and every repetition
 (``_runs``).
@@ -48,6 +57,7 @@ import orjson
 
 from keel.bench import rates
 from keel.bench.cpu import CPUMeter
+from keel.bench.floor import Floor, FloorClient, FloorGateway
 from keel.common.client import Client
 from keel.common.loadgen import schedule
 from keel.common.progress import bar
@@ -55,7 +65,7 @@ from keel.common.spec import load_spec
 from keel.deploy.local import Launcher, free_port, free_port_block
 
 SLO_P99_MS = 20.0
-DIM = 8
+DIM, OUTPUT_SIZE = 8, 4
 PATH = "/v2/models/m/infer"
 #: the fixed rate the CPU per request at load is read at (well under the gateway's throughput)
 LOAD_RPS = 300
@@ -64,7 +74,9 @@ LOAD_RPS = 300
 FIGURES = ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
            "gateway_stdlib_p50_us", "gateway_stdlib_added_p50_us", "gateway_cpu_us", "http_caller_cpu_us",
            "zmq_caller_cpu_us", "gateway_cpu_us_at_load", "http_caller_cpu_us_at_load", "gateway_throughput_rps",
-           "gateway_throughput_vs_client", "core_p50_us_without_curve", "core_p50_us_with_curve",
+           "gateway_throughput_vs_client", "floor_gateway_p50_us", "floor_client_p50_us",
+           "floor_gateway_added_p50_us", "floor_gateway_throughput_rps", "floor_gateway_throughput_vs_client",
+           "core_p50_us_without_curve", "core_p50_us_with_curve",
            "core_rps_without_curve", "core_rps_with_curve", "curve_p50_cost", "curve_throughput_cost")
 TARGETS = {"gateway_added_p50_us": "<= 300", "gateway_throughput_vs_client": ">= 0.5", "curve_p50_cost": "<= 0.10",
            "curve_throughput_cost": "<= 0.10"}
@@ -269,6 +281,28 @@ def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
     return p50, rate
 
 
+def _floor(out: dict, xs: np.ndarray, warm: int, seconds: float, log) -> None:
+    """The same latencies and search through the floor: the bare chain (``bench.floor``)
+    with the gateway's floor in front (HTTP parsed and forwarded, nothing checked)."""
+    runs: dict[str, list[float]] = {"floor_gateway_p50_us": [], "floor_client_p50_us": [],
+                                    "floor_gateway_added_p50_us": []}
+    with Floor(free_port_block(8), workers=2, shape=[DIM], output_size=OUTPUT_SIZE) as floor, \
+            FloorGateway(floor, free_port()) as gateway, \
+            FloorClient(floor.client_endpoint, [DIM], OUTPUT_SIZE) as client:
+        for rep in range(rates.REPEATS):
+            log(f"the floor, one request outstanding, repetition {rep + 1} of {rates.REPEATS} ...")
+            gw = float(np.percentile(_one_outstanding(gateway.http_port, xs, warm), 50) * 1000)
+            for x in xs[:warm]:
+                client.predict("m", x)
+            zc = float(np.percentile([client.predict("m", x).latency_ms for x in xs[warm:]], 50) * 1000)
+            for key, value in zip(runs, (gw, zc, gw - zc)):
+                runs[key].append(value)
+        log("the floor's gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
+        out["floor_gateway_throughput_rps"], out["floor_gateway_probes"] = _max_rate(gateway.http_port, seconds, log)
+    for key, values in runs.items():
+        rates.put(out, key, rates.spread(values))
+
+
 def run(args, log=print) -> dict:
     quick = args.quick
     t0 = time.time()
@@ -282,7 +316,7 @@ def run(args, log=print) -> dict:
             "cluster": {"name": "bench-gateway", "base_port": free_port_block(), "run_dir": str(launcher.log_dir)},
             "gateway": {"http_port": port},
             "frontend": {"log_requests": False, "cache_size": 0},
-            "models": {"m": {"builtin": "noop", "input_shape": [DIM], "output_size": 4, "workers": 2,
+            "models": {"m": {"builtin": "noop", "input_shape": [DIM], "output_size": OUTPUT_SIZE, "workers": 2,
                              "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
         })
         launcher.start_spec(spec)
@@ -325,6 +359,7 @@ def run(args, log=print) -> dict:
         out["gateway_cpu_us_at_load"], out["http_caller_cpu_us_at_load"] = cpu["gateway"]["total"], cpu["caller"]["total"]
         log("gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
         out["gateway_throughput_rps"], out["gateway_probes"] = _max_rate(port, seconds, log)
+    _floor(out, xs, warm, seconds, log)
     import tempfile
 
     from keel.common import curve
@@ -338,6 +373,7 @@ def run(args, log=print) -> dict:
     out["curve_p50_cost"] = out["core_p50_us_with_curve"] / plain_p50 - 1 if plain_p50 else None
     out["curve_throughput_cost"] = 1 - out["core_rps_with_curve"] / plain_rps if plain_rps else None
     out["gateway_throughput_vs_client"] = out["gateway_throughput_rps"] / plain_rps if plain_rps else None
+    out["floor_gateway_throughput_vs_client"] = out["floor_gateway_throughput_rps"] / plain_rps if plain_rps else None
     out["elapsed_s"] = time.time() - t0
     return out
 

@@ -242,6 +242,33 @@ def test_the_async_client_sends_the_same_fields(zsock):
     assert [m.key for m in msgs.values() if m.request_id not in ("x", "y-0", "y-1")] == ["old"]
 
 
+def test_the_async_client_sends_a_lone_call_at_once_and_a_turns_calls_together(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    xs = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+    def messages() -> list[list[str]]:
+        """The request ids of each message the stand-in frontend got so far."""
+        out = []
+        while router.poll(300):
+            out.append([m.request_id for m in protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])])
+        return out
+
+    async def run() -> tuple[list, list]:
+        async with AsyncClient(transport.endpoint_of(router), timeout_ms=3000, grace_ms=0, retries=0) as c:
+            alone = asyncio.ensure_future(c.predict("m", xs[0], request_id="alone"))
+            await asyncio.sleep(0.1)  # sent at once: it was the only call in flight
+            first = await asyncio.get_running_loop().run_in_executor(None, messages)
+            turn = [asyncio.ensure_future(c.predict("m", x, request_id=f"t{i}")) for i, x in enumerate(xs[1:])]
+            then = await asyncio.get_running_loop().run_in_executor(None, messages)
+            for call in (alone, *turn):
+                call.cancel()
+            return first, then
+
+    first, then = asyncio.run(run())
+    assert first == [["alone"]]
+    assert then == [["t0", "t1", "t2"]]  # made in one turn while another was in flight: one message
+
+
 def test_a_graph_answer_says_it_was_degraded(zsock):
     from keel.common.protocol import Reply
 
