@@ -1,11 +1,11 @@
 """HTTP gateway: the Open Inference Protocol v2 (KServe / Triton REST) onto Keel's client path.
 
 The gateway is an HTTP/1.1 server (``services.httpserver``: asyncio and httptools) in one
-asyncio loop with one ``AsyncClient`` to the frontends. It decodes HTTP (JSON or binary tensors, parameters) and encodes answers; the
-rest -- which targets the frontends serve, versions, input rules, one Keel query per row,
-errors -- is ``services.inference.Inference``, which the gRPC gateway shares. Routes (OIP
-v2; docs/guide/http.md), ``{m}`` any target the frontends serve (a model, an application,
-a graph)::
+asyncio loop with one ``AsyncClient`` to the frontends. It decodes HTTP (JSON or binary
+tensors, parameters) and encodes answers; the rest -- which targets the frontends serve,
+versions, input rules, one Keel query per row, errors -- is ``services.inference.Inference``,
+which the gRPC gateway shares. Routes (OIP v2; docs/guide/http.md), ``{m}`` any target the
+frontends serve (a model, an application, a graph)::
 
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
@@ -60,6 +60,7 @@ import numpy as np
 import orjson
 import zmq
 import zmq.asyncio
+
 from keel.common import curve, inputs, logs, protocol, transport
 from keel.common.client import AsyncClient
 from keel.common.config import GatewayConfig
