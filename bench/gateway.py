@@ -34,7 +34,8 @@ CURVE's cost, on ``keel bench core``'s no-op cluster (client -> frontend -> disp
 worker, ``bench.rates``' latency and SLO-bounded rate search), with and without
 ``[cluster] curve_keys`` (every socket encrypted and allow-listed):
 
-- ``curve_p50_cost``: p50 with CURVE / p50 without - 1 (target <= 0.10);
+- ``curve_p50_cost``: p50 with CURVE / p50 without - 1 (target <= 0.10), both clusters up
+  at once and their latencies taken in turn, ``rates.REPEATS`` pairs (the median pair);
 - ``curve_throughput_cost``: 1 - rate with CURVE / rate without (target <= 0.10).
 
 The load generator shares the machine with the cluster, so on a small host the figures
@@ -254,36 +255,53 @@ def _max_rate(port: int, seconds: float, log) -> tuple[float, list[dict]]:
         shown.close()
 
 
-def _core(keys: str | None, quick: bool, log) -> tuple[float, float]:
-    """(p50 us, SLO-bounded rate) of bench.core's no-op cluster, with CURVE when ``keys``."""
+def _curve_costs(keys: str, quick: bool, out: dict, log) -> None:
+    """bench.core's no-op cluster without and with CURVE, both up at once: the latency taken
+    ``rates.REPEATS`` times on each in turn (one cluster after the other moved the cost by
+    +-0.1 with the machine's drift), then one rate search each."""
     from keel.common import curve
 
-    with Launcher(Path("runs/bench-gateway") / ("curve" if keys else "plain")) as launcher:
-        spec = load_spec({
-            "cluster": {"name": "bench-curve", "base_port": free_port_block(), "run_dir": str(launcher.log_dir),
-                        **({"curve_keys": keys} if keys else {})},
-            "frontend": {"log_requests": False, "cache_size": 0},
-            "models": {"m": {"builtin": "noop", "input_shape": [64], "output_size": 10, "workers": 2,
-                             "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
-        })
-        curve.use(keys, "client")  # this process's sockets too (the clients, the readiness checks)
+    lat_xs = np.random.default_rng(0).random((1500 if quick else 6000, 64), dtype=np.float32)
+    xs = np.random.default_rng(1).random((4096, 64), dtype=np.float32)
+    clients: dict[str, Client] = {}
+    with Launcher(Path("runs/bench-gateway") / "plain") as plain, Launcher(Path("runs/bench-gateway") / "curve") as secure:
         try:
-            launcher.start_spec(spec)
-            endpoint = spec.client_endpoints[0]
-            lat_xs = np.random.default_rng(0).random((1500 if quick else 6000, 64), dtype=np.float32)
-            xs = np.random.default_rng(1).random((4096, 64), dtype=np.float32)
-            with Client([endpoint], timeout_ms=5000) as client:
-                p50 = rates.latency(client, "m", lat_xs)["p50_us"]
-                rate, _ = rates.max_rate(lambda r: rates.probe(client, "m", xs, r, 1.0 if quick else 3.0), 2000, 60000, log)
+            for label, launcher, folder in (("without", plain, None), ("with", secure, keys)):
+                log(f"bench core's no-op cluster {label} CURVE ...")
+                curve.use(folder, "client")  # this process's sockets made from now on (the client, the readiness checks)
+                spec = load_spec({
+                    "cluster": {"name": f"bench-curve-{label}", "base_port": free_port_block(),
+                                "run_dir": str(launcher.log_dir), **({"curve_keys": folder} if folder else {})},
+                    "frontend": {"log_requests": False, "cache_size": 0},
+                    "models": {"m": {"builtin": "noop", "input_shape": [64], "output_size": 10, "workers": 2,
+                                     "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
+                })
+                launcher.start_spec(spec)
+                clients[label] = Client(spec.client_endpoints, timeout_ms=5000)
+                clients[label].predict("m", lat_xs[0])  # its socket is made now, under this setting
+            p50s: dict[str, list[float]] = {label: [] for label in clients}
+            for rep in range(rates.REPEATS):
+                log(f"  latency with and without CURVE, repetition {rep + 1} of {rates.REPEATS} ...")
+                for label in (("without", "with") if rep % 2 == 0 else ("with", "without")):
+                    p50s[label].append(rates.latency(clients[label], "m", lat_xs)["p50_us"])
+            for label, client in clients.items():
+                rates.put(out, f"core_p50_us_{label}_curve", rates.spread(p50s[label]))
+                log(f"  rate {label} CURVE ...")
+                out[f"core_rps_{label}_curve"], _ = rates.max_rate(
+                    lambda r: rates.probe(client, "m", xs, r, 1.0 if quick else 3.0), 2000, 60000, log)
+            costs = [w / wo - 1 for w, wo in zip(p50s["with"], p50s["without"])]  # each repetition's own pair
+            rates.put(out, "curve_p50_cost", rates.spread(costs))
         finally:
-            launcher.stop()
+            for client in clients.values():
+                client.close()
             curve.use(None)
-    return p50, rate
+            plain.stop()
+            secure.stop()
 
 
 def _warm_up(port: int, client, xs: np.ndarray) -> None:
     """One pass of ``xs`` through the gateway and through the ZeroMQ client before the
-    repetitions: the first pass after a start measured 100-150 µs slower than the next."""
+    repetitions: the first pass after a start read up to 260 µs slower than the next."""
     _one_outstanding(port, xs, len(xs))
     for x in xs:
         client.predict("m", x)
@@ -376,11 +394,8 @@ def run(args, log=print) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="keel-bench-keys-") as keys:
         curve.generate(keys)
-        for label, folder in (("without", None), ("with", keys)):
-            log(f"bench core's no-op cluster {label} CURVE ...")
-            out[f"core_p50_us_{label}_curve"], out[f"core_rps_{label}_curve"] = _core(folder, quick, log)
-    plain_p50, plain_rps = out["core_p50_us_without_curve"], out["core_rps_without_curve"]
-    out["curve_p50_cost"] = out["core_p50_us_with_curve"] / plain_p50 - 1 if plain_p50 else None
+        _curve_costs(keys, quick, out, log)
+    plain_rps = out["core_rps_without_curve"]
     out["curve_throughput_cost"] = 1 - out["core_rps_with_curve"] / plain_rps if plain_rps else None
     out["gateway_throughput_vs_client"] = out["gateway_throughput_rps"] / plain_rps if plain_rps else None
     out["floor_gateway_throughput_vs_client"] = out["floor_gateway_throughput_rps"] / plain_rps if plain_rps else None
