@@ -4,11 +4,12 @@ HTTP/1.0, a failing handler, and a close that lets the answers being made finish
 from __future__ import annotations
 
 import asyncio
+import random
 
 import orjson
 import pytest
 
-from keel.services.httpserver import MAX_HEAD_BYTES, HTTPError, HTTPServer, Request, Response, Router
+from keel.services.httpserver import MAX_HEAD_BYTES, MAX_PIPELINED, HTTPError, HTTPServer, Request, Response, Router
 
 LIMIT = 1000
 
@@ -34,10 +35,13 @@ class App:
 
 
 def serve(test, app: App | None = None):
-    """Run ``test(port, app)`` against a server on a free port, then close it."""
+    """Run ``test(port, app)`` against a server on a free port, then close it; an error the
+    loop caught (an exception out of a protocol callback or a task) fails the test."""
     app = app or App()
+    errors: list[dict] = []
 
     async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
         server = HTTPServer(app.handle, refuse, max_body_bytes=LIMIT)
         port = await server.start("127.0.0.1", 0)
         try:
@@ -45,7 +49,9 @@ def serve(test, app: App | None = None):
         finally:
             await server.close(grace_s=1.0)
 
-    return asyncio.run(main())
+    result = asyncio.run(main())
+    assert not errors, errors
+    return result
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
@@ -217,3 +223,62 @@ def test_router_matches_segments_and_says_which_methods_a_path_takes():
     with pytest.raises(HTTPError) as exc:
         r.resolve("GET", "/v2/models/m/versions/2/infer")
     assert exc.value.status == 405 and exc.value.headers == {"Allow": "POST"}
+
+
+def test_more_pipelined_requests_than_it_reads_ahead_are_all_answered_in_order():
+    async def test(port, app):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        n = 3 * MAX_PIPELINED
+        writer.write(b"".join(post(f"/p{i}", b"x" * i) for i in range(n)))  # reading pauses past MAX_PIPELINED
+        bodies = [(await read_answer(reader))[2] for _ in range(n)]
+        assert bodies == [f"POST /p{i} {i}".encode() for i in range(n)]
+        writer.close()
+
+    serve(test)
+
+
+@pytest.mark.parametrize("request_bytes", [
+    # both lengths: a request smuggled past a proxy that reads the other one
+    b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n",
+    b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde",
+    b"GET /s HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+], ids=["length-and-chunked", "two-lengths", "space-in-name"])
+def test_ambiguous_requests_are_refused(request_bytes):
+    async def test(port, app):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes)
+        status, _, _ = await read_answer(reader)
+        assert status == 400 and await closed(reader)
+        assert app.seen == []
+
+    serve(test)
+
+
+def test_random_bytes_never_stop_the_server():
+    rng = random.Random(7)
+    good = post("/ok", b"body", "X-A: 1\r\n")
+
+    async def test(port, app):
+        for i in range(200):
+            data = bytearray(good * 2)
+            for _ in range(rng.randint(1, 6)):  # flip, drop or insert bytes anywhere
+                at = rng.randrange(len(data))
+                op = rng.choice("fdi")
+                if op == "f":
+                    data[at] = rng.randrange(256)
+                elif op == "d":
+                    del data[at]
+                else:
+                    data.insert(at, rng.randrange(256))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(bytes(data))
+            writer.write_eof()
+            answers = await asyncio.wait_for(reader.read(), 5)  # whatever came, the server ended its side
+            assert answers == b"" or answers.startswith(b"HTTP/1.1 "), answers[:80]
+            writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(good)
+        assert (await read_answer(reader))[0] == 200
+        writer.close()
+
+    serve(test)
