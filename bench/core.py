@@ -15,6 +15,9 @@ Measures, through real processes on loopback (client -> frontend -> dispatcher -
 - ``floor_p50_us`` / ``floor_throughput_rps``: the same two through the bare chain of
   Keel's hops (``bench.floor``: the same processes, socket kinds and message sizes, doing
   nothing but forwarding), run beside Keel's cluster and measured in turn with it;
+- ``floor_throughput_two_frontends_rps``: the floor's with two frontends (the same client
+  spreading its queries over both), searched in turn with Keel's two frontends: what this
+  machine lets any chain of that shape carry;
 - ``batching_speedup``: the SLO-bounded rate on a model with a fixed per-batch cost (the
   builtin ``sleep`` model: ``fixed_ms`` per batch + ``per_query_ms`` per query, like an
   accelerator), with AIMD batching divided by batch size fixed at 1;
@@ -46,7 +49,7 @@ SLO_P99_MS, SHAPE, REPEATS = rates.SLO_P99_MS, rates.SHAPE, rates.REPEATS
 #: the printed table and its targets (keel bench)
 FIGURES = ("noop_p50_us", "floor_p50_us", "noop_p50_vs_floor", "noop_p99_us", "async_p50_us", "async_p50_vs_blocking",
            "noop_throughput_rps", "floor_throughput_rps", "noop_throughput_vs_floor", "noop_throughput_two_frontends_rps",
-           "batching_speedup", "aimd_batch_size")
+           "floor_throughput_two_frontends_rps", "batching_speedup", "aimd_batch_size")
 TARGETS = {"noop_p50_us": "<= 450", "noop_p50_vs_floor": "<= 1.5", "async_p50_vs_blocking": "<= 1.0",
            "noop_throughput_vs_floor": ">= 0.6", "noop_throughput_two_frontends_rps": ">= 15000",
            "batching_speedup": ">= 10"}
@@ -121,13 +124,15 @@ def run(args, log=print) -> dict:
             for name, (figure, probes) in _searches(plans, xs, seconds, log).items():
                 rates.put(out, f"{name}_throughput_rps", figure)
                 out[f"{name}_probes"] = probes
-    with Launcher(run_dir / "two-frontends") as launcher:
+    with Launcher(run_dir / "two-frontends") as launcher, \
+            Floor(free_port_block(8), workers=2, shape=SHAPE, frontends=2) as floor:
         two = rates.model_cluster(launcher, 2, frontends=2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
-        log("throughput with two frontends (one client spreading its calls over both) ...")
-        with Client(two.client_endpoints, timeout_ms=5000) as client:
-            figure, probes = _searches({"two": (client, 2000, 60000)}, xs, seconds, log)["two"]
-        rates.put(out, "noop_throughput_two_frontends_rps", figure)
-        out["two_frontends_probes"] = probes
+        log("throughput with two frontends (one client spreading its calls over both), Keel's and the floor's ...")
+        with Client(two.client_endpoints, timeout_ms=5000) as client, FloorClient(floor.client_endpoints) as bare:
+            found = _searches({"two": (client, 2000, 60000), "floor_two": (bare, 2000, 60000)}, xs, seconds, log)
+        for name, key in (("two", "noop_throughput_two_frontends_rps"), ("floor_two", "floor_throughput_two_frontends_rps")):
+            rates.put(out, key, found[name][0])
+            out[f"{name}_frontends_probes"] = found[name][1]
     out["noop_p50_vs_floor"] = out["noop_p50_us"] / out["floor_p50_us"]
     out["async_p50_vs_blocking"] = out["async_p50_us"] / out["noop_p50_us"]
     out["noop_throughput_vs_floor"] = (out["noop_throughput_rps"] / out["floor_throughput_rps"]

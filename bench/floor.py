@@ -136,21 +136,26 @@ def _dispatcher(query_ep: str, worker_ep: str, shape: list[int], output_size: in
                 send_frames(router, [workers[next(turn) % len(workers)], ident, tag, batch, x])
 
 
-def _worker(worker_ep: str, prediction_ep: str, name: str, shape: list[int], output_size: int) -> None:
+def _worker(worker_ep: str, prediction_eps: str, name: str, shape: list[int], output_size: int) -> None:
+    """``prediction_eps``: every frontend's, comma-separated; a query's answer goes to the
+    frontend its tag names (``FloorClient``: the tag's top byte), as Keel's to its reply_to."""
     heads = templates(shape, output_size)
     predictions, output = heads["predictions"], heads["output"]
     ctx = zmq.Context()
-    dealer, push = ctx.socket(zmq.DEALER), ctx.socket(zmq.PUSH)
-    for s in (dealer, push):
+    dealer = ctx.socket(zmq.DEALER)
+    pushes = [ctx.socket(zmq.PUSH) for _ in prediction_eps.split(",")]
+    for s in (dealer, *pushes):
         s.linger = 0
     dealer.identity = name.encode()
     dealer.connect(worker_ep)
-    push.connect(prediction_ep)
+    for push, ep in zip(pushes, prediction_eps.split(",")):
+        push.connect(ep)
     dealer.send(b"hello")
     while True:  # until SIGTERM
         if not dealer.poll(POLL_MS):
             continue
         for ident, tag, _, _ in _drain(dealer):  # Batch -> Predictions
+            push = pushes[tag.bytes[-1]] if len(pushes) > 1 else pushes[0]
             send_frames(push, [ident, tag, predictions, output])
 
 
@@ -251,21 +256,26 @@ class Floor:
     """The bare chain's processes (frontend, dispatcher, ``workers`` workers), started on
     loopback on entry and ended (SIGTERM, by process id) on exit."""
 
-    def __init__(self, base_port: int, workers: int = 2, shape: list[int] | None = None, output_size: int = 10):
+    def __init__(self, base_port: int, workers: int = 2, shape: list[int] | None = None, output_size: int = 10,
+                 frontends: int = 1):
         self.shape, self.output_size = list(shape or [64]), output_size
         ep = lambda i: f"tcp://127.0.0.1:{base_port + i}"  # noqa: E731
-        self.client_endpoint = ep(0)
-        self.roles = [["frontend", ep(0), ep(1), ep(2)], ["dispatcher", ep(1), ep(3)]]
-        self.roles += [["worker", ep(3), ep(2), f"floor-w{i}"] for i in range(workers)]
+        # frontend 0: client ep(0), predictions ep(2); frontend k > 0: ep(2 + 2k), ep(3 + 2k)
+        clients = [ep(0)] + [ep(2 + 2 * k) for k in range(1, frontends)]
+        predictions = [ep(2)] + [ep(3 + 2 * k) for k in range(1, frontends)]
+        self.client_endpoints, self.client_endpoint = clients, clients[0]
+        self.roles = [["frontend", c, ep(1), p] for c, p in zip(clients, predictions)] + [["dispatcher", ep(1), ep(3)]]
+        self.roles += [["worker", ep(3), ",".join(predictions), f"floor-w{i}"] for i in range(workers)]
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> Floor:
         shape = ",".join(map(str, self.shape))
         for role in self.roles:
             self.procs.append(subprocess.Popen([sys.executable, "-m", "keel.bench.floor", *role, shape, str(self.output_size)]))
-        try:  # ready when it answers (the processes start in seconds on a loaded machine)
-            with FloorClient(self.client_endpoint, self.shape, self.output_size) as client:
-                client.predict("m", np.zeros(self.shape, np.float32), timeout_ms=READY_TIMEOUT_S * 1000)
+        try:  # ready when every frontend answers (the processes start in seconds on a loaded machine)
+            with FloorClient(self.client_endpoints, self.shape, self.output_size) as client:
+                for _ in self.client_endpoints:
+                    client.predict("m", np.zeros(self.shape, np.float32), timeout_ms=READY_TIMEOUT_S * 1000)
         except BaseException:
             self.__exit__()
             raise
@@ -308,33 +318,43 @@ class FloorResult:
 
 
 class FloorClient:
-    """A bare DEALER with ``Client``'s ``predict``/``submit``/``collect`` shape, so Keel's
-    load generator (``common.loadgen.open_loop``) drives the floor as it drives Keel."""
+    """Bare DEALERs with ``Client``'s ``predict``/``submit``/``collect`` shape, so Keel's
+    load generator (``common.loadgen.open_loop``) drives the floor as it drives Keel. With
+    several frontends' endpoints it sends to them in turn, the frontend's index in its tag's
+    top byte (the worker answers to that frontend)."""
 
-    def __init__(self, endpoint: str, shape: list[int] | None = None, output_size: int = 10):
+    def __init__(self, endpoints: str | list[str], shape: list[int] | None = None, output_size: int = 10):
         self.predict_head = templates(list(shape or [64]), output_size)["predict"]
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.connect(endpoint)
+        self.socks = [self.ctx.socket(zmq.DEALER) for _ in ([endpoints] if isinstance(endpoints, str) else endpoints)]
+        self.poller = zmq.Poller()
+        for sock, ep in zip(self.socks, [endpoints] if isinstance(endpoints, str) else endpoints):
+            sock.linger = 0
+            sock.connect(ep)
+            self.poller.register(sock, zmq.POLLIN)
         self.sent: dict[int, float] = {}
         self.counter = itertools.count(1)
 
     def submit(self, model: str, x: np.ndarray, timeout_ms: float | None = None) -> str:
         n = next(self.counter)
         self.sent[n] = time.perf_counter()
-        send_frames(self.sock, [_TAG.pack(n), self.predict_head, x])
+        frontend = n % len(self.socks)
+        send_frames(self.socks[frontend], [_TAG.pack(n | frontend << 56), self.predict_head, x])
         return str(n)
 
     def collect(self, timeout_ms: float = 0.0) -> list[FloorResult]:
         out: list[FloorResult] = []
-        if not self.sock.poll(math.ceil(timeout_ms)):  # as Client's: ZeroMQ counts whole ms
-            return out
-        for tag, _, _ in _drain(self.sock):
-            n = _TAG.unpack(tag.bytes)[0]
-            sent = self.sent.pop(n, None)
-            if sent is not None:
-                out.append(FloorResult(str(n), (time.perf_counter() - sent) * 1000.0))
+        wait = math.ceil(timeout_ms)  # as Client's: ZeroMQ counts whole ms
+        if len(self.socks) == 1:
+            ready = self.socks if self.socks[0].poll(wait) else []
+        else:
+            ready = [sock for sock, _ in self.poller.poll(wait)]
+        for sock in ready:
+            for tag, _, _ in _drain(sock):
+                n = _TAG.unpack(tag.bytes)[0] & ~(0xFF << 56)
+                sent = self.sent.pop(n, None)
+                if sent is not None:
+                    out.append(FloorResult(str(n), (time.perf_counter() - sent) * 1000.0))
         return out
 
     def predict(self, model: str, x: np.ndarray, timeout_ms: float = 5000.0) -> FloorResult:
@@ -354,5 +374,6 @@ class FloorClient:
         self.close()
 
     def close(self) -> None:
-        self.sock.close(0)
+        for sock in self.socks:
+            sock.close(0)
         self.ctx.term()

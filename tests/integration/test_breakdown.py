@@ -75,10 +75,34 @@ def test_the_floor_chain_answers_every_request_with_keels_reply_size():
         records = loadgen.open_loop(client, "m", xs, rate=500, count=300, seed=3, duration_s=10)
         stats = loadgen.summarize(records)
         assert stats["lost"] == 0 and stats["sources"] == {"model": 300}
-        client.sock.send_multipart([b"\0" * 8, client.predict_head, xs[0]])
-        assert client.sock.poll(10_000)
-        tag, head, output = client.sock.recv_multipart()
+        sock = client.socks[0]
+        sock.send_multipart([b"\0" * 8, client.predict_head, xs[0]])
+        assert sock.poll(10_000)
+        tag, head, output = sock.recv_multipart()
         assert head == templates([64], 10)["reply"] and len(output) == 10 * 4  # Keel's Reply, Keel's output
+
+
+def test_the_floor_with_two_frontends_answers_through_each():
+    xs = np.random.default_rng(1).random((64, 64), dtype=np.float32)
+    with Floor(free_port_block(8), workers=2, frontends=2) as floor, FloorClient(floor.client_endpoints) as client:
+        assert len(floor.client_endpoints) == 2 and len({p.pid for p in floor.procs}) == 5
+        records = loadgen.open_loop(client, "m", xs, rate=500, count=200, seed=3, duration_s=10)
+        assert loadgen.summarize(records)["lost"] == 0
+        for index, sock in enumerate(client.socks):  # each frontend answers what was sent to it
+            sock.send_multipart([(index << 56).to_bytes(8, "little"), client.predict_head, xs[0]])
+            assert sock.poll(10_000)
+            sock.recv_multipart()
+
+
+def test_the_floor_gateway_forwards_http_to_the_chain():
+    from keel.bench.floor import FloorGateway
+    from keel.bench.gateway import DIM, OUTPUT_SIZE, _one_outstanding
+    from keel.deploy.local import free_port
+
+    xs = np.random.default_rng(1).random((20, DIM), dtype=np.float32)
+    with Floor(free_port_block(8), workers=2, shape=[DIM], output_size=OUTPUT_SIZE) as floor, \
+            FloorGateway(floor, free_port()) as gateway:
+        assert len(_one_outstanding(gateway.http_port, xs, 0)) == 20  # every infer answered 200
 
 
 def test_cpu_per_request_is_counted_per_process_and_thread(launched):
