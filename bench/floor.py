@@ -42,6 +42,7 @@ import zmq
 
 from keel.common import protocol
 from keel.common.transport import recv_nowait, send_frames
+from keel.common.waiting import wait_until
 from keel.common.protocol import Batch, Done, Predict, Predictions, Queries, Reply
 
 _TAG = struct.Struct("<Q")
@@ -231,25 +232,22 @@ class FloorGateway:
         shape = ",".join(map(str, self.floor.shape))
         self.proc = subprocess.Popen([sys.executable, "-m", "keel.bench.floor", "gateway", str(self.http_port),
                                       self.floor.client_endpoint, shape, str(self.floor.output_size)])
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:  # ready when it takes a connection
-            try:
-                socket.create_connection(("127.0.0.1", self.http_port), timeout=1.0).close()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.__exit__()
-                    raise RuntimeError("the floor's gateway did not start") from None
-                time.sleep(0.05)
+        if not wait_until(self._accepts, READY_TIMEOUT_S, interval_s=0.05) or self.proc.poll() is not None:
+            self.__exit__()
+            raise RuntimeError("the floor's gateway did not start")
+        return self
+
+    def _accepts(self) -> bool:
+        """It takes a connection (or it has exited: no use waiting)."""
+        try:
+            socket.create_connection(("127.0.0.1", self.http_port), timeout=1.0).close()
+            return True
+        except OSError:
+            return self.proc.poll() is not None
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=1.0)
+            _end([self.proc])
 
 
 class Floor:
@@ -282,14 +280,19 @@ class Floor:
         return self
 
     def __exit__(self, *exc) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=3.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=1.0)
+        _end(self.procs)
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each (by process id), then SIGKILL what has not exited within 3 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=3.0)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=1.0)
 
 
 def main(argv: list[str]) -> None:

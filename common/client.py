@@ -663,6 +663,11 @@ class AsyncClient(_Base):
 
     def _end_turn(self) -> None:
         self.turn_end = None
+        self._flush_all()
+
+    def _flush_all(self) -> None:
+        """Every socket's waiting sends, each socket then drained (a send may consume the
+        descriptor's edge)."""
         for i, box in enumerate(self.outbox):
             if box:
                 self._drain(i)
@@ -704,9 +709,7 @@ class AsyncClient(_Base):
             self._resolve(result)
         for rid in again:
             self._send_call(rid)
-        for i, box in enumerate(self.outbox):
-            if box:
-                self._drain(i)
+        self._flush_all()
         self._arm()
 
     async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,

@@ -284,18 +284,10 @@ class Gateway:
         """The JSON error answering ``exc``."""
         if isinstance(exc, InferError):
             return error_response(exc.status, str(exc))
-        if isinstance(exc, HTTPError):
-            message = {404: f"no such path: {request.method} {_short(request.path)}",
-                       405: f"{request.method} is not allowed on {_short(request.path)}"}
-            return error_response(exc.status, message.get(exc.status, exc.message), exc.headers)
+        if isinstance(exc, HTTPError):  # the router's: no such path, a method the path does not take
+            return error_response(exc.status, exc.message, exc.headers)
         self.log.exception("request failed", path=request.path)
         return error_response(500, f"the gateway failed on this request: {type(exc).__name__} (see its log)")
-
-    def refused(self, status: int, message: str, headers: dict) -> Response:
-        """The server's own refusals (malformed HTTP, a body or head too large)."""
-        if status == 413:
-            message = f"the body is larger than this gateway's max_body_bytes ({self.cfg.max_body_bytes})"
-        return error_response(status, message, headers)
 
     def tls_context(self) -> ssl.SSLContext | None:
         if self.cfg.tls_cert is None:
@@ -314,7 +306,7 @@ class Gateway:
         self.client = AsyncClient(self.cfg.frontend_endpoints, timeout_ms=self.cfg.timeout_ms,
                                   retries=self.cfg.retries)
         self.inference = Inference(self.cfg, self.client)
-        self.server = HTTPServer(self.handle, self.refused, max_body_bytes=self.cfg.max_body_bytes)
+        self.server = HTTPServer(self.handle, error_response, max_body_bytes=self.cfg.max_body_bytes)
         self.port = await self.server.start(self.cfg.http_host, self.cfg.http_port, ssl=tls)  # http_port 0: any
         if self.cfg.grpc_port is not None:
             # imported only here: its protobuf package is tritonclient.grpc's, and one process holds one of them
@@ -468,7 +460,7 @@ class Gateway:
         body["outputs"] = [output]
         if not binary_output:
             output["data"] = out.reshape(-1).tolist()
-            return Response(200, _dumps(body), "application/json")
+            return json_response(body)
         raw = out.tobytes()
         output["parameters"] = {"binary_data_size": len(raw)}
         head = _dumps(body)

@@ -43,6 +43,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from keel.common.inputs import short
+
 __all__ = ["HTTPError", "HTTPServer", "Request", "Response", "Router"]
 
 #: the request line and headers together may not be longer than this (431 past it)
@@ -52,7 +54,8 @@ MAX_PIPELINED = 16
 #: how often idle connections are looked for
 SWEEP_S = 5.0
 
-_REASONS = {s.value: s.phrase for s in http.HTTPStatus}
+#: each status's line, made once
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 
 
 class HTTPError(Exception):
@@ -135,9 +138,9 @@ class Router:
                 handler = methods.get("GET" if method == "HEAD" else method)
                 if handler is None:
                     allowed = sorted(methods) + (["HEAD"] if "GET" in methods else [])
-                    raise HTTPError(405, f"{method} is not allowed", {"Allow": ", ".join(allowed)})
+                    raise HTTPError(405, f"{method} is not allowed on {short(path)}", {"Allow": ", ".join(allowed)})
                 return handler, match
-        raise HTTPError(404, "no such path")
+        raise HTTPError(404, f"no such path: {method} {short(path)}")
 
 
 class _Date:
@@ -163,6 +166,7 @@ class HTTPServer:
                  keepalive_s: float = 75.0, server_name: str = "keel"):
         self.handle, self.refuse = handle, refuse
         self.max_body_bytes, self.keepalive_s = max_body_bytes, keepalive_s
+        self.too_large = f"the body is too large: over this server's max_body_bytes ({max_body_bytes})"
         self.server_line = f"Server: {server_name}\r\n".encode()
         self.connections: set[_Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -301,14 +305,14 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
-            raise _TooLarge(413, "body too large")
+            raise _TooLarge(413, self.server.too_large)
         if self.headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
         if self.body_bytes > self.server.max_body_bytes:
-            raise _TooLarge(413, "body too large")
+            raise _TooLarge(413, self.server.too_large)
         self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -360,7 +364,7 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             return
         body = response.body
-        head = [f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n".encode(),
+        head = [_STATUS_LINES.get(response.status) or b"HTTP/1.1 %d Unknown\r\n" % response.status,
                 b"Date: ", _Date.now(), b"\r\n", self.server.server_line,
                 b"Content-Length: %d\r\n" % len(body)]
         if response.content_type is not None:
