@@ -77,7 +77,7 @@ import numpy as np
 import zmq
 
 from keel.common import inputs, protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Reply, Source
+from keel.common.protocol import ErrorCode, Feedback, Replies, Reply, Source
 from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
                                  Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
@@ -327,10 +327,11 @@ class _Base:
         except protocol.ProtocolError:
             return []
         results = []
-        for reply in replies:
-            result = self._result(reply, frontend)
-            if result is not None:
-                results.append(result)
+        for msg in replies:
+            for reply in msg.replies() if type(msg) is Replies else (msg,):  # columns: a reply a row
+                result = self._result(reply, frontend)
+                if result is not None:
+                    results.append(result)
         return results
 
     def _result(self, reply, frontend: int) -> Result | None:

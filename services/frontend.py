@@ -39,7 +39,8 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``); a client that reads bundles (``Predict.bundle``) gets the replies
-a batch of several predictions answers for it in one message (``_bundle``); a client may
+a batch of several predictions answers for it in one message (``_bundle``; those that share
+source, model and version as columns, one ``Replies``); a client may
 send several requests in one message (``Client.cork``), each admitted and answered on its
 own (a malformed one refuses the message, answered under its first request id); and a
 frame above ``max_payload_bytes`` plus a header is refused before it is read (the sender
@@ -68,7 +69,7 @@ from keel.common import protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
-    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Reply, Source, Status,
+    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Replies, Reply, Source, Status,
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
@@ -82,6 +83,9 @@ GRADED = 50_000
 #: replies or this many bytes of outputs, at the latest once the predictions read are answered
 BUNDLE_REPLIES = protocol.MAX_BUNDLE
 BUNDLE_BYTES = 1 << 20
+#: a reply's output goes in a bundle's columns (``Replies``) only up to this size: a column
+#: stays under BUNDLE_BYTES, far below the frame a client reads (larger ones go alone)
+COLUMN_ROW_BYTES = BUNDLE_BYTES // BUNDLE_REPLIES
 #: freed memory is handed back to the system once the de-duplication table has shrunk by
 #: this many bytes (half its limit if that is less: a table of a few MB that emptied must
 #: count), or this many client connections have closed, since it last was
@@ -141,7 +145,7 @@ class Frontend(Service):
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
         self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``_answer(later=True)``)
-        #: client envelope -> [frames of the replies bundled for it, how many, their outputs' bytes]: not yet sent
+        #: client envelope -> [(frames, Reply, columns) of each reply bundled for it, their outputs' bytes]: not yet sent
         self.bundles: dict[tuple, list] = {}
         #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
         #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
@@ -228,7 +232,7 @@ class Frontend(Service):
         # de-duplication: the client's own id when it sends one (the same on every
         # connection and frontend), else the connection it came on
         dkey = (msg.client.encode() if msg.client else envelope[0], rid)
-        request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True)
+        request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True, columns=msg.columns is True)
         kind = self._kind(msg.model)
         if kind is None:
             known = ", ".join(sorted(self.targets())) or "none"
@@ -553,13 +557,13 @@ class Frontend(Service):
         kind = self._kind(model) or ""
         count, latencies = self._meters(source, model if kind else "", kind)
         for request in requests:
-            frames = protocol.encode(Reply(request_id=request.request_id, source=source, output=output, model=model,
-                                           version=version, error=error, error_code=code, models=models,
-                                           confidence=confidence, degraded=degraded,
-                                           trace=None if trace is None else [*trace, time.time()]))
+            reply = Reply(request_id=request.request_id, source=source, output=output, model=model, version=version,
+                          error=error, error_code=code, models=models, confidence=confidence, degraded=degraded,
+                          trace=None if trace is None else [*trace, time.time()])
+            frames = protocol.encode(reply)
             request.to(State.ANSWERED)
             if bundle and request.bundle:
-                self._bundle(request.envelope, frames, 0 if output is None else output.nbytes)
+                self._bundle(request.envelope, frames, reply, request.columns)
             else:
                 self._send(request.envelope, frames)
             answer = (request, frames, now - request.start, remember, count, latencies, model, kind, source, code, degraded)
@@ -612,22 +616,22 @@ class Frontend(Service):
         if failed is not None:
             self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += replies
 
-    def _bundle(self, envelope: list, frames: list, nbytes: int) -> None:
-        """A reply for a client that reads bundles: kept with its others from this batch of
-        predictions, sent as one message by ``_send_bundles`` (or now, once the bundle is full)."""
+    def _bundle(self, envelope: list, frames: list, reply: Reply, columns: bool) -> None:
+        """A reply for a client that reads bundles (``columns``: and columns): kept with its
+        others from this batch of predictions, sent as one message by ``_send_bundles`` (or
+        now, once the bundle is full)."""
         bundle = self.bundles.get(key := tuple(envelope))
         if bundle is None:
-            bundle = self.bundles[key] = [[], 0, 0]
-        bundle[0] += frames
-        bundle[1] += 1
-        bundle[2] += nbytes
-        if bundle[1] >= BUNDLE_REPLIES or bundle[2] >= BUNDLE_BYTES:
+            bundle = self.bundles[key] = [[], 0]
+        bundle[0].append((frames, reply, columns))
+        bundle[1] += 0 if reply.output is None else reply.output.nbytes
+        if len(bundle[0]) >= BUNDLE_REPLIES or bundle[1] >= BUNDLE_BYTES:
             del self.bundles[key]
-            self._send(envelope, bundle[0], bundle[1])
+            self._send(envelope, _bundled(bundle[0]), len(bundle[0]))
 
     def _send_bundles(self) -> None:
-        for envelope, (frames, replies, _) in self.bundles.items():
-            self._send(list(envelope), frames, replies)
+        for envelope, (entries, _) in self.bundles.items():
+            self._send(list(envelope), _bundled(entries), len(entries))
         self.bundles.clear()
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
@@ -710,6 +714,29 @@ class Frontend(Service):
         for name, route in self.graphs.items():
             out[name] = route.target()
         return out
+
+
+def _bundled(entries: list[tuple[list, Reply, bool]]) -> list:
+    """The frames of one bundle: the replies that share source, model, version and their
+    output's dtype and shape, carry nothing else (no error, application fields or trace) and
+    go to a client that reads columns, as one ``Replies`` (one header and one tensor, however
+    many); any other reply as its own frames. A row of a column is at most ``COLUMN_ROW_BYTES``,
+    so a column (``BUNDLE_REPLIES`` rows at most) is never a larger frame than a client reads."""
+    frames, columns = [], {}
+    for reply_frames, r, readable in entries:
+        out = r.output
+        if not readable or out is None or out.nbytes > COLUMN_ROW_BYTES or r.error is not None or r.models is not None \
+                or r.confidence is not None or r.degraded is not None or r.trace is not None:
+            frames += reply_frames
+        else:
+            columns.setdefault((r.source, r.model, r.version, out.dtype, out.shape), []).append((reply_frames, r, readable))
+    for (source, model, version, _, _), rows in columns.items():
+        if len(rows) == 1:
+            frames += rows[0][0]
+        else:
+            frames += protocol.encode(Replies(request_ids=[r.request_id for _, r, _ in rows], source=source, model=model,
+                                              version=version, outputs=np.stack([r.output for _, r, _ in rows])))
+    return frames
 
 
 def _hang_up(fd: int) -> None:

@@ -68,14 +68,15 @@ class Request:
     ``dedup`` is its de-duplication key, (sender identity, request id), or None for a
     request that cannot be retried (one that did not decode)."""
 
-    __slots__ = ("envelope", "request_id", "start", "state", "dedup", "digest", "bundle")
+    __slots__ = ("envelope", "request_id", "start", "state", "dedup", "digest", "bundle", "columns")
 
     def __init__(self, envelope: list, request_id: str, start: float, dedup: tuple | None = None, digest: int = 0,
-                 bundle: bool = False):
+                 bundle: bool = False, columns: bool = False):
         self.envelope, self.request_id, self.start = envelope, request_id, start
         self.state = State.ADMITTED
         self.dedup, self.digest = dedup, digest
         self.bundle = bundle  # its client reads several replies from one message (``Predict.bundle``)
+        self.columns = columns  # ... and replies as columns (``Predict.columns``, ``Replies``)
 
     def to(self, state: State) -> None:
         """The one transition function; raises LifecycleError for an impossible one."""

@@ -55,7 +55,7 @@ from keel.common.protocol.fields import (
 )
 from keel.common.protocol.messages import (
     _FIELDS, MESSAGES, Answered, Batch, Configure, Done, Heartbeat, Leave, Predict, Predictions, Queries, Register,
-    Reply, Status,
+    Replies, Reply, Status,
 )
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
     "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
     "MemberBatch", "ModelRole", "ParityMembers", "Predict", "Predictions", "ProtocolError", "Queries", "Register",
-    "Reply", "Source", "Status", "decode", "decode_all", "decode_header", "decode_tensor", "encode", "request_key", "split_envelope",
+    "Replies", "Reply", "Source", "Status", "decode", "decode_all", "decode_header", "decode_tensor", "encode", "request_key", "split_envelope",
     "transit_s",
 ]
 

@@ -16,7 +16,7 @@ from keel.common.protocol.fields import (
 )
 from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
-    Predictions, Queries,
+    Predictions, Queries, Replies,
 )
 
 #: stamps a traced message carries at most (a request's path has ten)
@@ -208,6 +208,8 @@ def _str_max(n: int, empty: bool = True):
 # Per field: (check, what a valid value is). Fields every message kind shares a meaning of.
 _CHECKS: dict[str, tuple[Any, str]] = {
     "request_id": (_str_max(MAX_REQUEST_ID), f"a string of at most {MAX_REQUEST_ID} characters"),
+    "request_ids": (lambda v: _is_strs(v) and 0 < len(v) <= MAX_BUNDLE and all(0 < len(r) <= MAX_REQUEST_ID for r in v),
+                    f"a list of 1..{MAX_BUNDLE} non-empty strings of at most {MAX_REQUEST_ID} characters"),
     "model": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "worker": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
     "sender": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),
@@ -221,6 +223,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "degraded": (lambda v: isinstance(v, bool), "true or false"),
     "more": (lambda v: isinstance(v, bool), "true or false"),
     "bundle": (lambda v: isinstance(v, bool), "true or false"),
+    "columns": (lambda v: isinstance(v, bool), "true or false"),
     "timeout_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "service_ms": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
     "price": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
@@ -288,6 +291,9 @@ def _check_message(msg: Any) -> None:
     if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):
         raise ProtocolError("reply_to must be a list of strings")
     qids = getattr(msg, "qids", None)
+    if cls is Replies and (msg.outputs.ndim == 0 or msg.outputs.shape[0] != len(msg.request_ids)):
+        rows = msg.outputs.shape[0] if msg.outputs.ndim else "no"
+        raise ProtocolError(f"outputs has {rows} rows for {len(msg.request_ids)} request ids")
     for arr_name in cls.TENSORS:
         arr = getattr(msg, arr_name)
         if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):

@@ -44,6 +44,7 @@ class ProtocolError(ValueError):
 class Kind(StrEnum):
     PREDICT = "predict"  # client -> frontend
     REPLY = "reply"  # frontend -> client
+    REPLIES = "replies"  # frontend -> client: several replies as columns (a client that reads bundles)
     QUERIES = "queries"  # frontend -> dispatcher
     BATCH = "batch"  # dispatcher -> worker, dispatcher -> encoder (copy), encoder -> dispatcher
     PREDICTIONS = "predictions"  # worker -> frontend / decoder, decoder -> frontend

@@ -37,6 +37,10 @@ class Predict:
     #: frontend may then send the replies of one batch of predictions to this connection
     #: together, one message and one wake-up for many
     bundle: bool | None = None
+    #: the client reads replies as columns too (``Replies``): a bundle's replies that share
+    #: their fields may then come as one header and one tensor (a client that does not say
+    #: so, as one of an older Keel, gets each as a ``Reply``)
+    columns: bool | None = None
 
 
 @dataclass(slots=True)
@@ -62,6 +66,30 @@ class Reply:
     degraded: bool | None = None
     #: a traced request's stamps (``Predict.trace``), the frontend's send the last
     trace: list[float] | None = None
+
+
+@dataclass(slots=True)
+class Replies:
+    """Several answers to one client in one message, as columns: row ``i`` of ``outputs``
+    answers ``request_ids[i]``. The frontend sends a batch of predictions' answers so to a
+    client that reads bundles (``Predict.bundle``) where they share source, model and
+    version and carry nothing else (no error, application fields or trace); to the client
+    each row is a ``Reply`` (``replies``). One header and one tensor for many: decoding a
+    message costs the same whatever it carries, and a loaded client decodes one per batch."""
+
+    KIND: ClassVar[Kind] = Kind.REPLIES
+    TENSORS: ClassVar[tuple[str, ...]] = ("outputs",)
+    request_ids: list[str]
+    source: str
+    outputs: np.ndarray
+    model: str | None = None
+    version: str | None = None
+
+    def replies(self) -> list[Reply]:
+        """Each row as the ``Reply`` it stands for."""
+        source, model, version, outputs = self.source, self.model, self.version, self.outputs
+        return [Reply(request_id=rid, source=source, output=outputs[i], model=model, version=version)
+                for i, rid in enumerate(self.request_ids)]
 
 
 @dataclass(slots=True)
@@ -331,7 +359,7 @@ class GraphDurable:
 
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (Predict, Reply, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
+    for cls in (Predict, Reply, Replies, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
                 Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -150,7 +151,7 @@ def test_corked_sends_leave_together_and_uncorked_ones_alone(zsock):
         assert router.poll(5000)
         envelope, body = protocol.split_envelope(router.recv_multipart())
         msgs = protocol.decode_all(body)
-        assert [m.request_id for m in msgs] == rids and all(m.bundle for m in msgs)  # one message, in order
+        assert [m.request_id for m in msgs] == rids and all(m.bundle and m.columns for m in msgs)  # one message, in order
         for m in msgs:
             transport.send(router, Reply(request_id=m.request_id, source=Source.MODEL, output=m.input), envelope)
         got = {}
@@ -220,6 +221,40 @@ def test_predict_batch_takes_one_key_or_one_per_row(zsock):
         assert [(m.request_id, m.key) for m in msgs] == [("batch-0", "a"), ("batch-1", "b"), ("batch-2", "c")]
         c.predict_batch("ensemble", xs, key="z", version="1", timeout_ms=300)
         assert {(m.key, m.version) for m in received(router, 3)} == {("z", "1")}
+
+
+def test_replies_as_columns_answer_each_call_of_both_clients(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    xs = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    def frontend(n: int) -> None:
+        """A stand-in frontend: the calls of each message answered in one Replies, each row the
+        call's input doubled, and the first row again (a duplicate answer counts once)."""
+        while n > 0:
+            assert router.poll(5000), "no call arrived"
+            envelope, body = protocol.split_envelope(router.recv_multipart())
+            calls = protocol.decode_all(body)
+            rows = np.stack([2 * m.input for m in calls])
+            transport.send(router, protocol.Replies(
+                request_ids=[m.request_id for m in calls] + [calls[0].request_id], source=Source.MODEL, model="m",
+                version="1", outputs=np.concatenate([rows, rows[:1]])), envelope)
+            n -= len(calls)
+
+    async def async_batch() -> list:
+        async with AsyncClient(transport.endpoint_of(router), timeout_ms=5000) as c:
+            return await c.predict_batch("m", xs)
+
+    def blocking_batch() -> list:
+        with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+            return c.predict_batch("m", xs)
+
+    for batch in (blocking_batch, lambda: asyncio.run(async_batch())):
+        stand_in = threading.Thread(target=frontend, args=(len(xs),))
+        stand_in.start()
+        results = batch()
+        stand_in.join()
+        assert [list(r.output) for r in results] == (2 * xs).tolist()
+        assert all(r.ok and r.version == "1" and r.source == Source.MODEL for r in results)
 
 
 def test_the_async_client_sends_the_same_fields(zsock):

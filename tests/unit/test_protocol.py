@@ -111,6 +111,8 @@ def every_kind() -> list:
                    blob=tensor("uint8", (12,))),
         GraphAck(operator="g1", epoch=1, seq=4),
         GraphDurable(operator="g1", epoch=1, seq=4),
+        protocol.Replies(request_ids=["r4", "r5"], source=Source.MODEL, outputs=tensor("float32", (2, 10)), model="m",
+                         version="1"),
     ]
 
 
@@ -266,6 +268,28 @@ def test_a_bundle_is_several_messages_back_to_back_and_decode_takes_exactly_one(
         protocol.decode_all(frames[:-1])  # the last reply lacks its tensor
     with pytest.raises(ProtocolError):
         protocol.decode_all(frames[:2] + [b"not json"])
+
+
+def test_replies_are_columns_a_row_a_request_id_and_each_row_reads_as_its_reply():
+    outputs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    cols = protocol.Replies(request_ids=["a", "b", "c"], source=Source.CACHE, outputs=outputs, model="m", version="2")
+    alone = Reply(request_id="d", source=Source.ERROR, error="no", error_code="model_error")
+    got = protocol.decode_all([bytes(f) for f in [*encode(cols), *encode(alone)]])  # beside a plain reply, one bundle
+    assert [type(m) for m in got] == [protocol.Replies, Reply]
+    rows = got[0].replies()
+    assert [(r.request_id, r.source, r.model, r.version, list(r.output)) for r in rows] == [
+        ("a", "cache", "m", "2", [0.0, 1.0]), ("b", "cache", "m", "2", [2.0, 3.0]), ("c", "cache", "m", "2", [4.0, 5.0])]
+    frames = [bytes(f) for f in encode(cols)]
+    for ids, why in ((["a", "b"], "rows"), ([], "request_ids"), (["a", ""], "request_ids"), (["a"] * 65, "request_ids"),
+                     ([1, 2, 3], "request_ids"), ("abc", "request_ids")):
+        head = header(frames)
+        head["request_ids"] = ids
+        with pytest.raises(ProtocolError, match=why):
+            decode([orjson.dumps(head), frames[1]])
+    head = header(frames)
+    head["tensors"] = [{"dtype": "float32", "shape": []}]  # a scalar has no rows
+    with pytest.raises(ProtocolError, match="rows"):
+        decode([orjson.dumps(head), frames[1][:4]])
 
 
 def test_required_tensor_may_not_be_absent():
