@@ -72,12 +72,13 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict, deque
+from typing import Any
 
 import numpy as np
 import zmq
 
 from keel.common import inputs, protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Replies, Reply, Source
+from keel.common.protocol import ErrorCode, Feedback, Predict, Predicts, Replies, Reply, Source
 from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
                                  Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
@@ -195,7 +196,10 @@ class _Base:
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)  # made on first use
         self.monitors: list[zmq.Socket | None] = [None] * len(self.frontends)
         # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
-        self.outbox: list[deque[tuple[str, int, list]]] = [deque() for _ in self.frontends]
+        self.outbox: list[deque[tuple[str, int, Any]]] = [deque() for _ in self.frontends]  # (rid, attempt, message)
+        #: frontend i answered as columns (``Replies``) on its current connection: it reads a
+        #: cork's queries as columns too (an older frontend, or another peer, never gets them)
+        self.columns = [False] * len(self.frontends)
         self.corked = 0  # while > 0 (``Client.cork``), sends wait in the outbox to leave together
 
     @property
@@ -257,6 +261,8 @@ class _Base:
         now, moved, refused = time.perf_counter(), [], False
         for event in link_events(monitor):
             moved += self.engine.link(i, event, now)
+            if event == zmq.EVENT_DISCONNECTED:
+                self.columns[i] = False  # the next peer there may be another
             refused |= event == zmq.EVENT_DISCONNECTED and self.engine.links[i] == Link.REFUSED
         if refused:
             self._retire(i)
@@ -268,10 +274,11 @@ class _Base:
         """Queue the current attempt of call ``rid`` for its frontend."""
         call = self.calls[rid]
         msg = self.engine.message(rid, call, time.perf_counter(), self.client_id)
-        self._send(call.frontend, rid, call.attempt, protocol.encode(msg))
+        self._send(call.frontend, rid, call.attempt, msg)
 
-    def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
-        self.outbox[i].append((rid, attempt, frames))
+    def _send(self, i: int, rid: str, attempt: int, msg) -> None:
+        """Queue ``msg`` (encoded when it leaves: a cork's queries may leave as columns)."""
+        self.outbox[i].append((rid, attempt, msg))
         if not self.corked:
             self._flush(i)
 
@@ -295,7 +302,7 @@ class _Base:
                     taken.append(entry)
             if not taken:
                 break
-            frames = taken[0][2] if len(taken) == 1 else [f for entry in taken for f in entry[2]]
+            frames = _frames([entry[2] for entry in taken], self.columns[i])
             try:
                 transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
             except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
@@ -328,6 +335,8 @@ class _Base:
             return []
         results = []
         for msg in replies:
+            if type(msg) is Replies:
+                self.columns[frontend] = True
             for reply in msg.replies() if type(msg) is Replies else (msg,):  # columns: a reply a row
                 result = self._result(reply, frontend)
                 if result is not None:
@@ -533,7 +542,7 @@ class Client(_Base):
         self.acks[request_id] = None
         try:
             end = time.perf_counter() + timeout / 1000.0
-            self._send(frontend, request_id, -1, protocol.encode(msg))
+            self._send(frontend, request_id, -1, msg)
             while self.acks[request_id] is None and time.perf_counter() < end:
                 for result in self._poll(min(50.0, max(0.0, (end - time.perf_counter()) * 1000.0))):
                     self.results[result.request_id] = result  # a submitted call's: for its collect
@@ -653,13 +662,13 @@ class AsyncClient(_Base):
             self._send_call(rid)
         self._arm()
 
-    def _send(self, i: int, rid: str, attempt: int, frames: list) -> None:
+    def _send(self, i: int, rid: str, attempt: int, msg) -> None:
         if len(self.futures) > 1 and self.loop is not None:  # others in flight: leave with this turn's sends
-            self.outbox[i].append((rid, attempt, frames))
+            self.outbox[i].append((rid, attempt, msg))
             if self.turn_end is None:
                 self.turn_end = self.loop.call_soon(self._end_turn)
             return
-        super()._send(i, rid, attempt, frames)
+        super()._send(i, rid, attempt, msg)
         self._drain(i)  # the send may have consumed the descriptor's edge
 
     def _end_turn(self) -> None:
@@ -729,7 +738,7 @@ class AsyncClient(_Base):
         self.acks[request_id] = None
         timer = self.loop.call_later(timeout / 1000.0, _give_up, future)
         try:
-            self._send(frontend, request_id, -1, protocol.encode(msg))
+            self._send(frontend, request_id, -1, msg)
             await future
             return self.acks[request_id] or self._no_ack(request_id, timeout)
         finally:
@@ -778,6 +787,35 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _frames(msgs: list, columns: bool) -> list:
+    """The frames of one message to a frontend: a lone message's own; several (a cork's, a
+    turn's) back to back, and where the frontend reads ``columns``, the queries among them
+    that share model, client and the input's dtype and shape and carry no key, version or
+    trace as columns (a ``Predicts`` for each ``MAX_COLUMN_BYTES`` of inputs; one decode at
+    the frontend instead of one a query)."""
+    if len(msgs) == 1 or not columns:
+        return [f for m in msgs for f in protocol.encode(m)]
+    frames, columns = [], {}
+    for m in msgs:
+        if type(m) is Predict and m.key is None and m.version is None and m.trace is None and m.timeout_ms is not None:
+            columns.setdefault((m.model, m.client, m.bundle, m.columns, m.input.dtype, m.input.shape), []).append(m)
+        else:
+            frames += protocol.encode(m)
+    for rows in columns.values():
+        per = max(1, protocol.MAX_COLUMN_BYTES // max(1, rows[0].input.nbytes))
+        for at in range(0, len(rows), per):
+            part = rows[at:at + per]
+            if len(part) == 1:
+                frames += protocol.encode(part[0])
+                continue
+            first = part[0]
+            frames += protocol.encode(Predicts(request_ids=[m.request_id for m in part], model=first.model,
+                                               inputs=np.stack([m.input for m in part]),
+                                               timeouts_ms=[m.timeout_ms for m in part], client=first.client,
+                                               bundle=first.bundle, columns=first.columns))
+    return frames
 
 
 def _give_up(future: asyncio.Future) -> None:

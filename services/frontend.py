@@ -41,10 +41,12 @@ has a per-client queue of ``client_hwm`` replies, a reply that does not fit is d
 counted (``reply_dropped``); a client that reads bundles (``Predict.bundle``) gets the replies
 a batch of several predictions answers for it in one message (``_bundle``; those that share
 source, model and version as columns, one ``Replies``); a client may
-send several requests in one message (``Client.cork``), each admitted and answered on its
-own (a malformed one refuses the message, answered under its first request id); and a
-frame above ``max_payload_bytes`` plus a header is refused before it is read (the sender
-is disconnected). At most ``max_clients``
+send several requests in one message (``Client.cork``; those to one model as columns, one
+``Predicts``), each admitted and answered on its own (a malformed one refuses the message,
+answered under its first request id); and a frame above ``max_payload_bytes`` (or
+``MAX_COLUMN_BYTES``, 64 KiB, if that is more: a ``Predicts`` carries up to that, each row
+still bounded by ``max_payload_bytes``) plus a header is refused before it is read (the
+sender is disconnected). At most ``max_clients``
 connections are kept (past it, the one that sent least recently is hung up, counted
 ``clients_hung_up``): with
 ``client_hwm`` and the de-duplication table's limits, that bounds the process's memory,
@@ -69,7 +71,7 @@ from keel.common import protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
-    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Queries, Replies, Reply, Source, Status,
+    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Replies, Reply, Source, Status,
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
@@ -118,9 +120,13 @@ class Frontend(Service):
         super().__init__(cfg.name, cfg.metrics_port)
         self.cfg = cfg
         self.apps = Applications(cfg, self.metrics) if cfg.applications else None
+        #: what one client message's tensors may hold: a query's input up to max_payload_bytes,
+        #: a columns' (``Predicts``) up to MAX_COLUMN_BYTES, each of its rows still bounded by
+        #: max_payload_bytes at admission (``_on_predict``)
+        self.max_read = max(cfg.max_payload_bytes, protocol.MAX_COLUMN_BYTES)
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
-            max_frame_bytes=cfg.max_payload_bytes + protocol.MAX_HEADER_BYTES), self._on_clients)
+            max_frame_bytes=self.max_read + protocol.MAX_HEADER_BYTES), self._on_clients)
         #: client connections open, by descriptor, the one that sent least recently first
         self.clients: OrderedDict[int, None] = OrderedDict()
         self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)
@@ -187,14 +193,17 @@ class Frontend(Service):
                 self.clients.move_to_end(fd)
             envelope, body = protocol.split_envelope(frames)
             envelope = [f.bytes for f in envelope]
-            try:  # one request, or several a client sent together (``Client.cork``)
-                msgs = protocol.decode_all(body, self.cfg.max_payload_bytes)
+            try:  # one request, or several a client sent together (``Client.cork``), some as columns
+                msgs = protocol.decode_all(body, self.max_read)
             except protocol.ProtocolError as exc:
                 self._refuse(Request(envelope, _request_id_of(body), start), ErrorCode.BAD_REQUEST, str(exc))
                 continue
             for msg in msgs:
                 if isinstance(msg, Predict):
                     self._on_predict(msg, envelope, start)
+                elif isinstance(msg, Predicts):  # columns: each row its own request
+                    for row in msg.predicts():
+                        self._on_predict(row, envelope, start)
                 elif isinstance(msg, Feedback) and msg.ok is None:
                     self._on_feedback(msg, envelope)
                 elif isinstance(msg, Status) and msg.info is None:
@@ -233,6 +242,9 @@ class Frontend(Service):
         # connection and frontend), else the connection it came on
         dkey = (msg.client.encode() if msg.client else envelope[0], rid)
         request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True, columns=msg.columns is True)
+        if msg.input.nbytes > self.cfg.max_payload_bytes:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"payload of {msg.input.nbytes} bytes exceeds the limit of "
+                                                                f"{self.cfg.max_payload_bytes} (max_payload_bytes)")
         kind = self._kind(msg.model)
         if kind is None:
             known = ", ".join(sorted(self.targets())) or "none"
@@ -760,6 +772,8 @@ def _request_id_of(body: list) -> str:
     try:
         header = protocol.decode_header(body[0])
         rid = header.get("request_id", "")
+        if not rid and isinstance(header.get("request_ids"), list) and header["request_ids"]:  # columns: the first row's
+            rid = header["request_ids"][0]
         return rid if isinstance(rid, str) and len(rid) <= protocol.MAX_REQUEST_ID else ""
     except (protocol.ProtocolError, IndexError):
         return ""

@@ -10,13 +10,13 @@ import numpy as np
 import orjson
 
 from keel.common.protocol.fields import (
-    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME,
+    _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_COLUMN_BYTES, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME,
     MAX_PAYLOAD_BYTES, MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
     ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
-    Predictions, Queries, Replies,
+    Predictions, Predicts, Queries, Replies,
 )
 
 #: stamps a traced message carries at most (a request's path has ten)
@@ -234,6 +234,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "threads": (lambda v: _is_int(v, 1, MAX_THREADS), f"an integer in 1..{MAX_THREADS}"),
     "qids": (lambda v: _is_ids(v) and len(v) <= MAX_BATCH, f"a list of at most {MAX_BATCH} integers in 0..{MAX_ID}"),
     "budgets_ms": (_budgets, "a list of finite numbers"),
+    "timeouts_ms": (lambda v: _budgets(v) and min(v, default=0) >= 0, "a list of finite numbers >= 0"),
     "ok": (lambda v: isinstance(v, bool), "true or false"),
     "known": (lambda v: isinstance(v, bool), "true or false"),
     "info": (lambda v: isinstance(v, dict), "an object"),
@@ -291,9 +292,16 @@ def _check_message(msg: Any) -> None:
     if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):
         raise ProtocolError("reply_to must be a list of strings")
     qids = getattr(msg, "qids", None)
-    if cls is Replies and (msg.outputs.ndim == 0 or msg.outputs.shape[0] != len(msg.request_ids)):
-        rows = msg.outputs.shape[0] if msg.outputs.ndim else "no"
-        raise ProtocolError(f"outputs has {rows} rows for {len(msg.request_ids)} request ids")
+    if cls is Replies or cls is Predicts:  # columns: a row a request id
+        arr = msg.outputs if cls is Replies else msg.inputs
+        if arr.ndim == 0 or arr.shape[0] != len(msg.request_ids):
+            raise ProtocolError(f"{'outputs' if cls is Replies else 'inputs'} has {arr.shape[0] if arr.ndim else 'no'} "
+                                f"rows for {len(msg.request_ids)} request ids")
+        if cls is Predicts:
+            if msg.timeouts_ms is not None and len(msg.timeouts_ms) != len(msg.request_ids):
+                raise ProtocolError(f"timeouts_ms has {len(msg.timeouts_ms)} entries for {len(msg.request_ids)} request ids")
+            if arr.nbytes > MAX_COLUMN_BYTES:
+                raise ProtocolError(f"predicts carries {arr.nbytes} bytes of inputs, over {MAX_COLUMN_BYTES}")
     for arr_name in cls.TENSORS:
         arr = getattr(msg, arr_name)
         if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):

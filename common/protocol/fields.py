@@ -30,6 +30,9 @@ MAX_SLOTS = 1024  # credits one worker may announce
 MAX_BATCH = 65_536  # queries in one batch
 MAX_THREADS = 256
 MAX_BUNDLE = 64  # messages one ZeroMQ message carries back to back (a client's queries, its replies)
+#: bytes of inputs one ``Predicts`` carries at most (a frontend reads a client's frames up to
+#: this size even where its own ``max_payload_bytes`` is lower, and still bounds each row by it)
+MAX_COLUMN_BYTES = 64 * 1024
 MAX_ID = 2**63 - 1  # query, batch and group ids fit a signed 64-bit integer
 
 
@@ -43,6 +46,7 @@ class ProtocolError(ValueError):
 
 class Kind(StrEnum):
     PREDICT = "predict"  # client -> frontend
+    PREDICTS = "predicts"  # client -> frontend: several queries of one model as columns
     REPLY = "reply"  # frontend -> client
     REPLIES = "replies"  # frontend -> client: several replies as columns (a client that reads bundles)
     QUERIES = "queries"  # frontend -> dispatcher

@@ -44,6 +44,33 @@ class Predict:
 
 
 @dataclass(slots=True)
+class Predicts:
+    """Several queries of one client to one model in one message, as columns: row ``i`` of
+    ``inputs`` is the input of ``request_ids[i]``, ``timeouts_ms[i]`` its deadline. Keel's
+    client sends a cork's queries so where they share the model and the input's dtype and
+    shape and carry no key, version or trace (at most ``MAX_COLUMN_BYTES`` of inputs); the
+    frontend admits each row as the ``Predict`` it stands for (``predicts``): its own
+    checks, de-duplication and answer. One header and one tensor for many, as ``Replies``."""
+
+    KIND: ClassVar[Kind] = Kind.PREDICTS
+    TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
+    request_ids: list[str]
+    model: str
+    inputs: np.ndarray
+    timeouts_ms: list[float] | None = None
+    client: str | None = None
+    bundle: bool | None = None
+    columns: bool | None = None
+
+    def predicts(self) -> list[Predict]:
+        """Each row as the ``Predict`` it stands for."""
+        model, inputs, client, bundle, columns = self.model, self.inputs, self.client, self.bundle, self.columns
+        timeouts = self.timeouts_ms or [None] * len(self.request_ids)
+        return [Predict(request_id=rid, model=model, input=inputs[i], timeout_ms=timeouts[i], client=client,
+                        bundle=bundle, columns=columns) for i, rid in enumerate(self.request_ids)]
+
+
+@dataclass(slots=True)
 class Reply:
     """The one answer to a Predict. ``output`` is None for errors."""
 
@@ -359,7 +386,7 @@ class GraphDurable:
 
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (Predict, Reply, Replies, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
+    for cls in (Predict, Predicts, Reply, Replies, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
                 Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 

@@ -18,6 +18,22 @@ from keel.deploy.local import local_endpoint
 BAD_TIMEOUTS = [math.nan, math.inf, -math.inf, 0, -5.0, "100", True]
 
 
+def answer_as_columns(c: Client, router: zmq.Socket) -> None:
+    """One call answered with a Replies: the stand-in frontend shows it reads columns."""
+    c.submit("m", np.zeros(4, np.float32))
+    assert router.poll(5000)
+    envelope, body = protocol.split_envelope(router.recv_multipart())
+    (call,) = queries(body)
+    transport.send(router, protocol.Replies(request_ids=[call.request_id], source=Source.MODEL, outputs=call.input[None]),
+                   envelope)
+    assert [r.request_id for r in c.collect(5000)] == [call.request_id]
+
+
+def queries(body: list) -> list:
+    """Every query in one message a client sent: a Predict, or a Predicts' rows (columns)."""
+    return [q for m in protocol.decode_all(body) for q in (m.predicts() if isinstance(m, protocol.Predicts) else [m])]
+
+
 @pytest.mark.parametrize("timeout", BAD_TIMEOUTS, ids=repr)
 def test_bad_timeouts_are_refused_at_construction(timeout):
     with pytest.raises(ValueError, match="timeout_ms"):
@@ -81,7 +97,7 @@ def test_a_corks_calls_go_to_one_frontend_and_corks_spread(zsock):
         for router in routers:
             n = 0
             while router.poll(300):
-                n += len(protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1]))
+                n += len(queries(protocol.split_envelope(router.recv_multipart())[1]))
             counts.append(n)
         return counts
 
@@ -135,7 +151,7 @@ def received(router: zmq.Socket, n: int = 1) -> list[Predict]:
     while len(out) < n:
         assert router.poll(5000), "no call arrived"
         _, body = protocol.split_envelope(router.recv_multipart())
-        msgs = protocol.decode_all(body)
+        msgs = queries(body)
         assert all(isinstance(msg, Predict) for msg in msgs)
         out += msgs
     return out
@@ -145,13 +161,16 @@ def test_corked_sends_leave_together_and_uncorked_ones_alone(zsock):
     router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
     xs = np.arange(12, dtype=np.float32).reshape(3, 4)
     with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        answer_as_columns(c, router)
         with c.cork():
             rids = [c.submit("m", x) for x in xs]
             assert not router.poll(200)  # held while corked
         assert router.poll(5000)
         envelope, body = protocol.split_envelope(router.recv_multipart())
-        msgs = protocol.decode_all(body)
-        assert [m.request_id for m in msgs] == rids and all(m.bundle and m.columns for m in msgs)  # one message, in order
+        assert [type(m) for m in protocol.decode_all(body)] == [protocol.Predicts]  # one message, as columns
+        msgs = queries(body)
+        assert [m.request_id for m in msgs] == rids and all(m.bundle and m.columns for m in msgs)  # in order
+        assert [list(m.input) for m in msgs] == xs.tolist() and all(m.timeout_ms == 5000 for m in msgs)
         for m in msgs:
             transport.send(router, Reply(request_id=m.request_id, source=Source.MODEL, output=m.input), envelope)
         got = {}
@@ -167,8 +186,35 @@ def test_corked_sends_leave_together_and_uncorked_ones_alone(zsock):
         sizes = []
         while sum(sizes) < protocol.MAX_BUNDLE + 1:
             assert router.poll(5000)
-            sizes.append(len(protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])))
+            sizes.append(len(queries(protocol.split_envelope(router.recv_multipart())[1])))
         assert sizes == [protocol.MAX_BUNDLE, 1]
+
+
+def test_a_corks_queries_leave_as_columns_only_where_they_share_their_fields(zsock):
+    router = zsock(zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    with Client(transport.endpoint_of(router), timeout_ms=5000) as c:
+        with c.cork():  # a frontend not yet seen to answer as columns (an older one) gets no columns
+            before = [c.submit("m", np.zeros(4, np.float32)) for _ in range(3)]
+        assert router.poll(5000)
+        msgs = protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])
+        assert [type(m) for m in msgs] == [Predict] * 3 and [m.request_id for m in msgs] == before
+        answer_as_columns(c, router)
+        big = np.zeros(protocol.MAX_COLUMN_BYTES // 4 // 2, np.float32)  # two rows fill a column
+        with c.cork():
+            plain = [c.submit("m", np.full(4, i, np.float32)) for i in range(3)]
+            keyed = c.submit("app", np.zeros(4, np.float32), key="u1")  # a key: alone
+            other = [c.submit("m", np.zeros(6, np.float32)) for _ in range(2)]  # another shape: its own columns
+            other_model = c.submit("n", np.zeros(4, np.float32))  # the only one of its model: alone
+            bigs = [c.submit("m", big) for _ in range(5)]  # columns of two rows, the fifth alone
+        assert router.poll(5000)
+        msgs = protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])
+    shapes = sorted((type(m).__name__, tuple(m.request_ids if isinstance(m, protocol.Predicts) else [m.request_id]))
+                    for m in msgs)
+    assert shapes == sorted([("Predicts", tuple(plain)), ("Predict", (keyed,)), ("Predicts", tuple(other)),
+                             ("Predict", (other_model,)), ("Predicts", tuple(bigs[:2])), ("Predicts", tuple(bigs[2:4])),
+                             ("Predict", (bigs[4],))])
+    (keyed_msg,) = [m for m in msgs if isinstance(m, Predict) and m.request_id == keyed]
+    assert keyed_msg.key == "u1"
 
 
 def test_every_predict_carries_its_key_version_and_the_client_id(zsock):
@@ -233,7 +279,7 @@ def test_replies_as_columns_answer_each_call_of_both_clients(zsock):
         while n > 0:
             assert router.poll(5000), "no call arrived"
             envelope, body = protocol.split_envelope(router.recv_multipart())
-            calls = protocol.decode_all(body)
+            calls = queries(body)
             rows = np.stack([2 * m.input for m in calls])
             transport.send(router, protocol.Replies(
                 request_ids=[m.request_id for m in calls] + [calls[0].request_id], source=Source.MODEL, model="m",
@@ -285,7 +331,7 @@ def test_the_async_client_sends_a_lone_call_at_once_and_a_turns_calls_together(z
         """The request ids of each message the stand-in frontend got so far."""
         out = []
         while router.poll(300):
-            out.append([m.request_id for m in protocol.decode_all(protocol.split_envelope(router.recv_multipart())[1])])
+            out.append([m.request_id for m in queries(protocol.split_envelope(router.recv_multipart())[1])])
         return out
 
     async def run() -> tuple[list, list]:

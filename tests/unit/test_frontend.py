@@ -655,6 +655,30 @@ def test_a_bundle_carries_as_columns_only_the_replies_that_share_their_fields():
     assert alone["t"].trace == [1.0, 2.0] and alone["v"].version == "2" and alone["x"].error_code == ErrorCode.MODEL_ERROR
 
 
+def test_queries_sent_as_columns_are_each_their_own_request(harness):
+    h = harness(max_payload_bytes=4 * DIM)  # one row's input exactly; a column is more, and is read
+    c = h.client()
+    xs = np.stack([x_of(100 + i) for i in range(4)])
+    xs[2, 0] = np.nan  # this row alone is refused
+    cols = protocol.Predicts(request_ids=[f"k{i}" for i in range(4)], model="m", inputs=xs, timeouts_ms=[10_000.0] * 4,
+                             client="cli-1")
+    c.send_multipart(protocol.encode(cols))
+    bad = h.reply(c)
+    assert (bad.request_id, bad.error_code) == ("k2", ErrorCode.BAD_REQUEST) and "NaN" in bad.error
+    queries = h.queries()
+    assert len(queries.qids) == 3 and np.array_equal(queries.inputs, xs[[0, 1, 3]])  # the others, each admitted
+    h.answer("m", queries.qids, [[i, i] for i in range(3)])
+    got = {r.request_id: list(r.output) for r in (h.reply(c) for _ in range(3))}
+    assert got == {"k0": [0.0, 0.0], "k1": [1.0, 1.0], "k3": [2.0, 2.0]}
+    transport.send(c, Predict(request_id="k1", model="m", input=xs[1], timeout_ms=10_000, client="cli-1"))
+    again = h.reply(c)  # a row's retry, alone: from the table
+    assert list(again.output) == [1.0, 1.0] and h.counts()["duplicate"] == 1
+    wide = protocol.Predicts(request_ids=["w0", "w1"], model="m", inputs=np.zeros((2, 2 * DIM), np.float32))
+    c.send_multipart(protocol.encode(wide))  # each row over max_payload_bytes: each refused, saying why
+    refused = [h.reply(c) for _ in range(2)]
+    assert sorted(r.request_id for r in refused) == ["w0", "w1"] and all("exceeds" in r.error for r in refused)
+
+
 def test_queries_a_client_sent_together_are_each_their_own_request(harness):
     h = harness()
     c = h.client()

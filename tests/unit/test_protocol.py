@@ -113,6 +113,8 @@ def every_kind() -> list:
         GraphDurable(operator="g1", epoch=1, seq=4),
         protocol.Replies(request_ids=["r4", "r5"], source=Source.MODEL, outputs=tensor("float32", (2, 10)), model="m",
                          version="1"),
+        protocol.Predicts(request_ids=["r6", "r7"], model="m", inputs=tensor("float32", (2, 4)), timeouts_ms=[10.0, 20.5],
+                          client="c-1", bundle=True, columns=True),
     ]
 
 
@@ -290,6 +292,27 @@ def test_replies_are_columns_a_row_a_request_id_and_each_row_reads_as_its_reply(
     head["tensors"] = [{"dtype": "float32", "shape": []}]  # a scalar has no rows
     with pytest.raises(ProtocolError, match="rows"):
         decode([orjson.dumps(head), frames[1][:4]])
+
+
+def test_predicts_are_columns_a_row_a_request_and_each_row_reads_as_its_predict():
+    inputs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    cols = protocol.Predicts(request_ids=["a", "b", "c"], model="m", inputs=inputs, timeouts_ms=[1.0, 2.0, 3.0],
+                             client="k-1", bundle=True, columns=True)
+    rows = decode(encode(cols)).predicts()
+    assert [(p.request_id, p.model, list(p.input), p.timeout_ms, p.client, p.bundle, p.columns) for p in rows] == [
+        ("a", "m", [0.0, 1.0], 1.0, "k-1", True, True), ("b", "m", [2.0, 3.0], 2.0, "k-1", True, True),
+        ("c", "m", [4.0, 5.0], 3.0, "k-1", True, True)]
+    frames = [bytes(f) for f in encode(cols)]
+    for field, value, why in (("request_ids", ["a", "b"], "rows"), ("request_ids", [], "request_ids"),
+                              ("timeouts_ms", [1.0, 2.0], "timeouts_ms has 2"), ("timeouts_ms", [1.0, -2.0, 3.0], "timeouts_ms"),
+                              ("timeouts_ms", [1.0, float("nan"), 3.0], "timeouts_ms"), ("model", None, "model")):
+        head = header(frames)
+        head[field] = value
+        with pytest.raises(ProtocolError, match=why):
+            decode([orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY), frames[1]])
+    big = np.zeros((2, protocol.MAX_COLUMN_BYTES // 8 + 1), np.float32)  # a row under the bound, the column over it
+    with pytest.raises(ProtocolError, match="bytes of inputs"):
+        decode(encode(protocol.Predicts(request_ids=["a", "b"], model="m", inputs=big)))
 
 
 def test_required_tensor_may_not_be_absent():
