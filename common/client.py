@@ -195,8 +195,8 @@ class _Base:
         self.ctx = zmq.Context()
         self.sockets: list[zmq.Socket | None] = [None] * len(self.frontends)  # made on first use
         self.monitors: list[zmq.Socket | None] = [None] * len(self.frontends)
-        # per frontend: (request id, attempt or -1 for feedback, frames) its socket has not taken yet
-        self.outbox: list[deque[tuple[str, int, Any]]] = [deque() for _ in self.frontends]  # (rid, attempt, message)
+        # per frontend: (request id, attempt or -1 for feedback, message) its socket has not taken yet
+        self.outbox: list[deque[tuple[str, int, Any]]] = [deque() for _ in self.frontends]
         #: frontend i answered as columns (``Replies``) on its current connection: it reads a
         #: cork's queries as columns too (an older frontend, or another peer, never gets them)
         self.columns = [False] * len(self.frontends)
@@ -797,13 +797,13 @@ def _frames(msgs: list, columns: bool) -> list:
     the frontend instead of one a query)."""
     if len(msgs) == 1 or not columns:
         return [f for m in msgs for f in protocol.encode(m)]
-    frames, columns = [], {}
+    frames, groups = [], {}
     for m in msgs:
         if type(m) is Predict and m.key is None and m.version is None and m.trace is None and m.timeout_ms is not None:
-            columns.setdefault((m.model, m.client, m.bundle, m.columns, m.input.dtype, m.input.shape), []).append(m)
+            groups.setdefault((m.model, m.client, m.bundle, m.columns, m.input.dtype, m.input.shape), []).append(m)
         else:
             frames += protocol.encode(m)
-    for rows in columns.values():
+    for rows in groups.values():
         per = max(1, protocol.MAX_COLUMN_BYTES // max(1, rows[0].input.nbytes))
         for at in range(0, len(rows), per):
             part = rows[at:at + per]

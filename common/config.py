@@ -130,6 +130,8 @@ class FrontendConfig:
     cache_size: int = 10_000
     #: queries admitted but not yet answered; beyond it a query is answered ``overloaded``
     admission_limit: int = 20_000
+    #: the largest input one query may carry; a client frame above it (or above 64 KiB, the
+    #: most a ``Predicts`` of several queries carries, if that is more) disconnects its sender
     max_payload_bytes: int = 16 * 1024 * 1024
     #: how long a request id is remembered for de-duplication (s)
     dedup_ttl_s: float = 60.0
