@@ -328,6 +328,42 @@ def test_bad_input_gets_a_clear_error(serving, client, case):
     assert_serving(client, cluster, seed=len(case))
 
 
+def test_columns_of_queries_are_each_answered_and_bad_ones_refused_clearly(serving, zsock, client):
+    """Queries as columns (``Predicts``) on the client port: each row answered on its own, a
+    bad row (NaN) refused alone, a column of the wrong dtype or of an unknown model refused a
+    row at a time, a column over 64 KiB refused under its first id; the frontend serves on."""
+    _, cluster = serving
+    dealer = zsock(zmq.DEALER, connect=cluster.client_endpoints[0])
+
+    def send(rids: list[str], model: str, inputs: np.ndarray) -> dict:
+        dealer.send_multipart(protocol.encode(protocol.Predicts(request_ids=rids, model=model, inputs=inputs,
+                                                                timeouts_ms=[float(PATIENT_MS)] * len(rids))))
+        got = {}
+        while len(got) < len(rids):
+            assert dealer.poll(10_000), f"no reply for {sorted(set(rids) - set(got))}"
+            for reply in protocol.decode_all(dealer.recv_multipart()):
+                assert isinstance(reply, Reply)
+                got[reply.request_id] = reply
+        return got
+
+    xs = rows(4, 77)
+    xs[1, 5] = np.nan
+    got = send([f"col-{i}" for i in range(4)], "echo", xs)
+    assert got["col-1"].error_code == ErrorCode.BAD_REQUEST and "NaN" in got["col-1"].error
+    for i in (0, 2, 3):
+        assert got[f"col-{i}"].source in (Source.MODEL, Source.CACHE)
+        np.testing.assert_array_equal(got[f"col-{i}"].output, head(xs[i]))
+    wrong = send(["dt-0", "dt-1"], "echo", np.zeros((2, DIM), np.float64))
+    assert all(r.error_code == ErrorCode.BAD_REQUEST and "float32" in r.error for r in wrong.values())
+    unknown = send(["um-0", "um-1"], "no-such-model", rows(2, 78))
+    assert all(r.error_code == ErrorCode.UNKNOWN_MODEL for r in unknown.values())
+    too_big = np.zeros((2, protocol.MAX_COLUMN_BYTES // 8 + 1), np.float32)  # within a frame's bound, over a column's
+    refused = ask(dealer, protocol.encode(protocol.Predicts(request_ids=["big-0", "big-1"], model="echo", inputs=too_big)))
+    assert refused.request_id == "big-0" and refused.error_code == ErrorCode.BAD_REQUEST
+    assert str(protocol.MAX_COLUMN_BYTES) in refused.error
+    assert_serving(client, cluster, seed=77)
+
+
 # --------------------------------------------------------------------------- status
 
 
