@@ -4,7 +4,8 @@ parser uvicorn uses), one handler coroutine for every request.
 What it does: keep-alive, pipelining (requests of a connection answered in order, one at a
 time), ``Expect: 100-continue``, chunked request bodies (httptools decodes them), ``HEAD``
 on every ``GET`` route, bounded request head and body (413 and 431 before the body is read
-past the limit), TLS (``ssl``), idle connections closed after ``keepalive_s``. What it
+past the limit; the rest of a refused request read and dropped before the close, so the
+client reads the answer), TLS (``ssl``), idle connections closed after ``keepalive_s``. What it
 does not: HTTP/2, protocol upgrades (a request asking one is answered over HTTP/1.1 and the
 connection closes), streaming bodies (a request is read whole, then handled).
 
@@ -53,6 +54,10 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_PIPELINED = 16
 #: how often idle connections are looked for
 SWEEP_S = 5.0
+#: after refusing a request whose rest may still be arriving (a body over the limit, a
+#: malformed head), how long what the client still sends is read and dropped before the
+#: connection closes (``_Connection._linger``)
+LINGER_S = 2.0
 
 #: each status's line, made once
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
@@ -247,9 +252,25 @@ class _Connection(asyncio.Protocol):
             self.writable.set()
 
     def close(self) -> None:
-        if not self.closed and self.transport is not None:
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self.closed = True
+
+    def _linger(self) -> None:
+        """Close after a refusal without resetting the connection: the answer is written,
+        then the writing side closed (FIN, where the transport can: not over TLS), and what
+        the client still sends is read and dropped (``stopped``) until it closes, or for
+        ``LINGER_S``. Closed at once with bytes unread, the connection is reset, and a
+        client still writing its body gets a broken pipe and never reads the answer."""
+        if self.closed or self.transport is None:
+            return
+        self.closed = True  # nothing more is served or written
+        if not self.reading:
+            self.reading = True
+            self.transport.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_S, self.close)
 
     def idle(self) -> bool:
         return self.task is None and not self.queue
@@ -341,7 +362,7 @@ class _Connection(asyncio.Protocol):
                     self.transport.resume_reading()
                 if isinstance(item, Response):  # the server's refusal: the last answer
                     self._write(item, head_only=False, keep_alive=False)
-                    self.close()
+                    self._linger()
                     return
                 try:
                     response = await self.server.handle(item)

@@ -129,6 +129,26 @@ def test_a_body_over_the_limit_is_a_413_and_the_connection_closes(request_bytes)
     serve(test)
 
 
+def test_a_413_reaches_a_client_that_sends_its_whole_body_before_reading():
+    """The server answers 413 from the head and closes; a client still writing a large body
+    must read that answer, not a reset (the server reads and drops the rest first)."""
+    async def test(port, app):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        size = 4 << 20
+        writer.write(f"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.2)  # refused and answered by now
+        for _ in range(size // 65536):
+            writer.write(b"z" * 65536)
+            await writer.drain()
+        status, headers, body = await read_answer(reader)
+        assert status == 413 and headers["connection"] == "close" and "too large" in orjson.loads(body)["error"]
+        assert await closed(reader) and app.seen == []
+        writer.close()
+
+    serve(test)
+
+
 def test_a_chunked_body_within_the_limit_is_read_whole():
     async def test(port, app):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
