@@ -149,15 +149,14 @@ def _worker(worker_ep: str, prediction_eps: str, name: str, shape: list[int], ou
         s.linger = 0
     dealer.identity = name.encode()
     dealer.connect(worker_ep)
-    for push, ep in zip(pushes, prediction_eps.split(",")):
+    for push, ep in zip(pushes, prediction_eps.split(",")):  # frontend k's at index k
         push.connect(ep)
     dealer.send(b"hello")
     while True:  # until SIGTERM
         if not dealer.poll(POLL_MS):
             continue
         for ident, tag, _, _ in _drain(dealer):  # Batch -> Predictions
-            push = pushes[tag.bytes[-1]] if len(pushes) > 1 else pushes[0]
-            send_frames(push, [ident, tag, predictions, output])
+            send_frames(pushes[tag.bytes[-1]], [ident, tag, predictions, output])  # the tag's top byte: its frontend
 
 
 def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int) -> None:
@@ -329,12 +328,13 @@ class FloorClient:
     def __init__(self, endpoints: str | list[str], shape: list[int] | None = None, output_size: int = 10):
         self.predict_head = templates(list(shape or [64]), output_size)["predict"]
         self.ctx = zmq.Context()
-        self.socks = [self.ctx.socket(zmq.DEALER) for _ in ([endpoints] if isinstance(endpoints, str) else endpoints)]
-        self.poller = zmq.Poller()
-        for sock, ep in zip(self.socks, [endpoints] if isinstance(endpoints, str) else endpoints):
+        self.socks, self.poller = [], zmq.Poller()
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            sock = self.ctx.socket(zmq.DEALER)
             sock.linger = 0
             sock.connect(ep)
             self.poller.register(sock, zmq.POLLIN)
+            self.socks.append(sock)
         self.sent: dict[int, float] = {}
         self.counter = itertools.count(1)
 
@@ -347,12 +347,7 @@ class FloorClient:
 
     def collect(self, timeout_ms: float = 0.0) -> list[FloorResult]:
         out: list[FloorResult] = []
-        wait = math.ceil(timeout_ms)  # as Client's: ZeroMQ counts whole ms
-        if len(self.socks) == 1:
-            ready = self.socks if self.socks[0].poll(wait) else []
-        else:
-            ready = [sock for sock, _ in self.poller.poll(wait)]
-        for sock in ready:
+        for sock, _ in self.poller.poll(math.ceil(timeout_ms)):  # as Client's: ZeroMQ counts whole ms
             for tag, _, _ in _drain(sock):
                 n = _TAG.unpack(tag.bytes)[0] & ~(0xFF << 56)
                 sent = self.sent.pop(n, None)

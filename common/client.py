@@ -78,7 +78,7 @@ import numpy as np
 import zmq
 
 from keel.common import inputs, protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Predict, Predicts, Replies, Reply, Source
+from keel.common.protocol import ErrorCode, Feedback, Predict, Replies, Reply, Source
 from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
                                  Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
@@ -302,7 +302,11 @@ class _Base:
                     taken.append(entry)
             if not taken:
                 break
-            frames = _frames([entry[2] for entry in taken], self.columns[i])
+            if len(taken) == 1:
+                frames = protocol.encode(taken[0][2])
+            else:  # a cork's or a turn's: where the frontend reads columns, its queries as columns
+                frames = protocol.encode_bundle([(m, None, _column_key(m) if self.columns[i] else None)
+                                                 for _, _, m in taken], protocol.MAX_COLUMN_BYTES)
             try:
                 transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
             except zmq.Again:  # no peer takes it now (refused, at its high-water mark): later, or never
@@ -335,9 +339,10 @@ class _Base:
             return []
         results = []
         for msg in replies:
-            if type(msg) is Replies:
-                self.columns[frontend] = True
-            for reply in msg.replies() if type(msg) is Replies else (msg,):  # columns: a reply a row
+            rows = (msg,)
+            if type(msg) is Replies:  # columns: a reply a row; this frontend reads columns too
+                rows, self.columns[frontend] = msg.replies(), True
+            for reply in rows:
                 result = self._result(reply, frontend)
                 if result is not None:
                     results.append(result)
@@ -789,33 +794,14 @@ class AsyncClient(_Base):
         await self.close()
 
 
-def _frames(msgs: list, columns: bool) -> list:
-    """The frames of one message to a frontend: a lone message's own; several (a cork's, a
-    turn's) back to back, and where the frontend reads ``columns``, the queries among them
-    that share model, client and the input's dtype and shape and carry no key, version or
-    trace as columns (a ``Predicts`` for each ``MAX_COLUMN_BYTES`` of inputs; one decode at
-    the frontend instead of one a query)."""
-    if len(msgs) == 1 or not columns:
-        return [f for m in msgs for f in protocol.encode(m)]
-    frames, groups = [], {}
-    for m in msgs:
-        if type(m) is Predict and m.key is None and m.version is None and m.trace is None and m.timeout_ms is not None:
-            groups.setdefault((m.model, m.client, m.bundle, m.columns, m.input.dtype, m.input.shape), []).append(m)
-        else:
-            frames += protocol.encode(m)
-    for rows in groups.values():
-        per = max(1, protocol.MAX_COLUMN_BYTES // max(1, rows[0].input.nbytes))
-        for at in range(0, len(rows), per):
-            part = rows[at:at + per]
-            if len(part) == 1:
-                frames += protocol.encode(part[0])
-                continue
-            first = part[0]
-            frames += protocol.encode(Predicts(request_ids=[m.request_id for m in part], model=first.model,
-                                               inputs=np.stack([m.input for m in part]),
-                                               timeouts_ms=[m.timeout_ms for m in part], client=first.client,
-                                               bundle=first.bundle, columns=first.columns))
-    return frames
+def _column_key(msg) -> tuple | None:
+    """What a query shares with those that may go with it as columns (``Predicts``): model,
+    client, flags and its input's dtype and shape; None for another message or a query that
+    carries more (a key, a version, a trace)."""
+    if type(msg) is not Predict or msg.key is not None or msg.version is not None or msg.trace is not None \
+            or msg.timeout_ms is None:
+        return None
+    return msg.model, msg.client, msg.bundle, msg.columns, msg.input.dtype, msg.input.shape
 
 
 def _give_up(future: asyncio.Future) -> None:

@@ -71,7 +71,7 @@ from keel.common import protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
-    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Replies, Reply, Source, Status,
+    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
@@ -151,7 +151,7 @@ class Frontend(Service):
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
         self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``_answer(later=True)``)
-        #: client envelope -> [(frames, Reply, columns) of each reply bundled for it, their outputs' bytes]: not yet sent
+        #: client envelope -> [(Reply, its frames, its column key) of each reply bundled for it, their outputs' bytes]
         self.bundles: dict[tuple, list] = {}
         #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
         #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
@@ -575,7 +575,7 @@ class Frontend(Service):
             frames = protocol.encode(reply)
             request.to(State.ANSWERED)
             if bundle and request.bundle:
-                self._bundle(request.envelope, frames, reply, request.columns)
+                self._bundle(request.envelope, reply, frames, request.columns)
             else:
                 self._send(request.envelope, frames)
             answer = (request, frames, now - request.start, remember, count, latencies, model, kind, source, code, degraded)
@@ -628,22 +628,22 @@ class Frontend(Service):
         if failed is not None:
             self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += replies
 
-    def _bundle(self, envelope: list, frames: list, reply: Reply, columns: bool) -> None:
+    def _bundle(self, envelope: list, reply: Reply, frames: list, columns: bool) -> None:
         """A reply for a client that reads bundles (``columns``: and columns): kept with its
         others from this batch of predictions, sent as one message by ``_send_bundles`` (or
         now, once the bundle is full)."""
         bundle = self.bundles.get(key := tuple(envelope))
         if bundle is None:
             bundle = self.bundles[key] = [[], 0]
-        bundle[0].append((frames, reply, columns))
+        bundle[0].append((reply, frames, _column_key(reply) if columns else None))
         bundle[1] += 0 if reply.output is None else reply.output.nbytes
         if len(bundle[0]) >= BUNDLE_REPLIES or bundle[1] >= BUNDLE_BYTES:
             del self.bundles[key]
-            self._send(envelope, _bundled(bundle[0]), len(bundle[0]))
+            self._send(envelope, protocol.encode_bundle(bundle[0], BUNDLE_BYTES), len(bundle[0]))
 
     def _send_bundles(self) -> None:
         for envelope, (entries, _) in self.bundles.items():
-            self._send(list(envelope), _bundled(entries), len(entries))
+            self._send(list(envelope), protocol.encode_bundle(entries, BUNDLE_BYTES), len(entries))
         self.bundles.clear()
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
@@ -728,27 +728,16 @@ class Frontend(Service):
         return out
 
 
-def _bundled(entries: list[tuple[list, Reply, bool]]) -> list:
-    """The frames of one bundle: the replies that share source, model, version and their
-    output's dtype and shape, carry nothing else (no error, application fields or trace) and
-    go to a client that reads columns, as one ``Replies`` (one header and one tensor, however
-    many); any other reply as its own frames. A row of a column is at most ``COLUMN_ROW_BYTES``,
-    so a column (``BUNDLE_REPLIES`` rows at most) is never a larger frame than a client reads."""
-    frames, columns = [], {}
-    for reply_frames, r, readable in entries:
-        out = r.output
-        if not readable or out is None or out.nbytes > COLUMN_ROW_BYTES or r.error is not None or r.models is not None \
-                or r.confidence is not None or r.degraded is not None or r.trace is not None:
-            frames += reply_frames
-        else:
-            columns.setdefault((r.source, r.model, r.version, out.dtype, out.shape), []).append((reply_frames, r, readable))
-    for (source, model, version, _, _), rows in columns.items():
-        if len(rows) == 1:
-            frames += rows[0][0]
-        else:
-            frames += protocol.encode(Replies(request_ids=[r.request_id for _, r, _ in rows], source=source, model=model,
-                                              version=version, outputs=np.stack([r.output for _, r, _ in rows])))
-    return frames
+def _column_key(reply: Reply) -> tuple | None:
+    """What a reply shares with those that may go with it as columns (``Replies``): source,
+    model, version and its output's dtype and shape; None for one that carries more (an
+    error, application fields, a trace) or an output over ``COLUMN_ROW_BYTES`` (so a column,
+    ``BUNDLE_REPLIES`` rows at most, stays within ``BUNDLE_BYTES``)."""
+    out = reply.output
+    if out is None or out.nbytes > COLUMN_ROW_BYTES or reply.error is not None or reply.models is not None \
+            or reply.confidence is not None or reply.degraded is not None or reply.trace is not None:
+        return None
+    return reply.source, reply.model, reply.version, out.dtype, out.shape
 
 
 def _hang_up(fd: int) -> None:

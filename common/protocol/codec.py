@@ -16,7 +16,7 @@ from keel.common.protocol.fields import (
 )
 from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
-    Predictions, Predicts, Queries, Replies,
+    Predictions, Predicts, Queries, Replies, Reply,
 )
 
 #: stamps a traced message carries at most (a request's path has ten)
@@ -57,6 +57,30 @@ def encode(msg: Any) -> list:
             frames.append(buf if arr.nbytes else b"")
         header["tensors"] = descs
     frames[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    return frames
+
+
+def encode_bundle(items: list[tuple[Any, list | None, Any]], max_column_bytes: int) -> list:
+    """The frames of several messages sent as one ZeroMQ message (a bundle: ``decode_all``).
+    Each item is (message, its frames if already encoded, its column key). Predicts or
+    Replies with the same key (None: none) go as one message in columns (``Predicts``,
+    ``Replies``: one header and one tensor, a row each), at most ``max_column_bytes`` of
+    tensor a message; the rest, and a column of one, as their own frames."""
+    frames, columns = [], {}
+    for msg, own, key in items:
+        if key is None:
+            frames += own if own is not None else encode(msg)
+        else:
+            columns.setdefault((type(msg), key), []).append((msg, own))
+    for (cls, _), rows in columns.items():
+        column, row_bytes = _COLUMNS[cls]
+        per = max(1, max_column_bytes // max(1, row_bytes(rows[0][0])))
+        for at in range(0, len(rows), per):
+            part = rows[at:at + per]
+            if len(part) == 1:
+                frames += part[0][1] if part[0][1] is not None else encode(part[0][0])
+            else:
+                frames += encode(column.of([msg for msg, _ in part]))
     return frames
 
 
@@ -186,6 +210,9 @@ def _decode_at(frames: list, at: int, max_payload: int) -> tuple[Any, int]:
     return msg, end
 
 
+#: per kind that may go in columns: its columns' kind and a row's tensor bytes
+_COLUMNS = {Predict: (Predicts, lambda m: m.input.nbytes), Reply: (Replies, lambda m: m.output.nbytes)}
+
 # Fields that travel as JSON but are typed on both sides of the wire (and, per kind, which it has).
 _TYPED = {"group": CodingTag.from_json, "members": ParityMembers.from_json, "lineage": LineageEntry.list_from_json}
 _TYPED_OF = {cls: tuple(name for name in _TYPED if name in _FIELDS[cls][0]) for cls in MESSAGES.values()}
@@ -291,29 +318,24 @@ def _check_message(msg: Any) -> None:
         raise ProtocolError("reply_to must be a string")
     if cls in (Batch, Predictions) and reply_to is not None and not _is_strs(reply_to):
         raise ProtocolError("reply_to must be a list of strings")
+    # a row of every tensor and an entry of every per-row list for each id: query ids, or
+    # the request ids of a message in columns (Predicts, Replies)
     qids = getattr(msg, "qids", None)
-    if cls is Replies or cls is Predicts:  # columns: a row a request id
-        arr = msg.outputs if cls is Replies else msg.inputs
-        if arr.ndim == 0 or arr.shape[0] != len(msg.request_ids):
-            raise ProtocolError(f"{'outputs' if cls is Replies else 'inputs'} has {arr.shape[0] if arr.ndim else 'no'} "
-                                f"rows for {len(msg.request_ids)} request ids")
-        if cls is Predicts:
-            if msg.timeouts_ms is not None and len(msg.timeouts_ms) != len(msg.request_ids):
-                raise ProtocolError(f"timeouts_ms has {len(msg.timeouts_ms)} entries for {len(msg.request_ids)} request ids")
-            if arr.nbytes > MAX_COLUMN_BYTES:
-                raise ProtocolError(f"predicts carries {arr.nbytes} bytes of inputs, over {MAX_COLUMN_BYTES}")
-    for arr_name in cls.TENSORS:
-        arr = getattr(msg, arr_name)
-        if arr is not None and qids is not None and (arr.ndim == 0 or arr.shape[0] != len(qids)):
-            rows = arr.shape[0] if arr.ndim else "no"
-            raise ProtocolError(f"{arr_name} has {rows} rows for {len(qids)} query ids")
-    if qids is not None:
-        for name in ("reply_to", "budgets_ms"):
+    ids, what = (qids, "query ids") if qids is not None else (getattr(msg, "request_ids", None), "request ids")
+    if ids is not None:
+        for arr_name in cls.TENSORS:
+            arr = getattr(msg, arr_name)
+            if arr is not None and (arr.ndim == 0 or arr.shape[0] != len(ids)):
+                rows = arr.shape[0] if arr.ndim else "no"
+                raise ProtocolError(f"{arr_name} has {rows} rows for {len(ids)} {what}")
+        for name in ("reply_to", "budgets_ms", "timeouts_ms"):
             value = getattr(msg, name, None)
-            if isinstance(value, list) and len(value) != len(qids):
-                raise ProtocolError(f"{name} has {len(value)} entries for {len(qids)} query ids")
-        if cls is Batch and reply_to is None:
-            raise ProtocolError("batch lacks reply_to")
+            if isinstance(value, list) and len(value) != len(ids):
+                raise ProtocolError(f"{name} has {len(value)} entries for {len(ids)} {what}")
+    if cls is Batch and reply_to is None:
+        raise ProtocolError("batch lacks reply_to")
+    if cls is Predicts and msg.inputs.nbytes > MAX_COLUMN_BYTES:
+        raise ProtocolError(f"predicts carries {msg.inputs.nbytes} bytes of inputs, over {MAX_COLUMN_BYTES}")
     group, members = getattr(msg, "group", None), getattr(msg, "members", None)
     if members is not None and (group is None or len(members.batches) != group.k):
         raise ProtocolError("members need a coding group tag whose k is their number of batches")

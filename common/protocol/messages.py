@@ -62,6 +62,14 @@ class Predicts:
     bundle: bool | None = None
     columns: bool | None = None
 
+    @classmethod
+    def of(cls, rows: list[Predict]) -> Predicts:
+        """Queries that share model, client and flags as one message (``predicts`` undoes it)."""
+        first = rows[0]
+        return cls(request_ids=[p.request_id for p in rows], model=first.model, inputs=np.stack([p.input for p in rows]),
+                   timeouts_ms=[p.timeout_ms for p in rows], client=first.client, bundle=first.bundle,
+                   columns=first.columns)
+
     def predicts(self) -> list[Predict]:
         """Each row as the ``Predict`` it stands for."""
         model, inputs, client, bundle, columns = self.model, self.inputs, self.client, self.bundle, self.columns
@@ -111,6 +119,13 @@ class Replies:
     outputs: np.ndarray
     model: str | None = None
     version: str | None = None
+
+    @classmethod
+    def of(cls, rows: list[Reply]) -> Replies:
+        """Replies that share source, model and version as one message (``replies`` undoes it)."""
+        first = rows[0]
+        return cls(request_ids=[r.request_id for r in rows], source=first.source, model=first.model,
+                   version=first.version, outputs=np.stack([r.output for r in rows]))
 
     def replies(self) -> list[Reply]:
         """Each row as the ``Reply`` it stands for."""

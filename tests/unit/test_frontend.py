@@ -634,11 +634,11 @@ def test_a_client_that_reads_bundles_gets_a_batchs_replies_in_one_message(harnes
 
 
 def test_a_bundle_carries_as_columns_only_the_replies_that_share_their_fields():
-    from keel.services.frontend import COLUMN_ROW_BYTES, _bundled
+    from keel.services.frontend import BUNDLE_BYTES, COLUMN_ROW_BYTES, _column_key
 
     def entry(rid, readable=True, **fields):
         reply = Reply(request_id=rid, **{"source": Source.MODEL, "model": "m", "version": "1", **fields})
-        return protocol.encode(reply), reply, readable
+        return reply, protocol.encode(reply), _column_key(reply) if readable else None
 
     out = lambda v: np.full(2, v, np.float32)
     entries = [entry("a", output=out(1)), entry("b", output=out(2)), entry("t", output=out(3), trace=[1.0, 2.0]),
@@ -646,7 +646,7 @@ def test_a_bundle_carries_as_columns_only_the_replies_that_share_their_fields():
                entry("s", output=out(7), source=Source.RECONSTRUCTION), entry("x", error="failed", error_code=ErrorCode.MODEL_ERROR),
                entry("o", readable=False, output=out(8)),  # its client does not read columns (an older Keel)
                entry("big", output=np.zeros(COLUMN_ROW_BYTES // 4 + 1, np.float32)), entry("big2", output=np.zeros(COLUMN_ROW_BYTES // 4 + 1, np.float32))]
-    msgs = protocol.decode_all(_bundled(entries))
+    msgs = protocol.decode_all(protocol.encode_bundle(entries, BUNDLE_BYTES))
     columns = sorted((m.source, m.version, m.request_ids, m.outputs[:, 0].tolist()) for m in msgs if isinstance(m, Replies))
     assert columns == [("model", "1", ["a", "b", "c"], [1.0, 2.0, 5.0]), ("reconstruction", "1", ["r", "s"], [6.0, 7.0])]
     alone = {m.request_id: m for m in msgs if isinstance(m, Reply)}
