@@ -187,7 +187,7 @@ def run_breakdown(args, log=print) -> dict:
     out: dict = {"quick": quick, "parts": list(PARTS)}
     with Launcher("runs/bench-core/breakdown") as launcher:
         cluster = rates.model_cluster(launcher, 2, batch_budget_ms=rates.SLO_P99_MS, max_batch=128, builtin="noop")
-        endpoint = cluster.client_endpoints[0]
+        endpoint = cluster.local_client_endpoints[0]
         pids = {name: proc.pid for name, proc in launcher.procs.items()}
         groups = _groups(list(pids))
         with Tracer(endpoint, "m") as tracer:

@@ -107,7 +107,7 @@ def run(args, log=print) -> dict:
     xs = np.random.default_rng(1).random((4096, *SHAPE), dtype=np.float32)
     with Launcher(run_dir / "noop") as launcher, Floor(free_port_block(8), workers=2, shape=SHAPE) as floor:
         cluster = rates.model_cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
-        with Client([cluster.client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
+        with Client([cluster.local_client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
             clients = {"noop": keel, "floor": bare}
             lat: dict[str, list[dict]] = {name: [] for name in (*clients, "async")}
             for rep in range(REPEATS):
@@ -115,7 +115,7 @@ def run(args, log=print) -> dict:
                     log(f"{name} latency, one request outstanding, repetition {rep + 1} of {REPEATS} ...")
                     lat[name].append(rates.latency(client, "m", lat_xs))
                 log(f"noop latency through the asyncio client, repetition {rep + 1} of {REPEATS} ...")
-                lat["async"].append(rates.async_latency(cluster.client_endpoints[0], "m", lat_xs))
+                lat["async"].append(rates.async_latency(cluster.local_client_endpoints[0], "m", lat_xs))
             for name in lat:
                 rates.put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
                 rates.put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))
@@ -128,7 +128,7 @@ def run(args, log=print) -> dict:
             Floor(free_port_block(8), workers=2, shape=SHAPE, frontends=2) as floor:
         two = rates.model_cluster(launcher, 2, frontends=2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
         log("throughput with two frontends (one client spreading its calls over both), Keel's and the floor's ...")
-        with Client(two.client_endpoints, timeout_ms=5000) as client, FloorClient(floor.client_endpoints) as bare:
+        with Client(two.local_client_endpoints, timeout_ms=5000) as client, FloorClient(floor.client_endpoints) as bare:
             found = _searches({"two": (client, 2000, 60000), "floor_two": (bare, 2000, 60000)}, xs, seconds, log)
         for name, key in (("two", "noop_throughput_two_frontends_rps"), ("floor_two", "floor_throughput_two_frontends_rps")):
             rates.put(out, key, found[name][0])
@@ -144,8 +144,8 @@ def run(args, log=print) -> dict:
         batch1 = rates.model_cluster(l1, 1, batch_budget_ms=SLO_P99_MS, max_batch=128, fixed_batch=1, **sleep)
         aimd = rates.model_cluster(l2, 1, batch_budget_ms=SLO_P99_MS / 2, max_batch=256, **sleep)
         log("fixed-cost model: batch size fixed at 1, and AIMD batching ...")
-        with Client([batch1.client_endpoints[0]], timeout_ms=5000) as c1, \
-                Client([aimd.client_endpoints[0]], timeout_ms=5000) as c2:
+        with Client([batch1.local_client_endpoints[0]], timeout_ms=5000) as c1, \
+                Client([aimd.local_client_endpoints[0]], timeout_ms=5000) as c2:
             found = _searches({"batch1": (c1, 50, 5000), "aimd": (c2, 1000, 60000)}, xs, seconds, log)
             one, many = found["batch1"], found["aimd"]
         info = request_status(aimd.service("dispatcher").config.worker_endpoint, 2.0) or {"workers": {}}

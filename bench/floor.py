@@ -15,6 +15,8 @@ pending table) and an 8-byte tag the client matches its answer by (the request i
 input tensor is forwarded as received (zero-copy); the worker answers with the template
 output. Every process reads everything ready after each poll, as Keel's loops do, and
 sends and reads through the same helpers (``transport.send_frames``, ``recv_nowait``).
+Every hop is ZeroMQ ``ipc``, as Keel's are on one machine (``common.spec.ports``: the
+benchmarks' clusters are, and their clients use the frontend's local endpoint).
 
 What the floor leaves out, and Keel does: decoding and checking each message, admission,
 de-duplication, deadlines, batching, the worker's ``Done`` to the dispatcher (credits),
@@ -256,7 +258,7 @@ class Floor:
     def __init__(self, base_port: int, workers: int = 2, shape: list[int] | None = None, output_size: int = 10,
                  frontends: int = 1):
         self.shape, self.output_size = list(shape or [64]), output_size
-        ep = lambda i: f"tcp://127.0.0.1:{base_port + i}"  # noqa: E731
+        ep = lambda i: f"ipc://@keel-floor-{base_port + i}"  # noqa: E731
         # frontend 0: client ep(0), predictions ep(2); frontend k > 0: ep(2 + 2k), ep(3 + 2k)
         clients = [ep(0)] + [ep(2 + 2 * k) for k in range(1, frontends)]
         predictions = [ep(2)] + [ep(3 + 2 * k) for k in range(1, frontends)]

@@ -277,7 +277,7 @@ def _curve_costs(keys: str, quick: bool, out: dict, log) -> None:
                                      "batch_budget_ms": SLO_P99_MS, "max_batch": 128}},
                 })
                 launcher.start_spec(spec)
-                clients[label] = Client(spec.client_endpoints, timeout_ms=5000)
+                clients[label] = Client(spec.local_client_endpoints, timeout_ms=5000)
                 clients[label].predict("m", lat_xs[0])  # its socket is made now, under this setting
             p50s: dict[str, list[float]] = {label: [] for label in clients}
             for rep in range(rates.REPEATS):
@@ -354,7 +354,7 @@ def run(args, log=print) -> dict:
                                                          "gateway_added_p50_us", "gateway_stdlib_p50_us",
                                                          "gateway_stdlib_added_p50_us", "gateway_cpu_us",
                                                          "http_caller_cpu_us", "zmq_caller_cpu_us")}
-        with Client(spec.client_endpoints) as client:
+        with Client(spec.local_client_endpoints) as client:
             _warm_up(port, client, xs)
             for rep in range(rates.REPEATS):
                 log(f"one request outstanding, repetition {rep + 1} of {rates.REPEATS}: the gateway (a plain socket, "

@@ -121,6 +121,9 @@ class FrontendConfig:
     name: str = "frontend"
     #: ROUTER that clients' DEALERs connect to
     client_endpoint: str = "tcp://127.0.0.1:7000"
+    #: the same ROUTER bound here too (a cluster on one machine: an ``ipc`` endpoint), for
+    #: clients on this machine (the gateway, ``keel predict``): a cheaper hop than TCP
+    local_client_endpoint: str | None = None
     #: PULL where workers and the decoder push predictions (also each query's reply_to)
     prediction_endpoint: str = "tcp://127.0.0.1:7001"
     #: the dispatcher's query PULL endpoint this frontend PUSHes queries to

@@ -62,8 +62,9 @@ _COMMON_SET = {"name", "metrics_port"}
 
 ROLES: dict[str, Role] = {r.name: r for r in (
     Role("frontend", cfg.FrontendConfig, "keel.services.frontend:Frontend",
-         binds=("client_endpoint", "prediction_endpoint"),
-         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "prediction_endpoint", "dispatcher_query_endpoint", "models",
+         binds=("client_endpoint", "local_client_endpoint", "prediction_endpoint"),
+         spec_sets=frozenset(_COMMON_SET | {"client_endpoint", "local_client_endpoint", "prediction_endpoint",
+                                            "dispatcher_query_endpoint", "models",
                                             "graphs"}),
          nested={"models": cfg.ModelInfo, "graphs": cfg.GraphRouteConfig}, status="client_endpoint", priority=300),
     Role("dispatcher", cfg.DispatcherConfig, "keel.services.dispatcher:Dispatcher",

@@ -190,7 +190,7 @@ def served_targets(endpoints: list[str], timeout_s: float = 2.0) -> dict[str, di
 def _target(spec: Any, name: str) -> dict:
     """What ``name`` is: a model, an application or a graph, as the frontends serve it; the
     spec's model table while no frontend answers."""
-    targets = served_targets(spec.client_endpoints)
+    targets = served_targets(spec.local_client_endpoints)
     if targets is None:
         if name not in spec.models:
             raise SpecError(f"no frontend listed its targets (asked {', '.join(spec.client_endpoints) or 'none'}), "
@@ -215,7 +215,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         x = _input(args.input, target)
     except (SpecError, OSError, ValueError) as exc:
         return _fail(str(exc))
-    with Client(spec.client_endpoints) as client:
+    with Client(spec.local_client_endpoints) as client:
         result = client.predict(args.model, x, key=args.key, version=args.version, timeout_ms=args.timeout_ms)
     fields = ("request_id", "source", "model", "version", "latency_ms", "error", "error_code", "models", "confidence")
     out = {k: getattr(result, k, None) for k in fields}

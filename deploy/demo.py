@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, log=print) -> int:
     results: dict = {}
     frozen_pid = None
     try:
-        with Client(spec.client_endpoints, timeout_ms=2000) as client:
+        with Client(spec.local_client_endpoints, timeout_ms=2000) as client:
             records = open_loop(client, "digits-mlp", xs, rate=args.rate, count=args.queries, seed=0,
                                 duration_s=120, keep_outputs=True)
             results["serving"] = _report(f"== {args.queries} queries from the digits test split at {args.rate:.0f}/s",
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, log=print) -> int:
                 results["parm"] = _report("== queries while one worker is frozen", records, labels, log)
                 os.kill(frozen_pid, signal.SIGCONT)
                 frozen_pid = None
-                fe = request_status(spec.client_endpoints[0], 2.0) or {}
+                fe = request_status(spec.local_client_endpoints[0], 2.0) or {}
                 counts = fe.get("answered", {})
                 graded = counts.get("reconstructions_graded", 0)
                 if graded:

@@ -127,6 +127,8 @@ class Frontend(Service):
         self.router = self.add_socket(transport.make_socket(
             self.ctx, zmq.ROUTER, bind=cfg.client_endpoint, hwm=cfg.client_hwm,
             max_frame_bytes=self.max_read + protocol.MAX_HEADER_BYTES), self._on_clients)
+        if cfg.local_client_endpoint:
+            self.router.bind(cfg.local_client_endpoint)
         #: client connections open, by descriptor, the one that sent least recently first
         self.clients: OrderedDict[int, None] = OrderedDict()
         self.add_socket(self.router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED), self._on_connections)

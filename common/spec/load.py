@@ -9,7 +9,7 @@ from pathlib import Path
 from keel.common.modelstore import DEFAULT_STORE
 from keel.common.spec.models import read_model
 from keel.common.spec.pools import read_pool_prices
-from keel.common.spec.ports import Ports, assign_metrics_ports
+from keel.common.spec.ports import Ports, assign_metrics_ports, ipc_name
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from keel.common.spec.topology import ClusterSpec, attach_serf, wire
 from keel.common.spec.manager import read_manager, wire_manager
@@ -43,6 +43,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     base_port = cluster.take("base_port", int, 7000)
     metrics_base = cluster.take("metrics_base_port", int, None)
     curve_keys = cluster.take("curve_keys", str, None)  # CURVE on every socket (common.curve)
+    ipc = cluster.take("ipc", bool, True)  # the hops of a cluster on one machine: ZeroMQ ipc (common.spec.ports)
     if curve_keys is not None:
         curve_keys = str(Path(curve_keys).absolute())
         if not (Path(curve_keys) / "service.key_secret").is_file():
@@ -106,7 +107,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         placement["gateway"] = host_of(gw_table, placement["frontend"][0])
         opts["gateway"] = options("gateway", gw_table)
 
-    ports = Ports(base_port)
+    ports = Ports(base_port, ipc_name(name, run_dir_, list(hosts.values())) if ipc else None)
     store_table = root.take("store", dict, None)  # store services: their endpoints first, the models may need them
     stores = [] if store_table is None else read_store(Table(store_table, "store"), hosts_of, first_host, hosts, ports, store)
     pool_prices = read_pool_prices(Table(root.take("pools", dict, {}), "pools"))

@@ -79,7 +79,6 @@ def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Po
         address = hosts[standby]
         config = dataclasses.replace(
             active.config, name="dispatcher-b", host=standby, standby=True,
-            query_endpoint=f"tcp://{address}:{ports.take(address, 'dispatcher-b')}",
-            worker_endpoint=f"tcp://{address}:{ports.take(address, 'dispatcher-b')}")
+            query_endpoint=ports.hop(address, "dispatcher-b"), worker_endpoint=ports.hop(address, "dispatcher-b"))
         services.insert(services.index(active) + 1, ServiceLaunch("dispatcher-b", "dispatcher", standby, config))
     services[:0] = replicas

@@ -38,7 +38,7 @@ class ServiceLaunch:
     def endpoints(self) -> list[str]:
         """The endpoints this service binds (workers bind none; a frontend one per graph too)."""
         graphs = [g.endpoint for g in getattr(self.config, "graphs", {}).values()]
-        return [getattr(self.config, f) for f in ROLES[self.role].binds] + graphs
+        return [e for e in (getattr(self.config, f) for f in ROLES[self.role].binds) if e is not None] + graphs
 
 
 @dataclass
@@ -52,6 +52,14 @@ class ClusterSpec:
     models: dict[str, dict]
     #: CURVE keys folder every service uses (``[cluster] curve_keys``); None = CURVE off
     curve_keys: str | None = None
+
+    @property
+    def local_client_endpoints(self) -> list[str]:
+        """What a client on the cluster's machine connects to: on a cluster of one machine
+        each frontend's ``ipc`` twin of its client endpoint (a cheaper hop than TCP;
+        ``common.spec.ports``), else ``client_endpoints``."""
+        local = {s.config.client_endpoint: s.config.local_client_endpoint for s in self.role("frontend")}
+        return [local.get(ep) or ep for ep in self.client_endpoints]
 
     def by_host(self) -> dict[str, list[ServiceLaunch]]:
         """Services per host name, every host present (possibly with none), spec order."""
@@ -128,16 +136,19 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
     ``decoder`` (a host each); ``options``: role -> options from its spec table. With no
     models (a spec of graphs only) just the frontends (and the gateway)."""
 
-    def endpoint(host: str, owner: str) -> str:
-        return f"tcp://{hosts[host]}:{ports.take(hosts[host], owner)}"
+    def endpoint(host: str, owner: str) -> str:  # what clients and the operator reach
+        return ports.tcp(hosts[host], owner)
+
+    def hop(host: str, owner: str) -> str:  # what only the cluster's services connect to
+        return ports.hop(hosts[host], owner)
 
     fe_hosts, disp_host = placement["frontend"], placement["dispatcher"]
     fe_names = ["frontend"] if len(fe_hosts) == 1 else [f"frontend-{i}" for i in range(len(fe_hosts))]
-    fe_endpoints = [(endpoint(h, n), endpoint(h, n)) for n, h in zip(fe_names, fe_hosts)]
-    query_ep, worker_ep = (endpoint(disp_host, "dispatcher"), endpoint(disp_host, "dispatcher")) if models else (None, None)
+    fe_endpoints = [(endpoint(h, n), hop(h, n)) for n, h in zip(fe_names, fe_hosts)]
+    query_ep, worker_ep = (hop(disp_host, "dispatcher"), hop(disp_host, "dispatcher")) if models else (None, None)
     coded = {m: t for m, t in models.items() if t["mode"] == "parm"}
-    encoder_ep = endpoint(placement["encoder"], "encoder") if coded else None
-    decoder_ep = endpoint(placement["decoder"], "decoder") if coded else None
+    encoder_ep = hop(placement["encoder"], "encoder") if coded else None
+    decoder_ep = hop(placement["decoder"], "decoder") if coded else None
 
     services: list[ServiceLaunch] = []
 
@@ -148,11 +159,13 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
 
     infos = {m: model_info(t) for m, t in models.items()}
     for n, h, (client_ep, pred_ep) in zip(fe_names, fe_hosts, fe_endpoints):
-        add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, "prediction_endpoint": pred_ep,
+        local = {"local_client_endpoint": ports.local(client_ep)} if ports.ipc else {}
+        add(n, "frontend", h, {**options["frontend"], "client_endpoint": client_ep, **local, "prediction_endpoint": pred_ep,
                                **({"dispatcher_query_endpoint": query_ep} if models else {}), "models": infos}, "frontend")
     if placement.get("gateway"):
         add("gateway", "gateway", placement["gateway"], {**options["gateway"], "models": infos,
-                                                         "frontend_endpoints": [c for c, _ in fe_endpoints]}, "gateway")
+                                                         "frontend_endpoints": [ports.local(c) for c, _ in fe_endpoints]},
+            "gateway")
     if not models:
         return services, [c for c, _ in fe_endpoints]
     add("dispatcher", "dispatcher", disp_host,

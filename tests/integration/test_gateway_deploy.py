@@ -21,7 +21,7 @@ def test_systemd_units_include_the_gateway(tmp_path):
     env = (tmp_path / "keel" / "gateway.env").read_text()
     assert "KEEL_ROLE=gateway" in env
     config = orjson.loads((tmp_path / "keel" / "gateway.json").read_bytes())
-    assert config["http_port"] == 8000 and config["frontend_endpoints"] == spec.client_endpoints
+    assert config["http_port"] == 8000 and config["frontend_endpoints"] == spec.local_client_endpoints
     assert "noop" in config["models"]
     assert "gateway" in (tmp_path / "keel.target").read_text()
 

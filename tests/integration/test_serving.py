@@ -128,6 +128,21 @@ def test_single_predict(serving, client):
     np.testing.assert_array_equal(result.output, head(x))
 
 
+def test_both_client_endpoints_answer_and_the_hops_are_ipc(serving, client):
+    """A cluster on one machine: its own hops over ipc, its client ROUTER on TCP and on
+    the ipc twin clients on this machine use (the gateway, ``keel predict``)."""
+    _, cluster = serving
+    assert cluster.service("dispatcher").config.query_endpoint.startswith("ipc://@keel-itest-")
+    tcp, local = cluster.client_endpoints[0], cluster.local_client_endpoints[0]
+    assert tcp.startswith("tcp://") and local.startswith("ipc://@keel-itest-")
+    xs = rows(2, 11)
+    for endpoint, x in zip((tcp, local), xs):
+        result = client(endpoint).predict("echo", x, timeout_ms=PATIENT_MS)
+        assert result.source == Source.MODEL and result.ok
+        np.testing.assert_array_equal(result.output, head(x))
+    assert request_status(local, 5.0)["role"] == "frontend"
+
+
 def test_noop_answers_zeros(serving, client):
     _, cluster = serving
     result = client(cluster.client_endpoints[0]).predict("noop", np.arange(8, dtype=np.float32), timeout_ms=PATIENT_MS)

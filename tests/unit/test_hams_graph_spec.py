@@ -137,7 +137,7 @@ def test_named_graphs_beside_models_served_by_every_frontend():
 def test_a_graph_only_spec_gets_a_frontend_and_its_gateway():
     spec = load_spec({"graphs": {"g": chain()}, "gateway": {}})
     assert {s.role for s in spec.services} == {"frontend", "gateway", "graph_operator"}
-    assert spec.service("gateway").config.frontend_endpoints == spec.client_endpoints
+    assert spec.service("gateway").config.frontend_endpoints == spec.local_client_endpoints
     assert spec.service("frontend").config.models == {} and list(spec.service("frontend").config.graphs) == ["g"]
 
 

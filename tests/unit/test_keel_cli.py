@@ -82,12 +82,12 @@ def test_up_with_a_port_in_use_says_which_in_one_line(tmp_path, capsys):
     from keel.deploy.local import free_port_block
 
     base = free_port_block()
-    blocker = socket.create_server(("127.0.0.1", base + 1))  # the frontend's prediction endpoint
+    blocker = socket.create_server(("127.0.0.1", base))  # the frontend's client endpoint
     try:
         path = tmp_path / "spec.toml"
         path.write_text(f'[cluster]\nname = "t"\nrun_dir = "{tmp_path / "run"}"\nbase_port = {base}\n'
                         '[models.m]\nbuiltin = "noop"\n')
-        one_line_error(capsys, ["up", str(path)], f"port {base + 1} on 127.0.0.1 (frontend prediction_endpoint) is in use")
+        one_line_error(capsys, ["up", str(path)], f"port {base} on 127.0.0.1 (frontend client_endpoint) is in use")
     finally:
         blocker.close()
     assert not (tmp_path / "run" / "supervisord.pid").exists()  # nothing was started

@@ -216,6 +216,39 @@ def test_ports_distinct_per_address_in_local_mode():
     assert all(s.config.metrics_port >= 21000 for s in spec.services)
 
 
+def test_a_cluster_on_one_machine_hops_over_ipc_and_clients_keep_tcp(tmp_path):
+    data = noop(workers=2, k=2)
+    data["cluster"].update(base_port=20000, run_dir=str(tmp_path / "a"))
+    data["gateway"] = {}
+    spec = load_spec(data)
+    fe, disp = spec.service("frontend").config, spec.service("dispatcher").config
+    hops = [fe.prediction_endpoint, disp.query_endpoint, disp.worker_endpoint, spec.service("encoder").config.batch_endpoint,
+            spec.service("decoder").config.endpoint]
+    assert all(ep.startswith("ipc://@keel-t-") for ep in hops) and len(set(hops)) == len(hops)
+    assert fe.dispatcher_query_endpoint == disp.query_endpoint  # both ends of a hop agree
+    assert all(w.config.dispatcher_worker_endpoint == disp.worker_endpoint for w in spec.role("worker"))
+    # clients and the operator: TCP, numbered as before; the frontend's ipc twin for clients on this machine
+    assert spec.client_endpoints == [fe.client_endpoint] == ["tcp://127.0.0.1:20000"]
+    assert spec.local_client_endpoints == [fe.local_client_endpoint] == [hops[0].rsplit("-", 1)[0] + "-20000"]
+    assert spec.service("gateway").config.frontend_endpoints == spec.local_client_endpoints
+    assert all(s.config.status_endpoint.startswith("tcp://127.0.0.1:") for s in spec.role("worker"))
+    # another run folder, another name: two clusters on one machine never share a hop
+    data["cluster"]["run_dir"] = str(tmp_path / "b")
+    assert load_spec(data).service("dispatcher").config.query_endpoint != disp.query_endpoint
+
+
+@pytest.mark.parametrize("hosts,ipc", [({"a": "127.0.0.1"}, False), ({"a": "127.0.0.1", "b": "127.0.0.2"}, True),
+                                       ({"a": "10.0.0.1"}, True)])
+def test_hops_stay_tcp_off_one_loopback_address_or_when_asked(hosts, ipc):
+    data = noop(workers=2)
+    data["cluster"]["ipc"] = ipc
+    data["hosts"] = hosts
+    spec = load_spec(data)
+    assert all(ep.startswith("tcp://") for s in spec.services for ep in s.endpoints())
+    assert spec.local_client_endpoints == spec.client_endpoints
+    assert spec.service("frontend").config.local_client_endpoint is None
+
+
 def test_addresses_override_hosts():
     data = noop()
     data["hosts"] = {"a": "127.0.0.1"}
