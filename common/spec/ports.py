@@ -4,9 +4,8 @@ address never collide; metrics ports from their own base, checked against the en
 A hop between two of the cluster's own services (``Ports.hop``) is a ZeroMQ ``ipc``
 endpoint when the whole cluster is on one machine: an abstract Unix socket (Linux; no
 file, gone with its process, a second bind of the name refused as a port's is), named
-after the cluster and the port the hop would have had. Loopback TCP costs each message
-the kernel's TCP path twice; on the 2-core machine of docs/results/core.md a no-op
-request, one at a time, took ~100 µs less (~650 against ~750 µs). What clients and the
+after the cluster and the port the hop would have had: it skips the kernel's TCP path
+(docs/results/core.md: 6% less CPU a request, one at a time). What clients and the
 operator reach (client, status, manager, store endpoints) stays TCP."""
 from __future__ import annotations
 
