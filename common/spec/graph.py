@@ -371,11 +371,11 @@ def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, s
     frontends = [s for s in services if s.role == "frontend"]
     operators = []
     for name, graph in graphs.items():
-        routes = [f"tcp://{hosts[fe.host]}:{ports.take(hosts[fe.host], fe.name)}" for fe in frontends]
+        routes = [ports.tcp(hosts[fe.host], fe.name) for fe in frontends]
         host = graph.host or default_host
         address = hosts[host]
         prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
-        ops, peers = graph_operators(graph, routes, lambda svc: f"tcp://{address}:{ports.take(address, svc)}", host,
+        ops, peers = graph_operators(graph, routes, lambda svc: ports.tcp(address, svc), host,
                                      prefix=prefix)
         operators += ops
         for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):

@@ -53,8 +53,8 @@ def wire_manager(services: list[ServiceLaunch], hosts: dict[str, str], ports: Po
     for name, host in zip(names, placement):
         address = hosts[host]
         raft.append(f"{address}:{ports.take(address, name)}")
-        control.append(f"tcp://{address}:{ports.take(address, name)}")
-        publish.append(f"tcp://{address}:{ports.take(address, name)}")
+        control.append(ports.tcp(address, name))
+        publish.append(ports.tcp(address, name))
     journal_dir = manager["journal_dir"] or f"{run_dir}/manager"
     replicas = []
     for i, (name, host) in enumerate(zip(names, placement)):

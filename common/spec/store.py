@@ -41,8 +41,8 @@ def read_store(table: Table, hosts_of, first_host: str, hosts: dict[str, str], p
     for i, host in enumerate(placement):
         name = f"store-{i + 1}"
         address = hosts[host]
-        data = {**extra, "name": name, "store": store, "endpoint": f"tcp://{address}:{ports.take(address, name)}",
-                "status_endpoint": f"tcp://{address}:{ports.take(address, name)}"}
+        data = {**extra, "name": name, "store": store, "endpoint": ports.tcp(address, name),
+                "status_endpoint": ports.tcp(address, name)}
         try:
             services.append(ServiceLaunch(name, "store", host, from_dict("store", data)))
         except cfg.ConfigError as exc:
