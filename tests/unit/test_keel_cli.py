@@ -90,7 +90,10 @@ def test_up_with_a_port_in_use_says_which_in_one_line(tmp_path, capsys):
         one_line_error(capsys, ["up", str(path)], f"port {base} on 127.0.0.1 (frontend client_endpoint) is in use")
     finally:
         blocker.close()
-    assert not (tmp_path / "run" / "supervisord.pid").exists()  # nothing was started
+        started = (tmp_path / "run" / "supervisord.pid").exists()
+        if started:  # the check failed: stop what it started rather than leave it running
+            main(["down", str(path)])
+    assert not started  # nothing was started
 
 
 def container_store(tmp_path):
