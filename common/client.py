@@ -78,7 +78,7 @@ import numpy as np
 import zmq
 
 from keel.common import inputs, protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Predict, Replies, Reply, Source
+from keel.common.protocol import ErrorCode, Feedback, Replies, Reply, Source
 from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
                                  Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
@@ -305,7 +305,7 @@ class _Base:
             if len(taken) == 1:
                 frames = protocol.encode(taken[0][2])
             else:  # a cork's or a turn's: where the frontend reads columns, its queries as columns
-                frames = protocol.encode_bundle([(m, None, _column_key(m) if self.columns[i] else None)
+                frames = protocol.encode_bundle([(m, None, protocol.column_key(m) if self.columns[i] else None)
                                                  for _, _, m in taken], protocol.MAX_COLUMN_BYTES)
             try:
                 transport.send_frames(self._socket(i), frames, zmq.NOBLOCK)
@@ -792,16 +792,6 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-def _column_key(msg) -> tuple | None:
-    """What a query shares with those that may go with it as columns (``Predicts``): model,
-    client, flags and its input's dtype and shape; None for another message or a query that
-    carries more (a key, a version, a trace)."""
-    if type(msg) is not Predict or msg.key is not None or msg.version is not None or msg.trace is not None \
-            or msg.timeout_ms is None:
-        return None
-    return msg.model, msg.client, msg.bundle, msg.columns, msg.input.dtype, msg.input.shape
 
 
 def _give_up(future: asyncio.Future) -> None:

@@ -731,15 +731,10 @@ class Frontend(Service):
 
 
 def _column_key(reply: Reply) -> tuple | None:
-    """What a reply shares with those that may go with it as columns (``Replies``): source,
-    model, version and its output's dtype and shape; None for one that carries more (an
-    error, application fields, a trace) or an output over ``COLUMN_ROW_BYTES`` (so a column,
-    ``BUNDLE_REPLIES`` rows at most, stays within ``BUNDLE_BYTES``)."""
+    """``protocol.column_key`` of a reply whose output is at most ``COLUMN_ROW_BYTES`` (so a
+    column, ``BUNDLE_REPLIES`` rows at most, stays within ``BUNDLE_BYTES``); None for others."""
     out = reply.output
-    if out is None or out.nbytes > COLUMN_ROW_BYTES or reply.error is not None or reply.models is not None \
-            or reply.confidence is not None or reply.degraded is not None or reply.trace is not None:
-        return None
-    return reply.source, reply.model, reply.version, out.dtype, out.shape
+    return protocol.column_key(reply) if out is not None and out.nbytes <= COLUMN_ROW_BYTES else None
 
 
 def _hang_up(fd: int) -> None:

@@ -47,7 +47,9 @@ Example
 """
 from __future__ import annotations
 
-from keel.common.protocol.codec import decode, decode_all, decode_header, decode_tensor, encode, encode_bundle, split_envelope
+from keel.common.protocol.codec import (
+    column_key, decode, decode_all, decode_header, decode_tensor, encode, encode_bundle, split_envelope,
+)
 from keel.common.protocol.fields import (
     ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_COLUMN_BYTES, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME, MAX_PAYLOAD_BYTES,
     MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, ErrorCode, Kind, LineageEntry, MemberBatch,
@@ -63,7 +65,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES", "MAX_REQUEST_ID", "MAX_SLOTS", "MAX_THREADS", "MESSAGES", "PROTOCOL_VERSION", "Answered",
     "Batch", "CodingTag", "Configure", "Done", "ErrorCode", "Heartbeat", "Kind", "Leave", "LineageEntry",
     "MemberBatch", "ModelRole", "ParityMembers", "Predict", "Predictions", "Predicts", "ProtocolError", "Queries", "Register",
-    "Replies", "Reply", "Source", "Status", "decode", "decode_all", "decode_header", "decode_tensor", "encode", "encode_bundle", "request_key", "split_envelope",
+    "Replies", "Reply", "Source", "Status", "column_key", "decode", "decode_all", "decode_header", "decode_tensor", "encode", "encode_bundle", "request_key", "split_envelope",
     "transit_s",
 ]
 

@@ -60,12 +60,20 @@ def encode(msg: Any) -> list:
     return frames
 
 
+def column_key(msg: Any) -> tuple | None:
+    """What ``msg`` shares with the messages it may go with as columns (``encode_bundle``):
+    ``Predicts.key`` of a ``Predict``, ``Replies.key`` of a ``Reply``; None for any other."""
+    column = _COLUMNS.get(type(msg))
+    return None if column is None else column[0].key(msg)
+
+
 def encode_bundle(items: list[tuple[Any, list | None, Any]], max_column_bytes: int) -> list:
     """The frames of several messages sent as one ZeroMQ message (a bundle: ``decode_all``).
-    Each item is (message, its frames if already encoded, its column key). Predicts or
-    Replies with the same key (None: none) go as one message in columns (``Predicts``,
-    ``Replies``: one header and one tensor, a row each), at most ``max_column_bytes`` of
-    tensor a message; the rest, and a column of one, as their own frames."""
+    Each item is (message, its frames if already encoded, its column key: ``column_key``, or
+    None where the peer reads no columns). Predicts or Replies with the same key go as one
+    message in columns (``Predicts``, ``Replies``: one header and one tensor, a row each), at
+    most ``max_column_bytes`` of tensor a message; the rest, and a column of one, as their
+    own frames."""
     frames, columns = [], {}
     for msg, own, key in items:
         if key is None:

@@ -62,6 +62,15 @@ class Predicts:
     bundle: bool | None = None
     columns: bool | None = None
 
+    @staticmethod
+    def key(p: Predict) -> tuple | None:
+        """What a query shares with those it may go with in one ``Predicts`` (model, client,
+        flags, its input's dtype and shape); None for one a ``Predicts`` cannot carry (a key,
+        a version, a trace, or no deadline)."""
+        if p.key is not None or p.version is not None or p.trace is not None or p.timeout_ms is None:
+            return None
+        return p.model, p.client, p.bundle, p.columns, p.input.dtype, p.input.shape
+
     @classmethod
     def of(cls, rows: list[Predict]) -> Predicts:
         """Queries that share model, client and flags as one message (``predicts`` undoes it)."""
@@ -119,6 +128,17 @@ class Replies:
     outputs: np.ndarray
     model: str | None = None
     version: str | None = None
+
+    @staticmethod
+    def key(r: Reply) -> tuple | None:
+        """What a reply shares with those it may go with in one ``Replies`` (source, model,
+        version, its output's dtype and shape); None for one a ``Replies`` cannot carry (no
+        output, an error, application fields, a degraded mark, a trace)."""
+        out = r.output
+        if out is None or r.error is not None or r.models is not None or r.confidence is not None \
+                or r.degraded is not None or r.trace is not None:
+            return None
+        return r.source, r.model, r.version, out.dtype, out.shape
 
     @classmethod
     def of(cls, rows: list[Reply]) -> Replies:

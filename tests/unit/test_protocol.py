@@ -315,6 +315,22 @@ def test_predicts_are_columns_a_row_a_request_and_each_row_reads_as_its_predict(
         decode(encode(protocol.Predicts(request_ids=["a", "b"], model="m", inputs=big)))
 
 
+def test_a_column_key_only_for_what_its_columns_kind_can_carry():
+    x = np.zeros(4, np.float32)
+    q = Predict(request_id="a", model="m", input=x, timeout_ms=100.0, client="k")
+    assert protocol.column_key(q) == protocol.column_key(dataclasses.replace(q, request_id="b", input=x + 1))
+    assert protocol.column_key(dataclasses.replace(q, input=np.zeros(5, np.float32))) != protocol.column_key(q)
+    for change in ({"key": "u"}, {"version": "2"}, {"trace": [1.0]}, {"timeout_ms": None}):  # what a Predicts has no field for
+        assert protocol.column_key(dataclasses.replace(q, **change)) is None, change
+    r = Reply(request_id="a", source=Source.MODEL, output=x, model="m", version="1")
+    assert protocol.column_key(r) == protocol.column_key(dataclasses.replace(r, request_id="b"))
+    assert protocol.column_key(dataclasses.replace(r, version="2")) != protocol.column_key(r)
+    for change in ({"output": None}, {"error": "e"}, {"models": ["m"]}, {"confidence": 1.0}, {"degraded": True},
+                   {"trace": [1.0]}):  # what a Replies has no field for
+        assert protocol.column_key(dataclasses.replace(r, **change)) is None, change
+    assert protocol.column_key(Heartbeat(sender="w")) is None
+
+
 def test_required_tensor_may_not_be_absent():
     head = header(good_predict_frames())
     head["tensors"] = [None]
