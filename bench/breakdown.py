@@ -24,10 +24,13 @@ own clock). At load the traced requests, one every ``TRACE_EVERY_S``, ride among
 load's (sent by another process, so the two clients do not share a GIL).
 
 Beside the parts, the CPU each process spends per request, split by thread
-(``bench.cpu``), for Keel and for the floor chain (``bench.floor``), one outstanding, and for
-Keel's services at load: on a machine with fewer cores than the path has threads, a hop's
-in-flight time includes waiting for a core another process's work still holds, so CPU
-spent anywhere, on the critical path or not, shows up in the parts.
+(``bench.cpu``), for Keel and for the floor chain (``bench.floor``), one outstanding and at
+the same load (the services only; the load's client is not counted): on a machine with
+fewer cores than the path has threads, a hop's in-flight time includes waiting for a core
+another process's work still holds, so CPU spent anywhere, on the critical path or not,
+shows up in the parts. The two columns side by side say whether Keel's cost over the floor
+is work each request needs or the price of each process being woken cold: one request at a
+time every process sleeps between messages; at load it stays busy (and batches).
 """
 from __future__ import annotations
 
@@ -158,21 +161,28 @@ def _groups(names: list[str]) -> dict[str, list[str]]:
             "all": ["client", "frontend", "dispatcher", *workers]}
 
 
-def _floor_cpu(xs: np.ndarray, count: int) -> tuple[dict, float]:
-    """The floor chain's CPU per request (grouped as Keel's) and p50 (µs), one outstanding."""
+def _floor_cpu(xs: np.ndarray, count: int, load_rps: float, seconds: float) -> tuple[dict, float, dict, dict]:
+    """The floor chain's CPU per request (grouped as Keel's) and p50 (µs), one outstanding;
+    then its services' CPU per request at ``load_rps`` (open-loop, from this process, which
+    is not counted) and that load's summary."""
+    from keel.bench import rates
     from keel.bench.floor import Floor, FloorClient
-    from keel.bench.rates import SHAPE
     from keel.deploy.local import free_port_block
 
-    with Floor(free_port_block(8), workers=2, shape=SHAPE) as floor, FloorClient(floor.client_endpoint) as client:
+    with Floor(free_port_block(8), workers=2, shape=rates.SHAPE) as floor, FloorClient(floor.client_endpoint) as client:
         names = ["frontend", "dispatcher", "worker-0", "worker-1"]
-        meter = CPUMeter({"client": os.getpid(), **{n: p.pid for n, p in zip(names, floor.procs)}})
+        pids = {n: p.pid for n, p in zip(names, floor.procs)}
+        meter = CPUMeter({"client": os.getpid(), **pids})
         for x in xs[:200]:
             client.predict("m", x)
         meter.start()
         lat = [client.predict("m", xs[i % len(xs)]).latency_ms for i in range(count)]
         rows = meter.stop(count)
-    return combine(rows, _groups(names)), float(np.median(lat) * 1000)
+        services = CPUMeter(pids)
+        services.start()
+        load = rates.probe(client, "m", xs, load_rps, seconds)
+        at_load = services.stop(int(load_rps * seconds))
+    return combine(rows, _groups(names)), float(np.median(lat) * 1000), combine(at_load, _groups(names)), load
 
 
 def run_breakdown(args, log=print) -> dict:
@@ -198,8 +208,6 @@ def run_breakdown(args, log=print) -> dict:
             traces = _traced(tracer, xs, count)
             out["cpu"] = {"one outstanding": combine(meter.stop(count), groups)}
             out["one_outstanding"] = summary(traces)
-            log("the floor chain, one request outstanding ...")
-            out["cpu"]["floor, one outstanding"], out["floor_p50_us"] = _floor_cpu(xs, count)
             rate = getattr(args, "rate", None)
             if not rate:
                 log("throughput (one search) ...")
@@ -221,10 +229,18 @@ def run_breakdown(args, log=print) -> dict:
             finally:
                 stdout, _ = load.communicate(timeout=seconds + 30)
             out["load"] = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+        log(f"the floor chain, one request outstanding and at {LOAD_SHARE * rate:.0f} req/s ...")
+        out["cpu"]["floor, one outstanding"], out["floor_p50_us"], out["cpu"]["floor, same load (services)"], \
+            out["floor_load"] = _floor_cpu(xs, count, LOAD_SHARE * rate, seconds)
+    cpu = {column: groups["all"]["total"] for column, groups in out["cpu"].items()}
+    out["cpu_vs_floor"] = {"one outstanding": cpu["one outstanding"] / cpu["floor, one outstanding"],
+                           "at load": cpu[f"at {LOAD_SHARE:.0%} (services)"] / cpu["floor, same load (services)"]}
     log("")
     for line in table("one request outstanding", out["one_outstanding"]) + [""] + table(
             f"at {LOAD_SHARE:.0%} of the throughput ({out['load_rps']:.0f} req/s)", out["at_load"]) + [""] + cpu_table(
-            out["cpu"]) + [f"  floor chain p50, one outstanding: {out['floor_p50_us']:.0f} µs"]:
+            out["cpu"]) + [f"  Keel's CPU a request over the floor's: {out['cpu_vs_floor']['one outstanding']:.2f}x one "
+                           f"outstanding, {out['cpu_vs_floor']['at load']:.2f}x at the same load",
+                           f"  floor chain p50, one outstanding: {out['floor_p50_us']:.0f} µs"]:
         log(line)
     return out
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from keel.bench.breakdown import PARTS, Tracer, _groups, summary
+from keel.bench.breakdown import PARTS, Tracer, _floor_cpu, _groups, summary
 from keel.bench.cpu import CPUMeter, combine
 from keel.bench.rates import async_latency
 from keel.bench.floor import Floor, FloorClient, templates
@@ -119,6 +119,16 @@ def test_cpu_per_request_is_counted_per_process_and_thread(launched):
     for name in ("frontend", "dispatcher", "workers"):  # each process of the path worked for them
         assert groups[name]["main"] > 0 and groups[name]["total"] >= groups[name]["main"]
     assert groups["all"]["total"] == pytest.approx(sum(groups[g]["total"] for g in ("client", "frontend", "dispatcher", "workers")))
+
+
+def test_the_floors_cpu_is_taken_one_outstanding_and_at_a_load_it_carries():
+    xs = np.random.default_rng(4).random((64, 64), dtype=np.float32)
+    one, p50, at_load, load = _floor_cpu(xs, 600, 1000.0, 2.0)  # CPU is counted in 10 ms ticks
+    assert p50 > 0 and load["lost"] == 0 and load["ok"]
+    for groups in (one, at_load):
+        for name in ("frontend", "dispatcher", "workers"):  # each process of the chain worked for them
+            assert groups[name]["main"] > 0
+    assert one["client"]["total"] > 0 and at_load["client"]["total"] == 0  # the load's client is not counted
 
 
 def test_the_asyncio_clients_latency_is_measured_through_the_cluster(cluster):
