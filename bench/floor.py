@@ -162,8 +162,8 @@ def _worker(worker_ep: str, prediction_eps: str, name: str, shape: list[int], ou
 
 
 def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int) -> None:
-    """The gateway's floor: HTTP/1.1 on asyncio and httptools (as ``services.httpserver``) in
-    front of the chain. Each request's body ends with the binary input tensor, forwarded as
+    """The gateway's floor: HTTP/1.1 on asyncio and httptools (as ``services.httpserver``, on
+    the gateway's event loop) in front of the chain. Each request's body ends with the binary input tensor, forwarded as
     the floor's client sends it; each answer is written back as an OIP response with a
     template JSON head and the output tensor received (binary). No routing, no checks, no
     JSON decoding: what the gateway does past that is its cost."""
@@ -171,6 +171,8 @@ def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int)
 
     import httptools
     import orjson
+
+    from keel.services.gateway import event_loop_factory
 
     predict = templates(shape, output_size)["predict"]
     x_bytes = int(np.prod(shape)) * 4
@@ -218,7 +220,8 @@ def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int)
         answer()
         await asyncio.Event().wait()  # until SIGTERM
 
-    asyncio.run(serve())
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the gateway's loop
+        runner.run(serve())
 
 
 class FloorGateway:

@@ -138,7 +138,9 @@ def test_keel_predict_calls_an_application_and_lists_what_is_served(cluster, cap
 
 def test_the_gateway_lists_and_infers_an_application_with_a_key(cluster):
     _, spec, port = cluster
-    queries = request_status(spec.status_endpoints()["gateway"])["queries"]
+    info = request_status(spec.status_endpoints()["gateway"])
+    queries = info["queries"]
+    assert info["event_loop"] == "uvloop"  # a dependency where Keel runs: the gateway's loop
     status, meta = http(port, "/v2/models/ensemble")
     assert status == 200 and meta["parameters"] == {"keel_kind": "application", "keel_key": True}, meta
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, DIM]}] and meta["versions"] == []
