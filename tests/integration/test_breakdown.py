@@ -96,13 +96,15 @@ def test_the_floor_with_two_frontends_answers_through_each():
 
 def test_the_floor_gateway_forwards_http_to_the_chain():
     from keel.bench.floor import FloorGateway
-    from keel.bench.gateway import DIM, OUTPUT_SIZE, _one_outstanding
+    from keel.bench.gateway import DIM, OUTPUT_SIZE, PAIR_BLOCK, _one_outstanding, _paired
     from keel.deploy.local import free_port
 
-    xs = np.random.default_rng(1).random((20, DIM), dtype=np.float32)
+    xs = np.random.default_rng(1).random((PAIR_BLOCK + 20, DIM), dtype=np.float32)
     with Floor(free_port_block(8), workers=2, shape=[DIM], output_size=OUTPUT_SIZE) as floor, \
-            FloorGateway(floor, free_port()) as gateway:
-        assert len(_one_outstanding(gateway.http_port, xs, 0)) == 20  # every infer answered 200
+            FloorGateway(floor, free_port()) as gateway, FloorClient(floor.client_endpoint, [DIM], OUTPUT_SIZE) as client:
+        assert len(_one_outstanding(gateway.http_port, xs[:20], 0)) == 20  # every infer answered 200
+        gw, zc = _paired(gateway.http_port, client, xs, 10)  # the two in turn: every request of each answered
+        assert len(gw) == len(zc) == len(xs) - 10 and gw.min() > 0 and zc.min() > 0
 
 
 def test_cpu_per_request_is_counted_per_process_and_thread(launched):
