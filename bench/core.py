@@ -7,8 +7,7 @@ Measures, through real processes on loopback (client -> frontend -> dispatcher -
 - ``noop_p50_us`` / ``noop_p99_us``: one request outstanding, no-op model;
 - ``noop_throughput_rps``: the highest open-loop Poisson rate whose p99 stays <= 20 ms
   with nothing lost (no-op model, AIMD batching);
-- ``async_p50_us``: ``noop_p50_us`` through the asyncio client (``AsyncClient``), taken in
-  turn with the blocking client's;
+- ``async_p50_us``: ``noop_p50_us`` through the asyncio client (``AsyncClient``);
 - ``noop_throughput_two_frontends_rps``: ``noop_throughput_rps`` with two frontends, one
   client spreading its calls over both (the client is one process: on a machine of few
   cores it is itself a share of what is measured);
@@ -24,8 +23,10 @@ Measures, through real processes on loopback (client -> frontend -> dispatcher -
 - ``aimd_batch_size``: the batch size AIMD settled on in that run.
 
 Every figure is the median of ``REPEATS`` repetitions in the run, alternating Keel and
-the floor, with its range (``FIGURE_range``) and every repetition (``FIGURE_runs``); rates
-come from a bisection to within 5% (``bench.rates``). Per-request log lines are off.
+the floor, with its range (``FIGURE_range``) and every repetition (``FIGURE_runs``); the
+three latencies (Keel's blocking and asyncio clients, the floor's) are taken in turn, 50
+requests at a time (``rates.in_turn``); rates come from a bisection to within 5%
+(``bench.rates``). Per-request log lines are off.
 
 ``--breakdown`` prints instead where one request's time goes, hop by hop
 (``bench.breakdown``); ``--cold`` what each step of a message's handling costs warm and in
@@ -110,12 +111,13 @@ def run(args, log=print) -> dict:
         with Client([cluster.local_client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
             clients = {"noop": keel, "floor": bare}
             lat: dict[str, list[dict]] = {name: [] for name in (*clients, "async")}
-            for rep in range(REPEATS):
-                for name, client in clients.items():
-                    log(f"{name} latency, one request outstanding, repetition {rep + 1} of {REPEATS} ...")
-                    lat[name].append(rates.latency(client, "m", lat_xs))
-                log(f"noop latency through the asyncio client, repetition {rep + 1} of {REPEATS} ...")
-                lat["async"].append(rates.async_latency(cluster.local_client_endpoints[0], "m", lat_xs))
+            with rates.async_predicting(cluster.local_client_endpoints[0]) as async_call:
+                calls = {"noop": rates.predicting(keel), "floor": rates.predicting(bare), "async": async_call}
+                for rep in range(REPEATS):
+                    log(f"latency one request outstanding, Keel's blocking client, the floor's and Keel's asyncio "
+                        f"client in turn, repetition {rep + 1} of {REPEATS} ...")
+                    for name, figures in rates.in_turn(calls, lat_xs).items():
+                        lat[name].append(figures)
             for name in lat:
                 rates.put(out, f"{name}_p50_us", rates.spread([r["p50_us"] for r in lat[name]]))
                 rates.put(out, f"{name}_p99_us", rates.spread([r["p99_us"] for r in lat[name]]))

@@ -7,10 +7,8 @@ Through real processes on loopback (gateway, frontend, dispatcher, two no-op wor
   caller, as Keel's client is on the ZeroMQ side), HTTP caller -> gateway -> frontend -> ... ;
 - ``client_p50_us`` / ``client_p99_us``: the same queries through ``common.client.Client``;
 - ``gateway_added_p50_us``: the difference of the two p50s (target <= 300 us), the two taken
-  in turn, ``PAIR_BLOCK`` requests at a time (``_paired``), so that both see the machine
-  alike: taken 500 at a time, the difference swung 207-504 µs between the repetitions of
-  one run; in turn request by request, each side runs colder after the other's request
-  (the client's p50 read ~25 µs higher than in blocks of 50, the gateway's ~10);
+  in turn, 50 requests at a time (``rates.in_turn``: taken 500 at a time, the difference
+  swung 207-504 µs between the repetitions of one run);
 - ``gateway_stdlib_p50_us`` / ``gateway_stdlib_added_p50_us``: the same through the
   standard library's ``http.client`` (this bench's caller before 2026-11-28; it spends
   100-200 µs a request of its own);
@@ -74,8 +72,6 @@ DIM, OUTPUT_SIZE = 8, 4
 PATH = "/v2/models/m/infer"
 #: the fixed rate the CPU per request at load is read at (well under the gateway's throughput)
 LOAD_RPS = 300
-#: the gateway's and the ZeroMQ client's latencies are taken in turn, this many requests at a time
-PAIR_BLOCK = 50
 
 #: the printed table and its targets (keel bench)
 FIGURES = ("gateway_p50_us", "gateway_p99_us", "client_p50_us", "client_p99_us", "gateway_added_p50_us",
@@ -130,18 +126,14 @@ def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
     return np.array(lat[warm:])
 
 
-def _paired(port: int, client, xs: np.ndarray, warm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Latencies (ms) of the rows of ``xs`` through the gateway (as ``_one_outstanding``) and
-    through ``client`` (Keel's or the floor's, ``latency_ms``), one request outstanding, the
-    two in turn ``PAIR_BLOCK`` rows at a time; the first ``warm`` rows' not kept."""
-    gw, zc = [], []
+def _paired(port: int, client, xs: np.ndarray, warm: int) -> tuple[dict, dict]:
+    """p50 and p99 (µs) through the gateway (as ``_one_outstanding``) and through ``client``
+    (Keel's or the floor's), one request outstanding, taken in turn (``rates.in_turn``)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for at in range(0, len(xs), PAIR_BLOCK):
-            rows = xs[at:at + PAIR_BLOCK]
-            gw += [_one_request(sock, _request(x)) for x in rows]
-            zc += [client.predict("m", x).latency_ms for x in rows]
-    return np.array(gw[warm:]), np.array(zc[warm:])
+        figures = rates.in_turn({"gateway": lambda x: _one_request(sock, _request(x)),
+                                 "client": rates.predicting(client)}, xs, warm)
+    return figures["gateway"], figures["client"]
 
 
 def _one_request(sock: socket.socket, request: bytes) -> float:
@@ -278,9 +270,9 @@ def _max_rate(port: int, seconds: float, log) -> tuple[float, list[dict]]:
 
 
 def _curve_costs(keys: str, quick: bool, out: dict, log) -> None:
-    """bench.core's no-op cluster without and with CURVE, both up at once: the latency taken
-    ``rates.REPEATS`` times on each in turn (one cluster after the other moved the cost by
-    +-0.1 with the machine's drift), then one rate search each."""
+    """bench.core's no-op cluster without and with CURVE, both up at once: the latencies taken
+    in turn (``rates.in_turn``; one cluster after the other moved the cost by +-0.1 with the
+    machine's drift), ``rates.REPEATS`` times, then one rate search each."""
     from keel.common import curve
 
     lat_xs = np.random.default_rng(0).random((1500 if quick else 6000, 64), dtype=np.float32)
@@ -302,10 +294,11 @@ def _curve_costs(keys: str, quick: bool, out: dict, log) -> None:
                 clients[label] = Client(spec.local_client_endpoints, timeout_ms=5000)
                 clients[label].predict("m", lat_xs[0])  # its socket is made now, under this setting
             p50s: dict[str, list[float]] = {label: [] for label in clients}
+            calls = {label: rates.predicting(client) for label, client in clients.items()}
             for rep in range(rates.REPEATS):
-                log(f"  latency with and without CURVE, repetition {rep + 1} of {rates.REPEATS} ...")
-                for label in (("without", "with") if rep % 2 == 0 else ("with", "without")):
-                    p50s[label].append(rates.latency(clients[label], "m", lat_xs)["p50_us"])
+                log(f"  latency with and without CURVE in turn, repetition {rep + 1} of {rates.REPEATS} ...")
+                for label, figures in rates.in_turn(calls, lat_xs).items():
+                    p50s[label].append(figures["p50_us"])
             for label, client in clients.items():
                 rates.put(out, f"core_p50_us_{label}_curve", rates.spread(p50s[label]))
                 log(f"  rate {label} CURVE ...")
@@ -340,7 +333,7 @@ def _floor(out: dict, xs: np.ndarray, warm: int, seconds: float, log) -> None:
         _warm_up(gateway.http_port, client, xs)
         for rep in range(rates.REPEATS):
             log(f"the floor, one request outstanding, repetition {rep + 1} of {rates.REPEATS} ...")
-            gw, zc = (float(np.percentile(lat, 50) * 1000) for lat in _paired(gateway.http_port, client, xs, warm))
+            gw, zc = (figures["p50_us"] for figures in _paired(gateway.http_port, client, xs, warm))
             for key, value in zip(runs, (gw, zc, gw - zc)):
                 runs[key].append(value)
         log("the floor's gateway throughput (open-loop Poisson, p99 <= 20 ms) ...")
@@ -389,15 +382,15 @@ def run(args, log=print) -> dict:
                 meter.start()
                 zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
                 runs["zmq_caller_cpu_us"].append(meter.stop(len(zc))["caller"]["total"])
-                gw, zc = _paired(port, client, xs, warm)  # the latencies: taken in turn, request by request
-                p50 = {name: float(np.percentile(lat, 50) * 1000) for name, lat in (("gw", gw), ("std", stdlib), ("zc", zc))}
-                runs["gateway_p50_us"].append(p50["gw"])
-                runs["gateway_p99_us"].append(float(np.percentile(gw, 99) * 1000))
-                runs["client_p50_us"].append(p50["zc"])
-                runs["client_p99_us"].append(float(np.percentile(zc, 99) * 1000))
-                runs["gateway_added_p50_us"].append(p50["gw"] - p50["zc"])  # each repetition's own pair
-                runs["gateway_stdlib_p50_us"].append(p50["std"])
-                runs["gateway_stdlib_added_p50_us"].append(p50["std"] - p50["zc"])
+                gw, zc = _paired(port, client, xs, warm)  # the latencies: the two taken in turn
+                std = float(np.percentile(stdlib, 50) * 1000)
+                runs["gateway_p50_us"].append(gw["p50_us"])
+                runs["gateway_p99_us"].append(gw["p99_us"])
+                runs["client_p50_us"].append(zc["p50_us"])
+                runs["client_p99_us"].append(zc["p99_us"])
+                runs["gateway_added_p50_us"].append(gw["p50_us"] - zc["p50_us"])  # each repetition's own pair
+                runs["gateway_stdlib_p50_us"].append(std)
+                runs["gateway_stdlib_added_p50_us"].append(std - zc["p50_us"])
         for key, values in runs.items():
             rates.put(out, key, rates.spread(values))
         log(f"CPU per request at {LOAD_RPS} req/s through the gateway (gateway, and the HTTP load generator) ...")

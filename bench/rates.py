@@ -24,7 +24,8 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -37,6 +38,8 @@ SLO_P99_MS = 20.0
 REPEATS = 3
 #: the measured model's input (a no-op or a sleep: the path is what is measured)
 SHAPE = [64]
+#: paths compared one request outstanding take turns, this many requests at a time (``in_turn``)
+IN_TURN_BLOCK = 50
 
 
 def spread(values: list[float]) -> dict:
@@ -50,32 +53,53 @@ def put(out: dict, key: str, figure: dict) -> None:
     out[key], out[f"{key}_range"], out[f"{key}_runs"] = figure["median"], figure["range"], figure["runs"]
 
 
-def latency(client, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
-    """p50 and p99 (µs) of ``xs`` sent one at a time (one request outstanding), after
-    ``warmup`` requests; ``client`` has ``predict(model, x)`` whose result has ``latency_ms``."""
+def in_turn(calls: dict[str, Callable[[np.ndarray], float]], xs: np.ndarray, warmup: int = 200,
+            block: int = IN_TURN_BLOCK) -> dict[str, dict]:
+    """p50 and p99 (µs) of each path in ``calls``, one request outstanding: ``calls[name](x)``
+    sends ``x`` and returns its latency (ms). The paths take turns, ``block`` rows of ``xs`` at
+    a time, after ``warmup`` rows through each, so that all see the machine alike: taken one
+    block of thousands after the other, two paths' difference moved with the machine's drift
+    between the blocks (the gateway's added p50 swung 207-504 µs between the repetitions of one
+    run, 231-251 taken 50 at a time), and one request at a time each path runs colder after
+    the other's (a client's p50 read ~25 µs higher than in blocks of 50)."""
     for x in xs[:warmup]:
-        client.predict(model, x)
-    return _p50_p99_us([client.predict(model, x).latency_ms for x in xs[warmup:]])
+        for call in calls.values():
+            call(x)
+    latencies: dict[str, list[float]] = {name: [] for name in calls}
+    for at in range(warmup, len(xs), block):
+        rows = xs[at:at + block]
+        for name, call in calls.items():
+            latencies[name] += [call(x) for x in rows]
+    return {name: _p50_p99_us(values) for name, values in latencies.items()}
+
+
+def predicting(client, model: str = "m") -> Callable[[np.ndarray], float]:
+    """A path for ``in_turn``: ``client.predict(model, x)`` (Keel's ``Client``, the floor's
+    ``FloorClient``), its result's ``latency_ms``."""
+    return lambda x: client.predict(model, x).latency_ms
+
+
+@contextmanager
+def async_predicting(endpoint: str, model: str = "m") -> Iterator[Callable[[np.ndarray], float]]:
+    """A path for ``in_turn`` through the asyncio client (``AsyncClient``) of ``endpoint``:
+    each call awaited alone in an event loop of its own (the client's clock, as the blocking
+    one's, runs from the call to its answer's decoding)."""
+    import asyncio
+
+    from keel.common.client import AsyncClient
+
+    loop = asyncio.new_event_loop()
+    client = AsyncClient([endpoint], timeout_ms=5000)
+    try:
+        yield lambda x: loop.run_until_complete(client.predict(model, x)).latency_ms
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
 
 
 def _p50_p99_us(latencies_ms: list[float]) -> dict:
     lat = np.array(latencies_ms)
     return {"p50_us": float(np.percentile(lat, 50) * 1000), "p99_us": float(np.percentile(lat, 99) * 1000)}
-
-
-def async_latency(endpoint: str, model: str, xs: np.ndarray, warmup: int = 200) -> dict:
-    """``latency`` through the asyncio client (``AsyncClient``), one call awaited at a time."""
-    import asyncio
-
-    from keel.common.client import AsyncClient
-
-    async def run() -> list[float]:
-        async with AsyncClient([endpoint], timeout_ms=5000) as client:
-            for x in xs[:warmup]:
-                await client.predict(model, x)
-            return [(await client.predict(model, x)).latency_ms for x in xs[warmup:]]
-
-    return _p50_p99_us(asyncio.run(run()))
 
 
 def probe(client, model: str, xs: np.ndarray, rate: float, seconds: float, slo_ms: float = SLO_P99_MS) -> dict:
