@@ -369,19 +369,18 @@ def run(args, log=print) -> dict:
         with Client(spec.local_client_endpoints) as client:
             _warm_up(port, client, xs)
             for rep in range(rates.REPEATS):
-                log(f"one request outstanding, repetition {rep + 1} of {rates.REPEATS}: the gateway (a plain socket, "
-                    "then http.client), the ZeroMQ client, then the two in turn ...")
-                both.start()
-                gw = _one_outstanding(port, xs, warm)
+                log(f"one request outstanding, repetition {rep + 1} of {rates.REPEATS}: each side's CPU (the "
+                    "gateway, the ZeroMQ client), http.client, then the gateway and the client in turn ...")
+                both.start()  # CPU: each side alone
+                _one_outstanding(port, xs, 0)
                 cpu = both.stop(len(xs))
                 runs["gateway_cpu_us"].append(cpu["gateway"]["total"])
                 runs["http_caller_cpu_us"].append(cpu["caller"]["total"])
-                stdlib = _one_outstanding_stdlib(port, xs, warm)
-                for x in xs[:warm]:
-                    client.predict("m", x)
                 meter.start()
-                zc = np.array([client.predict("m", x).latency_ms for x in xs[warm:]])
-                runs["zmq_caller_cpu_us"].append(meter.stop(len(zc))["caller"]["total"])
+                for x in xs:
+                    client.predict("m", x)
+                runs["zmq_caller_cpu_us"].append(meter.stop(len(xs))["caller"]["total"])
+                stdlib = _one_outstanding_stdlib(port, xs, warm)
                 gw, zc = _paired(port, client, xs, warm)  # the latencies: the two taken in turn
                 std = float(np.percentile(stdlib, 50) * 1000)
                 runs["gateway_p50_us"].append(gw["p50_us"])
