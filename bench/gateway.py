@@ -8,7 +8,7 @@ Through real processes on loopback (gateway, frontend, dispatcher, two no-op wor
 - ``client_p50_us`` / ``client_p99_us``: the same queries through ``common.client.Client``;
 - ``gateway_added_p50_us``: the difference of the two p50s (target <= 300 us), the two taken
   in turn, 50 requests at a time (``rates.in_turn``: taken 500 at a time, the difference
-  swung 207-504 µs between the repetitions of one run);
+  read 239-504 µs in the repetitions of one run);
 - ``gateway_stdlib_p50_us`` / ``gateway_stdlib_added_p50_us``: the same through the
   standard library's ``http.client`` (this bench's caller before 2026-11-28; it spends
   100-200 µs a request of its own);

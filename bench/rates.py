@@ -58,10 +58,10 @@ def in_turn(calls: dict[str, Callable[[np.ndarray], float]], xs: np.ndarray, war
     """p50 and p99 (µs) of each path in ``calls``, one request outstanding: ``calls[name](x)``
     sends ``x`` and returns its latency (ms). The paths take turns, ``block`` rows of ``xs`` at
     a time, after ``warmup`` rows through each, so that all see the machine alike: taken one
-    block of thousands after the other, two paths' difference moved with the machine's drift
-    between the blocks (the gateway's added p50 swung 207-504 µs between the repetitions of one
-    run, 231-251 taken 50 at a time), and one request at a time each path runs colder after
-    the other's (a client's p50 read ~25 µs higher than in blocks of 50)."""
+    block of hundreds after the other, two paths' difference moved with the machine's drift
+    between the blocks (the gateway's added p50 read 239-504 µs in the repetitions of one run,
+    231-251 taken 50 at a time), and one request at a time each path runs colder after the
+    other's (a client's p50 read ~25 µs higher than in blocks of 50)."""
     for x in xs[:warmup]:
         for call in calls.values():
             call(x)
