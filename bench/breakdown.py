@@ -54,6 +54,8 @@ PARTS = ("client -> frontend", "frontend: admission", "frontend -> dispatcher", 
 #: a traced request among the load's, this often
 TRACE_EVERY_S = 0.01
 LOAD_SHARE = 0.8
+#: the CPU table's column of Keel's services at that load
+AT_LOAD = f"at {LOAD_SHARE:.0%} (services)"
 
 
 class Tracer:
@@ -224,17 +226,17 @@ def run_breakdown(args, log=print) -> dict:
                 began = time.perf_counter()
                 traced = _traced(tracer, xs, int(seconds / TRACE_EVERY_S), TRACE_EVERY_S)
                 served = LOAD_SHARE * rate * (time.perf_counter() - began) + len(traced)  # open loop: rate x time
-                out["cpu"][f"at {LOAD_SHARE:.0%} (services)"] = combine(services.stop(int(served)), groups)
+                out["cpu"][AT_LOAD] = combine(services.stop(int(served)), groups)
                 out["at_load"] = summary(traced)
             finally:
                 stdout, _ = load.communicate(timeout=seconds + 30)
             out["load"] = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
         log(f"the floor chain, one request outstanding and at {LOAD_SHARE * rate:.0f} req/s ...")
-        out["cpu"]["floor, one outstanding"], out["floor_p50_us"], out["cpu"]["floor, same load (services)"], \
-            out["floor_load"] = _floor_cpu(xs, count, LOAD_SHARE * rate, seconds)
-    cpu = {column: groups["all"]["total"] for column, groups in out["cpu"].items()}
+        one, out["floor_p50_us"], at_load, out["floor_load"] = _floor_cpu(xs, count, LOAD_SHARE * rate, seconds)
+        out["cpu"].update({"floor, one outstanding": one, "floor, same load (services)": at_load})
+    cpu = {column: rows["all"]["total"] for column, rows in out["cpu"].items()}
     out["cpu_vs_floor"] = {"one outstanding": cpu["one outstanding"] / cpu["floor, one outstanding"],
-                           "at load": cpu[f"at {LOAD_SHARE:.0%} (services)"] / cpu["floor, same load (services)"]}
+                           "at load": cpu[AT_LOAD] / cpu["floor, same load (services)"]}
     log("")
     for line in table("one request outstanding", out["one_outstanding"]) + [""] + table(
             f"at {LOAD_SHARE:.0%} of the throughput ({out['load_rps']:.0f} req/s)", out["at_load"]) + [""] + cpu_table(

@@ -110,9 +110,9 @@ def run(args, log=print) -> dict:
         cluster = rates.model_cluster(launcher, 2, batch_budget_ms=SLO_P99_MS, max_batch=128, builtin="noop")
         with Client([cluster.local_client_endpoints[0]], timeout_ms=5000) as keel, FloorClient(floor.client_endpoint) as bare:
             clients = {"noop": keel, "floor": bare}
-            lat: dict[str, list[dict]] = {name: [] for name in (*clients, "async")}
             with rates.async_predicting(cluster.local_client_endpoints[0]) as async_call:
                 calls = {"noop": rates.predicting(keel), "floor": rates.predicting(bare), "async": async_call}
+                lat: dict[str, list[dict]] = {name: [] for name in calls}
                 for rep in range(REPEATS):
                     log(f"latency one request outstanding, Keel's blocking client, the floor's and Keel's asyncio "
                         f"client in turn, repetition {rep + 1} of {REPEATS} ...")

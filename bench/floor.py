@@ -172,7 +172,7 @@ def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int)
     import httptools
     import orjson
 
-    from keel.services.gateway import event_loop_factory
+    from keel.services import httpserver
 
     predict = templates(shape, output_size)["predict"]
     x_bytes = int(np.prod(shape)) * 4
@@ -220,8 +220,7 @@ def _gateway(http_port: str, client_ep: str, shape: list[int], output_size: int)
         answer()
         await asyncio.Event().wait()  # until SIGTERM
 
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # the gateway's loop
-        runner.run(serve())
+    httpserver.run(serve())  # the gateway's event loop
 
 
 class FloorGateway:

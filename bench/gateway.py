@@ -114,26 +114,30 @@ def _response(buf: bytes) -> tuple[int, int] | None:
     return (int(buf[9:12]), size) if len(buf) >= size else None
 
 
-def _one_outstanding(port: int, xs: np.ndarray, warm: int) -> np.ndarray:
+def _one_outstanding(port: int, xs: np.ndarray) -> np.ndarray:
     """Latency (ms) of one-row binary infers, one at a time, on one kept-alive connection,
     written and read on a plain socket: the lightest HTTP caller, as Keel's client is the
     lightest ZeroMQ one, so the difference is the gateway's (the standard library's
     ``http.client`` spends 100-200 µs a request of its own: ``_one_outstanding_stdlib``)."""
     requests = [_request(x) for x in xs]
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        lat = [_one_request(sock, request) for request in requests]
-    return np.array(lat[warm:])
+    with _connection(port) as sock:
+        return np.array([_one_request(sock, request) for request in requests])
 
 
 def _paired(port: int, client, xs: np.ndarray, warm: int) -> tuple[dict, dict]:
     """p50 and p99 (µs) through the gateway (as ``_one_outstanding``) and through ``client``
     (Keel's or the floor's), one request outstanding, taken in turn (``rates.in_turn``)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with _connection(port) as sock:
         figures = rates.in_turn({"gateway": lambda x: _one_request(sock, _request(x)),
                                  "client": rates.predicting(client)}, xs, warm)
     return figures["gateway"], figures["client"]
+
+
+def _connection(port: int) -> socket.socket:
+    """A kept-alive connection to the gateway, each write sent at once (no Nagle delay)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def _one_request(sock: socket.socket, request: bytes) -> float:
@@ -317,7 +321,7 @@ def _curve_costs(keys: str, quick: bool, out: dict, log) -> None:
 def _warm_up(port: int, client, xs: np.ndarray) -> None:
     """One pass of ``xs`` through the gateway and through the ZeroMQ client before the
     repetitions: the first pass after a start read up to 260 µs slower than the next."""
-    _one_outstanding(port, xs, len(xs))
+    _one_outstanding(port, xs)
     for x in xs:
         client.predict("m", x)
 
@@ -372,7 +376,7 @@ def run(args, log=print) -> dict:
                 log(f"one request outstanding, repetition {rep + 1} of {rates.REPEATS}: each side's CPU (the "
                     "gateway, the ZeroMQ client), http.client, then the gateway and the client in turn ...")
                 both.start()  # CPU: each side alone
-                _one_outstanding(port, xs, 0)
+                _one_outstanding(port, xs)
                 cpu = both.stop(len(xs))
                 runs["gateway_cpu_us"].append(cpu["gateway"]["total"])
                 runs["http_caller_cpu_us"].append(cpu["caller"]["total"])

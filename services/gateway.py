@@ -53,7 +53,6 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +66,7 @@ from keel.common.client import AsyncClient
 from keel.common.config import GatewayConfig
 from keel.common.inputs import DATATYPES, OIP_OF
 from keel.common.metrics import Metrics
+from keel.services import httpserver
 from keel.services.httpserver import HTTPError, HTTPServer, Request, Response, Router
 from keel.services.inference import Inference, InferError, call_parameters
 
@@ -333,8 +333,7 @@ class Gateway:
 
     def run(self) -> None:
         try:
-            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(self._main())
+            httpserver.run(self._main())  # on uvloop's loop where it is installed
         except GatewayError as exc:
             self.log.error("cannot start", error=str(exc))
             raise SystemExit(2) from None
@@ -468,17 +467,6 @@ class Gateway:
         output["parameters"] = {"binary_data_size": len(raw)}
         head = _dumps(body)
         return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop where it is installed (a dependency on Linux and macOS): its loop turns
-    and socket writes are C, which took a one-row infer's gateway CPU from ~320 to ~295 µs
-    (docs/results/core.md); None (asyncio's own) elsewhere."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _dumps(obj: Any) -> bytes:

@@ -103,7 +103,7 @@ def test_the_floor_gateway_forwards_http_to_the_chain():
     xs = np.random.default_rng(1).random((70, DIM), dtype=np.float32)
     with Floor(free_port_block(8), workers=2, shape=[DIM], output_size=OUTPUT_SIZE) as floor, \
             FloorGateway(floor, free_port()) as gateway, FloorClient(floor.client_endpoint, [DIM], OUTPUT_SIZE) as client:
-        assert len(_one_outstanding(gateway.http_port, xs[:20], 0)) == 20  # every infer answered 200
+        assert len(_one_outstanding(gateway.http_port, xs[:20])) == 20  # every infer answered 200
         gw, zc = _paired(gateway.http_port, client, xs, 10)  # the two in turn: every request of each answered
         assert 0 < gw["p50_us"] <= gw["p99_us"] and 0 < zc["p50_us"] <= zc["p99_us"]
 
