@@ -78,3 +78,8 @@ __all__ += ["Change", "Control"]
 from keel.common.protocol.messages import Feedback  # noqa: E402
 
 __all__ += ["Feedback"]
+
+# Cancellation: a client gives up on a request; the frontend withdraws its queries.
+from keel.common.protocol.messages import Cancel, Withdraw  # noqa: E402
+
+__all__ += ["Cancel", "Withdraw"]

@@ -15,7 +15,7 @@ from keel.common.protocol.fields import (
     ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
-    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
+    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Cancel, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
     Predictions, Predicts, Queries, Replies, Reply,
 )
 
@@ -317,7 +317,7 @@ def _check_message(msg: Any) -> None:
     takes it, ``_PLANS``), checked once at the edge; a service then trusts the message's
     shape (not its intent)."""
     cls = type(msg)
-    if cls in (Predict, Feedback) and not msg.request_id:
+    if cls in (Predict, Feedback, Cancel) and not msg.request_id:
         raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
     reply_to = getattr(msg, "reply_to", None)
     if cls is GraphRequest and reply_to is not None and not isinstance(reply_to, str):

@@ -66,6 +66,8 @@ class Kind(StrEnum):
     GRAPH_ACK = "graph_ack"  # backup -> primary: a state arrived
     FEEDBACK = "feedback"  # client -> frontend (an application call's true class) and its answer
     GRAPH_DURABLE = "graph_durable"  # backup -> next stateful models, frontend, primary: state applied
+    CANCEL = "cancel"  # client -> frontend: the caller gave up on a request
+    WITHDRAW = "withdraw"  # frontend -> dispatcher -> worker: queries cancelled, not to be run
 
 
 class Source(StrEnum):
@@ -98,6 +100,7 @@ class ErrorCode(StrEnum):
     DEADLINE = "deadline"  # the deadline passed and the model has no default output
     TIMEOUT = "timeout"  # client side: no frontend answered in time
     INTERNAL = "internal"
+    CANCELLED = "cancelled"  # the client cancelled the request before it was answered
     UNKNOWN_REQUEST = "unknown_request"  # feedback for a request the frontend does not remember (late, unknown, repeated)
 
 

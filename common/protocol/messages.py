@@ -330,6 +330,30 @@ class Answered:
 
 
 @dataclass(slots=True)
+class Cancel:
+    """A client gave up on its request ``request_id`` (its ``client`` id as in the ``Predict``;
+    none: the connection it came on). The frontend answers the request once, as cancelled,
+    if it is still in flight, and drops what it holds for it; a request already answered
+    keeps its answer (a retry gets it). No reply of its own."""
+
+    KIND: ClassVar[Kind] = Kind.CANCEL
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    request_id: str
+    client: str | None = None
+
+
+@dataclass(slots=True)
+class Withdraw:
+    """Queries of ``model`` whose requests were cancelled: the dispatcher drops those it has
+    not dispatched, and tells the worker holding any of the others to skip them."""
+
+    KIND: ClassVar[Kind] = Kind.WITHDRAW
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+    model: str
+    qids: list[int]
+
+
+@dataclass(slots=True)
 class Control:
     """A request to a manager replica (``result`` None) or its answer (``result`` a
     JSON-able dict): ``op`` names what is asked (services.manager.service lists them)."""
@@ -422,7 +446,7 @@ class GraphDurable:
 MESSAGES: dict[str, type] = {
     cls.KIND: cls
     for cls in (Predict, Predicts, Reply, Replies, Feedback, Queries, Batch, Predictions, Register, Done, Heartbeat, Status, Leave, Configure, Answered,
-                Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
+                Cancel, Withdraw, Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 
 # Per class: (header field names, required header field names). Computed once.

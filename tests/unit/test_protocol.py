@@ -99,6 +99,8 @@ def every_kind() -> list:
         Leave(worker="w0"),
         Configure(slots=2, threads=4),
         Answered(model="m", qids=[3, 4]),
+        protocol.Cancel(request_id="r9", client="c-1"),
+        protocol.Withdraw(model="m", qids=[3, 4]),
         Heartbeat(sender="dispatcher", known=False),
         Status(service="frontend", info={"pending": 3, "answered": {"model": 2}, "cache": None}),
         Status(),
