@@ -362,6 +362,20 @@ class WorkerConfig:
     #: where a store torch model runs: "cpu", "cuda" or "cuda:N"; a worker on a host
     #: without a GPU refuses "cuda" at start with a clear error
     device: str = "cpu"
+    #: the GPU this worker's program sees as its only one (``CUDA_VISIBLE_DEVICES``): an index
+    #: or a GPU/MIG UUID, set by the spec's ``gpus`` placement (``common.spec.gpus``); with it
+    #: ``device`` is "cuda" (that GPU). None = every GPU the host shows
+    gpu: str | None = None
+    #: on a GPU: the share of its memory this worker's torch may take (0 = no cap,
+    #: ``torch.cuda.set_per_process_memory_fraction``); a batch past it is split
+    #: (``common.datapath.MemoryGuard``)
+    memory_fraction: float = 0.0
+    #: "float16" or "bfloat16": the model runs under torch autocast at that precision; "" = as stored
+    autocast: str = ""
+    #: rows of the zero batch run before the worker registers, so its first query is not the
+    #: slow one (cuDNN plans, allocator, pinned buffers); None = ``max_batch`` on a GPU, none
+    #: on the CPU; 0 = none
+    warmup_batch: int | None = None
     #: what the worker declares to schedulers (Kairos): its instance type and hourly price
     instance: str = ""
     price: float = 0.0
@@ -404,6 +418,11 @@ class WorkerConfig:
         _check(self.heartbeat_liveness >= 2, "heartbeat_liveness", "must be >= 2")
         _check(self.device == "cpu" or self.device == "cuda" or (self.device.startswith("cuda:") and self.device[5:].isdigit()),
                "device", f'must be "cpu", "cuda" or "cuda:N", got {self.device!r}')
+        _check(self.gpu is None or (self.device in ("cuda", "cuda:0") and bool(self.gpu)), "gpu",
+               f'a worker placed on GPU {self.gpu!r} sees it as its only one: device must be "cuda", got {self.device!r}')
+        _check(0.0 <= self.memory_fraction <= 1.0, "memory_fraction", "must be in 0..1 (0 = no cap)")
+        _check(self.autocast in ("", "float16", "bfloat16"), "autocast", f'must be "", "float16" or "bfloat16", got {self.autocast!r}')
+        _check(self.warmup_batch is None or self.warmup_batch >= 0, "warmup_batch", "must be >= 0 (0 = none)")
 
 
 @dataclass

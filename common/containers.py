@@ -109,21 +109,26 @@ class TorchPredictor:
     """A store model. ``fixed_ms``/``per_query_ms`` > 0 set a floor on the service time (the
     batch is held until then, CPU idle), to stand in for a larger model on an accelerator.
     A ``torch.export`` program traced with a fixed batch size runs a batch in chunks of it
-    (the last one zero-padded). ``device`` "cuda" places the model on a GPU; inputs go to
-    it and outputs come back per batch."""
+    (the last one zero-padded). ``device`` "cuda" places the model on a GPU; each batch
+    goes there and back through the worker's ``DataPath`` (pinned buffers, a stream per
+    slot, optional ``autocast``; ``memory_fraction`` caps its share of the GPU's memory)."""
 
     def __init__(self, store: str, name: str, version: str | None, threads: int = 1,
-                 fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu"):
+                 fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu",
+                 autocast: str = "", memory_fraction: float = 0.0):
         import torch
 
+        from keel.common.datapath import DataPath
         from keel.common.modelstore import ModelStore
 
         torch.set_num_threads(threads)
         self.torch = torch
         self.device = check_device(device)
         self.module, self.manifest = ModelStore(store).load(name, version)
+        self.path = DataPath(torch, self.device, autocast, memory_fraction)
         if self.device != "cpu":
             self.module = self.module.to(self.device)
+            torch.cuda.synchronize(self.device)  # the weights are in place before any slot's stream reads them
         self.version = self.manifest.version
         self.input_shape, self.output_size = list(self.manifest.input_shape), self.manifest.output_size
         self.fixed_ms, self.per_query_ms = fixed_ms, per_query_ms
@@ -131,14 +136,13 @@ class TorchPredictor:
     def _run(self, inputs: np.ndarray) -> np.ndarray:
         chunk = self.manifest.static_batch
         if not chunk or len(inputs) == chunk:
-            out = self.module(self.torch.from_numpy(inputs).to(self.device))
-            return out.detach().cpu().numpy()
+            return self.path.run(self.module, inputs)
         parts = []
         for start in range(0, len(inputs), chunk):
             part = inputs[start:start + chunk]
             padded = np.zeros((chunk, *inputs.shape[1:]), inputs.dtype)
             padded[:len(part)] = part
-            parts.append(self.module(self.torch.from_numpy(padded).to(self.device)).detach().cpu().numpy()[:len(part)])
+            parts.append(self.path.run(self.module, padded)[:len(part)])
         return np.concatenate(parts)
 
     def predict_batch(self, inputs: np.ndarray) -> np.ndarray:
@@ -222,15 +226,16 @@ def check(predictor: Predictor, input_shape: list[int], input_dtype: str, rows: 
 
 
 def store_predictor(store: str, name: str, version: str | None, threads: int = 1,
-                    fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu") -> Predictor:
+                    fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu",
+                    autocast: str = "", memory_fraction: float = 0.0) -> Predictor:
     """The container for a store version, by its manifest's format (a Python container
-    places itself: ``device`` is for torch models)."""
+    places itself: ``device``, ``autocast`` and ``memory_fraction`` are for torch models)."""
     from keel.common.modelstore import ModelStore
 
     if ModelStore(store).manifest(name, version).format == "python":
         check_device(device)
         return PythonPredictor(store, name, version, threads, fixed_ms, per_query_ms)
-    return TorchPredictor(store, name, version, threads, fixed_ms, per_query_ms, device)
+    return TorchPredictor(store, name, version, threads, fixed_ms, per_query_ms, device, autocast, memory_fraction)
 
 
 def build_predictor(cfg: WorkerConfig) -> Predictor:
@@ -246,4 +251,4 @@ def build_predictor(cfg: WorkerConfig) -> Predictor:
                                    cfg.builtin_input_shape, cfg.builtin_output_size)
         return BuiltinPredictor(cfg.builtin, cfg.builtin_input_shape, cfg.builtin_output_size, cfg.fixed_ms, cfg.per_query_ms)
     return store_predictor(cfg.store, cfg.store_name or cfg.model, cfg.version, cfg.torch_threads, cfg.fixed_ms,
-                           cfg.per_query_ms, cfg.device)
+                           cfg.per_query_ms, cfg.device, cfg.autocast, cfg.memory_fraction)

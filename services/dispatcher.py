@@ -301,6 +301,10 @@ class Dispatcher(Service):
             return
         worker.batches += 1
         worker.last_service_ms = msg.service_ms
+        if msg.max_batch is not None and msg.max_batch < worker.max_batch:  # its device memory holds no more
+            worker.max_batch = msg.max_batch
+            worker.batch_size = min(worker.batch_size, msg.max_batch)
+            self.log.warning("worker batch ceiling lowered (out of device memory)", worker=worker.name, max_batch=msg.max_batch)
         if self.serf is not None and msg.ok and isinstance(held.held, list) and held.held:
             now = time.monotonic()
             for q in held.held:

@@ -69,6 +69,8 @@ from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predi
 from keel.services.base import Service
 from keel.services.executors import Executors, Job, set_torch_threads
 from keel.common.containers import build_predictor
+from keel.common.datapath import MemoryGuard, warm_up, warmup_rows
+from keel.common.devices import see_only
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
 LEAVE_LINGER_MS = 500
@@ -86,7 +88,10 @@ class Worker(Service):
         # OpenMP team; a second team here would put more OpenMP threads than cores in the
         # process, and libgomp then cuts every team's spin to ~1000 iterations (its throttled
         # spin count), so the executors' teams sleep between requests whatever omp_spincount says
+        see_only(cfg.gpu)  # its GPU as its only one, before CUDA starts (common.devices)
         self.predictor = build_predictor(dataclasses.replace(cfg, torch_threads=1))
+        #: out-of-memory on a batch: split and retried, and the ceiling lowered (common.datapath)
+        self.memory = MemoryGuard(cfg.max_batch)
         self.version = getattr(self.predictor, "version", cfg.version or "1")
         self.slots, self.threads = cfg.slots, cfg.torch_threads
         self.held = 0  # batches handed to the executors and not yet answered
@@ -120,12 +125,16 @@ class Worker(Service):
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
             self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)
+        self._warm_up(self.predictor)  # before it registers: the first query is not the slow one
         self._connect()
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
         self.serve_status(cfg.status_endpoint)
         self.m_batches = self.metrics.counter("worker_batches_total", "batches run", ["outcome"])
         self.m_service = self.metrics.histogram("worker_service_seconds", "time in predict_batch per batch")
         self.m_batch_size = self.metrics.histogram("worker_batch_size", "queries per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        from keel.services.gpu import watch_gpu
+
+        watch_gpu(self)  # per-GPU utilisation and memory, when nvidia-ml-py imports and a GPU is there
 
     # ------------------------------------------------------------------ connection
 
@@ -151,7 +160,7 @@ class Worker(Service):
         transport.send(
             self.dealer,
             Register(worker=self.name, model=self.cfg.model, role=self.cfg.role, slots=self.slots,
-                     max_batch=self.cfg.max_batch, instance=self.cfg.instance, price=self.cfg.price, threads=self.threads),
+                     max_batch=self.memory.ceiling, instance=self.cfg.instance, price=self.cfg.price, threads=self.threads),
         )
 
     def _heartbeat(self, now: float) -> None:
@@ -231,12 +240,14 @@ class Worker(Service):
 
                 fetch_for_worker(dataclasses.replace(self.cfg, version=version), self.log.info, deadline_s=60.0)
             predictor = store_predictor(self.cfg.store, self.cfg.store_name or self.cfg.model, version, self.threads,
-                                        self.cfg.fixed_ms, self.cfg.per_query_ms, self.cfg.device)
+                                        self.cfg.fixed_ms, self.cfg.per_query_ms, self.cfg.device, self.cfg.autocast,
+                                        self.cfg.memory_fraction)
             if list(predictor.input_shape) != list(getattr(self.predictor, "input_shape", predictor.input_shape)) or \
                     predictor.output_size != getattr(self.predictor, "output_size", predictor.output_size):
                 raise ValueError(f"version {version} takes {predictor.input_shape} -> {predictor.output_size}, "
                                  f"the served one {self.predictor.input_shape} -> {self.predictor.output_size}")
             check(predictor, list(predictor.input_shape), predictor.manifest.input_dtype)
+            self._warm_up(predictor)
         except Exception as exc:  # a bad version must not take the serving one down
             why = f"{type(exc).__name__}: {exc}"
             self.log.error("rollout refused", version=version, error=why)
@@ -306,8 +317,9 @@ class Worker(Service):
         batch, live = job.batch, job.live
         start = time.perf_counter()
         try:
-            job.outputs = self._predict(job.predictor, batch.inputs if len(live) == len(batch.qids) else batch.inputs[live],
-                                        len(live))
+            predictor = job.predictor
+            job.outputs = self.memory.run(lambda x: self._predict(predictor, x, len(x)),
+                                          batch.inputs if len(live) == len(batch.qids) else batch.inputs[live])
         except Exception as exc:  # the model's failure must not take the worker down
             job.error = f"{type(exc).__name__}: {exc}"
             self.log.error("model raised", batch_id=batch.batch_id, error=job.error, trace=traceback.format_exc(limit=3))
@@ -349,7 +361,7 @@ class Worker(Service):
         transport.send(
             self.dealer,
             Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=job.service_ms,
-                 ok=error is None, error=error),
+                 ok=error is None, error=error, max_batch=self.memory.lowered(self.cfg.max_batch)),
         )
 
     def _live_rows(self, batch: Batch, now: float) -> list[int]:
@@ -415,5 +427,21 @@ class Worker(Service):
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
-                "held": self.held, "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()}}
+                "held": self.held, "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()},
+                **self._device_status()}
+
+    def _warm_up(self, predictor) -> None:
+        """One batch of the largest size through ``predictor`` (GPU default: ``warmup_rows``),
+        within the memory guard, which lowers the ceiling the worker registers with if it does not fit."""
+        rows = warmup_rows(self.cfg.warmup_batch, self.cfg.device, self.cfg.max_batch)
+        if rows and self.cfg.builtin is None:
+            took = warm_up(predictor, self.memory, rows, self.slots)
+            self.log.info("warmed up", rows=rows, seconds=round(took, 3), max_batch=self.memory.ceiling)
+
+    def _device_status(self) -> dict:
+        """Where the model runs, the batch ceiling memory allows, and the data path's figures."""
+        path = getattr(self.predictor, "path", None)
+        return {"device": self.cfg.device, "gpu": self.cfg.gpu, "max_batch": self.memory.ceiling,
+                "oom_splits": self.memory.splits, "too_large": self.memory.too_large,
+                **({"datapath": path.stats()} if path is not None else {})}
 

@@ -274,6 +274,9 @@ class Done:
     service_ms: float
     ok: bool = True
     error: str | None = None  # why the batch failed (model error, undeliverable predictions)
+    #: the largest batch the worker's device memory holds, when an out-of-memory error
+    #: lowered it below what it registered with: the dispatcher caps its batches there
+    max_batch: int | None = None
 
 
 @dataclass(slots=True)
