@@ -895,3 +895,17 @@ def test_a_traced_query_rides_its_batch_with_the_dispatchers_two_stamps_and_othe
     assert batch.trace[:2] == [before - 0.002, before - 0.001] and len(batch.trace) == 4  # + receipt, + send
     assert before <= batch.trace[2] <= batch.trace[3] <= time.time()
     assert h.d.traces == {}  # nothing kept once it left
+
+
+def test_a_done_with_a_lower_ceiling_caps_that_workers_batches(harness):
+    # out of device memory, the worker reports the largest batch that fits (Done.max_batch)
+    h = harness({"m": BatchPolicy(fixed_batch=8)})
+    w, other = h.worker("w0"), h.worker("w1")
+    h.send_queries("m", 40)
+    batch = h.next_batch(w)
+    assert len(batch.qids) == 8
+    transport.send(w, Done(worker="w0", batch_id=batch.batch_id, batch_size=8, service_ms=1.0, max_batch=3))
+    h.pump(lambda: h.state("w0").max_batch == 3, what="ceiling lowered")
+    assert len(h.next_batch(w).qids) == 3
+    assert h.state("w1").max_batch == 64  # only that worker's
+    assert len(h.next_batch(other).qids) == 8
