@@ -1,6 +1,7 @@
 """What ``keel up`` checks before it starts anything, so that an operator's mistake ends in
 one line instead of a service dying in a restart loop: every port the spec binds on this
-machine is free, and every store version it serves matches its manifest's sha256.
+machine is free, every store version it serves matches its manifest's sha256, and every
+GPU its workers ask for is on this host.
 
 Example
 -------
@@ -64,6 +65,23 @@ def check_ports(spec: Any) -> None:
                     else "change [cluster] base_port")
             raise PreflightError(f"port {port} on {address} ({service} {what}) is in use by another process: "
                                  f"stop it, or {hint}")
+
+
+def check_devices(spec: Any, present: list[str] | None = None) -> None:
+    """Raise ``PreflightError`` naming the first worker whose GPU this host does not have
+    (``present``: the host's GPUs, ``common.devices.present_gpus`` when None), the check a
+    worker would make at start, made before anything starts."""
+    from keel.common.devices import missing, present_gpus
+
+    gpu_workers = [svc for svc in spec.role("worker") if getattr(svc.config, "device", "cpu") != "cpu"]
+    if not gpu_workers:
+        return
+    present = present_gpus() if present is None else present
+    for svc in gpu_workers:
+        why = missing(svc.config, present)
+        if why is not None:
+            raise PreflightError(f"{svc.name} asks for {why}: fix [hosts] gpus or the model's gpus/device, "
+                                 "or run it on a GPU host")
 
 
 def check_store(spec: Any) -> None:

@@ -124,7 +124,7 @@ def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
             f"stdout_logfile = {_value(str(logs / (prog.name + '.log')), 'run_dir')}",
             "stdout_logfile_maxbytes = 10MB",
             "stdout_logfile_backups = 2",
-            'environment = PYTHONUNBUFFERED="1"',
+            f"environment = {_environment(prog)}",
             "",
         ]
     conf = run_dir / "supervisord.conf"
@@ -132,6 +132,15 @@ def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
     tmp.write_text("\n".join(lines))
     tmp.replace(conf)
     return conf
+
+
+def _environment(prog: Program) -> str:
+    """The program's ``environment`` option: unbuffered output, and a worker placed on a GPU
+    sees only that one (``common.devices.program_env``)."""
+    from keel.common.devices import program_env
+
+    env = {"PYTHONUNBUFFERED": "1", **(program_env(prog.config) if prog.role == "worker" else {})}
+    return ",".join(f'{k}="{_value(v, prog.name + " " + k)}"' for k, v in env.items())
 
 
 # --------------------------------------------------------------------------- talking to supervisord
@@ -233,11 +242,12 @@ def up(spec: ClusterSpec | str | os.PathLike | dict, wait_s: float = 30.0, addre
     except OSError as exc:
         raise DeployError(f"run_dir {run_dir}: cannot write there: {exc.strerror or exc}"
                           + (f" ({exc.filename})" if exc.filename else "")) from None
-    from keel.deploy.preflight import PreflightError, check_ports, check_store
+    from keel.deploy.preflight import PreflightError, check_devices, check_ports, check_store
 
     try:
         check_ports(spec)
         check_store(spec)
+        check_devices(spec)
     except PreflightError as exc:
         raise DeployError(str(exc)) from None
     supervisord = Path(sys.executable).parent / "supervisord"
@@ -440,6 +450,10 @@ def _program_rows(spec: ClusterSpec, procs: dict[str, dict]) -> list[dict[str, A
         rows.append({"name": svc.name, "role": svc.role, "host": svc.host, "state": p.get("statename", "-"),
                      "pid": p.get("pid") or "-", "uptime_s": f"{up_s:.0f}" if up_s is not None else "-",
                      "endpoints": " ".join(svc.endpoints()) or "-"})
+        if any(getattr(s.config, "device", "cpu") != "cpu" for s in spec.role("worker")):
+            from keel.common.devices import wanted_gpu
+
+            rows[-1]["gpu"] = (wanted_gpu(svc.config) or "cpu") if svc.role == "worker" else "-"
     return rows
 
 

@@ -5,7 +5,8 @@ what that host needs::
 
     OUT/keel-service@.service    the service template (instance = service name)
     OUT/keel.target              Wants= every service of this host
-    OUT/keel/NAME.env            KEEL_ROLE and KEEL_CONFIG=@ETC/NAME.json, per service
+    OUT/keel/NAME.env            KEEL_ROLE and KEEL_CONFIG=@ETC/NAME.json, per service (and a
+                                 worker's CUDA_VISIBLE_DEVICES when it is placed on a GPU)
     OUT/keel/NAME.json           the service's validated config
 
 Install on the host with ``cp OUT/*.service OUT/keel.target /etc/systemd/system/``,
@@ -26,6 +27,7 @@ import sys
 from pathlib import Path
 
 from keel.common import config as cfg
+from keel.common.devices import program_env
 from keel.common.spec import ClusterSpec, SpecError
 
 TEMPLATES = Path(__file__).parent / "systemd"
@@ -67,6 +69,7 @@ def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, 
         env = out / "keel" / f"{svc.name}.env"
         env.write_text(f"# Keel service {svc.name} (role {svc.role}) of cluster {spec.name} on host {host}\n"
                        f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n"
-                       + (f"KEEL_CURVE_KEYS={svc.curve_keys}\n" if svc.curve_keys else ""))
+                       + (f"KEEL_CURVE_KEYS={svc.curve_keys}\n" if svc.curve_keys else "")
+                       + "".join(f"{k}={v}\n" for k, v in program_env(svc.config).items()))  # a worker's GPU
         written += [env, conf]
     return written

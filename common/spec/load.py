@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from keel.common.modelstore import DEFAULT_STORE
+from keel.common.spec.gpus import read_host
 from keel.common.spec.models import read_model
 from keel.common.spec.pools import read_pool_prices
 from keel.common.spec.ports import Ports, assign_metrics_ports, ipc_name
@@ -55,8 +56,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
 
     hosts_table = Table(root.take("hosts", dict, {"local": "127.0.0.1"}), "hosts")
     hosts: dict[str, str] = {}
+    host_gpus: dict[str, list[str]] = {}  # the GPUs each host offers (common.spec.gpus)
     for host in list(hosts_table.data):
-        hosts[host] = hosts_table.take(host, str)
+        hosts[host], host_gpus[host] = read_host(hosts_table, host)
         if not NAME.match(host):
             fail(f"hosts.{host}", "host names must be letters, digits, '_', '.', '-'")
     if not hosts:
@@ -123,7 +125,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for model in list(models_table.data):
         models_table.take(model, dict)
         models[model] = read_model(model, Table(models_table.data[model], f"models.{model}"), manifests, list(hosts),
-                                   hosts_of, pool_prices)
+                                   hosts_of, pool_prices, host_gpus)
     manager_table = root.take("manager", dict, None)
     manager = read_manager(Table(manager_table, "manager"), hosts_of, first_host) if manager_table is not None else None
     applications = root.take("applications", dict, None)

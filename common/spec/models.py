@@ -13,6 +13,7 @@ from typing import Any
 
 from keel.common import config as cfg
 from keel.common.modelstore import ModelStoreError
+from keel.common.spec.gpus import check_device_option, read_gpus
 from keel.common.spec.pools import read_kairos, read_pools
 from keel.common.spec.tables import NAME, SpecError, Table, fail, options
 
@@ -69,11 +70,11 @@ def _validated(t: Table, model: str, make: Callable[[], Any]) -> None:
 
 def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
                hosts_of: Callable[[Table, str, list[str]], list[str]],
-               pool_prices: dict[str, float] | None = None) -> dict[str, Any]:
+               pool_prices: dict[str, float] | None = None, host_gpus: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The resolved table of one ``[models.NAME]``: every option filled, checked, store-backed.
     ``mstore``: where manifests come from (``common.modelfetch.Manifests``: the local store,
     else the store service); ``pool_prices``: the root ``[pools.TYPE] price`` overrides
-    (``common.spec.pools``)."""
+    (``common.spec.pools``); ``host_gpus``: the GPUs each host lists (``common.spec.gpus``)."""
     if not NAME.match(model):
         fail(t.path, "model names must be letters, digits, '_', '.', '-'")
     out: dict[str, Any] = {}
@@ -137,11 +138,12 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
     # placement and ParM
     # Kairos: one (instance type, price) per worker of a heterogeneous pool, or None
     out["pool"] = read_pools(t, out, pool_prices or {})
-    out["workers"] = len(out["pool"]) if out["pool"] else t.take("workers", int, 1)
-    if out["workers"] < 1:
-        fail(t.key("workers"), "must be >= 1")
     out["hosts"] = hosts_of(t, "hosts", all_hosts)
     out["parity_hosts"] = hosts_of(t, "parity_hosts", out["hosts"])
+    read_gpus(t, out, host_gpus or {})  # placed on GPUs: a worker per GPU slot unless workers says
+    out["workers"] = len(out["pool"]) if out["pool"] else t.take("workers", int, len(out["gpu_slots"] or [None]))
+    if out["workers"] < 1:
+        fail(t.key("workers"), "must be >= 1")
     k = out["k"] = t.take("k", int, 0)
     if k == 1 or k < 0:
         fail(t.key("k"), "must be 0 or >= 2")
@@ -178,6 +180,7 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
                 fail(t.key(key), f"{value!r} but parity model {pm.name}/{pm.version} was trained for {key} = {trained!r}")
         out["parity_version"] = pm.version
     out["worker_options"] = options("worker", Table(t.take("worker", dict, {}), t.key("worker")))
+    check_device_option(t, out)
     if host is not None:
         out["worker_options"]["serf_host"] = host  # the workers' emulated curves, as a worker option
     t.finish()

@@ -13,6 +13,7 @@ from typing import Any
 
 from keel.common import config as cfg
 from keel.common.roles import ROLES, from_dict
+from keel.common.spec.gpus import place
 from keel.common.spec.models import batch_policy, model_info
 from keel.common.spec.ports import Ports
 from keel.common.spec.tables import SpecError, fail
@@ -204,7 +205,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
         for i in range(n_deployed):
             # Kairos pools: each worker declares its instance type and price
             declared = {"instance": t["pool"][i][0], "price": t["pool"][i][1]} if t["pool"] else {}
-            add(f"worker-{m}-{i}", "worker", t["hosts"][i % len(t["hosts"])], {**deployed, **declared}, where)
+            host, placed = place(t, "gpu_slots", i, t["hosts"])  # on GPUs: its (host, GPU) slot
+            add(f"worker-{m}-{i}", "worker", host, {**deployed, **declared, **placed}, where)
         if t["mode"] == "parm":
             parity = {**common, "model": t["parity_model"], "role": "parity"}
             if not t["builtin"]:
@@ -212,7 +214,8 @@ def wire(hosts: dict[str, str], ports: Ports, store: str, models: dict[str, dict
             # parity workers continue the round-robin so they land beside, not on, the first deployed ones
             ph = t["parity_hosts"]
             for i in range(t["parity_workers"]):
-                add(f"parity-{m}-{i}", "worker", ph[(t["workers"] + i) % len(ph)], parity, where)
+                host, placed = place(t, "parity_gpu_slots", t["workers"] + i, ph)
+                add(f"parity-{m}-{i}", "worker", host, {**parity, **placed}, where)
         disagree = cfg.heartbeats_agree(dispatcher, services[first].config)
         if disagree:
             fail(where if where != f"models.{m}" else "worker", f"heartbeat settings disagree with the dispatcher's: {disagree}")
