@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import types
 
-
 from keel.common.config import WorkerConfig
 from keel.common.metrics import Metrics
 from keel.services.gpu import gpu_metrics
