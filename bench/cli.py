@@ -47,6 +47,9 @@ BENCHMARKS: dict[str, Command] = {
     "core": Command("keel.bench.core", "the request path: no-op latency, throughput at p99 <= 20 ms, batching speed-up",
                     "shorter runs (under 2 minutes)"),
     "erasure": Command("keel.bench.erasure", "ParM's code on the serving path: encode and decode latency", None),
+    "gpu": Command("keel.bench.gpu", "the worker's data path on a GPU (batch x streams, copies), SERF's profile and "
+                   "ParM's tail there, and the CPU beside it; skipped without a CUDA device",
+                   "a smaller grid, 15 s per ParM mode (a few minutes)"),
     "gateway": Command("keel.bench.gateway", "the OIP v2 gateway against the ZeroMQ client, and CURVE's cost"),
     "manager": Command("keel.bench.manager", "the Raft manager group: commit latency and leader failover"),
 }
