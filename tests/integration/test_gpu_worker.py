@@ -15,7 +15,7 @@ from keel.common.protocol import Source
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
+pytestmark = [pytest.mark.slow, pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
 
 DIM, OUT = 8, 4
 

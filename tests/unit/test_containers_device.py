@@ -48,6 +48,7 @@ def test_a_worker_process_asked_for_cuda_exits_with_the_reason(store):
     assert 'device = "cuda" but torch sees no GPU' in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU, reason="needs a GPU")
 def test_cuda_places_the_model_on_the_gpu(store):
     pred = TorchPredictor(store, "lin", None, device="cuda")
