@@ -229,11 +229,16 @@ def store_predictor(store: str, name: str, version: str | None, threads: int = 1
                     fixed_ms: float = 0.0, per_query_ms: float = 0.0, device: str = "cpu",
                     autocast: str = "", memory_fraction: float = 0.0) -> Predictor:
     """The container for a store version, by its manifest's format (a Python container
-    places itself: ``device``, ``autocast`` and ``memory_fraction`` are for torch models)."""
+    places itself: ``device`` and ``autocast`` are for torch models; ``memory_fraction`` caps
+    the process's share of the GPU either way)."""
     from keel.common.modelstore import ModelStore
 
     if ModelStore(store).manifest(name, version).format == "python":
         check_device(device)
+        if memory_fraction and device != "cpu":  # the process's share, whatever the class allocates
+            import torch
+
+            torch.cuda.set_per_process_memory_fraction(memory_fraction, torch.device(device))
         return PythonPredictor(store, name, version, threads, fixed_ms, per_query_ms)
     return TorchPredictor(store, name, version, threads, fixed_ms, per_query_ms, device, autocast, memory_fraction)
 
