@@ -3,6 +3,9 @@ worker computes up to ``slots`` batches at once (SERF's service parallelism) whi
 poll loop keeps every ZeroMQ socket on its own thread. A graph operator uses one as its
 device thread for long batches (``services.graph.batches``).
 
+On a GPU each executor is also a CUDA stream (``common.datapath.DataPath``: one stream
+per thread), so batches in different slots overlap their copies and kernels.
+
 torch's intra-op thread count is per calling OS thread (OpenMP state, set once per thread
 when it first computes), so an executor sets it itself before a batch whenever the
 configured figure (``Executors.torch_threads``) changed.

@@ -48,6 +48,13 @@ V of its store model and checks it with one batch, swaps the model and registers
 a version that fails to load or check is refused and the old one keeps serving.
 Every ``Predictions`` says the version that computed it.
 
+GPUs (``common.datapath``, docs/guide/gpu.md): a worker placed on a GPU makes it its only
+visible one (``WorkerConfig.gpu``) before CUDA starts; before it registers it runs one
+batch of its largest size (``warmup_batch``), so the first query is not the slow one. A
+batch that runs out of device memory is split and retried (``MemoryGuard``); the lowered
+ceiling goes to the dispatcher in ``Done.max_batch`` and in later ``Register``s, and a
+query that alone does not fit is answered with ``QueryTooLarge``.
+
 Liveness (zguide ppworker): the worker heartbeats every ``heartbeat_interval_s``; when the
 dispatcher has been silent for ``heartbeat_liveness`` intervals, the worker closes its
 socket and registers again on a fresh one, backing off exponentially.
