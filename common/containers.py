@@ -238,7 +238,7 @@ def store_predictor(store: str, name: str, version: str | None, threads: int = 1
         if memory_fraction and device != "cpu":  # the process's share, whatever the class allocates
             import torch
 
-            torch.cuda.set_per_process_memory_fraction(memory_fraction, torch.device(device))
+            torch.cuda.set_per_process_memory_fraction(memory_fraction, int(device.partition(":")[2] or 0))
         return PythonPredictor(store, name, version, threads, fixed_ms, per_query_ms)
     return TorchPredictor(store, name, version, threads, fixed_ms, per_query_ms, device, autocast, memory_fraction)
 

@@ -142,6 +142,9 @@ class DataPath:
     def __init__(self, torch: Any, device: str = "cpu", autocast: str = "", memory_fraction: float = 0.0):
         self.torch, self.device = torch, torch.device(device)
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # "cuda": the process's first (its only one when placed)
+            self.device = torch.device("cuda", 0)
+        self.pin = self.cuda  # page-locked host buffers need a CUDA driver
         self.dtype = {"": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[autocast]
         self._local = threading.local()  # per slot (executor thread): its stream
         self._free: list[_Buffers] = []  # pinned buffer sets not in use
@@ -182,7 +185,7 @@ class DataPath:
         need = int(np.prod(shape))
         buf = getattr(buffers, which)
         if buf is None or buf.numel() < need or buf.dtype != dtype:
-            buf = self.torch.empty(need, dtype=dtype, pin_memory=True)
+            buf = self.torch.empty(need, dtype=dtype, pin_memory=self.pin)
             setattr(buffers, which, buf)
             with self._lock:
                 self._stats["pinned_bytes"] += buf.numel() * buf.element_size()
@@ -190,9 +193,8 @@ class DataPath:
 
     def reserve(self, sets: int) -> None:
         """Keep ``sets`` pinned buffer sets as large as the largest made so far, so that
-        ``sets`` concurrent batches find theirs ready (after a warm-up batch)."""
-        if not self.cuda:
-            return
+        ``sets`` concurrent batches find theirs ready (after a warm-up batch; none on the
+        CPU, whose batches take no buffer)."""
         with self._lock:
             have = list(self._free)
         sized = max(have, key=lambda b: b.host_in.numel() if b.host_in is not None else 0, default=None)
@@ -200,8 +202,8 @@ class DataPath:
             return
         for _ in range(max(0, sets - len(have))):
             b = _Buffers()
-            b.host_in = self.torch.empty_like(sized.host_in, pin_memory=True)
-            b.host_out = self.torch.empty_like(sized.host_out, pin_memory=True)
+            b.host_in = self.torch.empty(sized.host_in.numel(), dtype=sized.host_in.dtype, pin_memory=self.pin)
+            b.host_out = self.torch.empty(sized.host_out.numel(), dtype=sized.host_out.dtype, pin_memory=self.pin)
             with self._lock:
                 self._stats["pinned_bytes"] += (b.host_in.numel() * b.host_in.element_size()
                                                 + b.host_out.numel() * b.host_out.element_size())

@@ -120,3 +120,22 @@ def test_a_store_model_runs_through_its_data_path(tmp_path):
         want = module(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(predictor.predict_batch(x), want, rtol=1e-6, atol=1e-6)
     assert predictor.path.stats()["batches"] == 1
+
+
+def test_buffer_sets_are_reused_grown_and_reserved_per_slot():
+    # the GPU's bookkeeping, with ordinary host memory (page-locking needs a CUDA driver)
+    path = DataPath(torch, "cpu")
+    first = path._take()
+    small = path._pinned(first, "host_in", (4, 3), torch.float32)
+    assert small.shape == (4, 3)
+    again = path._pinned(first, "host_in", (2, 3), torch.float32)
+    assert again.data_ptr() == small.data_ptr()  # a smaller batch reuses the buffer
+    grown = path._pinned(first, "host_in", (8, 3), torch.float32)
+    assert grown.shape == (8, 3) and first.host_in.numel() == 24
+    path._pinned(first, "host_out", (8, 2), torch.float32)
+    path._give(first)
+    assert path._take() is first  # the free set is taken again, not a new one
+    path._give(first)
+    path.reserve(3)
+    assert len(path._free) == 3 and all(b.host_in.numel() == 24 and b.host_out.numel() == 16 for b in path._free)
+    assert path.stats()["pinned_bytes"] == 4 * (12 + 24 + 16) + 2 * 4 * (24 + 16)
