@@ -288,6 +288,12 @@ def _reconcile(spec: ClusterSpec, wait_s: float, out: Callable[[str], Any] | Non
     if not apply:
         say("nothing changed: `keel up SPEC --apply` applies the differences")
         return spec
+    from keel.deploy.preflight import PreflightError, check_devices
+
+    try:
+        check_devices(spec)  # a worker moved to a GPU this host lacks would restart for ever
+    except PreflightError as exc:
+        raise DeployError(str(exc)) from None
     server = rpc(run_dir)
     write_configs(run_dir, want, plan.added + list(plan.changed))
     _write_conf(spec, want)
