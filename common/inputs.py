@@ -12,7 +12,13 @@ way whichever door it came in by:
 - shape: the target's ``input_shape``, or rows of it (axis 0 the batch) for a batch;
 - values: no NaN or infinity in a float input.
 
-The OIP v2 datatype names (``DATATYPES``) live here too: both gateways speak them.
+The frontend validates every request the same way (``services.frontend``), whichever
+door it came by. The rules of a call beside its input live here too, for the same
+callers (``call_error``): which kinds of target take a ``key`` (an application's context,
+a graph's stream) and which have versions (models), what a key and a ``timeout_ms`` may
+be; and ``describe``, the one description of a target (what ``Frontend.targets``, the
+gateways and ``keel status`` show). The OIP v2 datatype names (``DATATYPES``) live here
+too: both gateways speak them.
 
 Example
 -------
@@ -34,6 +40,14 @@ DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "ui
              "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
              "FP32": "float32", "FP64": "float64"}
 OIP_OF = {v: k for k, v in DATATYPES.items()}
+
+#: per kind of target: whether a call may name a ``key``, and whether it has versions
+KEYED = {"model": False, "application": True, "graph": True}
+VERSIONED = {"model": True, "application": False, "graph": False}
+#: the longest deadline a call may name (ms): a day; a longer one is a mistake, not a wish
+MAX_TIMEOUT_MS = 86_400_000.0
+#: the longest key a call may name (characters)
+MAX_KEY = 200
 
 
 class InputError(ValueError):
@@ -117,3 +131,45 @@ def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, r
     if arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
         raise InputError(f"{what} contains NaN or infinity")
     return arr
+
+
+def describe(kind: str, info: Any, version: str | None = None, **extra: Any) -> dict:
+    """The description of a target: ``kind`` (model, application or graph), what it takes
+    (``input_shape``, ``input_dtype``) and answers (``output_size``), the ``version`` served
+    (None: it has no versions), whether it takes a ``key``, and ``extra`` (a graph's
+    ``mode``). ``info`` has the model-like fields (``common.config.ModelInfo``)."""
+    return {"kind": kind, "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
+            "output_size": info.output_size, "version": version, "key": KEYED[kind], **extra}
+
+
+def key_error(key: Any) -> str | None:
+    """Why ``key`` cannot be a call's key (a non-empty string of at most ``MAX_KEY``
+    characters), or None."""
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
+        return f"key must be a non-empty string of at most {MAX_KEY} characters, got {short(key)}"
+    return None
+
+
+def timeout_error(timeout_ms: Any, what: str = "timeout_ms") -> str | None:
+    """Why ``timeout_ms`` cannot be a call's deadline (a number >= 0 and at most a day,
+    ``MAX_TIMEOUT_MS``; 0 or None: the target's own), or None."""
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms >= 0:
+        return f"{what} must be a number > 0, got {short(timeout_ms)}"
+    if timeout_ms > MAX_TIMEOUT_MS:
+        return f"{what} {timeout_ms} is more than a day"
+    return None
+
+
+def call_error(name: str, kind: str, key: Any = None, version: Any = None, timeout_ms: Any = None) -> str | None:
+    """Why a call of target ``name`` (of ``kind``) with ``key``, ``version`` and
+    ``timeout_ms`` cannot be taken, or None: a key only for the kinds that take one
+    (``KEYED``), a version only for those that have versions (``VERSIONED``), and each as
+    ``key_error`` and ``timeout_error`` say. Whether the version asked is served is the
+    caller's to check (one frontend serves one version; a gateway sees them all)."""
+    if key is not None and not KEYED[kind]:
+        return f"{kind} {name!r} takes no key (only applications and graphs do)"
+    if version is not None and not VERSIONED[kind]:
+        return f"{kind} {name!r} has no versions (asked for version {str(version)[:40]})"
+    return key_error(key) or timeout_error(timeout_ms)
