@@ -105,7 +105,7 @@ def coerce(x: Any, dtype: str | np.dtype, what: str = "input") -> np.ndarray:
 
 
 def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, rows: bool = False,
-             what: str = "input") -> np.ndarray:
+             what: str = "input", convert: bool = True) -> np.ndarray:
     """``x`` ready for a target taking ``shape`` and ``dtype`` (None: not known here, not
     checked); with ``rows``, axis 0 is the batch. Raises ``InputError``.
 
@@ -121,8 +121,19 @@ def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, r
         ``x`` is a batch: its rows must each have ``shape``.
     what : str
         How messages name the input (``"model 'm'"``, ``"input 'x'"``).
+    convert : bool
+        Whether another dtype is converted (the callers that decode inputs); without, it is
+        refused (the frontend: what reaches it was converted by the client or gateway that
+        sent it, or was sent as is by a caller told nothing, who learns the dtype this way).
     """
-    arr = np.asarray(x) if dtype is None else coerce(x, dtype, what)
+    if dtype is None:
+        arr = np.asarray(x)
+    elif convert:
+        arr = coerce(x, dtype, what)
+    else:
+        arr = x
+        if arr.dtype != dtype:
+            raise InputError(f"{what} takes {np.dtype(dtype).name} input, got {arr.dtype.name}")
     if shape is not None:
         got = list(arr.shape[1:] if rows else arr.shape)
         if (rows and arr.ndim == 0) or got != list(shape):

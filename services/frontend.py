@@ -260,7 +260,7 @@ class Frontend(Service):
                 return self._refuse(request, ErrorCode.UNKNOWN_MODEL,
                                     f"{route.kind} {msg.model} serves version {served}, not {msg.version}")
         try:
-            x = inputs.validate(x, route.info.input_shape, route.dtype, what=f"{route.kind} {msg.model}")
+            inputs.validate(x, route.info.input_shape, route.dtype, what=route.what, convert=False)
         except inputs.InputError as exc:
             return self._refuse(request, ErrorCode.BAD_REQUEST, str(exc))
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
@@ -617,7 +617,8 @@ class Frontend(Service):
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0,
                 "graphs": {name: route.status() for name, route in self.graphs.items()},
-                "routes": {name: status for name, route in self.routes.items() if (status := route.status())},
+                # the other routes' figures (a model's computations shared by identical requests)
+                "routes": {name: route.status() for name, route in self.routes.items() if name not in self.graphs},
                 "targets": self.targets()}
 
     def targets(self) -> dict[str, dict]:

@@ -127,6 +127,7 @@ class GraphRoute(Route):
         self.info = ModelInfo(list(self.graph.input_shape), prod(self.graph.operators[last].output_shape),
                               deadline_ms=1000 * config.request_timeout_s, default_output=config.default_output)
         self.dtype = np.dtype(self.info.input_dtype)
+        self.what = f"{self.kind} {name}"  # how refusals name it
         self.default = None if config.default_output is None else np.asarray(config.default_output, np.float32)
         self.endpoints = dict(config.peers)  # node -> endpoint, followed in the manager's feed
         self.inbox = service.add_socket(transport.make_socket(service.ctx, zmq.PULL, bind=config.endpoint), self.on_inbox)

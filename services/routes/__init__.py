@@ -88,6 +88,7 @@ class Route:
     #: what a call must look like (``common.config.ModelInfo``)
     info: Any
     dtype: np.dtype
+    what: str  # "<kind> <name>": how refusals name the target
     #: the output answered at the deadline (source ``default``), or None
     default: np.ndarray | None = None
 

@@ -24,6 +24,7 @@ class ApplicationRoute(QueryRoute):
         self.name, self.apps, self.fe = name, apps, fe
         self.info = apps.infos[name]
         self.dtype = np.dtype(self.info.input_dtype)
+        self.what = f"{self.kind} {name}"  # how refusals name it
         self.default = apps.default_output(name)
         #: the straggler budget (§5.2.2): answer with what arrived by then
         self.budget = apps.apps[name].deadline_ms

@@ -29,6 +29,7 @@ class ModelRoute(QueryRoute):
     def __init__(self, name: str, info, fe):
         self.name, self.info, self.fe = name, info, fe
         self.dtype = np.dtype(info.input_dtype)
+        self.what = f"{self.kind} {name}"  # how refusals name it
         self.default = None if info.default_output is None else np.asarray(info.default_output, np.float32)
         self.models = (name,)
         self.bname = name.encode()
