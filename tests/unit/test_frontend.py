@@ -799,3 +799,30 @@ def test_a_graph_request_is_cancelled_only_before_it_entered_the_graph(harness, 
         h.fe.tick(0.005)
     # nothing to resend: the cancelled request never enters the graph (GC notices only)
     assert not any(isinstance(protocol.decode(f), GraphRequest) for f in iter(lambda: g.poll(0) and g.recv_multipart(), 0))
+
+
+def test_a_voided_hold_sends_the_same_request_back_to_waiting(harness, zsock):
+    """HAMS II: a backup took over without the state a held output came from; the output is
+    voided and the request waits for the re-run's (HELD -> WAITING, the one transition
+    function), the same request with its flags, answered once."""
+    graphs, g = gru_graph(zsock)
+    h = harness(graphs=graphs)
+    route = h.fe.graphs["graph"]
+    c = h.client()
+    transport.send(c, Predict(request_id="a", model="graph", input=x_of(40), key="7", client="alice", bundle=True))
+    sent = graph_input(h, g)
+    out = h.zsock(zmq.PUSH, connect=route.reply_to)
+    lineage = [LineageEntry("frontend", sent.origin, "g", 5)]
+    transport.send(out, GraphRequest("g", 0, sent.origin, 7, lineage, np.asarray([3, 4], np.float32)))
+    h.step(lambda: route.status()["held_now"] == 1)
+    (request,) = route.calls[sent.origin].requests
+    assert request.state is State.HELD and request.bundle
+    transport.send(out, GraphDurable("g", 2, 4))  # the new primary's state holds up to seq 4: seq 5 is lost
+    h.step(lambda: route.counts["voided"] == 1)
+    assert route.calls[sent.origin].requests == [request] and request.state is State.WAITING and request.bundle
+    h.no_reply(c)
+    transport.send(out, GraphRequest("g", 0, sent.origin, 7, lineage, np.asarray([5, 6], np.float32)))  # the re-run
+    h.step(lambda: route.status()["held_now"] == 1)
+    transport.send(out, GraphDurable("g", 2, 5))
+    assert list(h.reply(c).output) == [5.0, 6.0] and request.state is State.ANSWERED
+    h.no_reply(c)
