@@ -225,3 +225,19 @@ def test_a_cancel_answers_once_and_frees_the_frontend(front, kind):
     assert f.in_flight() == (0, 0)
     transport.send(c, Cancel(request_id="a", client="alice"))  # answered: nothing
     f.no_reply(c)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_rules_of_a_call_are_the_same_for_every_target(front, kind):
+    """Refused by ``common.inputs``, as the client and the gateways refuse them."""
+    f = front(kind)
+    c = f.client()
+    f.send(c, "day", x_of(10), timeout_ms=1e12)
+    reply = f.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and "more than a day" in reply.error
+    f.send(c, "shape", np.zeros(DIM + 1, np.float32))
+    reply = f.reply(c)
+    assert reply.error_code == ErrorCode.BAD_REQUEST and f"{kind} {f.name}: shape [{DIM + 1}] is not [{DIM}]" in reply.error
+    f.send(c, "dtype", np.zeros(DIM, np.float64))
+    assert f.reply(c).error == f"{kind} {f.name} takes float32 input, got float64"
+    assert f.in_flight() == (0, 0)
