@@ -73,3 +73,25 @@ def test_validate_checks_shape_rows_and_values():
     with pytest.raises(InputError, match="NaN or infinity"):
         validate([1e300, 0.0], [2], "float32")  # finite as float64, infinite as the model's float32
     assert validate([1, 2], None, None).tolist() == [1, 2]  # nothing known: nothing checked
+
+
+def test_the_rules_of_a_call_beside_its_input():
+    from keel.common.inputs import call_error, describe
+
+    assert call_error("m", "model", version="2", timeout_ms=100) is None
+    assert "takes no key" in call_error("m", "model", key="alice")
+    assert "has no versions" in call_error("app", "application", key="alice", version="1")
+    assert "has no versions" in call_error("g", "graph", version="1")
+    assert "non-empty string" in call_error("g", "graph", key="")
+    assert "non-empty string" in call_error("g", "graph", key="k" * 201)
+    assert "more than a day" in call_error("m", "model", timeout_ms=1e30)
+    for bad in (float("nan"), -1, True, "100"):
+        assert "must be a number" in call_error("m", "model", timeout_ms=bad)
+    assert call_error("m", "model", timeout_ms=0) is None  # the target's own deadline
+
+    class Info:
+        input_shape, input_dtype, output_size = (4,), "float32", 2
+
+    assert describe("graph", Info, None, mode="nspb") == {
+        "kind": "graph", "input_shape": [4], "input_dtype": "float32", "output_size": 2, "version": None, "key": True,
+        "mode": "nspb"}
