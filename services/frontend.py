@@ -71,11 +71,12 @@ from keel.common import protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
-    Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
+    Answered, Cancel, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
+    Withdraw,
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
-from keel.services.graph.route import GraphRoute
+from keel.services.graph.route import GraphCall, GraphRoute
 from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace, stack_rows
 from keel.services.selection.runtime import Applications, Call
 
@@ -159,6 +160,7 @@ class Frontend(Service):
         #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
         self.traces: dict[int, list[float]] = {}
         self.reconstructed_by: dict[str, list[int]] = defaultdict(list)  # model -> qids, for Answered
+        self.withdrawn: dict[str, list[int]] = defaultdict(list)  # model -> cancelled qids already sent, for Withdraw
         self.reconstructed: dict[int, np.ndarray] = {}  # qid -> output, oldest first
         self.counts: dict[str, int] = defaultdict(int)
         self.nonfinite_models: set[str] = set()  # logged once each
@@ -172,6 +174,8 @@ class Frontend(Service):
         self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source", "target", "kind"])
         self.meters: dict[tuple[str, str, str], tuple] = {}  # (source, target, kind) -> (counter, histogram)
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
+        self.m_cancelled = self.metrics.counter("requests_cancelled_total", "requests cancelled by their client "
+                                                "before an answer", ["target"])
         self.m_refused = self.metrics.counter("client_messages_refused_total",
                                               "messages of a kind clients may not send, refused", ["kind"])
         #: HAMS service graphs: a route each, answering through ``_answer`` like every target
@@ -206,6 +210,8 @@ class Frontend(Service):
                 elif isinstance(msg, Predicts):  # columns: each row its own request
                     for row in msg.predicts():
                         self._on_predict(row, envelope, start)
+                elif isinstance(msg, Cancel):
+                    self._on_cancel(msg, envelope)
                 elif isinstance(msg, Feedback) and msg.ok is None:
                     self._on_feedback(msg, envelope)
                 elif isinstance(msg, Status) and msg.info is None:
@@ -359,6 +365,10 @@ class Frontend(Service):
         for model, qids in self.reconstructed_by.items():
             if qids:
                 transport.send(self.push, Answered(model=model, qids=list(qids)))
+                qids.clear()
+        for model, qids in self.withdrawn.items():
+            if qids:
+                transport.send(self.push, Withdraw(model=model, qids=list(qids)))
                 qids.clear()
         self.m_pending.set(len(self.pending))
 
@@ -519,6 +529,54 @@ class Frontend(Service):
                      models=answer.models, confidence=answer.confidence)
         for rid in {r.request_id for r in pending.requests}:
             self.apps.remember(rid, call)
+
+    def _on_cancel(self, msg: Cancel, envelope: list) -> None:
+        """A client gave up on a request: if it is in flight, it (and every retry joined to
+        it) is answered once, ``cancelled``, and what it holds is dropped. A computation it
+        shares with other requests (an identical query of another client) keeps running for
+        them; a model query already sent is withdrawn from the dispatcher. A graph request is
+        cancelled only while it has not entered the graph (``GraphRoute.cancel``). Unknown or
+        answered requests are left alone: an answer stays remembered for a retry."""
+        dkey = (msg.client.encode() if msg.client else envelope[0], msg.request_id)
+        waiting = self.by_request.get(dkey)
+        if waiting is None:
+            self.counts["cancel_ignored"] += 1
+            return
+        computation = waiting[0]
+        if isinstance(computation, GraphCall):
+            target, kind, shared = computation.route.name, "graph", False
+            if not computation.route.cancel(computation):
+                self.counts["cancel_too_late"] += 1  # in the graph: it completes, its answer kept for a retry
+                return
+        else:
+            target, kind = computation.model, self._kind(computation.model)
+            del self.by_request[dkey]
+            mine = [r for r in computation.requests if r.dedup == dkey]
+            computation.requests = [r for r in computation.requests if r.dedup != dkey]
+            shared = bool(computation.requests)
+            if not shared:
+                self._drop(computation)
+            self._answer(mine, Source.ERROR, target, computation.version, None, "cancelled by the client",
+                         ErrorCode.CANCELLED)
+        self.counts["cancelled"] += 1
+        self.m_cancelled.labels(target=target).inc()
+        self.log.info("cancelled", request_id=msg.request_id, target=target, kind=kind, shared=shared)
+
+    def _drop(self, pending: Pending) -> None:
+        """A computation no request waits for any more: its queries not yet sent leave the
+        outbox, those sent are withdrawn (``Withdraw``, with the next flush)."""
+        if pending.key is not None:
+            self.by_key.pop(pending.key, None)
+        for qid, model in zip(pending.qids, pending.models):
+            if self.pending.pop(qid, None) is None:
+                continue  # answered already (one of an application's models)
+            self.traces.pop(qid, None)
+            items = self.outbox.get(model)
+            at = next((i for i, item in enumerate(items) if item[0] == qid), None) if items else None
+            if at is not None:
+                del items[at]
+            else:
+                self.withdrawn[model].append(qid)
 
     def _on_feedback(self, msg: Feedback, envelope: list) -> None:
         if self.apps is None:
@@ -702,7 +760,8 @@ class Frontend(Service):
         cache = None
         if self.cache is not None:
             cache = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
-        return {"service": self.name, "role": self.role, "pending": len(self.pending), "answered": dict(self.counts),
+        return {"service": self.name, "role": self.role, "pending": len(self.pending),
+                "in_flight": len(self.by_request), "answered": dict(self.counts),
                 "cache": cache, "models": sorted(self.cfg.models), "epoch": self.ids.epoch,
                 # the gateway's model versions: what the workers serve now, not the spec's at start
                 "serving": {m: self.serving.get(m, info.version) for m, info in self.cfg.models.items()},

@@ -95,6 +95,8 @@ class GraphCall:
     requests: list[Request]
     input: GraphRequest
     deadline: float  # monotonic
+    route: GraphRoute
+    sent: bool = False  # sent to an operator: from then on it cannot be cancelled (``cancel``)
     parts: dict[int, GraphRequest] = field(default_factory=dict)  # seq -> output, until all arrived
     output: np.ndarray | None = None  # held until durable
     lineage: list | None = None
@@ -150,14 +152,27 @@ class GraphRoute:
             return None
         origin = self.ids.next()
         out = GraphRequest(FRONTEND, origin, origin, stream_of(key), [], x, request=request_key, reply_to=self.reply_to)
-        call = self.calls[origin] = GraphCall(origin, [request], out, time.monotonic() + self.config.request_timeout_s)
+        call = self.calls[origin] = GraphCall(origin, [request], out, time.monotonic() + self.config.request_timeout_s,
+                                              self)
         request.to(State.WAITING)
         self.timeouts.push(call.deadline, origin)
         self.expiry.at_latest(call.deadline)
         for op in self.graph.successors(FRONTEND):
             if op not in self.awaiting:
                 self.peers.send(self.endpoints[op], out)
+                call.sent = True
         return call
+
+    def cancel(self, call: GraphCall) -> bool:
+        """Cancel ``call`` if it never entered the graph (every operator it goes to was taken
+        over and its ack is awaited): answered ``cancelled``, True. Once sent, False: the
+        frontend cannot know whether the first stateful operator applied it, and a request
+        is never stopped half-way (exactly once): it completes, its answer kept for a retry."""
+        if call.sent:
+            return False
+        self._answer(call, Source.ERROR, None, "cancelled by the client before it entered the graph",
+                     ErrorCode.CANCELLED)
+        return True
 
     # ------------------------------------------------------------------ the graph's messages
 
@@ -217,6 +232,7 @@ class GraphRoute:
         mine = self.ids.owns(after)
         for origin in sorted(o for o, c in self.calls.items() if c.output is None and (o > after or not mine)):
             self.peers.send(self.endpoints[op], self.calls[origin].input)
+            self.calls[origin].sent = True
             self.counts["resent"] += 1
 
     def _void(self, operator: str, epoch: int, max_seq: int) -> None:
