@@ -52,8 +52,9 @@ def test_the_dispatcher_removes_withdrawn_queries_and_the_worker_never_runs_them
     push = zsock(zmq.PUSH, connect=dispatcher.query_endpoint)
     n = 200
     qids = list(range(1, n + 1))
-    transport.send(push, Queries(model="slow", qids=qids, budgets_ms=[60_000.0] * n, reply_to=transport.endpoint_of(pull),
-                                 inputs=np.ones((n, DIM), np.float32), sent_at=time.time()))
+    transport.send(push, Queries(model="slow", qids=qids, budgets_ms=[60_000.0] * n,
+                                 reply_to=transport.endpoint_of(pull), inputs=np.ones((n, DIM), np.float32),
+                                 sent_at=time.time()))
     assert pull.poll(10_000), "no prediction came"
     first = protocol.decode(pull.recv_multipart(copy=False)).qids  # the worker is busy; the rest wait
     kept = set(qids[:5])  # the queries the test keeps; the others are cancelled, one Withdraw each

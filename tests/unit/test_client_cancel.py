@@ -18,7 +18,7 @@ from keel.common.protocol import Cancel, ErrorCode, Predict, Reply, Source
 X = np.zeros(4, np.float32)
 
 
-def messages(router: zmq.Socket, wait_ms: int = 5000) -> list:
+def messages(router: zmq.Socket, wait_ms: int = 5000) -> tuple[list, list | None]:
     """Every message a stand-in frontend got until it has been quiet for 300 ms (waiting up
     to ``wait_ms`` for the first), bundles and columns taken apart, with the envelope of the last."""
     out, envelope = [], None
