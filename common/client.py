@@ -32,11 +32,19 @@ Example
 ('model', 3)
 >>> results = client.predict_batch("digits-mlp", xs)         # doctest: +SKIP
 
+Cancelling (docs/guide/client.md): ``Client.cancel(request_id)`` for a submitted call,
+``AsyncClient.cancel`` or cancelling the task awaiting ``predict``, and a cancelled future
+of ``common.futures_client.FuturesClient``: the call ends at once (error code
+``cancelled``, ``Cancelled``; the task or future cancelled) and a ``Cancel`` goes to each
+frontend that may hold it, which drops its work. A call ending at its own deadline sends
+none: the frontend holds the same deadline and drops the request there itself.
+
 Errors as exceptions: ``Client(..., raise_errors=True)`` (or ``raise_errors=True`` on one
 call, or ``result.raise_for_error()``) raises a ``KeelError`` subclass for a reply without
 a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded`` (and
-its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
-reply (source, error code, request id). Without it, results are values, as before.
+its ``Refused``, ``Unreachable``), ``ModelError``, ``Cancelled``, ``InternalError``;
+``exc.result`` is the reply (source, error code, request id). Without it, results are
+values, as before.
 ``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
 to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected
 (the rules of ``common.inputs``, the gateways' too).
