@@ -102,8 +102,10 @@ class GraphRouteConfig:
     endpoint: str = "tcp://127.0.0.1:7601"
     #: node -> PULL endpoint: each operator's name, "<operator>.backup"
     peers: dict[str, str] = field(default_factory=dict)
-    #: a request not answered by then (durable, with a hold) is answered ``deadline`` (s)
+    #: a request's deadline when it names none (s); at its deadline a request not answered
+    #: (durable, with a hold) gets ``default_output`` (source default), else ``deadline``
     request_timeout_s: float = 10.0
+    default_output: list[float] | None = None
     #: this frontend's place among the graph's ``lanes`` frontends: origins of frontends
     #: started in the same 10 ms tick still differ (``services.graph.route.origin_space``)
     lane: int = 0

@@ -12,7 +12,13 @@ way whichever door it came in by:
 - shape: the target's ``input_shape``, or rows of it (axis 0 the batch) for a batch;
 - values: no NaN or infinity in a float input.
 
-The OIP v2 datatype names (``DATATYPES``) live here too: both gateways speak them.
+The frontend validates every request the same way (``services.frontend``), whichever
+door it came by. The rules of a call beside its input live here too, for the same
+callers (``call_error``): which kinds of target take a ``key`` (an application's context,
+a graph's stream) and which have versions (models), what a key and a ``timeout_ms`` may
+be; and ``describe``, the one description of a target (what ``Frontend.targets``, the
+gateways and ``keel status`` show). The OIP v2 datatype names (``DATATYPES``) live here
+too: both gateways speak them.
 
 Example
 -------
@@ -34,6 +40,14 @@ DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "ui
              "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
              "FP32": "float32", "FP64": "float64"}
 OIP_OF = {v: k for k, v in DATATYPES.items()}
+
+#: per kind of target: whether a call may name a ``key``, and whether it has versions
+KEYED = {"model": False, "application": True, "graph": True}
+VERSIONED = {"model": True, "application": False, "graph": False}
+#: the longest deadline a call may name (ms): a day; a longer one is a mistake, not a wish
+MAX_TIMEOUT_MS = 86_400_000.0
+#: the longest key a call may name (characters)
+MAX_KEY = 200
 
 
 class InputError(ValueError):
@@ -91,7 +105,7 @@ def coerce(x: Any, dtype: str | np.dtype, what: str = "input") -> np.ndarray:
 
 
 def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, rows: bool = False,
-             what: str = "input") -> np.ndarray:
+             what: str = "input", convert: bool = True) -> np.ndarray:
     """``x`` ready for a target taking ``shape`` and ``dtype`` (None: not known here, not
     checked); with ``rows``, axis 0 is the batch. Raises ``InputError``.
 
@@ -107,8 +121,19 @@ def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, r
         ``x`` is a batch: its rows must each have ``shape``.
     what : str
         How messages name the input (``"model 'm'"``, ``"input 'x'"``).
+    convert : bool
+        Whether another dtype is converted (the callers that decode inputs); without, it is
+        refused (the frontend: what reaches it was converted by the client or gateway that
+        sent it, or was sent as is by a caller told nothing, who learns the dtype this way).
     """
-    arr = np.asarray(x) if dtype is None else coerce(x, dtype, what)
+    if dtype is None:
+        arr = np.asarray(x)
+    elif convert:
+        arr = coerce(x, dtype, what)
+    else:
+        arr = x
+        if arr.dtype != dtype:
+            raise InputError(f"{what} takes {np.dtype(dtype).name} input, got {arr.dtype.name}")
     if shape is not None:
         got = list(arr.shape[1:] if rows else arr.shape)
         if (rows and arr.ndim == 0) or got != list(shape):
@@ -117,3 +142,45 @@ def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, r
     if arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
         raise InputError(f"{what} contains NaN or infinity")
     return arr
+
+
+def describe(kind: str, info: Any, version: str | None = None, **extra: Any) -> dict:
+    """The description of a target: ``kind`` (model, application or graph), what it takes
+    (``input_shape``, ``input_dtype``) and answers (``output_size``), the ``version`` served
+    (None: it has no versions), whether it takes a ``key``, and ``extra`` (a graph's
+    ``mode``). ``info`` has the model-like fields (``common.config.ModelInfo``)."""
+    return {"kind": kind, "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
+            "output_size": info.output_size, "version": version, "key": KEYED[kind], **extra}
+
+
+def key_error(key: Any) -> str | None:
+    """Why ``key`` cannot be a call's key (a non-empty string of at most ``MAX_KEY``
+    characters), or None."""
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
+        return f"key must be a non-empty string of at most {MAX_KEY} characters, got {short(key)}"
+    return None
+
+
+def timeout_error(timeout_ms: Any, what: str = "timeout_ms") -> str | None:
+    """Why ``timeout_ms`` cannot be a call's deadline (a number >= 0 and at most a day,
+    ``MAX_TIMEOUT_MS``; 0 or None: the target's own), or None."""
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms >= 0:
+        return f"{what} must be a number > 0, got {short(timeout_ms)}"
+    if timeout_ms > MAX_TIMEOUT_MS:
+        return f"{what} {timeout_ms} is more than a day"
+    return None
+
+
+def call_error(name: str, kind: str, key: Any = None, version: Any = None, timeout_ms: Any = None) -> str | None:
+    """Why a call of target ``name`` (of ``kind``) with ``key``, ``version`` and
+    ``timeout_ms`` cannot be taken, or None: a key only for the kinds that take one
+    (``KEYED``), a version only for those that have versions (``VERSIONED``), and each as
+    ``key_error`` and ``timeout_error`` say. Whether the version asked is served is the
+    caller's to check (one frontend serves one version; a gateway sees them all)."""
+    if key is not None and not KEYED[kind]:
+        return f"{kind} {name!r} takes no key (only applications and graphs do)"
+    if version is not None and not VERSIONED[kind]:
+        return f"{kind} {name!r} has no versions (asked for version {str(version)[:40]})"
+    return key_error(key) or timeout_error(timeout_ms)

@@ -13,14 +13,18 @@ or infinity (from a worker or a reconstruction: inputs are finite, checked at ad
 is a ``model_error`` for its query, counted (``nonfinite_outputs``), logged once per model
 and never cached.
 
-Routes: what a request is sent to is chosen by its target (``Predict.model``): a model
-(this module: cache, dispatcher, reconstructions, dispatcher failover), an application
-(``services.selection.runtime``), a HAMS service graph (``services.graph.route``: origins
-of this incarnation, the hold until durable). Admission, validation, de-duplication, the
-request lifecycle, metrics (per ``target`` and ``kind``) and the one log line per request
-are the frontend's for all three. ``Predict.key`` is the one per-call key: an
-application's context, a graph's stream (``route.stream_of``); a plain model refuses one.
-A name that is none of these is ``unknown_model``, the reply listing what is served.
+Routes: what a request is sent to is chosen by its target (``Predict.model``), behind one
+interface (``services.routes``): a model (``routes.model``: cache, dispatcher,
+reconstructions), an application (``routes.application``), a HAMS service graph
+(``services.graph.route``: origins of this incarnation, the hold until durable). Decoding,
+validation (``common.inputs``: the input, the key, the version, the timeout), de-duplication,
+admission (one budget of ``admission_limit`` queries for every target), deadlines (one heap),
+cancellation, the request lifecycle, metrics (per ``target`` and ``kind``) and the one log
+line per request are the frontend's for all of them, and it never asks a target's kind:
+the rules are the same for every target (``services.routes``). ``Predict.key`` is the one
+per-call key: an application's context, a graph's stream (``route.stream_of``); a plain
+model refuses one. A name that is none of these is ``unknown_model``, the reply listing
+what is served. The dispatcher failover (below) is the frontend's, for the model queries.
 
 Model selection (Clipper §5, ``services.selection.runtime``): a request may name an
 application instead of a model (with a ``key``); its policy picks the models to query
@@ -30,7 +34,8 @@ reply names the models used and the confidence. A ``Feedback`` message with the 
 updates the context's state from the outputs kept in the feedback log.
 
 A request's states are in ``services.requests``; de-duplication is by (``Predict.client``
-when the client sends it, else the connection, request id). Query ids come from this
+when the client sends it, else the connection, request id); a ``Cancel`` names a request the
+same way (``_on_cancel``). Query ids come from this
 incarnation's ``IdSpace``: a prediction for a query of an earlier incarnation (the
 frontend restarted on the same endpoint) is counted ``stale`` and dropped, never matched
 to a new query. A query answered by a
@@ -52,7 +57,7 @@ connections are kept (past it, the one that sent least recently is hung up, coun
 ``client_hwm`` and the de-duplication table's limits, that bounds the process's memory,
 and what closed connections and expired entries held is handed back to the system
 (``base.release_memory``). A client may send ``Predict``,
-``Feedback`` and ``Status`` requests; any other kind is answered ``bad_request`` and
+``Cancel``, ``Feedback`` and ``Status`` requests; any other kind is answered ``bad_request`` and
 counted (``refused_kind``). ``Configure(model, version)`` -- a finished rollout -- is an
 operator's, and comes on the prediction endpoint, Keel's side of the frontend.
 """
@@ -62,12 +67,11 @@ import socket
 import time
 import zlib
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
+from keel.common import inputs, protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.protocol import (
@@ -76,12 +80,12 @@ from keel.common.protocol import (
 )
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
-from keel.services.graph.route import GraphCall, GraphRoute
+from keel.services.graph.route import GraphRoute
 from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace, stack_rows
-from keel.services.selection.runtime import Applications, Call
-
-#: reconstructed outputs kept to grade against their late predictions, at most
-GRADED = 50_000
+from keel.services.routes import CACHED, FULL, Pending
+from keel.services.routes.application import ApplicationRoute
+from keel.services.routes.model import ModelRoute
+from keel.services.selection.runtime import Applications
 #: a bundle of replies to one client (``Predict.bundle``) is sent once it holds this many
 #: replies or this many bytes of outputs, at the latest once the predictions read are answered
 BUNDLE_REPLIES = protocol.MAX_BUNDLE
@@ -94,24 +98,6 @@ COLUMN_ROW_BYTES = BUNDLE_BYTES // BUNDLE_REPLIES
 #: count), or this many client connections have closed, since it last was
 TRIM_STEP = 8 << 20
 TRIM_CLIENTS = 64
-
-
-@dataclass(slots=True)
-class Pending:
-    """One computation: the model queries a request made (one, or an application's
-    selection), shared by its retries and by identical requests that arrived while it was
-    in flight."""
-
-    qids: tuple[int, ...]  # one per selected model
-    models: tuple[str, ...]
-    model: str  # the model (or application) the requests asked for
-    version: str | None
-    deadline: float  # monotonic
-    key: bytes | None  # cache key
-    requests: list[Request]
-    #: the query's input, kept (with a manager) to re-send it to a newly active dispatcher
-    input: np.ndarray | None = None
-    call: Call | None = None  # an application's call (model selection)
 
 
 class Frontend(Service):
@@ -146,14 +132,15 @@ class Frontend(Service):
         #: (a prediction of the old version still in flight must not move it back)
         self.serving: dict[str, str] = {}
         self.configured: set[str] = set()
-        self.pending: dict[int, Pending] = {}  # qid -> its computation
-        self.by_request: dict[tuple, tuple[Pending, int]] = {}  # (sender, request id) -> (computation, input digest)
-        self.by_key: dict[bytes, Pending] = {}
+        #: qid -> its computation (a route's: ``Pending``, ``GraphCall``): the queries in flight,
+        #: what admission counts, whatever their targets
+        self.pending: dict[int, object] = {}
+        self.by_request: dict[tuple, tuple] = {}  # (sender, request id) -> (computation, input digest)
         self.dedup = DedupTable(cfg.dedup_ttl_s, cfg.dedup_max_entries, cfg.dedup_max_bytes)
         self.deadlines = Deadlines()
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
-        self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``_answer(later=True)``)
+        self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``answer(later=True)``)
         #: client envelope -> [(Reply, its frames, its column key) of each reply bundled for it, their outputs' bytes]
         self.bundles: dict[tuple, list] = {}
         #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
@@ -178,9 +165,14 @@ class Frontend(Service):
                                                 "before an answer", ["target"])
         self.m_refused = self.metrics.counter("client_messages_refused_total",
                                               "messages of a kind clients may not send, refused", ["kind"])
-        #: HAMS service graphs: a route each, answering through ``_answer`` like every target
-        self.graphs = {name: GraphRoute(name, route, self, self._answer_graph, cfg.admission_limit)
-                       for name, route in cfg.graphs.items()}
+        #: target name -> its route: models, applications, HAMS service graphs, each answering
+        #: through ``answer`` (a name is the first kind's that has it)
+        self.routes = {name: ModelRoute(name, info, self) for name, info in cfg.models.items()}
+        for name in (self.apps.apps if self.apps else ()):
+            self.routes.setdefault(name, ApplicationRoute(name, self.apps, self))
+        self.graphs = {name: GraphRoute(name, route, self) for name, route in cfg.graphs.items()}
+        for name, route in self.graphs.items():
+            self.routes.setdefault(name, route)
         self.dispatcher_name = None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
@@ -250,32 +242,27 @@ class Frontend(Service):
         # connection and frontend), else the connection it came on
         dkey = (msg.client.encode() if msg.client else envelope[0], rid)
         request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True, columns=msg.columns is True)
-        if msg.input.nbytes > self.cfg.max_payload_bytes:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"payload of {msg.input.nbytes} bytes exceeds the limit of "
-                                                                f"{self.cfg.max_payload_bytes} (max_payload_bytes)")
-        kind = self._kind(msg.model)
-        if kind is None:
-            known = ", ".join(sorted(self.targets())) or "none"
-            return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
-        info = (self.cfg.models[msg.model] if kind == "model" else self.apps.infos[msg.model] if kind == "application"
-                else self.graphs[msg.model].info)
-        key = msg.key
         x = msg.input
-        if protocol.DTYPE_NAMES.get(x.dtype) != info.input_dtype:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{kind} {msg.model} takes {info.input_dtype} input, got {x.dtype}")
-        if list(x.shape) != info.input_shape:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{kind} {msg.model} takes input of shape {info.input_shape}, got {list(x.shape)}")
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            return self._refuse(request, ErrorCode.BAD_REQUEST, "input contains NaN or infinity")
-        if kind != "model" and msg.version is not None:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"{msg.model} is an {kind}: it has no versions"
-                                if kind == "application" else f"{msg.model} is a graph: it has no versions")
-        if kind == "model" and key is not None:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"model {msg.model} takes no key (applications and graphs do)")
-        if msg.version is not None and kind == "model":
-            served = self.serving.get(msg.model, info.version)  # after a rollout, the rollout's version
+        if x.nbytes > self.cfg.max_payload_bytes:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"payload of {x.nbytes} bytes exceeds the limit of "
+                                                                f"{self.cfg.max_payload_bytes} (max_payload_bytes)")
+        route = self.routes.get(msg.model)
+        if route is None:
+            known = ", ".join(sorted(self.routes)) or "none"
+            return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"unknown model {msg.model!r}; this frontend serves: {known}")
+        key = msg.key
+        error = inputs.call_error(msg.model, route.kind, key, msg.version, msg.timeout_ms)
+        if error is not None:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, error)
+        if msg.version is not None:
+            served = route.version()  # after a rollout, the rollout's version
             if msg.version != served:
-                return self._refuse(request, ErrorCode.UNKNOWN_MODEL, f"model {msg.model} serves version {served}, not {msg.version}")
+                return self._refuse(request, ErrorCode.UNKNOWN_MODEL,
+                                    f"{route.kind} {msg.model} serves version {served}, not {msg.version}")
+        try:
+            inputs.validate(x, route.info.input_shape, route.dtype, what=route.what, convert=False)
+        except inputs.InputError as exc:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, str(exc))
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
         request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{key or ''}".encode()))
         done = self.dedup.get(dkey)
@@ -293,61 +280,22 @@ class Frontend(Service):
             request.to(waiting[0].requests[0].state)
             waiting[0].requests.append(request)
             return
-        if kind == "graph":
-            client = msg.client if msg.client else envelope[0].hex()
-            call = self.graphs[msg.model].admit(request, x, key, protocol.request_key(client, rid))
-            if call is None:
-                return self._refuse(request, ErrorCode.OVERLOADED, f"graph {msg.model} is full; try again later")
-            self.by_request[dkey] = (call, digest)
+        deadline = time.monotonic() + route.deadline_ms(msg.timeout_ms) / 1000.0
+        computation = route.admit(request, msg, x, deadline, len(self.pending) >= self.cfg.admission_limit)
+        if computation is CACHED:
             return
-        cache_key = None
-        version = self.serving.get(msg.model, info.version) if kind == "model" else None
-        if self.cache is not None and kind == "model":  # an application's answer depends on its learned state
-            cache_key = b"%s\0%s\0%s" % (msg.model.encode(), version.encode(), x.tobytes())
-            output = self.cache.get(cache_key)
-            if output is not None:
-                return self._answer([request], Source.CACHE, msg.model, version, output)
-            shared = self.by_key.get(cache_key)
-            if shared is not None:  # the same query is in flight: share its computation
-                request.to(State.WAITING)
-                shared.requests.append(request)
-                self.by_request[dkey] = (shared, digest)
-                return
-        if len(self.pending) >= self.cfg.admission_limit:
-            return self._refuse(request, ErrorCode.OVERLOADED, f"{len(self.pending)} queries pending; try again later")
-        timeout_ms = msg.timeout_ms if msg.timeout_ms and msg.timeout_ms > 0 else info.deadline_ms
-        call = None
-        if kind == "application":
-            budget = self.apps.apps[msg.model].deadline_ms  # stragglers (§5.2.2): answer with what arrived by then
-            if budget is not None:
-                timeout_ms = min(timeout_ms, budget) if msg.timeout_ms else budget
-            models, call = self.apps.select(msg.model, key or "", x)
-        else:
-            models = (msg.model,)
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        qids = tuple(self.ids.next() for _ in models)
-        pending = Pending(qids, models, msg.model, version, deadline, cache_key, [request], call=call)
-        if self.manager is not None:
-            pending.input = x
-        request.to(State.WAITING)
-        for qid, model in zip(qids, models):
-            self.pending[qid] = pending
-            self.outbox[model].append((qid, deadline, x))
-            self.deadlines.push(deadline, qid)
-        self.by_request[dkey] = (pending, digest)
-        if cache_key is not None:
-            self.by_key[cache_key] = pending
-        self.deadline.at_latest(deadline)
-        if msg.trace is not None and kind == "model":  # receipt, on the wall clock the stamps share
-            self.traces[qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
-
-    def _kind(self, name: str) -> str | None:
-        """What ``name`` is to this frontend: "model", "application", "graph", or None."""
-        if name in self.cfg.models:
-            return "model"
-        if self.apps is not None and name in self.apps:
-            return "application"
-        return "graph" if name in self.graphs else None
+        if computation is FULL:
+            return self._refuse(request, ErrorCode.OVERLOADED, f"{len(self.pending)} queries in flight "
+                                                               "(admission_limit); try again later")
+        self.by_request[dkey] = (computation, digest)
+        if computation.requests[0] is request:  # a new computation (else one in flight it joined)
+            request.to(State.WAITING)
+            for qid in computation.qids:
+                self.pending[qid] = computation
+                self.deadlines.push(deadline, qid)
+            self.deadline.at_latest(deadline)
+            if msg.trace is not None and route.traced:  # receipt, on the wall clock the stamps share
+                self.traces[computation.qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
 
     def _flush(self) -> None:
         """One Queries message per model for everything admitted in this tick, and one
@@ -400,7 +348,7 @@ class Frontend(Service):
         self.push = self.add_socket(transport.make_socket(self.ctx, zmq.PUSH, connect=endpoint))
         resent = 0
         for pending in {id(p): p for p in self.pending.values()}.values():
-            if pending.input is None:
+            if not isinstance(pending, Pending) or pending.input is None:  # a graph's, or no input kept
                 continue
             for qid, model in zip(pending.qids, pending.models):
                 if qid in self.pending:
@@ -453,38 +401,21 @@ class Frontend(Service):
             if qid >> SEQ_BITS != epoch:  # a query of an earlier incarnation of this frontend
                 self.counts["stale"] += 1
                 continue
-            failed = outputs is None or (bad is not None and bad[i])
-            pending = self.pending.get(qid)
+            pending = self.pending.pop(qid, None)
             if pending is None:
-                self._late(qid, source, None if failed else outputs[i])
+                self._late(qid, source, None if outputs is None or (bad is not None and bad[i]) else outputs[i])
                 continue
             model = pending.models[0] if len(pending.qids) == 1 else pending.models[pending.qids.index(qid)]
             if model != msg.model:  # not this query's model: not its answer
+                self.pending[qid] = pending
                 self.counts["mismatched"] += 1
                 continue
-            del self.pending[qid]
-            if pending.call is not None:
-                self._on_app_output(pending, model, None if failed else outputs[i], source)
-                continue
-            self._settle(pending)
-            if failed:
-                why = f"failed on this batch: {error}" if outputs is None else "output NaN or infinity for this input"
-                self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
-                             f"model {msg.model} {why}", ErrorCode.MODEL_ERROR)
-                continue
-            output = outputs[i]
-            if source == Source.RECONSTRUCTION:
-                self.reconstructed_by[model].append(qid)
-                self.reconstructed[qid] = output
-                if len(self.reconstructed) > GRADED:
-                    del self.reconstructed[next(iter(self.reconstructed))]
-            version = pending.version if msg.version is None else msg.version
-            # the key names the version expected at admission: another version's output is not cached under it
-            if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
-                self.cache.put(pending.key, output)
-            trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
-            self._answer(pending.requests, source, pending.model, version, output, trace=trace, later=True,
-                         bundle=len(msg.qids) > 1)
+            if outputs is None:
+                pending.route.on_output(pending, qid, model, None, f"failed on this batch: {error}", source, msg)
+            elif bad is not None and bad[i]:
+                pending.route.on_output(pending, qid, model, None, "output NaN or infinity for this input", source, msg)
+            else:
+                pending.route.on_output(pending, qid, model, outputs[i], None, source, msg)
 
     def _nonfinite(self, msg: Predictions, rows: int) -> None:
         """A model answered NaN or infinity for a finite input (the input was checked at
@@ -496,87 +427,29 @@ class Frontend(Service):
             self.log.error("model output NaN or infinity; answered model_error, not cached", model=msg.model,
                            worker=msg.worker, source=str(msg.source), rows=rows)
 
-    def _on_app_output(self, pending: Pending, model: str, output: np.ndarray | None, source: str) -> None:
-        """One selected model's output (None: its batch failed) for an application's call:
-        the call is answered once every selected model has answered or failed."""
-        if output is not None:
-            pending.call.outputs[model] = output
-            if source == Source.RECONSTRUCTION:
-                self.reconstructed_by[model].append(pending.qids[pending.models.index(model)])
-        if not self._open(pending):
-            self._settle(pending)
-            self._answer_app(pending)
-
-    def _answer_app(self, pending: Pending) -> None:
-        """Combine what arrived (at the deadline: stragglers count as disagreeing); with
-        nothing, the default output or an error."""
-        call = pending.call
-        answer = self.apps.combine(call, call.outputs)
-        if answer is None:
-            default = self.apps.default_output(call.app)
-            if default is not None:
-                self._answer(pending.requests, Source.DEFAULT, call.app, None, default)
-            elif time.monotonic() >= pending.deadline:
-                self._answer(pending.requests, Source.DEFAULT, call.app, None, None,
-                             "deadline passed before any of the application's models answered; no default output",
-                             ErrorCode.DEADLINE)
-            else:
-                self._answer(pending.requests, Source.ERROR, call.app, None, None,
-                             f"every model application {call.app} queried failed: {', '.join(call.models)}",
-                             ErrorCode.MODEL_ERROR)
-            return
-        self._answer(pending.requests, answer.source, call.app, None, answer.output,
-                     models=answer.models, confidence=answer.confidence)
-        for rid in {r.request_id for r in pending.requests}:
-            self.apps.remember(rid, call)
-
     def _on_cancel(self, msg: Cancel, envelope: list) -> None:
         """A client gave up on a request: if it is in flight, it (and every retry joined to
-        it) is answered once, ``cancelled``, and what it holds is dropped. A computation it
-        shares with other requests (an identical query of another client) keeps running for
-        them; a model query already sent is withdrawn from the dispatcher. A graph request is
-        cancelled only while it has not entered the graph (``GraphRoute.cancel``). Unknown or
-        answered requests are left alone: an answer stays remembered for a retry."""
+        it) is answered once, ``cancelled``, and its route drops what it holds for it
+        (``route.cancel``): a computation it shares with other requests (an identical query
+        of another client) keeps running for them, a model query already sent is withdrawn
+        from the dispatcher, a graph request is cancelled only while it has not entered the
+        graph. Unknown or answered requests are left alone: an answer stays for a retry."""
         dkey = (msg.client.encode() if msg.client else envelope[0], msg.request_id)
         waiting = self.by_request.get(dkey)
         if waiting is None:
             self.counts["cancel_ignored"] += 1
             return
         computation = waiting[0]
-        if isinstance(computation, GraphCall):
-            target, kind, shared = computation.route.name, "graph", False
-            if not computation.route.cancel(computation):
-                self.counts["cancel_too_late"] += 1  # in the graph: it completes, its answer kept for a retry
-                return
-        else:
-            target, kind = computation.model, self._kind(computation.model)
-            del self.by_request[dkey]
-            mine = [r for r in computation.requests if r.dedup == dkey]
-            computation.requests = [r for r in computation.requests if r.dedup != dkey]
-            shared = bool(computation.requests)
-            if not shared:
-                self._drop(computation)
-            self._answer(mine, Source.ERROR, target, computation.version, None, "cancelled by the client",
-                         ErrorCode.CANCELLED)
+        route = computation.route
+        cancelled = route.cancel(computation, dkey)
+        if cancelled is None:
+            self.counts["cancel_too_late"] += 1  # in a graph: it completes, its answer kept for a retry
+            return
+        self.answer(cancelled, Source.ERROR, route.name, None, None, "cancelled by the client", ErrorCode.CANCELLED)
         self.counts["cancelled"] += 1
-        self.m_cancelled.labels(target=target).inc()
-        self.log.info("cancelled", request_id=msg.request_id, target=target, kind=kind, shared=shared)
-
-    def _drop(self, pending: Pending) -> None:
-        """A computation no request waits for any more: its queries not yet sent leave the
-        outbox, those sent are withdrawn (``Withdraw``, with the next flush)."""
-        if pending.key is not None:
-            self.by_key.pop(pending.key, None)
-        for qid, model in zip(pending.qids, pending.models):
-            if self.pending.pop(qid, None) is None:
-                continue  # answered already (one of an application's models)
-            self.traces.pop(qid, None)
-            items = self.outbox.get(model)
-            at = next((i for i, item in enumerate(items) if item[0] == qid), None) if items else None
-            if at is not None:
-                del items[at]
-            else:
-                self.withdrawn[model].append(qid)
+        self.m_cancelled.labels(target=route.name).inc()
+        self.log.info("cancelled", request_id=msg.request_id, target=route.name, kind=route.kind,
+                      shared=computation.requests is not cancelled and bool(computation.requests))
 
     def _on_feedback(self, msg: Feedback, envelope: list) -> None:
         if self.apps is None:
@@ -587,10 +460,6 @@ class Frontend(Service):
         self._send(envelope, protocol.encode(Feedback(request_id=msg.request_id, label=msg.label, ok=error is None,
                                                       error=error, error_code=code)))
 
-    def _open(self, pending: Pending) -> bool:
-        """Whether any of a fanned-out computation's queries is still in flight."""
-        return any(q in self.pending for q in pending.qids)
-
     def _late(self, qid: int, source: str, output: np.ndarray | None) -> None:
         """An answer for a query already answered: count it; grade an earlier reconstruction."""
         self.counts[f"late_{source}"] += 1
@@ -600,19 +469,16 @@ class Frontend(Service):
                 self.counts["reconstructions_graded"] += 1
                 self.counts["reconstructions_agree"] += int(np.argmax(rebuilt) == np.argmax(output))
 
-    def _settle(self, pending: Pending) -> None:
-        """A computation is decided: forget how requests found it, and its other queries."""
-        for request in pending.requests:
+    def settle(self, computation) -> None:
+        """A computation is decided: forget how requests found it, and its queries."""
+        for request in computation.requests:
             self.by_request.pop(request.dedup, None)
-        if pending.key is not None:
-            self.by_key.pop(pending.key, None)
-        if pending.call is not None:
-            for qid in pending.qids:
-                self.pending.pop(qid, None)
+        for qid in computation.qids:
+            self.pending.pop(qid, None)
 
     # ------------------------------------------------------------------ answers
 
-    def _answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
+    def answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
                 error: str | None = None, code: str | None = None, models: list[str] | None = None,
                 confidence: float | None = None, degraded: bool | None = None, trace: list[float] | None = None,
                 later: bool = False, bundle: bool = False) -> None:
@@ -626,7 +492,8 @@ class Frontend(Service):
         a client that reads bundles (``_bundle``; a lone answer leaves at once)."""
         now = time.perf_counter()
         remember = code is None
-        kind = self._kind(model) or ""
+        route = self.routes.get(model)
+        kind = route.kind if route is not None else ""
         count, latencies = self._meters(source, model if kind else "", kind)
         for request in requests:
             reply = Reply(request_id=request.request_id, source=source, output=output, model=model, version=version,
@@ -645,7 +512,7 @@ class Frontend(Service):
                 self._remember(*answer)
 
     def _record(self) -> None:
-        """The answers ``_answer(later=True)`` sent: remembered, counted and logged now."""
+        """The answers ``answer(later=True)`` sent: remembered, counted and logged now."""
         for answer in self.unrecorded:
             self._remember(*answer)
         self.unrecorded.clear()
@@ -674,13 +541,6 @@ class Frontend(Service):
                 self.m_latency.labels(source=source, target=target, kind=kind))
         return meters
 
-    def _answer_graph(self, requests: list[Request], source: str, graph: str, output: np.ndarray | None,
-                      error: str | None, code: str | None, degraded: bool | None) -> None:
-        """A graph route's answer (it left the hold: durable): its requests are no longer in flight."""
-        for request in requests:
-            self.by_request.pop(request.dedup, None)
-        self._answer(requests, source, graph, None, output, error, code, degraded=degraded)
-
     def _send(self, envelope: list, frames: list, replies: int = 1) -> None:
         """A reply (or a bundle of ``replies``) to a client, never blocking: one that does not
         fit its queue is dropped."""
@@ -707,32 +567,19 @@ class Frontend(Service):
         self.bundles.clear()
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
-        self._answer([request], Source.ERROR, "", "", None, text, code)
+        self.answer([request], Source.ERROR, "", "", None, text, code)
 
     # ------------------------------------------------------------------ chores
 
     def _expire(self, now: float) -> None:
-        """Clipper's SLO behaviour: at its deadline a query gets the model's default output."""
+        """A computation's deadline passed: its route answers it by the deadline rule."""
         for qid in self.deadlines.due(now):
-            pending = self.pending.pop(qid, None)
-            if pending is None:
-                continue  # answered already
-            self._settle(pending)
-            if pending.call is not None:
-                self._answer_app(pending)
-            else:
-                self._default(pending)
+            computation = self.pending.pop(qid, None)
+            if computation is not None:  # else answered already
+                computation.route.expire(computation)
         following = self.deadlines.settle(self.pending)
         if following is not None:
             self.deadline.at(following)
-
-    def _default(self, pending: Pending) -> None:
-        info = self.cfg.models[pending.model]
-        if info.default_output is not None:
-            self._answer(pending.requests, Source.DEFAULT, pending.model, pending.version, np.asarray(info.default_output, np.float32))
-        else:
-            self._answer(pending.requests, Source.DEFAULT, pending.model, pending.version, None,
-                         "deadline passed before a prediction; no default output is configured", ErrorCode.DEADLINE)
 
     def _forget_answered(self, now: float) -> None:
         self.dedup.forget(now)
@@ -747,12 +594,12 @@ class Frontend(Service):
         """On shutdown, every pending request still gets an answer that says why."""
         if self.manager is not None:
             self.manager.close()
-        for pending in {id(p): p for p in self.pending.values()}.values():
-            self._answer(pending.requests, Source.ERROR, pending.model, pending.version, None,
-                         "frontend shutting down", ErrorCode.INTERNAL)
-        self.pending.clear()
-        for route in self.graphs.values():
+        for route in self.routes.values():  # a graph answers what is in it
             route.close()
+        for computation in {id(p): p for p in self.pending.values()}.values():
+            self.answer(computation.requests, Source.ERROR, computation.route.name, None, None,
+                        "frontend shutting down", ErrorCode.INTERNAL)
+        self.pending.clear()
         if self.apps is not None:
             self.apps.close()
 
@@ -770,23 +617,15 @@ class Frontend(Service):
                 "applications": sorted(self.apps.apps) if self.apps else [],
                 "feedback_log": len(self.apps.log) if self.apps else 0,
                 "graphs": {name: route.status() for name, route in self.graphs.items()},
+                # the other routes' figures (a model's computations shared by identical requests)
+                "routes": {name: route.status() for name, route in self.routes.items() if name not in self.graphs},
                 "targets": self.targets()}
 
     def targets(self) -> dict[str, dict]:
-        """Every name a client may call, with what it takes and answers: ``kind`` (model,
-        application or graph), ``input_shape``, ``input_dtype``, ``output_size``, the
-        ``version`` served (None: the target has no versions) and whether it takes a ``key``;
-        a graph also its ``mode``."""
-        out = {}
-        for name, info in self.cfg.models.items():
-            out[name] = {"kind": "model", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
-                         "output_size": info.output_size, "version": self.serving.get(name, info.version), "key": False}
-        for name, info in (self.apps.infos.items() if self.apps else ()):
-            out[name] = {"kind": "application", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
-                         "output_size": info.output_size, "version": None, "key": True}
-        for name, route in self.graphs.items():
-            out[name] = route.target()
-        return out
+        """Every name a client may call, described as ``common.inputs.describe`` says (kind,
+        what it takes and answers, the version served, whether it takes a key; a graph's
+        mode): what the gateways and ``keel status`` show."""
+        return {name: route.describe() for name, route in self.routes.items()}
 
 
 def _column_key(reply: Reply) -> tuple | None:

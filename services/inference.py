@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import time
 
 import numpy as np
@@ -43,10 +42,6 @@ STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode
 #: how long the frontends' targets are kept for inference (s): a status round trip per
 #: request would double the cost of a small one
 TARGETS_TTL_S = 1.0
-#: the longest deadline a request may name (ms): a day; a longer one is a mistake, not a wish
-MAX_TIMEOUT_MS = 86_400_000.0
-#: the longest key a request may name (characters)
-MAX_KEY = 200
 #: how long each frontend has to answer a status (s)
 STATUS_TIMEOUT_S = 0.5
 
@@ -73,20 +68,21 @@ def not_served(name: str, version: str, versions: list[str]) -> str:
 def call_parameters(params: dict) -> tuple[str | None, float | None]:
     """(key, deadline in ms) of a request's OIP ``parameters``, whichever transport it came
     by: ``key`` (an application's context, a graph's stream), ``timeout_ms`` or ``timeout``
-    (us, tritonclient's). A malformed one is a 400 ``InferError``."""
+    (us, tritonclient's). A malformed one is a 400 ``InferError`` (the rules are
+    ``common.inputs``', the frontend's too)."""
     key = params.get("key")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
-        raise InferError(400, f"parameters.key must be a non-empty string of at most {MAX_KEY} characters, "
-                              f"got {inputs.short(key)}")
+    error = inputs.key_error(key)
+    if error is not None:
+        raise InferError(400, f"parameters.{error}")
     for name, scale in (("timeout_ms", 1.0), ("timeout", 1e-3)):
         value = params.get(name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise InferError(400, f"parameters.{name} must be a number > 0, got {inputs.short(value)}")
-            ms = float(value) * scale
-            if ms > MAX_TIMEOUT_MS:
-                raise InferError(400, f"parameters.{name} {value} is more than a day")
-            return key, ms
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ms = value * scale if number else value
+            error = inputs.timeout_error(ms, f"parameters.{name}")
+            if error is not None or not ms:  # 0 is the frontend's "the target's own": not an OIP deadline
+                raise InferError(400, error or f"parameters.{name} must be a number > 0, got {value}")
+            return key, float(ms)
     return key, None
 
 
@@ -166,10 +162,8 @@ class Inference:
         return {name: self._spec_target(name, serving.get(name)) for name in self.cfg.models}
 
     def _spec_target(self, name: str, version: str | None = None) -> dict:
-        info = self.cfg.models[name]
-        version = version or info.version
-        return {"kind": "model", "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
-                "output_size": info.output_size, "version": version, "versions": [version], "key": False}
+        version = version or self.cfg.models[name].version
+        return {**inputs.describe("model", self.cfg.models[name], version), "versions": [version]}
 
     async def target(self, name: str, version: str | None = None) -> dict:
         """The target ``name`` (pinned to ``version``, if given): 404 when the frontends do
@@ -183,7 +177,8 @@ class Inference:
             raise InferError(404, f"unknown model {inputs.short(name)}; served: {', '.join(sorted(targets)) or 'none'}")
         if version is not None and version not in target["versions"]:
             if not target["versions"]:
-                raise InferError(404, f"{target['kind']} {name!r} has no versions (asked for version {version[:40]})")
+                raise InferError(404, inputs.call_error(name, target["kind"], version=version)
+                                 or f"{target['kind']} {name!r} has no versions (asked for version {version[:40]})")
             raise InferError(404, not_served(name, version, target["versions"]))
         return target
 
@@ -206,10 +201,9 @@ class Inference:
         so Keel's id must be unique yet traceable in the frontends' logs.
         """
         target = await self.target_or_spec(name, version)
-        if key is not None and not target["key"]:
-            raise InferError(400, f"{target['kind']} {name!r} takes no key (only applications and graphs do)")
-        if key is not None and (not isinstance(key, str) or not key):
-            raise InferError(400, f"key must be a non-empty string, got {inputs.short(key)}")
+        error = inputs.call_error(name, target["kind"], key, None, timeout_ms)
+        if error is not None:
+            raise InferError(400, error)
         try:
             x = inputs.validate(x, target["input_shape"], target["input_dtype"], rows=True, what=f"input of {name!r}")
         except inputs.InputError as exc:

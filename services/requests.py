@@ -5,15 +5,18 @@ de-duplication table of answered requests.
 States (``State``)::
 
     ADMITTED --> WAITING --> ANSWERED
-        |           |           ^
-        |           +--> HELD --+
+        |          |  ^         ^
+        |          v  |         |
+        |          HELD --------+
         +-----------------------+        (errors, cache hits, duplicates answer at once)
         +--> HELD
 
 - ADMITTED: decoded and checked; nothing is computing for it yet.
 - WAITING: its model queries are in flight (or it shares a computation already in flight).
 - HELD: its answer is decided but the hold keeps it from leaving (the graph route's
-  ``ReleaseGate``, HAMS §IV-D: not yet durable).
+  ``ReleaseGate``, HAMS §IV-D: not yet durable). HELD -> WAITING: the held answer was
+  voided (a backup took over without the state it came from, HAMS II) and the request
+  waits for the re-run's.
 - ANSWERED: its one reply has left. Any transition out of ANSWERED -- answering twice --
   raises ``LifecycleError``: exactly one answer per accepted request is the invariant.
 
@@ -52,7 +55,7 @@ class State(IntEnum):
 _NEXT: tuple[frozenset[State], ...] = (
     frozenset({State.WAITING, State.HELD, State.ANSWERED}),  # ADMITTED
     frozenset({State.HELD, State.ANSWERED}),  # WAITING
-    frozenset({State.ANSWERED}),  # HELD
+    frozenset({State.WAITING, State.ANSWERED}),  # HELD: WAITING when its held answer is voided
     frozenset(),  # ANSWERED: final
 )
 

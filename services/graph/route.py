@@ -1,7 +1,8 @@
 """The graph route: what the frontend does for a request to a HAMS service graph, the
 frontend being the graph's entry and exit and its last stateful node (§IV-D).
 
-The frontend admits, validates and de-duplicates the request (``services.frontend``);
+The frontend admits, validates and de-duplicates the request, keeps its deadline and
+answers it (``services.frontend``; the rules every route shares are ``services.routes``');
 the route then gives it the next *origin* of this frontend's origin space (an ``IdSpace``
 of its own incarnation: a restarted frontend never reuses an origin, so a new request
 never looks like one whose saved outputs the operators freed, ``released_origin``), and
@@ -13,8 +14,13 @@ The output is held (``ReleaseGate``, the request HELD) until every stateful stat
 lineage is durable (the backups' ``GraphDurable`` notices), so no client sees an output
 that a failure could contradict. A stateless-only graph (or mode bare or strawman: no
 state reaches a backup) holds nothing. Every request gets one answer: its output, or an
-error that says why (an operator's ``model_error``, ``deadline`` when no durable output
-came within ``request_timeout_s``: timeouts come off a heap, not a scan).
+error that says why (an operator's ``model_error``), or at its deadline (the call's
+``timeout_ms``, else ``request_timeout_s``) the deadline rule's: the graph's default
+output, else ``deadline``.
+
+A cancelled request is answered ``cancelled`` only while it has not entered the graph
+(``cancel``): once sent, the frontend cannot know whether its first stateful operator
+applied it, and a request is never stopped half-way (exactly once).
 
 Behind an interleaving join a request has several outputs (``replies_per_origin``): the
 route waits for all of them, answers with the one the last operator numbered last (it saw
@@ -46,21 +52,21 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from math import prod
-from typing import Callable
 
 import numpy as np
 import zmq
 
-from keel.common import transport
+from keel.common import inputs, protocol, transport
 from keel.common.config import GraphRouteConfig, ModelInfo
 from keel.common.ids import EPOCH_BITS, IdSpace, new_epoch
-from keel.common.protocol import ErrorCode, Source
+from keel.common.protocol import ErrorCode, Predict, Source
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.modes import MODES
 from keel.services.graph.lineage import ReleaseGate, join
 from keel.services.graph.trace import Trace
-from keel.services.requests import Deadlines, Request, State
+from keel.services.requests import Request, State
+from keel.services.routes import FULL, Route
 
 #: how often GC notices go out and the trace is flushed (s)
 CHORES_S = 0.05
@@ -92,8 +98,10 @@ class GraphCall:
     request attaches here), what went in (kept for resends), and its held output."""
 
     origin: int
+    qids: tuple[int]  # the frontend's query id: its place in the admission budget and deadlines
+    models: tuple[str]  # (the graph's name,): no model's prediction is its answer
     requests: list[Request]
-    input: GraphRequest
+    message: GraphRequest  # what went in
     deadline: float  # monotonic
     route: GraphRoute
     sent: bool = False  # sent to an operator: from then on it cannot be cancelled (``cancel``)
@@ -104,24 +112,23 @@ class GraphCall:
     degraded: bool = False
 
 
-#: answer(requests, source, graph, output, error, code, degraded): the frontend's one answer path
-Answer = Callable[..., None]
-
-
-class GraphRoute:
+class GraphRoute(Route):
     """The frontend's route to one graph: driven by the frontend's loop (its sockets are
-    the frontend's, ``chores`` and ``expire`` its timed chores)."""
+    the frontend's, ``chores`` its timed chore)."""
 
     kind = "graph"
 
-    def __init__(self, name: str, config: GraphRouteConfig, service, answer: Answer, admission_limit: int):
-        self.name, self.config, self.answer = name, config, answer
-        self.service, self.admission_limit = service, admission_limit
+    def __init__(self, name: str, config: GraphRouteConfig, service):
+        self.name, self.config = name, config
+        self.service = self.fe = service
         self.graph = read_graph(config.graph, f"graphs.{name}")
         last = self.graph.predecessors(FRONTEND)[0]
         #: what the frontend validates a call against; a graph has no versions
         self.info = ModelInfo(list(self.graph.input_shape), prod(self.graph.operators[last].output_shape),
-                              deadline_ms=1000 * config.request_timeout_s)
+                              deadline_ms=1000 * config.request_timeout_s, default_output=config.default_output)
+        self.dtype = np.dtype(self.info.input_dtype)
+        self.what = f"{self.kind} {name}"  # how refusals name it
+        self.default = None if config.default_output is None else np.asarray(config.default_output, np.float32)
         self.endpoints = dict(config.peers)  # node -> endpoint, followed in the manager's feed
         self.inbox = service.add_socket(transport.make_socket(service.ctx, zmq.PULL, bind=config.endpoint), self.on_inbox)
         self.reply_to = transport.endpoint_of(self.inbox)
@@ -129,14 +136,13 @@ class GraphRoute:
         self.gate = ReleaseGate(self.graph.stateful if MODES[self.graph.mode].ships_state else ())
         self.ids = origin_space(config.lane, config.lanes)
         self.calls: dict[int, GraphCall] = {}  # origin -> request in the graph, until answered
-        self.timeouts = Deadlines()  # by origin
-        self.expiry = service.timer(self.expire)
         self.expect = self.graph.replies_per_origin
         self.hold_s = 0.0  # total time held replies waited for durability (what NSPB costs a reply)
         self.answered_below = self.ids.base + 1  # every origin below it is answered
         self.announced_below = self.answered_below
         self.answered: set[int] = set()  # answered origins at or above answered_below
-        self.counts = {"answered": 0, "held": 0, "errors": 0, "degraded": 0, "voided": 0, "resent": 0, "foreign": 0}
+        self.counts = {"answered": 0, "held": 0, "errors": 0, "degraded": 0, "voided": 0, "resent": 0, "foreign": 0,
+                       "expired": 0}
         self.trace = Trace(config.trace_path)
         self.epochs: dict[str, int] = {}  # stateful operator -> newest epoch of its durability notices
         self.group_epochs: dict[str, int] = {}  # operator -> newest epoch of its group in the manager's feed
@@ -146,40 +152,41 @@ class GraphRoute:
 
     # ------------------------------------------------------------------ requests in
 
-    def admit(self, request: Request, x: np.ndarray, key: str | None, request_key: str) -> GraphCall | None:
-        """Send ``request`` into the graph; None when the graph is full (``overloaded``)."""
-        if len(self.calls) >= self.admission_limit:
-            return None
+    def admit(self, request: Request, msg: Predict, x: np.ndarray, deadline: float, full: bool):
+        """Send ``request`` into the graph (the client request named end to end: operators
+        apply it at most once); ``FULL`` when the admission budget is spent."""
+        if full:
+            return FULL
         origin = self.ids.next()
-        out = GraphRequest(FRONTEND, origin, origin, stream_of(key), [], x, request=request_key, reply_to=self.reply_to)
-        call = self.calls[origin] = GraphCall(origin, [request], out, time.monotonic() + self.config.request_timeout_s,
+        request_key = protocol.request_key(msg.client or request.envelope[0].hex(), msg.request_id)
+        out = GraphRequest(FRONTEND, origin, origin, stream_of(msg.key), [], x, request=request_key,
+                           reply_to=self.reply_to)
+        call = self.calls[origin] = GraphCall(origin, (self.service.ids.next(),), (self.name,), [request], out, deadline,
                                               self)
-        request.to(State.WAITING)
-        self.timeouts.push(call.deadline, origin)
-        self.expiry.at_latest(call.deadline)
         for op in self.graph.successors(FRONTEND):
             if op not in self.awaiting:
                 self.peers.send(self.endpoints[op], out)
                 call.sent = True
         return call
 
-    def cancel(self, call: GraphCall) -> bool:
-        """Cancel ``call`` if it never entered the graph (every operator it goes to was taken
-        over and its ack is awaited): answered ``cancelled``, True. Once sent, False: the
-        frontend cannot know whether the first stateful operator applied it, and a request
-        is never stopped half-way (exactly once): it completes, its answer kept for a retry."""
+    def cancel(self, call: GraphCall, dkey: tuple) -> list[Request] | None:
+        """The requests of ``call`` (its retries all share ``dkey``) if it never entered the
+        graph (every operator it goes to was taken over and its ack is awaited); None once
+        sent: the frontend cannot know whether the first stateful operator applied it, and a
+        request is never stopped half-way (exactly once): it completes, its answer kept for
+        a retry."""
         if call.sent:
-            return False
-        self._answer(call, Source.ERROR, None, "cancelled by the client before it entered the graph",
-                     ErrorCode.CANCELLED)
-        return True
+            return None
+        self.service.settle(call)
+        self._forget(call)
+        return call.requests
 
     # ------------------------------------------------------------------ the graph's messages
 
     def on_inbox(self, sock: zmq.Socket) -> None:
         for _, msg in self.service.messages(sock):
             if isinstance(msg, GraphRequest):
-                self._on_output(msg)
+                self.on_output(msg)
             elif isinstance(msg, GraphAck) and msg.operator in self.graph.successors(FRONTEND):
                 if self.service.manager is not None and msg.epoch > self.group_epochs.get(msg.operator, 0):
                     self.resend_after[msg.operator] = (msg.epoch, msg.seq)  # once the feed says where it is
@@ -188,7 +195,8 @@ class GraphRoute:
             elif isinstance(msg, GraphDurable):
                 self._on_durable(msg)
 
-    def _on_output(self, msg: GraphRequest) -> None:
+    def on_output(self, msg: GraphRequest) -> None:
+        """An output of the graph for one of this route's requests (its inbox)."""
         if not self.ids.owns(msg.origin):
             self.counts["foreign"] += 1  # another frontend's, or an earlier incarnation's: not mine to answer
             return
@@ -231,7 +239,7 @@ class GraphRoute:
         self.awaiting.discard(op)
         mine = self.ids.owns(after)
         for origin in sorted(o for o, c in self.calls.items() if c.output is None and (o > after or not mine)):
-            self.peers.send(self.endpoints[op], self.calls[origin].input)
+            self.peers.send(self.endpoints[op], self.calls[origin].message)
             self.calls[origin].sent = True
             self.counts["resent"] += 1
 
@@ -244,43 +252,41 @@ class GraphRoute:
                 del self.gate.waiting[origin]
                 call = self.calls[origin]
                 call.output = call.lineage = call.held_at = None
-                for i, r in enumerate(call.requests):  # HELD -> WAITING is no transition: the same request anew
-                    call.requests[i] = Request(r.envelope, r.request_id, r.start, r.dedup, r.digest)
-                    call.requests[i].to(State.WAITING)
+                for request in call.requests:
+                    request.to(State.WAITING)
                 self.counts["voided"] += 1
 
     # ------------------------------------------------------------------ answers
 
     def _answer(self, call: GraphCall, source: str, output: np.ndarray | None, error: str | None = None,
                 code: str | None = None) -> None:
-        del self.calls[call.origin]
-        self.gate.waiting.pop(call.origin, None)
-        if call.held_at is not None:
-            self.hold_s += time.perf_counter() - call.held_at
+        self.service.settle(call)
+        self._forget(call)
         degraded = call.degraded and error is None
         if self.trace and error is None:
             self.trace.write("release", origin=call.origin, lineage=[e.to_json() for e in call.lineage])
         self.counts["answered" if error is None else "errors"] += 1
         self.counts["degraded"] += degraded
-        self.answer(call.requests, source, self.name, output, error, code, degraded or None)
-        if not self.calls:  # heap entries of answered requests go lazily; none left: all of them
-            self.timeouts.settle(self.calls)
+        self.service.answer(call.requests, source, self.name, None, output, error, code, degraded=degraded or None)
+
+    def _forget(self, call: GraphCall) -> None:
+        """``call`` is decided: out of the graph's tables; its origin counts as answered (GC)."""
+        del self.calls[call.origin]
+        self.gate.waiting.pop(call.origin, None)
+        if call.held_at is not None:
+            self.hold_s += time.perf_counter() - call.held_at
         self.answered.add(call.origin)
         while self.answered_below in self.answered:
             self.answered.discard(self.answered_below)
             self.answered_below += 1
 
-    def expire(self, now: float) -> None:
-        """Requests with no durable answer by their deadline are answered ``deadline``."""
-        for origin in self.timeouts.due(now):
-            call = self.calls.get(origin)
-            if call is not None:
-                state = "held" if call.output is not None else "waiting"
-                self._answer(call, Source.ERROR, None, f"no durable answer from graph {self.name} within "
-                             f"{self.config.request_timeout_s} s ({state})", ErrorCode.DEADLINE)
-        following = self.timeouts.settle(self.calls)
-        if following is not None:
-            self.expiry.at(following)
+    def expire(self, call: GraphCall) -> None:
+        """No durable answer by its deadline: the deadline rule (a held output that is not
+        durable is never answered)."""
+        self.service.settle(call)
+        self._forget(call)
+        self.counts["expired"] += 1
+        self.deadline_answer(call.requests)
 
     def chores(self, now: float) -> None:
         self.trace.flush()
@@ -325,10 +331,9 @@ class GraphRoute:
 
     # ------------------------------------------------------------------ status
 
-    def target(self) -> dict:
+    def describe(self) -> dict:
         """This graph as one of the frontend's targets (``Frontend.targets``)."""
-        return {"kind": self.kind, "input_shape": list(self.info.input_shape), "input_dtype": self.info.input_dtype,
-                "output_size": self.info.output_size, "version": None, "key": True, "mode": self.graph.mode}
+        return inputs.describe(self.kind, self.info, None, mode=self.graph.mode)
 
     def status(self) -> dict:
         held = [c for c in self.calls.values() if c.output is not None]
@@ -338,7 +343,6 @@ class GraphRoute:
                 "in_graph": len(self.calls), "held_now": len(held), "durable": dict(self.gate.durable.seqs),
                 # state GC: each drains once the load stops
                 "tables": {"calls": len(self.calls), "waiting": len(self.gate.waiting),
-                           "timeouts": len(self.timeouts),
                            "answered_above_horizon": len(self.answered)},
                 **self.counts}
 

@@ -40,7 +40,7 @@ def test_failures_raise_typed_exceptions_with_the_reply(cluster):
             client.predict("nope", np.ones(DIM, np.float32))
         assert exc.value.source == Source.ERROR and exc.value.error_code == ErrorCode.UNKNOWN_MODEL
         assert exc.value.request_id and isinstance(exc.value, KeelError) and isinstance(exc.value, LookupError)
-        with pytest.raises(BadInput, match=r"shape \[6\], got \[4\]"):
+        with pytest.raises(BadInput, match=r"shape \[4\] is not \[6\]"):  # the rules of common.inputs
             client.predict("echo", np.ones(4, np.float32))
         with pytest.raises(DeadlineExceeded) as exc:  # no default output: the deadline passes first
             client.predict("slow", np.ones(DIM, np.float32), timeout_ms=100)
