@@ -32,7 +32,9 @@ ROUTER (``keel model rollout``) makes SERF follow V's profile, or hold M where V
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
 heartbeat intervals is dropped too. Either way the queries of its in-flight batches go
 back to the head of their queue, except those a frontend has reported ``Answered`` (a
-ParM reconstruction answered them). Batch and coding-group ids come from an ``IdSpace``
+ParM reconstruction answered them) or withdrawn. A ``Withdraw`` (the requests were
+cancelled) removes queries not yet dispatched, and is passed on to the worker holding the
+others, which skips those whose batch has not started. Batch and coding-group ids come from an ``IdSpace``
 made at start, so a restarted dispatcher's ids never collide with the previous
 incarnation's; a ``Done`` for another incarnation's batch is counted ``stale`` and ignored.
 

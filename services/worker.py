@@ -11,7 +11,10 @@ Every batch the worker takes is answered with a ``Done``, whatever happens to it
 exception, an input the model cannot take, or predictions that cannot be delivered (a
 ``reply_to`` that is empty, malformed or unconnectable, a frontend whose queue is full)
 give ``Done(ok=False, error=...)``; the queries that can be delivered still are. Otherwise
-one hostile batch would hold its slot for ever.
+one hostile batch would hold its slot for ever. A ``Withdraw`` from the dispatcher (the
+requests were cancelled) names queries of batches the worker holds: those whose batch has
+not started when it comes are not run (``skipped_cancelled``); their batch's ``Done``
+counts only the queries run.
 
 Deadlines: ``Batch.budgets_ms`` become deadlines on this worker's monotonic clock, counted
 from when the dispatcher sent the batch (``sent_at``, ``protocol.transit_s``); queries whose deadline has passed are not run (their frontend has answered
