@@ -34,7 +34,11 @@ class FuturesClient:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="keel-client", daemon=True)
         self.thread.start()
-        self.client: AsyncClient = self._run(self._make(frontends, options)).result()
+        try:
+            self.client: AsyncClient = self._run(self._make(frontends, options)).result()
+        except BaseException:  # bad options: no thread left behind
+            self._stop()
+            raise
 
     @staticmethod
     async def _make(frontends: list[str] | str, options: dict) -> AsyncClient:
@@ -55,6 +59,9 @@ class FuturesClient:
         if self.loop.is_closed():
             return
         self._run(self._close()).result()
+        self._stop()
+
+    def _stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()

@@ -160,3 +160,12 @@ def test_a_cancelled_future_cancels_its_request(frontend):
         assert got == [Cancel(request_id="r-doomed", client=c.client.client_id)]
         transport.send(router, Reply(request_id="r-kept", source=Source.MODEL, output=X), envelope)
         assert kept.result(5).ok and doomed.cancelled()
+
+
+def test_a_futures_client_with_bad_options_leaves_no_thread():
+    import threading
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="timeout_ms"):
+        FuturesClient("tcp://127.0.0.1:1", timeout_ms=-1)
+    assert threading.active_count() == before
