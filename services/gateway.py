@@ -433,6 +433,7 @@ class Gateway:
             response = await self._infer(request)
         except asyncio.CancelledError:  # the client hung up (or the call was cancelled): its Keel calls are cancelled
             self.counts["cancelled"] += 1
+            self.log.info("cancelled: the connection closed before the answer", path=request.path)
             raise
         except Exception as exc:  # counted by status here, answered as the guard would
             response = self.refusal(request, exc)

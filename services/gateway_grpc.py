@@ -162,6 +162,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:  # the caller cancelled the call (grpc cancels this task): so are its Keel calls
             if method == "ModelInfer":
                 self.counts["cancelled"] += 1
+                self.log.info("cancelled: the call was cancelled", method=method)
             raise
         except InferError as exc:
             code, message = code_of(exc), exc.message

@@ -365,7 +365,9 @@ class Worker(Service):
         self.counts["batches"] += 1
         self.counts["errors"] += error is not None
         if job.skipped or self.withdrawn:
-            self.counts["skipped_cancelled"] += job.skipped
+            if job.skipped:
+                self.counts["skipped_cancelled"] += job.skipped
+                self.log.info("withdrawn queries skipped", batch_id=batch.batch_id, queries=job.skipped)
             for qid in batch.qids:
                 self.withdrawn.pop(qid, None)
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
