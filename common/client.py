@@ -32,11 +32,19 @@ Example
 ('model', 3)
 >>> results = client.predict_batch("digits-mlp", xs)         # doctest: +SKIP
 
+Cancelling (docs/guide/client.md): ``Client.cancel(request_id)`` for a submitted call,
+``AsyncClient.cancel`` or cancelling the task awaiting ``predict``, and a cancelled future
+of ``common.futures_client.FuturesClient``: the call ends at once (error code
+``cancelled``, ``Cancelled``; the task or future cancelled) and a ``Cancel`` goes to each
+frontend that may hold it, which drops its work. A call ending at its own deadline sends
+none: the frontend holds the same deadline and drops the request there itself.
+
 Errors as exceptions: ``Client(..., raise_errors=True)`` (or ``raise_errors=True`` on one
 call, or ``result.raise_for_error()``) raises a ``KeelError`` subclass for a reply without
 a prediction: ``BadInput``, ``UnknownModel``, ``Overloaded``, ``DeadlineExceeded`` (and
-its ``Refused``, ``Unreachable``), ``ModelError``, ``InternalError``; ``exc.result`` is the
-reply (source, error code, request id). Without it, results are values, as before.
+its ``Refused``, ``Unreachable``), ``ModelError``, ``Cancelled``, ``InternalError``;
+``exc.result`` is the reply (source, error code, request id). Without it, results are
+values, as before.
 ``dtypes={"model": "float32"}`` makes the client convert compatible inputs (float64, ints)
 to the model's dtype, and refuse the others with ``BadInput`` naming the dtype expected
 (the rules of ``common.inputs``, the gateways' too).
@@ -78,18 +86,21 @@ import numpy as np
 import zmq
 
 from keel.common import inputs, protocol, transport
-from keel.common.protocol import ErrorCode, Feedback, Replies, Reply, Source
-from keel.common.results import (BadInput, DeadlineExceeded, FeedbackResult, InternalError, KeelError, ModelError,
-                                 Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
+from keel.common.protocol import Cancel, ErrorCode, Feedback, Replies, Reply, Source
+from keel.common.results import (BadInput, Cancelled, DeadlineExceeded, FeedbackResult, InternalError, KeelError,
+                                 ModelError, Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
 
 # the results, errors and retry engine live in their own modules; their names stay importable from here
-__all__ = ["ANSWERED_BY", "GRACE_MS", "WINDOW", "AsyncClient", "BadInput", "Client", "DeadlineExceeded", "FeedbackResult",
-           "InternalError", "KeelError", "Link", "ModelError", "Overloaded", "Reason", "Refused", "Result", "RetryEngine",
-           "UnknownModel", "Unreachable", "coerce_input", "error_for"]
+__all__ = ["ANSWERED_BY", "GRACE_MS", "WINDOW", "AsyncClient", "BadInput", "Cancelled", "Client", "DeadlineExceeded",
+           "FeedbackResult", "InternalError", "KeelError", "Link", "ModelError", "Overloaded", "Reason", "Refused", "Result",
+           "RetryEngine", "UnknownModel", "Unreachable", "coerce_input", "error_for"]
 
 #: request id -> the frontend that answered it, kept for feedback, at most
 ANSWERED_BY = 100_000
+#: the attempt a ``Cancel`` waits in the send queue with (a query's attempts count from 0,
+#: a feedback's is -1)
+CANCEL = -2
 
 
 def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
@@ -283,7 +294,11 @@ class _Base:
             self._flush(i)
 
     def _live(self, i: int, rid: str, attempt: int) -> bool:
-        """Is this queued message still wanted (its call's current attempt, its feedback awaited)?"""
+        """Is this queued message still wanted (its call's current attempt, its feedback awaited,
+        a Cancel while its frontend may be reached: one that refused or cannot be reached has
+        no request of ours to stop)?"""
+        if attempt == CANCEL:
+            return self.engine.reached(i)
         if attempt < 0:
             return rid in self.acks and self.acks[rid] is None
         call = self.calls.get(rid)
@@ -327,6 +342,28 @@ class _Base:
         for i in range(len(self.frontends)):
             self._retire(i)
         self.ctx.term()
+
+    # ------------------------------------------------------------------ cancelling
+
+    def _withdraw(self, rid: str) -> Result | None:
+        """End call ``rid`` now as cancelled by its caller: the engine forgets it, and each
+        frontend that may hold it gets a ``Cancel`` (the frontend answers it once as
+        cancelled and stops its work; that answer finds no call here and is dropped). A query
+        still in the send queue is not sent at all. The call's result (error code
+        ``cancelled``), or None when no call ``rid`` is in flight (answered, ended, unknown)."""
+        call = self.engine.drop(rid)
+        if call is None:
+            return None
+        now = time.perf_counter()
+        unsent = any(r == rid and a == call.attempt for r, a, _ in self.outbox[call.frontend])
+        held = [] if unsent else [call.frontend]
+        if call.attempt:  # earlier attempts went to other frontends (the engine keeps not which)
+            held += [i for i, sock in enumerate(self.sockets) if sock is not None and i != call.frontend]
+        msg = Cancel(request_id=rid, client=self.client_id)
+        for i in held:
+            self._send(i, rid, CANCEL, msg)
+        return Result(rid, Source.ERROR, None, "cancelled by the caller", ErrorCode.CANCELLED, call.model, None,
+                      (now - call.sent) * 1000.0, self.frontends[call.frontend])
 
     # ------------------------------------------------------------------ answers
 
@@ -454,6 +491,17 @@ class Client(_Base):
         rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
         self._send_call(rid)
         return rid
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a submitted call: its result (error code ``cancelled``; ``Cancelled`` with
+        ``raise_errors``) comes from ``collect`` at once, and its frontend is told to stop
+        its work (docs/guide/client.md). False when the call is not in flight (answered,
+        ended or unknown): its result stands."""
+        result = self._withdraw(request_id)
+        if result is None:
+            return False
+        self.results[request_id] = result  # the Cancel left already (with a cork: at its end)
+        return True
 
     def collect(self, timeout_ms: float = 0.0) -> list[Result]:
         """Results that arrived, waiting up to ``timeout_ms`` for at least one."""
@@ -761,9 +809,20 @@ class AsyncClient(_Base):
             self._arm()
             return await future
         finally:
-            if not future.done() or future.cancelled():  # its caller stopped waiting (cancelled)
-                self.engine.drop(rid)
+            if not future.done() or future.cancelled():  # its task was cancelled: so is the request
                 self.futures.pop(rid, None)
+                self._withdraw(rid)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a call in flight: its ``predict`` returns at once with error code
+        ``cancelled`` (raises ``Cancelled`` with ``raise_errors``), and its frontend is told to
+        stop its work. Cancelling the task awaiting ``predict`` does the same (the task ends
+        with ``CancelledError``). False when the call is not in flight."""
+        result = self._withdraw(request_id)
+        if result is None:
+            return False
+        self._resolve(result)
+        return True
 
     async def predict_batch(self, name: str, xs, key: str | list[str] | None = None, version: str | None = None,
                             timeout_ms: float | None = None, request_id: str | None = None,

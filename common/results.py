@@ -121,6 +121,12 @@ class ModelError(KeelError):
     code = ErrorCode.MODEL_ERROR
 
 
+class Cancelled(KeelError):
+    """The caller cancelled the request (``cancel``) before it was answered."""
+
+    code = ErrorCode.CANCELLED
+
+
 class InternalError(KeelError):
     """Anything else that went wrong inside Keel."""
 
@@ -130,6 +136,7 @@ class InternalError(KeelError):
 _ERRORS: dict[str, type[KeelError]] = {
     ErrorCode.BAD_REQUEST: BadInput, ErrorCode.UNKNOWN_MODEL: UnknownModel, ErrorCode.OVERLOADED: Overloaded,
     ErrorCode.DEADLINE: DeadlineExceeded, ErrorCode.TIMEOUT: DeadlineExceeded, ErrorCode.MODEL_ERROR: ModelError,
+    ErrorCode.CANCELLED: Cancelled,
 }
 
 

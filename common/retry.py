@@ -174,6 +174,11 @@ class RetryEngine:
             heapq.heapify(self.expiry)
         return call
 
+    def reached(self, frontend: int) -> bool:
+        """Whether what is sent to ``frontend`` may reach it: its link was not refused, and
+        not found unreachable (messages sent while it connects wait for the connection)."""
+        return self.links[frontend] not in (Link.REFUSED, Link.UNREACHABLE)
+
     def new_socket(self, frontend: int) -> None:
         """``frontend`` has a new socket: its events start afresh (a refusal still holds)."""
         self.accepted[frontend] = False

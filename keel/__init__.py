@@ -27,6 +27,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 _EXPORTS = {
     "Client": "keel.common.client",
     "AsyncClient": "keel.common.client",
+    "FuturesClient": "keel.common.futures_client",
     "Result": "keel.common.client",
     "FeedbackResult": "keel.common.client",
     "KeelError": "keel.common.client",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "Unreachable": "keel.common.client",
     "ModelError": "keel.common.client",
     "InternalError": "keel.common.client",
+    "Cancelled": "keel.common.client",
     "load_spec": "keel.common.spec",
     "ClusterSpec": "keel.common.spec",
     "SpecError": "keel.common.spec",

@@ -32,7 +32,9 @@ ROUTER (``keel model rollout``) makes SERF follow V's profile, or hold M where V
 A worker that sends ``Leave`` is dropped at once; one silent for ``heartbeat_liveness``
 heartbeat intervals is dropped too. Either way the queries of its in-flight batches go
 back to the head of their queue, except those a frontend has reported ``Answered`` (a
-ParM reconstruction answered them). Batch and coding-group ids come from an ``IdSpace``
+ParM reconstruction answered them) or withdrawn. A ``Withdraw`` (the requests were
+cancelled) removes queries not yet dispatched, and is passed on to the worker holding the
+others, which skips those whose batch has not started. Batch and coding-group ids come from an ``IdSpace``
 made at start, so a restarted dispatcher's ids never collide with the previous
 incarnation's; a ``Done`` for another incarnation's batch is counted ``stale`` and ignored.
 
@@ -53,6 +55,7 @@ from keel.common.protocol import (
     MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, ModelRole, Status,
     transit_s,
 )
+from keel.common.protocol import Withdraw  # cancellation: the frontend withdraws a cancelled request's queries
 from keel.services.base import Service
 from keel.services.requests import carry_trace, stack_rows
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
@@ -95,6 +98,7 @@ class Dispatcher(Service):
         self.wake = self.timer(lambda now: self.dispatch())  # delayed batching: when to look again
         self.expired = self.requeued = self.stale = self.late_done = self.answered_skipped = 0
         self.shape_splits = self.refused_queries = self.refused_registers = self.unexpected = self.encoder_dropped = 0
+        self.withdrawn = self.withdrawn_in_flight = 0  # cancelled queries removed from a queue / a worker told to skip
         m_dispatched = self.metrics.counter("dispatched_queries_total", "queries sent to workers", ["model"])
         m_expired = self.metrics.counter("expired_queries_total", "queries dropped because their deadline passed", ["model"])
         self.m_dispatched = {m: m_dispatched.labels(model=m) for m in self.queues}
@@ -167,6 +171,8 @@ class Dispatcher(Service):
                     self.log.error("parity batch for a model with no parity queue", model=msg.model)
             elif kind is Answered:
                 self._on_answered(msg)
+            elif kind is Withdraw:
+                self._on_withdraw(msg)
             else:
                 self.unexpected += 1
         self.dispatch()
@@ -205,6 +211,34 @@ class Dispatcher(Service):
             answered[(msg.model, qid)] = None
         while len(answered) > limit:
             answered.popitem(last=False)
+
+    def _on_withdraw(self, msg: Withdraw) -> None:
+        """Queries whose requests were cancelled: those still queued are removed (never
+        dispatched, counted ``withdrawn``); the worker holding any of the others is told to
+        skip them if its batch has not started (``withdrawn_in_flight``), and they count as
+        answered, so a requeue after that worker dies does not run them. Others (already
+        done, expired, unknown) are nothing to do."""
+        queue = self.queues.get(msg.model)
+        if queue is None or queue.parity:
+            self.unexpected += 1
+            return
+        wanted = set(msg.qids)
+        entries = queue.entries
+        kept = [q for q in entries if q.qid not in wanted]
+        removed = len(entries) - len(kept)
+        if removed:
+            wanted.difference_update(q.qid for q in entries)
+            entries.clear()
+            entries.extend(kept)  # in place: whoever holds the queue holds this deque
+            self.withdrawn += removed
+        forwarded = 0
+        for worker in self.by_model.get(msg.model, ()) if wanted else ():
+            held = [q.qid for f in worker.inflight.values() if isinstance(f.held, list) for q in f.held if q.qid in wanted]
+            if held and self._send([worker.identity], Withdraw(model=msg.model, qids=held)):
+                forwarded += len(held)
+                self._on_answered(Answered(model=msg.model, qids=held))
+        self.withdrawn_in_flight += forwarded
+        self.log.info("withdrawn", model=msg.model, queued=removed, in_flight=forwarded, asked=len(msg.qids))
 
     # ------------------------------------------------------------------ workers
 
@@ -617,5 +651,7 @@ class Dispatcher(Service):
             "refused_registers": self.refused_registers,
             "unexpected": self.unexpected,
             "encoder_dropped": self.encoder_dropped,
+            "withdrawn": self.withdrawn,
+            "withdrawn_in_flight": self.withdrawn_in_flight,
             **({"serf": self.serf.status({m: self._current(m) for m in self.cfg.serf})} if self.serf else {}),
         }

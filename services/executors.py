@@ -35,7 +35,8 @@ MAX_EXECUTORS = 64
 class Job:
     """One batch on its way through an executor: what the loop needs to answer it."""
 
-    __slots__ = ("batch", "live", "received", "predictor", "version", "outputs", "error", "service_ms", "running", "trace")
+    __slots__ = ("batch", "live", "received", "predictor", "version", "outputs", "error", "service_ms", "running", "trace",
+                 "skipped")
 
     def __init__(self, batch: Batch, live: list[int], received: float, predictor, version: str | None = None):
         self.batch, self.live, self.received, self.predictor = batch, live, received, predictor
@@ -43,6 +44,7 @@ class Job:
         self.outputs, self.error, self.service_ms = None, None, 0.0
         self.running = 1  # batches computing when this one started, itself included
         self.trace: list[float] | None = None  # a traced query's stamps (``Batch.trace``), receipt the last
+        self.skipped = 0  # rows withdrawn (their requests cancelled) before the batch started: not run
 
 
 class Executors:

@@ -41,7 +41,9 @@ unknown bearer token, 404 unknown target, version or path, 405 wrong method, 409
 version answered, 413 body too large; and the server's own: 503 overloaded or no frontend
 answered, 504 deadline, 500 a model's error. TLS (``tls_cert``, ``tls_key``) and a bearer
 token allow-list (``tokens_file``, read again when it changes) are off by default. The
-status endpoint (a zmq ROUTER) answers ``Status`` like every service;
+status endpoint (a zmq ROUTER) answers ``Status`` like every service (``cancelled``: infer
+requests whose client hung up before the answer; their Keel calls were cancelled, so the
+frontends dropped their work);
 ``keel_http_requests_total{code}`` and ``keel_http_request_seconds`` go to Prometheus.
 """
 from __future__ import annotations
@@ -242,7 +244,7 @@ class Gateway:
         self.inference: Inference | None = None
         self.tokens: Tokens | None = None
         # the queries are Inference's count (status() reports it): one for every transport
-        self.counts = {"requests": 0, "errors": 0, "unauthorized": 0}
+        self.counts = {"requests": 0, "errors": 0, "unauthorized": 0, "cancelled": 0}
         self.routes = self.router()
         self.server: HTTPServer | None = None
         self.port: int | None = None
@@ -429,6 +431,10 @@ class Gateway:
         start = time.perf_counter()
         try:
             response = await self._infer(request)
+        except asyncio.CancelledError:  # the client hung up (or the call was cancelled): its Keel calls are cancelled
+            self.counts["cancelled"] += 1
+            self.log.info("cancelled: the connection closed before the answer", path=request.path)
+            raise
         except Exception as exc:  # counted by status here, answered as the guard would
             response = self.refusal(request, exc)
             self.counts["errors"] += 1

@@ -29,7 +29,9 @@ INVALID_ARGUMENT bad input, UNAUTHENTICATED no or unknown bearer token (metadata
 ``authorization: Bearer ...``; the server health methods need none), NOT_FOUND unknown
 target or version, ABORTED another version answered, RESOURCE_EXHAUSTED overloaded or a
 message over ``max_body_bytes``, UNAVAILABLE no frontend answered, DEADLINE_EXCEEDED,
-INTERNAL. TLS when ``tls_cert`` and ``tls_key`` are set.
+INTERNAL. TLS when ``tls_cert`` and ``tls_key`` are set. A call its client cancels (or
+whose client goes away) has its task cancelled by grpc, and with it the call's Keel
+requests (the frontend drops their work; counted ``cancelled`` in the gateway's status).
 
 The generated modules define the protobuf package ``inference``, as tritonclient's do:
 one process can load only one of them, so the gateway imports this module only when
@@ -40,6 +42,7 @@ gateway may import this one.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -156,6 +159,11 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         """``work``'s response; its refusal as a status code (aborting the call)."""
         try:
             return await work
+        except asyncio.CancelledError:  # the caller cancelled the call (grpc cancels this task): so are its Keel calls
+            if method == "ModelInfer":
+                self.counts["cancelled"] += 1
+                self.log.info("cancelled: the call was cancelled", method=method)
+            raise
         except InferError as exc:
             code, message = code_of(exc), exc.message
         except Exception as exc:  # every failure is a status, never a dropped call

@@ -7,7 +7,9 @@ on every ``GET`` route, bounded request head and body (413 and 431 before the bo
 past the limit; the rest of a refused request read and dropped before the close, so the
 client reads the answer), TLS (``ssl``), idle connections closed after ``keepalive_s``. What it
 does not: HTTP/2, protocol upgrades (a request asking one is answered over HTTP/1.1 and the
-connection closes), streaming bodies (a request is read whole, then handled).
+connection closes), streaming bodies (a request is read whole, then handled). A connection
+that closes while its request is handled cancels the handler's task (``CancelledError`` in
+the handler): the gateway's Keel calls are cancelled with it.
 
 Why not aiohttp (the gateway's server before): one one-row infer, one request outstanding,
 cost aiohttp's request and response objects, router and middleware 108-130 µs of the
@@ -254,6 +256,8 @@ class _Connection(asyncio.Protocol):
         self.queue.clear()
         if self.writable is not None:
             self.writable.set()
+        if self.task is not None:  # the client hung up mid-request: nobody reads its answer, so stop it
+            self.task.cancel()     # (the gateway's calls then cancel their Keel requests)
 
     def pause_writing(self) -> None:
         if self.writable is None:

@@ -11,7 +11,10 @@ Every batch the worker takes is answered with a ``Done``, whatever happens to it
 exception, an input the model cannot take, or predictions that cannot be delivered (a
 ``reply_to`` that is empty, malformed or unconnectable, a frontend whose queue is full)
 give ``Done(ok=False, error=...)``; the queries that can be delivered still are. Otherwise
-one hostile batch would hold its slot for ever.
+one hostile batch would hold its slot for ever. A ``Withdraw`` from the dispatcher (the
+requests were cancelled) names queries of batches the worker holds: those whose batch has
+not started when it comes are not run (``skipped_cancelled``); their batch's ``Done``
+counts only the queries run.
 
 Deadlines: ``Batch.budgets_ms`` become deadlines on this worker's monotonic clock, counted
 from when the dispatcher sent the batch (``sent_at``, ``protocol.transit_s``); queries whose deadline has passed are not run (their frontend has answered
@@ -72,12 +75,16 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.config import WorkerConfig
-from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source, transit_s
+from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source, Withdraw, transit_s
 from keel.services.base import Service
 from keel.services.executors import Executors, Job, set_torch_threads
 from keel.common.containers import build_predictor
 from keel.common.datapath import MemoryGuard, warm_up, warmup_rows
 from keel.common.devices import see_only
+
+#: withdrawn query ids remembered at most (oldest forgotten first): one whose batch was
+#: done before its Withdraw came is never looked up again
+MAX_WITHDRAWN = 10_000
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
 LEAVE_LINGER_MS = 500
@@ -126,6 +133,8 @@ class Worker(Service):
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
         self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0, "rollouts": 0}
+        self.counts["skipped_cancelled"] = 0  # queries withdrawn before their batch started: not run
+        self.withdrawn: dict[int, None] = {}  # qids withdrawn (insertion order: oldest first), read by executors
         #: the dispatcher this worker serves: the configured one, or the active one the
         #: manager names (re-registering when that changes)
         self.dispatcher_endpoint, self.dispatcher_name = cfg.dispatcher_worker_endpoint, None
@@ -215,6 +224,8 @@ class Worker(Service):
                     self.run_batch(msg)
             elif isinstance(msg, Configure):
                 self.configure(msg)
+            elif isinstance(msg, Withdraw):
+                self._withdraw(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
                 self._register()  # the dispatcher lost us (it restarted, or dropped us)
 
@@ -311,6 +322,15 @@ class Worker(Service):
         self.held += 1
         self.executors.submit(job)
 
+    def _withdraw(self, msg: Withdraw) -> None:
+        """Queries of batches this worker holds whose requests were cancelled: skipped if
+        their batch has not started when they come (``_compute``)."""
+        withdrawn = self.withdrawn
+        for qid in msg.qids:
+            withdrawn[qid] = None
+        while len(withdrawn) > MAX_WITHDRAWN:
+            del withdrawn[next(iter(withdrawn))]
+
     def _inline(self) -> bool:
         """Whether the loop runs the next batch itself: a model expected to be shorter than its
         hand-off, no executor busy (nothing to wait behind, nothing computing beside it), and
@@ -321,7 +341,13 @@ class Worker(Service):
     def _compute(self, job: Job) -> None:
         """On an executor thread (or the loop's, ``_inline``): run the model; never raises,
         never touches a socket."""
+        if self.withdrawn:  # cancelled while the batch waited for its executor: not run
+            withdrawn, qids = self.withdrawn, job.batch.qids
+            live = [row for row in job.live if qids[row] not in withdrawn]
+            job.skipped, job.live = len(job.live) - len(live), live
         batch, live = job.batch, job.live
+        if not live:
+            return
         start = time.perf_counter()
         try:
             predictor = job.predictor
@@ -356,6 +382,12 @@ class Worker(Service):
             error = error or f"{refused} of {len(live)} predictions undeliverable (reply_to refused or its queue full)"
         self.counts["batches"] += 1
         self.counts["errors"] += error is not None
+        if job.skipped or self.withdrawn:
+            if job.skipped:
+                self.counts["skipped_cancelled"] += job.skipped
+                self.log.info("withdrawn queries skipped", batch_id=batch.batch_id, queries=job.skipped)
+            for qid in batch.qids:
+                self.withdrawn.pop(qid, None)
         self.m_batches.labels(outcome="ok" if error is None else "error").inc()
         self.m_service.observe(job.service_ms / 1000.0)
         if error is None and live:
