@@ -47,16 +47,21 @@ from keel.common.spec.tables import SpecError
 
 FRONTEND = "frontend"
 
-#: the builtin operator kinds a spec may name, and the classes that implement them
-#: (``keel.services.graph.models``): imported only when a kind is looked up
-BUILTIN_OPERATORS = {name: f"keel.services.graph.models:{cls}" for name, cls in (
-    ("mlp", "MLP"), ("lenet", "LeNet"), ("gru", "GRU"), ("online_mlp", "OnlineMLP"))}
+#: the builtin operator kinds a spec may name: the class that implements each
+#: (``keel.services.graph.models``, imported only by a process that runs one) and whether it
+#: is stateful, which the spec needs: reading a spec imports no torch and sets no threads
+BUILTIN_OPERATORS: dict[str, tuple[str, bool]] = {
+    "mlp": ("keel.services.graph.models:MLP", False),
+    "lenet": ("keel.services.graph.models:LeNet", False),
+    "gru": ("keel.services.graph.models:GRU", True),
+    "online_mlp": ("keel.services.graph.models:OnlineMLP", True),
+}
 
 
 def operator_class(kind: str) -> type:
     """The operator class a spec's ``kind`` names: a builtin or ``module:Class``; a
     ``ValueError`` says why another name is not one."""
-    target = BUILTIN_OPERATORS.get(kind, kind)
+    target = BUILTIN_OPERATORS[kind][0] if kind in BUILTIN_OPERATORS else kind
     module, sep, name = target.partition(":")
     if not sep:
         raise ValueError(f"{kind!r} is neither a builtin ({sorted(BUILTIN_OPERATORS)}) nor 'module:Class'")
@@ -65,6 +70,16 @@ def operator_class(kind: str) -> type:
             and callable(getattr(cls, "compute", None))):
         raise ValueError(f"{kind} is not a StatelessOperator or StatefulOperator")
     return cls
+
+
+def operator_stateful(kind: str) -> bool:
+    """Whether ``kind``'s operator keeps state: a builtin's from the table (nothing
+    imported), a ``module:Class``'s from its class."""
+    if kind in BUILTIN_OPERATORS:
+        return BUILTIN_OPERATORS[kind][1]
+    return operator_class(kind).stateful
+
+
 JOINS = ("combine", "interleave")
 
 
@@ -205,7 +220,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         if not isinstance(kind, str):
             raise GraphError(f"{key}.kind: must name a builtin operator or 'module:Class'")
         try:
-            stateful = operator_class(kind).stateful
+            stateful = operator_stateful(kind)
         except (ImportError, AttributeError, ValueError) as exc:
             raise GraphError(f"{key}.kind: {exc}") from None
         op = OperatorSpec(name, kind, _shape(raw.pop("input_shape", None), f"{key}.input_shape"),

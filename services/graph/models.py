@@ -31,8 +31,6 @@ import torch
 
 from keel.common.spec.graph import operator_class
 
-torch.set_num_threads(1)
-
 
 @dataclass
 class GraphBatch:

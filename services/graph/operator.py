@@ -47,6 +47,7 @@ import time
 from collections import OrderedDict, deque
 
 import numpy as np
+import torch
 import zmq
 
 from keel.common import transport
@@ -96,6 +97,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def __init__(self, config: GraphOperatorConfig):
         super().__init__(config.name, config.metrics_port)
         self.config = config
+        # one torch thread per model here, set by the operator process alone (a spec's reader
+        # imports no torch): the loop and the device thread share the host's cores
+        torch.set_num_threads(1)
         self.graph = read_graph(config.graph)
         self.spec = self.graph.operators[config.operator]
         self.op = config.operator

@@ -111,8 +111,15 @@ def test_example_graph_specs_load(name):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
-    spec = load_spec(tomllib.loads(path.read_text()))
+    data = tomllib.loads(path.read_text())
+    spec = load_spec(data)
     assert spec.client_endpoints and all(s.role in ("frontend", "graph_operator") for s in spec.services)
+    assert list(spec.service("frontend").config.graphs) == [name.removesuffix(".toml")]
+    # the older single [graph] table is still read: the same graph, named after the cluster
+    (graph,) = data.pop("graphs").values()
+    old = load_spec({**data, "graph": graph})
+    assert [(s.name, s.role) for s in old.services] == [(s.name, s.role) for s in spec.services]
+    assert old.service("frontend").config.graphs.keys() == spec.service("frontend").config.graphs.keys()
 
 
 def test_named_graphs_beside_models_served_by_every_frontend():
@@ -173,3 +180,33 @@ def test_a_graphs_operators_run_on_its_host_and_send_to_every_frontend():
     assert all(s.config.frontends == routes for s in ops)
     with pytest.raises(SpecError, match=r"graphs\.chain\.host: 'nowhere' is not in \[hosts\]"):
         load_spec({"cluster": {"name": "c", "base_port": 9000}, "graphs": {"chain": {**graph, "host": "nowhere"}}})
+
+
+def test_loading_every_example_spec_imports_no_torch_and_sets_no_threads(tmp_path):
+    """Reading a spec (``keel up``, ``keel status``, the gateway) is not an operator process:
+    it imports neither torch nor the graph's models (whose process sets torch's threads)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from keel.common.modelstore import Manifest
+
+    folder = tmp_path / "store" / "digits-mlp" / "1"  # local.toml's model, from ./store: its manifest only
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_bytes(Manifest(name="digits-mlp", version="1", arch="mlp", input_shape=[64],
+                                                    output_size=10).to_json())
+    examples = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.toml"))
+    assert any("hams" in e for e in examples)
+    code = ("import sys\nfrom keel.common.spec import load_spec\n"
+            f"for path in {examples!r}:\n    load_spec(path)\n"
+            "print(sorted(m for m in ('torch', 'keel.services.graph.models') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_builtin_operator_table_says_what_each_class_is():
+    from keel.common.spec.graph import BUILTIN_OPERATORS, operator_class, operator_stateful
+
+    for kind, (_, stateful) in BUILTIN_OPERATORS.items():
+        assert operator_class(kind).stateful is stateful is operator_stateful(kind)
