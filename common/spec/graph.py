@@ -23,7 +23,7 @@ Format::
                              # (a slow state delivery: HAMS Fig. 6's delayed O2)
 
 ``trace_dir`` (optional, in ``[graph]``): every graph process writes its trace there
-(``services.graph.trace``) for the chaos harness's HAMS invariants.
+(``services.graph.events``, its event log) for the chaos harness's HAMS invariants.
 
 Errors (``GraphError``, a ``SpecError``) name the key at fault: a cycle, an unknown
 operator, a shape mismatch between an edge's ends, an operator the frontend cannot reach

@@ -27,7 +27,7 @@ class BackupSide:
             self.consumed.update(header["consumed"])
             self.applied = AppliedRequests.from_json(header.get("table", []))
             self._become("whole_state")
-            self.trace.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
+            self.events.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
             self.log.warning("joined as backup: the primary's whole state", operator=self.op, epoch=msg.epoch,
                              last_seq=msg.last_seq, outputs=len(header["seqs"]))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
@@ -73,10 +73,10 @@ class BackupSide:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
         degraded = self.hams_role is Role.DEGRADED
         for state in applied:
-            if self.trace:  # the requests this state applied, for the checker's "at most once"
+            if self.events:  # the requests this state applied, for the checker's "at most once"
                 requests = state.state["applied"] if "applied" in state.state else \
                     header_of(state.state["blob"]).get("applied", []) if "blob" in state.state else []
-                self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=degraded,
+                self.events.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=degraded,
                                  lineage=[e.to_json() for lineage in state.lineages for e in lineage], requests=requests)
-            self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
+            self.events.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
             self._announce_durable(self.assignment.epoch, state.last_seq, primary=not degraded)

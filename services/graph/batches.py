@@ -174,7 +174,7 @@ class Batches:
         first = self.next_seq
         # what is the same for every row, decided once per batch (only what differs per row
         # is done per row)
-        tracing, op, succs, epoch = bool(self.trace), self.op, self.succs, self.assignment.epoch
+        logging_events, op, succs, epoch = bool(self.events), self.op, self.succs, self.assignment.epoch
         combining = len(self.preds) > 1 and self.spec.join != "interleave"  # inputs numbered in step (_on_request)
         # Algorithm 1, the lineage bookkeeping (HAMS §VI's logging cost per batch, timed alone):
         # each row's lineage after this operator numbers it, what my state holds of each source
@@ -208,8 +208,8 @@ class Batches:
             msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
                                degraded=degraded_here or (True if r.degraded else None),  # the client is told
                                request=r.request, reply_to=r.reply_to, more=True if seq < end else None)
-            if tracing:
-                self.trace.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
+            if logging_events:
+                self.events.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
                                  request=r.request, duplicate=None if fresh_row else True)
             for target in succs:
                 sends.append((target, msg))
@@ -229,8 +229,8 @@ class Batches:
         if self.stateful and self.mode.hold_outputs:
             self.held[last] = sends
         else:
-            if self.trace and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
-                self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
+            if self.events and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
+                self.events.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
             if self.model.stateful and self.mode.ships_state and self.hams_role is R.PRIMARY:
                 # the frontend holds these replies until this batch's state is durable, which
                 # takes the update and the ship: they leave once the ship has started, so
@@ -266,8 +266,8 @@ class Batches:
         self.pending_update = None
         t3 = time.perf_counter()
         if u.batch is not None:
-            if self.trace and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
-                self.trace.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
+            if self.events and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
+                self.events.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
             self.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
@@ -289,8 +289,8 @@ class Batches:
             statemgr, model = self.statemgr, self.model
 
             def ship():
-                if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
-                    self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+                if self.events:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
+                    self.events.write("ship", operator=self.op, first_seq=first, last_seq=last)
                 # idle: copying in place stops no batch (the device computes the next one, or none waits)
                 idle = self.computing is not None or (not self.queue and not self.inbox.poll(0))
                 statemgr.start(model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,

@@ -69,7 +69,7 @@ from keel.services.graph.recovery import BACKUP_GRACE_S, LEASE_S, Recovery
 from keel.services.graph.roles import BACKING, SERVING, Role, transition
 from keel.services.graph.stash import LineageStash
 from keel.services.graph.statemgr import StateManager
-from keel.services.graph.trace import Trace
+from keel.services.graph.events import EventLog
 
 __all__ = ["GraphOperator", "source_of", "LEASE_S", "BACKUP_GRACE_S"]
 
@@ -164,9 +164,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
         self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
         self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
-        self.trace = Trace(config.trace_path)
-        if self.trace:
-            self.every(0.2, self.trace.flush)
+        self.events = EventLog(config.trace_path)
+        if self.events:
+            self.every(0.2, self.events.flush)
         # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
         self.stash = LineageStash(self) if self.mode.checkpoints else None
         self.backup = None
@@ -202,8 +202,8 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def _become(self, event: str) -> None:
         """The one place the role changes: along an edge of ``roles.TRANSITIONS``."""
         before, self.hams_role = self.hams_role, transition(self.hams_role, event)
-        if self.trace and before is not self.hams_role:
-            self.trace.write("role", operator=self.op, event=event, before=before.value, role=self.hams_role.value)
+        if self.events and before is not self.hams_role:
+            self.events.write("role", operator=self.op, event=event, before=before.value, role=self.hams_role.value)
 
     def _replay_deferred(self) -> None:
         """What reached me while I rolled back, handled now by the role the manager gave me."""
@@ -464,4 +464,4 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.manager.close()
         if self.statemgr is not None:
             self.statemgr.close()
-        self.trace.close()
+        self.events.close()

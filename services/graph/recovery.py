@@ -124,7 +124,7 @@ class Recovery:
             self.held.clear()
             self.outputs.clear()
             self.fenced = True
-            self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
+            self.events.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
             self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
             if rejoin:
                 self._rejoin(holder, epoch)
@@ -203,9 +203,9 @@ class Recovery:
         self._become("backup_joined")
         self.statemgr = self._new_statemgr(endpoint)
         self.own, self.relaying = None, True
-        self.trace.write("backup_joined", operator=self.op, epoch=self.assignment.epoch, backup=joined[-1].get("name"),
+        self.events.write("backup_joined", operator=self.op, epoch=self.assignment.epoch, backup=joined[-1].get("name"),
                          last_seq=last)
-        self.trace.flush()
+        self.events.flush()
         self.log.warning("a backup joined: whole state shipped, no longer degraded", operator=self.op,
                          backup=joined[-1].get("name"), last_seq=last, outputs=len(seqs))
 
@@ -223,7 +223,7 @@ class Recovery:
         if state:
             self.model.load_state(state)
         if self.stash is not None:
-            self.trace.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
+            self.events.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
                              load_ms=round(1000 * (time.monotonic() - t0), 3))
         self.assignment.role, self.assignment.epoch = "primary", epoch
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
@@ -232,7 +232,7 @@ class Recovery:
         self.next_seq = max_seq + 1
         self.outputs, self.kept = self.kept, OrderedDict()
         self.taken = {p: set() for p in self.preds}
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self._send_on(target, msg)
@@ -253,7 +253,7 @@ class Recovery:
         self.assignment.role, self.assignment.epoch = "stateless", epoch
         self.takeovers += 1
         self.numbering, self.next_seq = True, 0
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
 
     # --- after a failure elsewhere: resends, roll-backs ---------------------------------------
@@ -413,10 +413,10 @@ class Recovery:
         self.takeovers += 1
         # the only copy of this state now: it counts as applied (the invariants' record, on disk first)
         if last >= 0:
-            self.trace.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
+            self.events.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
                              lineage=[e.to_json() for e in lineage])
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
-        self.trace.flush()
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
+        self.events.flush()
         self._announce_durable(epoch, last, successors=True)
         for p in self.preds:
             self._ack_pred(p, self.op, epoch, self.consumed)

@@ -35,7 +35,7 @@ class _Op(Batches):
     def __init__(self, mode: str, role: Role, succs: list[str]):
         self.log: list[tuple] = []
         self.model, self.mode, self.hams_role, self.succs = _Model(self.log), MODES[mode], role, succs
-        self.op, self.preds, self.stateful, self.trace, self.stash = "g2", ["g1"], True, None, None
+        self.op, self.preds, self.stateful, self.events, self.stash = "g2", ["g1"], True, None, None
         self.spec = SimpleNamespace(max_batch=64, join="interleave")
         self.assignment = SimpleNamespace(epoch=1)
         self.queue, self.applied, self.awaiting = deque(), None, set()
