@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from keel.common.spec.graph import operator_class
+from keel.common.spec.operators import operator_class
 
 
 @dataclass

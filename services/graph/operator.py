@@ -54,7 +54,8 @@ from keel.common import transport
 from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.common.spec.graph import FRONTEND, operator_class, read_graph
+from keel.common.spec.graph import FRONTEND, read_graph
+from keel.common.spec.operators import operator_class
 from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.executors import Executors, set_torch_threads

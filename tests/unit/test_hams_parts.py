@@ -9,7 +9,7 @@ import torch
 from keel.common import protocol
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.common.spec.graph import operator_class
+from keel.common.spec.operators import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, outputs_of, pack, unpack
 from tests.support.graphs import threaded_statemgr
