@@ -55,12 +55,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import zmq
 
-from keel.common import loadgen, protocol, transport
+from keel.common import loadgen, transport
 from keel.common.steal import STEAL_MAX, StealMeter, least_starved
-from keel.common.protocol.messages import Predict
-from keel.common.spec.graph import graph_services, read_graph
+from keel.common.spec import load_spec
+from keel.common.spec.graph import read_graph
 from keel.deploy.local import Launcher, free_port_block
 from keel.services.graph.models import StatefulOperator
 
@@ -169,49 +168,51 @@ def graphs(pad_ms: float, batch: int) -> dict[str, dict]:
 
 
 class StreamClient:
-    """``submit``/``collect`` for ``loadgen.open_loop`` over one DEALER; requests cycle over 16 streams."""
+    """``submit``/``collect`` for ``loadgen.open_loop`` through ``keel.Client`` (its client id
+    and retries, as a user's calls go); requests cycle over 16 streams (the call's key)."""
 
-    def __init__(self, endpoint: str):
-        self.ctx = zmq.Context()
-        self.sock = transport.make_socket(self.ctx, zmq.DEALER, connect=endpoint)
+    def __init__(self, endpoints: list[str]):
+        from keel.common.client import Client
+
+        # a reply held for durability behind 64-row batches of 50 ms takes ~0.2 s: a slice of
+        # 10 s never retries a request that is on its way, and retries one that was lost
+        self.client = Client(endpoints, timeout_ms=10_000.0, retries=2)
         self.n = 0
 
     def submit(self, model: str, x: np.ndarray, timeout_ms=None) -> str:
-        rid = f"{self.n}-{uuid.uuid4().hex[:6]}"
-        transport.send(self.sock, Predict(rid, model, x, key=str(self.n % 16)))
+        rid = self.client.submit(model, x, key=str(self.n % 16), timeout_ms=timeout_ms)
         self.n += 1
         return rid
 
     def collect(self, wait_ms: float) -> list:
-        out = []
-        if self.sock.poll(wait_ms):
-            while True:
-                try:
-                    out.append(protocol.decode(self.sock.recv_multipart(zmq.NOBLOCK)))
-                except zmq.Again:
-                    return out
-        return out
+        return self.client.collect(wait_ms)
 
     def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
+        self.client.close()
+
+
+def cell_spec(table: dict, log_dir: Path, name: str):
+    """The cluster spec of one cell: the graph ``table`` as ``[graphs.graph]``, read by
+    ``load_spec`` as ``keel up`` reads it (ports from a free block, its own run folder)."""
+    return load_spec({"cluster": {"name": name, "base_port": free_port_block(64), "run_dir": str(log_dir / name)},
+                      "graphs": {"graph": table}})
 
 
 def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: float, log_dir: Path, seed: int,
              read_trace: Callable[[Path], dict] | None = None) -> dict:
     """One cell: the graph in ``mode`` under open load; ``read_trace``: every process writes
-    its trace, and what this reads of them (``floor_of``, ``stages_of``) comes with the cell."""
+    its event log, and what this reads of them (``floor_of``, ``stages_of``) comes with the cell."""
     trace_dir = log_dir / f"trace-{graph_name}-{mode}-{uuid.uuid4().hex[:6]}"
-    graph = read_graph(dict(table, mode=mode, **({"trace_dir": str(trace_dir)} if read_trace else {})))
-    services, client_ep = graph_services(graph, free_port_block(64))
+    table = dict(table, mode=mode, **({"trace_dir": str(trace_dir)} if read_trace else {}))
+    graph = read_graph(table)
+    spec = cell_spec(table, log_dir, f"{graph_name}-{mode}")
+    services = spec.services
     launcher = Launcher(log_dir / f"{graph_name}-{mode}")
     client = None
     try:
-        for svc in services:
-            launcher.start(svc)
-        for svc in services:
-            launcher.wait_status(getattr(svc.config, "status_endpoint", None) or svc.config.client_endpoint, timeout_s=60)
-        client = StreamClient(client_ep)
+        launcher.start_spec(spec, timeout_s=60.0)
+        client = StreamClient(spec.client_endpoints)
+        client_ep = spec.client_endpoints[0]
         inputs = np.random.default_rng(seed).normal(size=(256, *graph.input_shape)).astype(np.float32)
         loadgen.open_loop(client, "graph", inputs[:32], min(rate, MAX_RATE), 30, seed, 1.0, drain_s=3.0)  # warm-up
         steal = StealMeter()

@@ -17,9 +17,12 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
-from keel.common.protocol.messages import Predict
-from keel.common.spec.graph import graph_services, read_graph
+from keel.common import transport
+from keel.common.client import Client
+from keel.common.config import ManagerLinkConfig
+from keel.common.protocol.messages import Reply
+from keel.common.spec import load_spec
+from keel.common.spec.graph import read_graph
 from keel.common.waiting import wait_until
 from keel.deploy.local import Launcher, free_port_block
 
@@ -76,6 +79,22 @@ def ls_chain(checkpoint_every: int = 150, noise: float = 0.01, max_batch: int = 
     return {**gru_chain(max_batch=max_batch, mode="ls", noise=noise), "checkpoint_every": checkpoint_every}
 
 
+def trial_spec(table: dict, address_of: Callable[[str], str], trace_dir: Path, run_dir: Path):
+    """A trial's cluster spec, read by ``load_spec`` as ``keel up`` reads one: the graph as
+    ``[graphs.graph]`` with its event logs in ``trace_dir``, served by one frontend, every
+    process on a host of its own named after it (``[hosts]`` from ``address_of``: loopback for
+    all in local mode, where the spec's hops are ipc as a user's on one machine are; a
+    network namespace each in netns mode, ``placement`` putting each operator's process on
+    its own). The manager group is the harness's (``start_graph``): the trials freeze and
+    kill its replicas."""
+    keys = read_graph(table).process_keys()
+    names = {key: "op-" + key.replace(".", "-") for key in keys}
+    hosts = {name: address_of(name) for name in ["frontend", *names.values()]}
+    return load_spec({"cluster": {"name": "hams-trial", "base_port": free_port_block(64), "run_dir": str(run_dir)},
+                      "hosts": hosts, "frontend": {"host": "frontend"},
+                      "graphs": {"graph": {**table, "trace_dir": str(trace_dir), "host": "frontend", "placement": names}}})
+
+
 def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, table: dict, trace_dir: Path,
                 ctx: zmq.Context | None = None, state_delay: dict[str, float] | None = None):
     """A manager group and the graph's processes, each stateful primary made its group's
@@ -86,6 +105,8 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     ``DelayProxy`` (on the backup's host), which holds every byte that long; in local mode
     (no proxy host) the spec's ``state_delay_ms`` hook (the backup holds each state).
     Returns (managers, graph, launcher, services by name, client endpoint, a manager client)."""
+    import dataclasses
+
     from keel.deploy.manager_group import LocalGroup
 
     launcher = make_launcher("managers")
@@ -101,8 +122,10 @@ def start_graph(make_launcher: Callable[[str], Launcher], journal_dir: Path, tab
     graph = read_graph(table)
     try:  # a start that fails (a timeout on a loaded machine) must not leave the managers running
         managers.leader(timeout_s=30.0)
-        services, client = graph_services(graph, free_port_block(64), trace_dir=str(trace_dir),
-                                          manager=(managers.endpoints, managers.publish_endpoints), address_of=run.address_of)
+        spec = trial_spec(table, run.address_of, trace_dir, journal_dir.parent / "spec")
+        link = ManagerLinkConfig(list(managers.endpoints), list(managers.publish_endpoints))
+        services = [dataclasses.replace(s, config=dataclasses.replace(s.config, manager=link)) for s in spec.services]
+        client = spec.client_endpoints[0]
         probe = managers.client()
         services, start_proxies = delay_state(run, services, proxied or {})
         for svc in services:
@@ -150,24 +173,41 @@ def delay_state(run, services, proxied: dict[str, float]):
     return out, lambda: [p.start() for p in proxies]
 
 
-def open_load(sock: zmq.Socket, inputs, streams, on_sent: Callable[[int], None], gap_s: float = 0.004,
+class TrialClient(Client):
+    """``keel.Client`` (its client id; a request unanswered for ``timeout_ms`` sent again)
+    that also keeps the answers it drops: a user sees a request's first answer only, and a
+    second is a violation a trial reports (``answered_twice``)."""
+
+    def __init__(self, endpoint: str, timeout_ms: float = 30_000.0):
+        super().__init__([endpoint], timeout_ms=timeout_ms, retries=1)
+        self.again: list[Reply] = []  # answers to requests answered already
+
+    def _result(self, reply, frontend: int):
+        result = super()._result(reply, frontend)
+        if result is None and isinstance(reply, Reply):
+            self.again.append(reply)
+        return result
+
+
+def open_load(client: Client, inputs, streams, on_sent: Callable[[int], None], gap_s: float = 0.004,
               timeout_s: float = 60.0) -> dict[str, list]:
-    """Send at a fixed rate (open loop) on a DEALER, calling ``on_sent(i)`` after each; every
-    answer by request id (a list: a second answer would be a violation)."""
+    """Send at a fixed rate (open loop) through ``client`` (a ``TrialClient``), calling
+    ``on_sent(i)`` after each; every answer by request id (``r<i>``; a list: a second answer
+    would be a violation)."""
     replies: dict[str, list] = {}
 
     def drain(wait_ms: int) -> None:
-        while sock.poll(wait_ms):
-            msg = protocol.decode(sock.recv_multipart())
-            replies.setdefault(msg.request_id, []).append(msg)
-            wait_ms = 0
+        results = client.collect(wait_ms)
+        again, client.again = getattr(client, "again", []), []
+        for result in [*results, *again]:  # every answer: a second one would be a violation
+            replies.setdefault(result.request_id, []).append(result)
 
     for i, (x, s) in enumerate(zip(inputs, streams)):
-        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), key=str(int(s))))
+        client.submit("graph", np.asarray(x, np.float32), key=str(int(s)), request_id=f"r{i}")
         on_sent(i)
         drain(int(gap_s * 1000))
     deadline = time.monotonic() + timeout_s
-    while sum(map(len, replies.values())) < len(inputs) and time.monotonic() < deadline:
+    while len(replies) < len(inputs) and time.monotonic() < deadline:
         drain(200)
     drain(300)  # a second answer to anything would show up here
     return replies
@@ -216,7 +256,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     except BaseException:
         ctx.destroy(linger=0)
         raise
-    sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
+    sender = TrialClient(client)  # made on this thread: inside the client host in netns mode
     fault_t: dict[str, float] = {}
     # a frozen or partitioned old primary comes back once its backup was promoted: it must be fenced
     frozen = [f"op-{v}" for v in victims] if fault in ("freeze", "partition") else []
@@ -276,7 +316,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                 for name in frozen:
                     come_back(name)
 
-        replies = open_load(sock, inputs, streams, on_sent, gap_s=gap_s)
+        replies = open_load(sender, inputs, streams, on_sent, gap_s=gap_s)
         groups_after = probe.call("snapshot")["groups"]
         backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
         if "second" in fault_t:
@@ -294,7 +334,7 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
     finally:
         for name in frozen:  # never leave a stopped or cut-off process behind
             come_back(name)
-        sock.close(0)
+        sender.close()
         ctx.destroy(linger=0)  # the manager probes' sockets too
         run.stop()
         managers.close()

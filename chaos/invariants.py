@@ -224,7 +224,7 @@ class Checker:
 
 
 # --- HAMS service graphs ------------------------------------------------------------------
-# Streams from the graph processes' traces (services.graph.trace, ``load_graph_traces``):
+# Streams from the graph processes' event logs (services.graph.events, ``load_graph_traces``):
 # "graph_release" (a reply left the frontend, with its lineage), "graph_apply" (a backup
 # applied a state, with the lineage it depended on and the state's epoch), "graph_output"
 # (an operator's output per seq, with its epoch and origin). Times are one host's monotonic clock.

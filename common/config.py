@@ -110,7 +110,7 @@ class GraphRouteConfig:
     #: started in the same 10 ms tick still differ (``services.graph.route.origin_space``)
     lane: int = 0
     lanes: int = 1
-    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
+    #: JSON-lines event log for the invariant checker (services.graph.events); None = off
     trace_path: str | None = None
 
     def validate(self, name: str = "") -> None:
@@ -711,7 +711,7 @@ class GraphOperatorConfig:
     #: each; an output goes to its request's ``reply_to`` (empty: ``peers["frontend"]`` only)
     frontends: list[str] = field(default_factory=list)
     seed: int = 0
-    #: JSON-lines trace for the invariant checker (services.graph.trace); None = off
+    #: JSON-lines event log for the invariant checker (services.graph.events); None = off
     trace_path: str | None = None
     metrics_port: int | None = None
     #: the manager group (``ManagerLinkConfig``); None: no manager, the roles and endpoints

@@ -12,7 +12,7 @@ Format::
     edges = [["frontend", "gru1"], ["gru1", "gru2"], ["gru2", "frontend"]]
 
     [graph.operators.gru1]
-    kind = "gru"             # builtin (BUILTIN_OPERATORS below) or "module:Class"
+    kind = "gru"             # builtin (common.spec.operators) or "module:Class"
     input_shape = [8]
     output_shape = [16]
     max_batch = 8
@@ -23,7 +23,15 @@ Format::
                              # (a slow state delivery: HAMS Fig. 6's delayed O2)
 
 ``trace_dir`` (optional, in ``[graph]``): every graph process writes its trace there
-(``services.graph.trace``) for the chaos harness's HAMS invariants.
+(``services.graph.events``, its event log) for the chaos harness's HAMS invariants.
+
+``host`` (optional): the host of ``[hosts]`` the graph's processes run on (default: the first
+frontend's). ``placement`` (optional) puts single processes elsewhere, by their key: an
+operator's name (a stateful one's primary), ``NAME.backup`` (its backup), ``standbyN`` (a
+hot standby, one per stateless kind in the order of ``GraphSpec.standby_kinds``); a primary
+and its backup on two hosts survive the loss of either host::
+
+    placement = {g1 = "a", "g1.backup" = "b"}
 
 Errors (``GraphError``, a ``SpecError``) name the key at fault: a cycle, an unknown
 operator, a shape mismatch between an edge's ends, an operator the frontend cannot reach
@@ -38,33 +46,15 @@ Example
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 from keel.common.spec.modes import MODES
+from keel.common.spec.operators import operator_stateful
 from keel.common.spec.tables import SpecError
 
 FRONTEND = "frontend"
 
-#: the builtin operator kinds a spec may name, and the classes that implement them
-#: (``keel.services.graph.models``): imported only when a kind is looked up
-BUILTIN_OPERATORS = {name: f"keel.services.graph.models:{cls}" for name, cls in (
-    ("mlp", "MLP"), ("lenet", "LeNet"), ("gru", "GRU"), ("online_mlp", "OnlineMLP"))}
-
-
-def operator_class(kind: str) -> type:
-    """The operator class a spec's ``kind`` names: a builtin or ``module:Class``; a
-    ``ValueError`` says why another name is not one."""
-    target = BUILTIN_OPERATORS.get(kind, kind)
-    module, sep, name = target.partition(":")
-    if not sep:
-        raise ValueError(f"{kind!r} is neither a builtin ({sorted(BUILTIN_OPERATORS)}) nor 'module:Class'")
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and isinstance(getattr(cls, "stateful", None), bool)
-            and callable(getattr(cls, "compute", None))):
-        raise ValueError(f"{kind} is not a StatelessOperator or StatefulOperator")
-    return cls
 JOINS = ("combine", "interleave")
 
 
@@ -102,6 +92,8 @@ class GraphSpec:
     checkpoint_dir: str | None = None
     #: the host of a cluster spec where the operators run (None: the first frontend's)
     host: str | None = None
+    #: process key (``process_keys``) -> its host, where it is not ``host``
+    placement: dict[str, str] = field(default_factory=dict)
 
     @property
     def stateful(self) -> frozenset[str]:
@@ -138,6 +130,15 @@ class GraphSpec:
             return []
         return sorted({op.kind for op in self.operators.values() if not op.stateful})
 
+    def process_keys(self) -> list[str]:
+        """Every process of the graph by key: per operator its name (a stateful one's
+        primary) and, unless the mode is bare, ``NAME.backup`` for a stateful one; then
+        ``standbyN``, one hot standby per stateless kind."""
+        keys = []
+        for name in self.order:
+            keys += [name, f"{name}.backup"] if name in self.stateful else [name]
+        return keys + [f"standby{i}" for i in range(len(self.standby_kinds))]
+
     def next_stateful(self, node: str) -> list[str]:
         """Stateful operators downstream of ``node`` (the ones its backup notifies)."""
         seen, todo, out = set(), self.successors(node), []
@@ -153,6 +154,7 @@ class GraphSpec:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "window": self.window, "input_shape": list(self.input_shape),
+                **({"host": self.host} if self.host else {}), **({"placement": dict(self.placement)} if self.placement else {}),
                 "checkpoint_every": self.checkpoint_every,
                 **({"checkpoint_dir": self.checkpoint_dir} if self.checkpoint_dir else {}),
                 "edges": [list(e) for e in self.edges],
@@ -192,6 +194,9 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
     host = table.pop("host", None)
     if host is not None and not isinstance(host, str):
         raise GraphError(f"{prefix}.host: must name a host of the spec")
+    placement = table.pop("placement", None) or {}
+    if not (isinstance(placement, dict) and all(isinstance(h, str) for h in placement.values())):
+        raise GraphError(f"{prefix}.placement: must map process keys to hosts of the spec")
     raw_ops = table.pop("operators", None)
     if not isinstance(raw_ops, dict) or not raw_ops:
         raise GraphError(f"{prefix}.operators: needs at least one [{prefix}.operators.NAME] table")
@@ -205,7 +210,7 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         if not isinstance(kind, str):
             raise GraphError(f"{key}.kind: must name a builtin operator or 'module:Class'")
         try:
-            stateful = operator_class(kind).stateful
+            stateful = operator_stateful(kind)
         except (ImportError, AttributeError, ValueError) as exc:
             raise GraphError(f"{key}.kind: {exc}") from None
         op = OperatorSpec(name, kind, _shape(raw.pop("input_shape", None), f"{key}.input_shape"),
@@ -235,8 +240,11 @@ def read_graph(table: dict, prefix: str = "graph") -> GraphSpec:
         raise GraphError(f"{prefix}.edges: needs at least frontend -> an operator -> frontend")
     order = _topological(operators, edges, prefix)
     graph = GraphSpec(mode, window, input_shape, operators, tuple(edges), order, trace_dir, checkpoint_every,
-                      checkpoint_dir, host)
+                      checkpoint_dir, host, dict(placement))
     _check_shapes(graph, prefix)
+    unknown = sorted(set(placement) - set(graph.process_keys()))
+    if unknown:
+        raise GraphError(f"{prefix}.placement: {unknown} are not processes of the graph ({graph.process_keys()})")
     return graph
 
 
@@ -294,18 +302,19 @@ def _check_shapes(graph: GraphSpec, prefix: str) -> None:
                                  f"{name} takes {list(op.input_shape)}")
 
 
-def graph_operators(graph: GraphSpec, frontends: list[str], endpoint: Callable[[str], str], host: str = "local",
+def graph_operators(graph: GraphSpec, frontends: list[str], endpoint: Callable[[str, str], str], host: str = "local",
                     seed: int = 0, trace_dir: str | None = None, manager: tuple[list[str], list[str]] | None = None,
                     prefix: str = "op-") -> tuple[list, dict[str, str]]:
     """The operator processes of ``graph`` (``ServiceLaunch``es) and the peers table every
     frontend's route and every operator reads (node -> PULL endpoint): per stateless
     operator one process; per stateful operator a primary and, unless the mode is bare, a
-    backup (roles and epoch 1 from the spec: the manager's ``Assignment`` seam changes them
-    later); unless the mode is bare, one hot standby per kind of stateless operator
-    (``standby0``, ...), which HAMS II's failover promotes. ``frontends``: the graph
-    endpoint of each frontend serving the graph (``peers["frontend"]`` is the first);
-    ``endpoint(service name)`` allocates an endpoint where that process listens; process
-    names are ``prefix`` + the operator (``op-g1``, ``op-g1-backup``)."""
+    backup (roles and epoch 1 from the spec: the manager's decisions move them later, in
+    each operator's ``RoleRecord``); unless the mode is bare, one hot standby per kind of
+    stateless operator (``standby0``, ...), which HAMS II's failover promotes (the keys of
+    ``GraphSpec.process_keys``). ``frontends``: the graph endpoint of each frontend serving
+    the graph (``peers["frontend"]`` is the first); each process runs on ``host`` or its
+    ``graph.placement``; ``endpoint(service name, its host)`` allocates an endpoint where
+    that process listens; process names are ``prefix`` + the key (``op-g1``, ``op-g1-backup``)."""
     from keel.common import config as cfg
     from keel.common.spec.topology import ServiceLaunch
 
@@ -321,20 +330,18 @@ def graph_operators(graph: GraphSpec, frontends: list[str], endpoint: Callable[[
     for name in graph.order:
         op = graph.operators[name]
         roles = ["primary", "backup"] if name in graph.stateful else ["primary" if op.stateful else "stateless"]
-        for r in roles:
-            key = f"{name}.backup" if r == "backup" else name
-            peers[key] = endpoint(service(key))
-            plan.append((key, name, r))
+        plan += [(f"{name}.backup" if r == "backup" else name, name, r) for r in roles]
     for i, kind in enumerate(graph.standby_kinds):  # a standby is named by the first operator of its kind
-        first = next(n for n in graph.order if graph.operators[n].kind == kind)
-        peers[f"standby{i}"] = endpoint(service(f"standby{i}"))
-        plan.append((f"standby{i}", first, "standby"))
+        plan.append((f"standby{i}", next(n for n in graph.order if graph.operators[n].kind == kind), "standby"))
+    at = {key: graph.placement.get(key, host) for key, _, _ in plan}
+    for key, _, _ in plan:
+        peers[key] = endpoint(service(key), at[key])
     services = []
     for key, name, r in plan:
-        services.append(ServiceLaunch(service(key), "graph_operator", host, cfg.GraphOperatorConfig(
+        services.append(ServiceLaunch(service(key), "graph_operator", at[key], cfg.GraphOperatorConfig(
             name=service(key), operator=name, role=r, epoch=1, endpoint=peers[key],
-            status_endpoint=endpoint(service(key)), graph=table, peers=peers, frontends=list(frontends), seed=seed,
-            trace_path=f"{trace_dir}/{prefix}{key}.jsonl" if trace_dir else None, **link)))
+            status_endpoint=endpoint(service(key), at[key]), graph=table, peers=peers, frontends=list(frontends),
+            seed=seed, trace_path=f"{trace_dir}/{prefix}{key}.jsonl" if trace_dir else None, **link)))
     return services, peers
 
 
@@ -364,49 +371,28 @@ def route_config(graph: GraphSpec, name: str, endpoint: str, peers: dict[str, st
 def wire_graphs(graphs: dict[str, GraphSpec], services: list, hosts: dict[str, str], ports, default_host: str) -> list:
     """Every frontend of ``services`` serves every graph of ``graphs`` (name ->
     ``GraphSpec``): each gets a graph endpoint of its own per graph (on its host) and a lane;
-    a graph's operators run on its ``host`` (``default_host`` when it names none) and send to
+    a graph's operators run on its ``host`` (``default_host`` when it names none; single ones on
+    their ``placement``) and send to
     the frontends (``frontends``; the first is ``peers["frontend"]``). Returns the operators'
     services; operator processes are ``op-OPERATOR``, or ``op-GRAPH-OPERATOR`` when the spec
-    has several graphs."""
+    has several graphs. A spec with a ``[manager]`` links every operator to it."""
     frontends = [s for s in services if s.role == "frontend"]
+    # with a [manager] table (wired before the graphs) the operators follow it as the frontends
+    # do: HAMS II's failover (promotions, fencing) is the manager's
+    link = getattr(frontends[0].config, "manager", None) if frontends else None
+    manager = (list(link.endpoints), list(link.publish_endpoints)) if link is not None else None
     operators = []
     for name, graph in graphs.items():
         routes = [ports.tcp(hosts[fe.host], fe.name) for fe in frontends]
         host = graph.host or default_host
-        address = hosts[host]
         prefix = "op-" if len(graphs) == 1 else f"op-{name}-"
-        ops, peers = graph_operators(graph, routes, lambda svc: ports.tcp(address, svc), host,
-                                     prefix=prefix)
+        unknown = sorted(h for h in graph.placement.values() if h not in hosts)
+        if unknown:
+            raise GraphError(f"graphs.{name}.placement: {unknown} are not in [hosts] ({sorted(hosts)})")
+        ops, peers = graph_operators(graph, routes, lambda svc, at: ports.tcp(hosts[at], svc), host,
+                                     manager=manager, prefix=prefix)
         operators += ops
         for lane, (fe, endpoint) in enumerate(zip(frontends, routes)):
             fe.config.graphs = {**fe.config.graphs, name: route_config(graph, name, endpoint, peers, lane, len(frontends),
                                                                        frontend=fe.name)}
     return operators
-
-
-def graph_services(graph: GraphSpec, base_port: int, address: str = "127.0.0.1", host: str = "local",
-                   seed: int = 0, trace_dir: str | None = None,
-                   manager: tuple[list[str], list[str]] | None = None,
-                   address_of: Callable[[str], str] | None = None, name: str = "graph") -> tuple[list, str]:
-    """One graph on its own (tests, chaos trials, benchmarks): a frontend (``frontend``)
-    serving ``graph`` as ``name`` and nothing else, and the graph's operators
-    (``graph_operators``), on ports from ``base_port``; -> (services, the frontend's client
-    endpoint). ``address_of(service name)``: where that process listens (default
-    ``address`` for all; per process when each runs on its own emulated host)."""
-    from keel.common import config as cfg
-    from keel.common.spec.topology import ServiceLaunch
-
-    port = iter(range(base_port, base_port + 1000))
-    address_of = address_of or (lambda svc: address)
-
-    def ep(svc: str) -> str:
-        return f"tcp://{address_of(svc)}:{next(port)}"
-
-    trace_dir = trace_dir or graph.trace_dir
-    graph_ep, client, predictions = ep("frontend"), ep("frontend"), ep("frontend")
-    operators, peers = graph_operators(graph, [graph_ep], ep, host, seed, trace_dir, manager)
-    link = {"manager": cfg.ManagerLinkConfig(list(manager[0]), list(manager[1]))} if manager else {}
-    frontend = ServiceLaunch("frontend", "frontend", host, cfg.FrontendConfig(
-        client_endpoint=client, prediction_endpoint=predictions,
-        graphs={name: route_config(graph, name, graph_ep, peers, trace_dir=trace_dir)}, **link))
-    return [frontend, *operators], client

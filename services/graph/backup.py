@@ -11,7 +11,7 @@ from keel.common.ids import epoch_of
 from keel.common.protocol.messages import GraphAck, GraphRequest, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
-from keel.services.graph.roles import Role
+from keel.services.graph.roles import OperatorRole
 from keel.services.graph.statemgr import Folded, Packed, header_of
 
 
@@ -19,15 +19,15 @@ class BackupSide:
     def _on_state(self, msg: GraphState) -> None:
         if msg.operator != self.op:
             return
-        header = header_of(msg.blob) if self.hams_role is Role.REJOINING and msg.epoch == self.backup.epoch else {}
+        header = header_of(msg.blob) if self.role_record.role is OperatorRole.REJOINING and self.role_record.current(msg.epoch) else {}
         if header.get("whole"):  # the primary's whole state: Algorithm 2 goes on from it
             self.backup.max_applied_seq = msg.first_seq - 1
             for op, seq in header["durable"].items():
                 self.backup.durable.notify(op, seq)
             self.consumed.update(header["consumed"])
             self.applied = AppliedRequests.from_json(header.get("table", []))
-            self._become("whole_state")
-            self.trace.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
+            self.role_record.become("whole_state")
+            self.events.write("joined", operator=self.op, epoch=msg.epoch, last_seq=msg.last_seq)
             self.log.warning("joined as backup: the primary's whole state", operator=self.op, epoch=msg.epoch,
                              last_seq=msg.last_seq, outputs=len(header["seqs"]))
         shipped = lin.ShippedState(msg.operator, msg.epoch, msg.first_seq, msg.last_seq, [msg.lineage], {"blob": msg.blob})
@@ -71,12 +71,12 @@ class BackupSide:
 
     def _notify(self, applied: list[lin.ShippedState]) -> None:
         """Algorithm 2, after applying: tell the next stateful models, the frontend, my primary."""
-        degraded = self.hams_role is Role.DEGRADED
+        degraded = self.role_record.role is OperatorRole.DEGRADED
         for state in applied:
-            if self.trace:  # the requests this state applied, for the checker's "at most once"
+            if self.events:  # the requests this state applied, for the checker's "at most once"
                 requests = state.state["applied"] if "applied" in state.state else \
                     header_of(state.state["blob"]).get("applied", []) if "blob" in state.state else []
-                self.trace.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=degraded,
+                self.events.write("apply", operator=self.op, last_seq=state.last_seq, epoch=state.epoch, degraded=degraded,
                                  lineage=[e.to_json() for lineage in state.lineages for e in lineage], requests=requests)
-            self.trace.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
-            self._announce_durable(self.assignment.epoch, state.last_seq, primary=not degraded)
+            self.events.flush()  # the checker's record of this durability on disk before the notice (a kill loses the buffer)
+            self._announce_durable(self.role_record.epoch, state.last_seq, primary=not degraded)

@@ -37,7 +37,7 @@ from keel.services.graph import lineage as lin
 from keel.services.graph.lineage import source_of
 from keel.services.executors import Job
 from keel.services.graph.models import GraphBatch
-from keel.services.graph.roles import SERVING, Role as R
+from keel.services.graph.roles import SERVING, OperatorRole as R
 
 
 #: a model whose batches take longer than this (a running mean) computes them on the device
@@ -133,7 +133,7 @@ class Batches:
         fresh = self.computing[1]
         self.computing = None
         self._timed(job)
-        if job.predictor is not self.model or self.hams_role not in SERVING:
+        if job.predictor is not self.model or self.role_record.role not in SERVING:
             return  # rolled back, fenced or stepped down while it computed
         self._computed(job.live, fresh, job.batch, job.outputs, job.error, later=True)
 
@@ -174,7 +174,7 @@ class Batches:
         first = self.next_seq
         # what is the same for every row, decided once per batch (only what differs per row
         # is done per row)
-        tracing, op, succs, epoch = bool(self.trace), self.op, self.succs, self.assignment.epoch
+        logging_events, op, succs, epoch = bool(self.events), self.op, self.succs, self.role_record.epoch
         combining = len(self.preds) > 1 and self.spec.join != "interleave"  # inputs numbered in step (_on_request)
         # Algorithm 1, the lineage bookkeeping (HAMS §VI's logging cost per batch, timed alone):
         # each row's lineage after this operator numbers it, what my state holds of each source
@@ -195,7 +195,7 @@ class Batches:
             lineages.extend(lineage)
         took_s = time.perf_counter() - t1
         # the outputs: one message per row (bare builds them too)
-        degraded_here = True if self.hams_role is R.DEGRADED else None
+        degraded_here = True if self.role_record.role is R.DEGRADED else None
         recording = self.applied is not None
         sends, outs, recorded = [], [], []  # recorded: (request, seq, origin, output) newly applied
         end = first + len(rows) - 1
@@ -208,8 +208,8 @@ class Batches:
             msg = GraphRequest(op, seq, r.origin, r.stream, lineage, out,
                                degraded=degraded_here or (True if r.degraded else None),  # the client is told
                                request=r.request, reply_to=r.reply_to, more=True if seq < end else None)
-            if tracing:
-                self.trace.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
+            if logging_events:
+                self.events.write("output", operator=op, seq=seq, epoch=epoch, origin=r.origin, output=out,
                                  request=r.request, duplicate=None if fresh_row else True)
             for target in succs:
                 sends.append((target, msg))
@@ -229,9 +229,9 @@ class Batches:
         if self.stateful and self.mode.hold_outputs:
             self.held[last] = sends
         else:
-            if self.trace and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
-                self.trace.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
-            if self.model.stateful and self.mode.ships_state and self.hams_role is R.PRIMARY:
+            if self.events and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
+                self.events.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
+            if self.model.stateful and self.mode.ships_state and self.role_record.role is R.PRIMARY:
                 # the frontend holds these replies until this batch's state is durable, which
                 # takes the update and the ship: they leave once the ship has started, so
                 # their sends are not on the way to it (outputs to operators leave at once)
@@ -242,7 +242,7 @@ class Batches:
             return
         self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
                                       lineages, outs, time.perf_counter(), replies)
-        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state:
+        if self.stateful and self.role_record.role is R.PRIMARY and self.mode.ships_state:
             self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
         self._try_update(later)
 
@@ -256,18 +256,18 @@ class Batches:
         status); a predecessor's takeover or my backup's death may roll me back meanwhile:
         then the batch is abandoned, its inputs come again by lineage."""
         u = self.pending_update
-        if self.model is not u.model or self.hams_role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
-                or (u.model is not None and self.hams_role is R.PRIMARY and self.statemgr is None):
+        if self.model is not u.model or self.role_record.role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
+                or (u.model is not None and self.role_record.role is R.PRIMARY and self.statemgr is None):
             self.pending_update = None  # rolled back or stepped down: re-run from its resent inputs
             return  # (its replies are dropped: their state never ships, the re-run answers)
-        if self.stateful and self.hams_role is R.PRIMARY and self.mode.ships_state \
+        if self.stateful and self.role_record.role is R.PRIMARY and self.mode.ships_state \
                 and not self.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
             return  # an ack moves the window: tick tries again
         self.pending_update = None
         t3 = time.perf_counter()
         if u.batch is not None:
-            if self.trace and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
-                self.trace.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
+            if self.events and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
+                self.events.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
             self.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
@@ -277,8 +277,8 @@ class Batches:
         self.update_wait_s += t3 - u.t
         self.update_s += time.perf_counter() - t3
         rows, first, last, lineages = u.rows, u.first, u.last, u.lineages
-        if self.hams_role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
-            self._notify(self.own.receive(lin.ShippedState(self.op, self.assignment.epoch, first, last, [lineages],
+        if self.role_record.role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
+            self._notify(self.own.receive(lin.ShippedState(self.op, self.role_record.epoch, first, last, [lineages],
                                                            {"applied": applied})))
         elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
@@ -289,8 +289,8 @@ class Batches:
             statemgr, model = self.statemgr, self.model
 
             def ship():
-                if self.trace:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
-                    self.trace.write("ship", operator=self.op, first_seq=first, last_seq=last)
+                if self.events:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
+                    self.events.write("ship", operator=self.op, first_seq=first, last_seq=last)
                 # idle: copying in place stops no batch (the device computes the next one, or none waits)
                 idle = self.computing is not None or (not self.queue and not self.inbox.poll(0))
                 statemgr.start(model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,

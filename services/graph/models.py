@@ -29,9 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from keel.common.spec.graph import operator_class
-
-torch.set_num_threads(1)
+from keel.common.spec.operators import operator_class
 
 
 @dataclass

@@ -47,32 +47,33 @@ import time
 from collections import OrderedDict, deque
 
 import numpy as np
+import torch
 import zmq
 
 from keel.common import transport
 from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.common.spec.graph import FRONTEND, operator_class, read_graph
+from keel.common.spec.graph import FRONTEND, read_graph
+from keel.common.spec.operators import operator_class
 from keel.common.spec.modes import MODES
 from keel.services.base import Service
 from keel.services.executors import Executors, set_torch_threads
 from keel.services.graph import hooks
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
-from keel.services.graph.assignment import EpochRole
 from keel.services.graph.backup import BackupSide
 from keel.services.graph.batches import Batches
 from keel.services.graph.lineage import source_of
 from keel.services.graph.recovery import BACKUP_GRACE_S, LEASE_S, Recovery
-from keel.services.graph.roles import BACKING, SERVING, Role, transition
+from keel.services.graph.roles import BACKING, SERVING, OperatorRole, RoleRecord
 from keel.services.graph.stash import LineageStash
 from keel.services.graph.statemgr import StateManager
-from keel.services.graph.trace import Trace
+from keel.services.graph.events import EventLog
 
 __all__ = ["GraphOperator", "source_of", "LEASE_S", "BACKUP_GRACE_S"]
 
-R = Role
+R = OperatorRole
 
 #: a predecessor's batch whose first rows arrived is waited for at most this long (its rows
 #: leave in one loop, ~0.1-0.3 ms apart at the most): a sender that died mid-batch stalls nothing
@@ -96,17 +97,21 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def __init__(self, config: GraphOperatorConfig):
         super().__init__(config.name, config.metrics_port)
         self.config = config
+        # one torch thread per model here, set by the operator process alone (a spec's reader
+        # imports no torch): the loop and the device thread share the host's cores
+        torch.set_num_threads(1)
         self.graph = read_graph(config.graph)
         self.spec = self.graph.operators[config.operator]
         self.op = config.operator
         self.mode = MODES[self.graph.mode]
-        self.assignment = EpochRole(config.role, config.epoch)
         self.stateful = self.spec.stateful and self.op in self.graph.stateful
         # a backup started at a manager epoch (> the spec's 1) joins a running group whose
         # primary runs degraded: it asks for the primary's whole state (§IV-E)
         joining = config.role == "backup" and config.epoch > 1 and config.manager is not None
-        self.hams_role = {"standby": R.STANDBY, "backup": R.REJOINING if joining else R.BACKUP}.get(
+        first = {"standby": R.STANDBY, "backup": R.REJOINING if joining else R.BACKUP}.get(
             config.role, R.PRIMARY if self.stateful else R.STATELESS)
+        # the one record of my role and epochs (``roles.RoleRecord``): everything else reads it
+        self.role_record = RoleRecord(first, config.epoch, on_change=self._role_changed)
         self.deferred: deque = deque()  # what reached a rolling-back primary, handled once it is decided
         self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
         self.serve_status(config.status_endpoint)
@@ -145,9 +150,6 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
-        self.role_epoch = 0  # the newest epoch of my group seen (decisions older than it are stale news)
-        self.confirmed = 0.0  # when the manager last said I hold my group (the lease, LEASE_S)
-        self.confirmed_epoch = 0  # the epoch it said so at (another holder at it: two primaries)
         self.fenced = False  # a newer holder of my group existed: I released nothing more at my old epoch
         self.takeovers = 0
         self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
@@ -160,21 +162,21 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
         self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
         self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
-        self.trace = Trace(config.trace_path)
-        if self.trace:
-            self.every(0.2, self.trace.flush)
+        self.events = EventLog(config.trace_path)
+        if self.events:
+            self.every(0.2, self.events.flush)
         # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
         self.stash = LineageStash(self) if self.mode.checkpoints else None
         self.backup = None
         self.model = None
         self.statemgr = None
         self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
-        if self.hams_role is R.STANDBY:
+        if self.role_record.role is R.STANDBY:
             for name, spec in self.graph.operators.items():
                 if spec.kind == self.spec.kind:
                     self.standby_for[name] = self._new_model(spec)
-        elif self.hams_role in BACKING:
-            self.backup = lin.Backup(self.op, self.graph.stateful, self.assignment.epoch)
+        elif self.role_record.role in BACKING:
+            self.backup = lin.Backup(self.op, self.graph.stateful, self.role_record.epoch)
         else:
             self.model = self._new_model(self.spec)
             if self.model.stateful:
@@ -195,15 +197,14 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                 self._watch_backup()
 
     # --- the state machine -------------------------------------------------------------------
-    def _become(self, event: str) -> None:
-        """The one place the role changes: along an edge of ``roles.TRANSITIONS``."""
-        before, self.hams_role = self.hams_role, transition(self.hams_role, event)
-        if self.trace and before is not self.hams_role:
-            self.trace.write("role", operator=self.op, event=event, before=before.value, role=self.hams_role.value)
+    def _role_changed(self, event: str, before: OperatorRole, after: OperatorRole) -> None:
+        """Every move of my role record (``RoleRecord.become``), in the event log."""
+        if self.events:
+            self.events.write("role", operator=self.op, event=event, before=before.value, role=after.value)
 
     def _replay_deferred(self) -> None:
         """What reached me while I rolled back, handled now by the role the manager gave me."""
-        while self.deferred and self.hams_role is not R.ROLLING_BACK:
+        while self.deferred and self.role_record.role is not R.ROLLING_BACK:
             self.deferred.popleft()()
 
     def _on_inbox(self, sock: zmq.Socket) -> None:
@@ -211,20 +212,20 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
-        if self.hams_role is R.ROLLING_BACK:
+        if self.role_record.role is R.ROLLING_BACK:
             self.deferred.append(lambda: self._dispatch(msg))
             return
-        name = self.ON[self.hams_role].get(type(msg))
+        name = self.ON[self.role_record.role].get(type(msg))
         if name is not None:
             getattr(self, name)(msg)
 
     # --- GraphAck, per role ----------------------------------------------------------------
     def _ack_at_standby(self, msg: GraphAck) -> None:
-        if msg.operator == self.op and msg.epoch > self.role_epoch:
+        if msg.operator == self.op and msg.epoch > self.role_record.newest:
             # Addressed to the group's new holder: a successor read my promotion in the feed
             # before I did. Dropping its word left me waiting to number for ever.
             self._on_role(self.member, msg.epoch)
-            if self.hams_role is R.STATELESS:
+            if self.role_record.role is R.STATELESS:
                 self._ack_at_stateless(msg)
 
     def _ack_at_stateless(self, msg: GraphAck) -> None:
@@ -237,14 +238,14 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def _ack_at_primary(self, msg: GraphAck) -> None:
         if msg.operator in self.succs:
             self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
-        elif msg.operator == self.op and self.statemgr is not None and msg.epoch == self.assignment.epoch:
+        elif msg.operator == self.op and self.statemgr is not None and self.role_record.current(msg.epoch):
             self.statemgr.on_ack(msg.seq)  # my backup has state msg.seq: the window moves
             self._release_held(msg.seq)
 
     def _ack_at_degraded(self, msg: GraphAck) -> None:
         if msg.operator in self.succs:
             self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
-        elif msg.operator == self.op and msg.epoch == self.assignment.epoch:
+        elif msg.operator == self.op and self.role_record.current(msg.epoch):
             self._bring_up_backup()  # a member joined my group and asks for my whole state
 
     def _ack_at_backup(self, msg: GraphAck) -> None:
@@ -259,21 +260,21 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.peers.send(self.config.peers[f"{self.op}.backup"], msg)
         if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
             self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
-            if self.hams_role in BACKING:
+            if self.role_record.role in BACKING:
                 self.backup.forget_after(msg.operator, msg.seq)
-            elif msg.operator in self.preds and self.hams_role in SERVING and self.took.get(msg.operator, -1) > msg.seq:
+            elif msg.operator in self.preds and self.role_record.role in SERVING and self.took.get(msg.operator, -1) > msg.seq:
                 self._roll_back(msg.operator, msg.seq)
                 return
         if msg.operator == FRONTEND:
             self._on_released(msg.seq)
-        elif self.hams_role in BACKING:
+        elif self.role_record.role in BACKING:
             applied = self.backup.on_notify(msg.operator, msg.seq)
             self._notify(applied)
             self._keep(applied)  # its outputs, what it took and its requests: as for a state applied on arrival
-        elif self.hams_role is R.DEGRADED and msg.operator != self.op:
+        elif self.role_record.role is R.DEGRADED and msg.operator != self.op:
             self._notify(self.own.on_notify(msg.operator, msg.seq))
-        elif self.hams_role is R.PRIMARY and self.statemgr is not None and msg.operator == self.op \
-                and msg.epoch == self.assignment.epoch:
+        elif self.role_record.role is R.PRIMARY and self.statemgr is not None and msg.operator == self.op \
+                and self.role_record.current(msg.epoch):
             self.statemgr.on_durable(msg.seq)
             self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
 
@@ -323,7 +324,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
 
     def _new_statemgr(self, backup_endpoint: str) -> StateManager:
         """A primary's statemgr, shipping to whichever endpoint my backup has at the time."""
-        return StateManager(self.op, self.assignment.epoch, self.graph.window, self.mode.copy_in_background,
+        return StateManager(self.op, self.role_record.epoch, self.graph.window, self.mode.copy_in_background,
                             send=lambda st: self.peers.send(self.config.peers[f"{self.op}.backup"], st),
                             ctx=self.ctx, backup_endpoint=backup_endpoint)
 
@@ -390,7 +391,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
         def can_step(rest_s: float) -> bool:
-            return bool(self.queue) and self.hams_role in SERVING and not self.numbering and self.leased() \
+            return bool(self.queue) and self.role_record.role in SERVING and not self.numbering and self.leased() \
                 and self.pending_update is None and self.computing is None and not rest_s
 
         if timeout is None:
@@ -423,8 +424,8 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
 
     def status(self) -> dict:
         info = super().status()
-        info.update(operator=self.op, mode=self.graph.mode, assignment=self.assignment.role, epoch=self.assignment.epoch,
-                    hams_role=self.hams_role.value, degraded=self.hams_role is R.DEGRADED, takeovers=self.takeovers, fenced=self.fenced,
+        info.update(operator=self.op, mode=self.graph.mode, assignment=self.role_record.assignment, epoch=self.role_record.epoch,
+                    hams_role=self.role_record.role.value, degraded=self.role_record.role is R.DEGRADED, takeovers=self.takeovers, fenced=self.fenced,
                     batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
                     duplicates=self.duplicates,  # applied_requests: bounded by count and age, not by replies leaving
                     applied_requests=len(self.applied) if self.applied is not None else None,
@@ -460,4 +461,4 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.manager.close()
         if self.statemgr is not None:
             self.statemgr.close()
-        self.trace.close()
+        self.events.close()

@@ -25,7 +25,7 @@ from keel.common import transport
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphState
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
-from keel.services.graph.roles import BACKING, SERVING, Role, check_one_holder
+from keel.services.graph.roles import BACKING, SERVING, OperatorRole
 from keel.services.graph.statemgr import pack
 
 #: a holder numbers and sends only this long after the manager last confirmed it: under
@@ -46,14 +46,14 @@ class Recovery:
     # --- the manager's word ----------------------------------------------------------------
     def _link_manager(self) -> None:
         me = None
-        if self.stateful or self.hams_role in BACKING or self.hams_role in (Role.STATELESS, Role.STANDBY):
+        if self.stateful or self.role_record.role in BACKING or self.role_record.role in (OperatorRole.STATELESS, OperatorRole.STANDBY):
             me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
-        primary_first = self.hams_role in BACKING or self.hams_role is Role.STANDBY  # the spec's primary takes the role first
+        primary_first = self.role_record.role in BACKING or self.role_record.role is OperatorRole.STANDBY  # the spec's primary takes the role first
         self.link_manager(self.config.manager, on_change=self._on_manager_change, me=me, on_role=self._on_role,
-                          ready=lambda: self.hams_role is not Role.REJOINING,
+                          ready=lambda: self.role_record.role is not OperatorRole.REJOINING,
                           may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
-        if self.hams_role in BACKING or self.hams_role is Role.STANDBY:  # a disconnect of my socket to the primary: report it at once
-            holder = self.manager.holder(f"graph/{self.op}")[0] if self.hams_role is Role.REJOINING else None
+        if self.role_record.role in BACKING or self.role_record.role is OperatorRole.STANDBY:  # a disconnect of my socket to the primary: report it at once
+            holder = self.manager.holder(f"graph/{self.op}")[0] if self.role_record.role is OperatorRole.REJOINING else None
             self.manager.watch(self.peers.get(self.config.peers[self.op]), holder or f"op-{self.op}")
         for key, value in list(self.manager.feed.values.items()):
             self._on_manager_change(key, value)
@@ -61,7 +61,7 @@ class Recovery:
             self.every(0.1, self._ask_for_state)  # only while rejoining (a joiner, a fenced old primary)
 
     def _on_manager_change(self, key: str, value: dict | None) -> None:
-        if self.hams_role is Role.ROLLING_BACK:  # acted on once my own epoch is decided, in order
+        if self.role_record.role is OperatorRole.ROLLING_BACK:  # acted on once my own epoch is decided, in order
             self.deferred.append(lambda: self._on_manager_change(key, value))
             return
         if self.manager is None or not key.startswith("group/graph/") or not value or not value.get("holder"):
@@ -72,12 +72,12 @@ class Recovery:
             return
         if op in self.epochs and op in self.succs and self.stateful:
             self.awaiting.add(op)  # a takeover: its ack says where my resend starts; keep seq order till then
-        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.hams_role in SERVING:
+        if op in self.epochs and op in self.preds and not self.graph.operators[op].stateful and self.role_record.role in SERVING:
             self._report_taken(op, epoch, endpoint)  # the serving successor's word (a backup's took nothing)
-        if op in self.epochs and op in self.preds and self.taken is not None and self.hams_role in SERVING:
+        if op in self.epochs and op in self.preds and self.taken is not None and self.role_record.role in SERVING:
             # I took over, and so did my predecessor (both failed together): my ack may have gone
             # to its dead primary; its new one waits for it before it sends me anything
-            self.peers.send(endpoint, GraphAck(self.op, self.assignment.epoch, self.consumed.get(op, -1)))
+            self.peers.send(endpoint, GraphAck(self.op, self.role_record.epoch, self.consumed.get(op, -1)))
         if op in self.epochs and op != self.op and op in self.graph.stateful:
             self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
             self._renotify(op, endpoint)
@@ -95,36 +95,37 @@ class Recovery:
     def _on_role(self, holder: str | None, epoch: int) -> None:
         """The manager's applied decision for my group (feed or heartbeat answer); an older
         epoch than one already seen (a lagging replica's answer) changes nothing."""
-        if self.hams_role is Role.ROLLING_BACK:
+        if self.role_record.role is OperatorRole.ROLLING_BACK:
             self.deferred.append(lambda: self._on_role(holder, epoch))
             return
-        if epoch < self.role_epoch:
-            return
         me = self.member
-        check_one_holder(self.hams_role, me, self.confirmed_epoch, holder, epoch)
-        previous, self.role_epoch = self.role_epoch, epoch
-        if holder not in (None, me) and self.hams_role is Role.BACKUP and previous and epoch > previous and self.manager:
+        previous = self.role_record.heard(holder, me, epoch)
+        if previous is None:
+            return
+        if holder not in (None, me) and self.role_record.role is OperatorRole.BACKUP and previous and epoch > previous and self.manager:
             # my primary rolled back in place at a new epoch: my states are of its old one
-            self._become("primary_moved")
+            self.role_record.become("primary_moved", epoch=epoch)
             self._catch_up(epoch)
             self.log.warning("my primary moved to a new epoch: catching up again", holder=holder, epoch=epoch)
             return
-        if holder == me:
-            self.confirmed, self.confirmed_epoch = time.monotonic(), epoch
-        if holder == me and self.hams_role in BACKING:
+        if holder == me and self.role_record.role in BACKING:
             self.take_over(epoch)
-        elif holder == me and self.hams_role is Role.STANDBY:
+        elif holder == me and self.role_record.role is OperatorRole.STANDBY:
             self.take_over_stateless(epoch)
-        elif holder not in (None, me) and self.hams_role in SERVING:
+        elif holder not in (None, me) and self.role_record.role in SERVING:
             rejoin = self.stateful and self.manager is not None
-            self._become("newer_holder" if rejoin else "newer_holder_alone")
+            mine = self.role_record.epoch  # the epoch I held my group in, fenced at
+            if rejoin:
+                self.role_record.become("newer_holder", epoch=epoch)  # I rejoin at the holder's epoch
+            else:
+                self.role_record.become("newer_holder_alone")
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
             self.drop_computing()
             self.held.clear()
             self.outputs.clear()
             self.fenced = True
-            self.trace.write("fenced", operator=self.op, epoch=self.assignment.epoch, holder=holder, holder_epoch=epoch)
+            self.events.write("fenced", operator=self.op, epoch=mine, holder=holder, holder_epoch=epoch)
             self.log.warning("stale primary: stepped down, fenced", holder=holder, epoch=epoch)
             if rejoin:
                 self._rejoin(holder, epoch)
@@ -133,9 +134,9 @@ class Recovery:
         """``op`` has a new holder that runs Algorithm 2 itself (degraded, from a fresh view
         of durability after a roll-back): my notices so far went to its old backup, and the
         newest may have gone while the manager was slow to tell me; it gets my newest again."""
-        algorithm2 = self.backup if self.hams_role in BACKING else self.own if self.hams_role is Role.DEGRADED else None
+        algorithm2 = self.backup if self.role_record.role in BACKING else self.own if self.role_record.role is OperatorRole.DEGRADED else None
         if algorithm2 is not None and op in self.graph.next_stateful(self.op) and algorithm2.max_applied_seq >= 0:
-            self.peers.send(endpoint, GraphDurable(self.op, self.assignment.epoch, algorithm2.max_applied_seq))
+            self.peers.send(endpoint, GraphDurable(self.op, self.role_record.epoch, algorithm2.max_applied_seq))
 
     @property
     def member(self) -> str:
@@ -145,15 +146,15 @@ class Recovery:
     def leased(self) -> bool:
         """May I number and send? Without a manager always; with one, a holder only while
         the manager confirmed it within ``LEASE_S`` (a thawed primary waits for its word)."""
-        return self.manager is None or self.hams_role not in SERVING or time.monotonic() - self.confirmed < LEASE_S
+        return self.manager is None or self.role_record.role not in SERVING or self.role_record.leased(LEASE_S)
 
     # --- backups: joining, catching up ------------------------------------------------------
     def _catch_up(self, epoch: int) -> None:
-        """Become a backup at ``epoch`` that waits for the holder's whole state: nothing of
-        an older epoch is kept, and my notices (the holder's window acks) carry ``epoch``
-        (the holder ignores acks of another epoch: its window would never move)."""
+        """A backup at ``epoch`` (my role record moved to it) that waits for the holder's
+        whole state: nothing of an older epoch is kept, and my notices (the holder's window
+        acks) carry ``epoch`` (the holder ignores acks of another epoch: its window would
+        never move)."""
         self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.assignment.role, self.assignment.epoch = "backup", epoch
         self.kept, self.consumed = OrderedDict(), {}
         self.applied = AppliedRequests()  # the holder's whole state brings its table
 
@@ -176,7 +177,7 @@ class Recovery:
 
     def _ask_for_state(self, _now: float) -> None:
         """A joining backup asks the group's primary for its whole state until it arrives."""
-        if self.hams_role is Role.REJOINING:
+        if self.role_record.role is OperatorRole.REJOINING:
             self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup.epoch, 0))
 
     def _bring_up_backup(self) -> None:
@@ -199,13 +200,13 @@ class Recovery:
                 "table": self.applied.to_json()}  # the requests this state holds travel with it
         blob = pack(self.model.state_arrays(), {s: self.outputs[s].input for s in seqs}, meta)
         lineage = lin.join(self.outputs[s].lineage for s in seqs)
-        self.peers.send(endpoint, GraphState(self.op, self.assignment.epoch, seqs[0] if seqs else last, last, lineage, blob))
-        self._become("backup_joined")
+        self.peers.send(endpoint, GraphState(self.op, self.role_record.epoch, seqs[0] if seqs else last, last, lineage, blob))
+        self.role_record.become("backup_joined")
         self.statemgr = self._new_statemgr(endpoint)
         self.own, self.relaying = None, True
-        self.trace.write("backup_joined", operator=self.op, epoch=self.assignment.epoch, backup=joined[-1].get("name"),
+        self.events.write("backup_joined", operator=self.op, epoch=self.role_record.epoch, backup=joined[-1].get("name"),
                          last_seq=last)
-        self.trace.flush()
+        self.events.flush()
         self.log.warning("a backup joined: whole state shipped, no longer degraded", operator=self.op,
                          backup=joined[-1].get("name"), last_seq=last, outputs=len(seqs))
 
@@ -215,7 +216,7 @@ class Recovery:
         t0 = time.monotonic()
         max_seq = self.backup.max_applied_seq
         state = self.backup.folded.at() if self.backup.applied is not None else {}
-        self._become("promoted")
+        self.role_record.become("promoted", epoch=epoch)
         self.model = self._new_model(self.spec)
         self.model.start()
         if self.stash is not None:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
@@ -223,16 +224,15 @@ class Recovery:
         if state:
             self.model.load_state(state)
         if self.stash is not None:
-            self.trace.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
+            self.events.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
                              load_ms=round(1000 * (time.monotonic() - t0), 3))
-        self.assignment.role, self.assignment.epoch = "primary", epoch
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
         self.backup, self.takeovers = None, self.takeovers + 1
         self.next_seq = max_seq + 1
         self.outputs, self.kept = self.kept, OrderedDict()
         self.taken = {p: set() for p in self.preds}
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
                 self._send_on(target, msg)
@@ -248,12 +248,11 @@ class Recovery:
     def take_over_stateless(self, epoch: int) -> None:
         """HAMS §IV-E, a stateless operator: the hot standby serves it, numbering on once
         its successors said the highest seq they took (``GraphAck`` from a successor)."""
-        self._become("promoted")
+        self.role_record.become("promoted", epoch=epoch)
         self.model, self.standby_for = self.standby_for[self.op], {}
-        self.assignment.role, self.assignment.epoch = "stateless", epoch
         self.takeovers += 1
         self.numbering, self.next_seq = True, 0
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=-1)
         self.log.warning("promoted: hot standby serves", operator=self.op, epoch=epoch)
 
     # --- after a failure elsewhere: resends, roll-backs ---------------------------------------
@@ -294,7 +293,7 @@ class Recovery:
         """My backup died and no predecessor's takeover made me roll back within a grace
         (its detection, ~100 ms): go on alone from my newest shipped state, degraded, at a
         new epoch (my states no longer reach a backup: the window would stall every batch)."""
-        if self.backup_lost and self.hams_role is Role.PRIMARY and self.statemgr is not None and now - self.backup_lost > BACKUP_GRACE_S:
+        if self.backup_lost and self.role_record.role is OperatorRole.PRIMARY and self.statemgr is not None and now - self.backup_lost > BACKUP_GRACE_S:
             self._roll_back_in_place(None, -1)
 
     def _roll_back(self, pred: str, max_seq: int) -> None:
@@ -309,8 +308,8 @@ class Recovery:
         if self.statemgr is not None and self._saved_without(pred, max_seq) is not None:
             self._roll_back_in_place(pred, max_seq)
             return
-        alone = self.hams_role is Role.DEGRADED
-        self._become("roll_back_to_backup")
+        alone = self.role_record.role is OperatorRole.DEGRADED
+        self.role_record.become("roll_back_to_backup")
         self.model = None
         self.outputs.clear()
         self._drop_pending()
@@ -360,12 +359,12 @@ class Recovery:
         decision is asked, not waited for: ``_rolled_back`` takes its answer."""
         good = self._saved_without(pred, max_seq)
         if good is None:
-            self._become("no_saved_state")
+            self.role_record.become("no_saved_state")
             self.model = None
             self.outputs.clear()
             self.log.error("no consistent saved state to roll back to", operator=self.op)
             return
-        self._become("roll_back_in_place")
+        self.role_record.become("roll_back_in_place")
         current = self.epochs.get(self.op, 0)
         reason = f"rollback in place: {pred} recovered at {max_seq}" if pred else "backup lost: goes on alone"
         self.manager.request("promote", {"group": f"graph/{self.op}", "name": self.member, "epoch": current,
@@ -376,7 +375,7 @@ class Recovery:
         """The manager's answer to my roll-back in place: go on from the saved state ``good``
         at the new epoch, or (refused, or no answer in time) step down."""
         if result.get("status") != "ok":
-            self._become("manager_refused")
+            self.role_record.become("manager_refused")
             self.model = None
             self.outputs.clear()
             self.log.error("rollback in place refused", result=result)
@@ -391,8 +390,6 @@ class Recovery:
         self.model.start()
         if tensors:
             self.model.load_state(tensors)
-        self.assignment.epoch, self.role_epoch = epoch, epoch
-        self.confirmed, self.confirmed_epoch = time.monotonic(), epoch
         self.next_seq = last + 1
         for seq in [s for s in self.outputs if s > last]:
             del self.outputs[seq]  # numbered after the state I go on from: re-run, never released
@@ -409,14 +406,14 @@ class Recovery:
         self.resync = {p: seq + 1 for p, seq in self.consumed.items() if "#" not in p}
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
         self.own.max_applied_seq = last
-        self._become("manager_ok")
+        self.role_record.become("manager_ok", epoch=epoch, confirmed=True)
         self.takeovers += 1
         # the only copy of this state now: it counts as applied (the invariants' record, on disk first)
         if last >= 0:
-            self.trace.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
+            self.events.write("apply", operator=self.op, last_seq=last, epoch=epoch, degraded=True,
                              lineage=[e.to_json() for e in lineage])
-        self.trace.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
-        self.trace.flush()
+        self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
+        self.events.flush()
         self._announce_durable(epoch, last, successors=True)
         for p in self.preds:
             self._ack_pred(p, self.op, epoch, self.consumed)

@@ -1,9 +1,10 @@
 """The roles an operator process holds and the events that move it between them: the
 zguide bstar shape (named states, one transition function, an exception for the state
-that must never be). ``services.graph.operator`` keeps one ``Role`` and changes it only
-through ``transition``; what each role does with each message is its handler table.
+that must never be). An operator holds one ``RoleRecord``: its role and the epochs it holds
+it in, changed only along an edge of ``TRANSITIONS`` and by the manager's word, and read by
+every other part; what each role does with each message is the operator's handler table.
 
-Role            what it serves (HAMS)                                           its resources
+role            what it serves (HAMS)                                           its resources
 --------------  --------------------------------------------------------------  ----------------------
 STATELESS       a stateless operator: computes, numbers, sends (§IV-A)           model
 STANDBY         the hot standby of one kind of stateless operator: models       models of its kind
@@ -47,13 +48,28 @@ Edges (event -> new role; any other pair raises ``ImpossibleTransition``)::
 
 Two holders of one group at one epoch cannot happen (the manager decides each epoch once,
 in its Raft log): an operator that sees it raises ``TwoPrimaries``.
+
+The edges that change the epoch the role is held in (``EPOCH_EDGES``: a promotion, my
+primary moved, fenced to rejoin, a roll-back the manager allowed) carry the new epoch; an
+older one is refused. From then on a message of the operator's own group at another epoch
+is refused (``RoleRecord.current``: fencing, the one check).
+
+Example
+-------
+>>> r = RoleRecord(OperatorRole.BACKUP, epoch=1)
+>>> r.heard("op-g2-backup", "op-g2-backup", 2)  # the manager names me holder at epoch 2
+0
+>>> r.become("promoted", epoch=2).value, r.epoch, r.current(1)
+('degraded', 2, False)
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from enum import Enum
 
 
-class Role(str, Enum):
+class OperatorRole(str, Enum):
     STATELESS = "stateless"
     STANDBY = "standby"
     PRIMARY = "primary"
@@ -74,8 +90,8 @@ class TwoPrimaries(ImpossibleTransition):
     two primaries in one epoch (bstar's "dual master"), which its Raft log rules out."""
 
 
-R = Role
-TRANSITIONS: dict[tuple[Role, str], Role] = {
+R = OperatorRole
+TRANSITIONS: dict[tuple[OperatorRole, str], OperatorRole] = {
     (R.STANDBY, "promoted"): R.STATELESS,
     (R.STATELESS, "newer_holder_alone"): R.FENCED,
     (R.BACKUP, "promoted"): R.DEGRADED,
@@ -101,7 +117,7 @@ SERVING = frozenset({R.STATELESS, R.PRIMARY, R.DEGRADED})
 BACKING = frozenset({R.BACKUP, R.REJOINING})
 
 
-def transition(role: Role, event: str) -> Role:
+def transition(role: OperatorRole, event: str) -> OperatorRole:
     """The role ``event`` moves ``role`` to; ``ImpossibleTransition`` if no edge does."""
     try:
         return TRANSITIONS[role, event]
@@ -109,8 +125,87 @@ def transition(role: Role, event: str) -> Role:
         raise ImpossibleTransition(f"{event!r} cannot happen to a {role.value} operator") from None
 
 
-def check_one_holder(role: Role, me: str, confirmed_epoch: int, holder: str | None, epoch: int) -> None:
+def check_one_holder(role: OperatorRole, me: str, confirmed_epoch: int, holder: str | None, epoch: int) -> None:
     """Raise ``TwoPrimaries`` if ``holder`` (not me) holds my group at the epoch the
     manager confirmed me in while I still serve it."""
     if role in SERVING and holder not in (None, me) and epoch == confirmed_epoch > 0:
         raise TwoPrimaries(f"{holder} and {me} both hold the group at epoch {epoch}")
+
+
+#: the edges whose new role is held at a new epoch (``RoleRecord.become`` needs it)
+EPOCH_EDGES = frozenset({"promoted", "primary_moved", "newer_holder", "manager_ok"})
+
+#: what the manager calls each role (status ``assignment``)
+ASSIGNMENT = {R.STATELESS: "stateless", R.STANDBY: "standby", R.PRIMARY: "primary", R.DEGRADED: "primary",
+              R.ROLLING_BACK: "primary", R.BACKUP: "backup", R.REJOINING: "backup", R.FENCED: "fenced"}
+
+
+class RoleRecord:
+    """The one record of an operator's role and epochs: the state machine owns them, every
+    other part reads them, and only these methods change them.
+
+    role             where the operator is in ``TRANSITIONS``
+    epoch            the epoch it holds its role in: its states, notices and acks carry it
+    newest           the newest epoch of its group the manager's word carried (older word is stale)
+    confirmed_epoch  the epoch the manager last named it holder at (another holder then: two primaries)
+    confirmed_at     when (``clock``), for the lease
+    ``on_change(event, before, after)`` hears every move (the event log).
+    """
+
+    def __init__(self, role: OperatorRole, epoch: int = 1, clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[str, OperatorRole, OperatorRole], None] | None = None):
+        self._role, self._epoch, self.clock, self.on_change = role, epoch, clock, on_change
+        self._newest = self._confirmed_epoch = 0
+        self._confirmed_at = 0.0
+
+    role = property(lambda self: self._role)
+    epoch = property(lambda self: self._epoch)
+    newest = property(lambda self: self._newest)
+    confirmed_epoch = property(lambda self: self._confirmed_epoch)
+    confirmed_at = property(lambda self: self._confirmed_at)
+
+    @property
+    def assignment(self) -> str:
+        """What the manager calls my role: primary, backup, stateless, standby (or fenced)."""
+        return ASSIGNMENT[self._role]
+
+    def become(self, event: str, epoch: int | None = None, confirmed: bool = False) -> OperatorRole:
+        """Move along the edge ``event`` (``ImpossibleTransition`` if none); an edge of
+        ``EPOCH_EDGES`` needs the ``epoch`` its new role is held in, never an older one.
+        ``confirmed``: the manager's own answer names me holder at it (the lease starts)."""
+        after = transition(self._role, event)
+        if (epoch is not None) != (event in EPOCH_EDGES):
+            raise ImpossibleTransition(f"{event!r} {'needs' if epoch is None else 'takes no'} epoch")
+        if epoch is not None and epoch < self._epoch:
+            raise ImpossibleTransition(f"{event!r} at epoch {epoch}, older than my {self._epoch}")
+        before, self._role = self._role, after
+        if epoch is not None:
+            self._epoch, self._newest = epoch, max(self._newest, epoch)
+        if confirmed:
+            self._confirmed_at, self._confirmed_epoch = self.clock(), self._epoch
+        if self.on_change is not None and before is not after:
+            self.on_change(event, before, after)
+        return after
+
+    def heard(self, holder: str | None, me: str, epoch: int) -> int | None:
+        """The manager's applied decision for my group, ``holder`` at ``epoch``: None if an
+        older epoch than one heard already (a lagging replica's answer: stale news), else the
+        newest epoch heard before it. A decision naming me confirms me (the lease); another
+        holder at the epoch it confirmed me in raises ``TwoPrimaries``."""
+        if epoch < self._newest:
+            return None
+        check_one_holder(self._role, me, self._confirmed_epoch, holder, epoch)
+        previous, self._newest = self._newest, epoch
+        if holder == me:
+            self._confirmed_at, self._confirmed_epoch = self.clock(), epoch
+        return previous
+
+    def current(self, epoch: int) -> bool:
+        """Fencing: is a message of my own group (my primary's state, my backup's ack or
+        notice) of the epoch I hold my role in? One of an older epoch comes from before a
+        change (a deposed holder's, a backup of my old epoch) and is refused."""
+        return epoch == self._epoch
+
+    def leased(self, lease_s: float) -> bool:
+        """Did the manager name me holder within ``lease_s``?"""
+        return self.clock() - self._confirmed_at < lease_s

@@ -64,7 +64,7 @@ from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.modes import MODES
 from keel.services.graph.lineage import ReleaseGate, join
-from keel.services.graph.trace import Trace
+from keel.services.graph.events import EventLog
 from keel.services.requests import Request, State
 from keel.services.routes import FULL, Route
 
@@ -143,7 +143,7 @@ class GraphRoute(Route):
         self.answered: set[int] = set()  # answered origins at or above answered_below
         self.counts = {"answered": 0, "held": 0, "errors": 0, "degraded": 0, "voided": 0, "resent": 0, "foreign": 0,
                        "expired": 0}
-        self.trace = Trace(config.trace_path)
+        self.trace = EventLog(config.trace_path)
         self.epochs: dict[str, int] = {}  # stateful operator -> newest epoch of its durability notices
         self.group_epochs: dict[str, int] = {}  # operator -> newest epoch of its group in the manager's feed
         self.awaiting: set[str] = set()  # operators I feed that were taken over: their ack is awaited

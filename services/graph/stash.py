@@ -32,7 +32,7 @@ class LineageStash:
         o = self.operator
         if o.takeovers:  # the state the recovered system holds, rebuilt by replay (HAMS Fig. 2):
             # its outputs count for the checker as a backup's applied state would
-            o.trace.write("apply", operator=o.op, last_seq=last, epoch=o.assignment.epoch, degraded=True,
+            o.events.write("apply", operator=o.op, last_seq=last, epoch=o.role_record.epoch, degraded=True,
                           replay=True, lineage=[e.to_json() for e in lineages if e.operator == o.op], requests=applied)
         self.since_checkpoint += 1
         if self.since_checkpoint >= o.graph.checkpoint_every:
@@ -44,12 +44,12 @@ class LineageStash:
         o = self.operator
         t0 = time.monotonic()
         write_checkpoint(self.path(o.op), o.model.state_arrays(),
-                         {"last_seq": last, "consumed": dict(o.consumed), "epoch": o.assignment.epoch,
+                         {"last_seq": last, "consumed": dict(o.consumed), "epoch": o.role_record.epoch,
                           "applied": o.applied.to_json()})
         self.since_checkpoint = 0
-        o.trace.write("checkpoint", operator=o.op, epoch=o.assignment.epoch, last_seq=last,
+        o.events.write("checkpoint", operator=o.op, epoch=o.role_record.epoch, last_seq=last,
                       consumed=dict(o.consumed), ms=round(1000 * (time.monotonic() - t0), 3))
-        o.trace.flush()
+        o.events.flush()
 
     def from_checkpoint(self, state: dict, max_seq: int) -> tuple[dict, int]:
         """A cold standby's state and last seq: the latest checkpoint's, with what it took

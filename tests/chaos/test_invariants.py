@@ -240,10 +240,10 @@ def test_load_graph_traces_tells_apart_two_processes_that_wrote_one_file(tmp_pat
     import os
 
     from keel.chaos.invariants import load_graph_traces
-    from keel.services.graph.trace import Trace
+    from keel.services.graph.events import EventLog
 
     path = tmp_path / "op-g2.jsonl"
-    first = Trace(str(path))
+    first = EventLog(str(path))
     first.write("output", operator="g2", seq=0, epoch=1, origin=0, output=[1.0])
     first.close()
     path.open("ab").write(b'{"stream": "process", "pid": 424242}\n'  # a process started again on the path (a joiner)

@@ -20,11 +20,10 @@ from keel.chaos.graph_trials import gru_chain, start_graph
 from keel.chaos.invariants import CheckContext, EachRequestAppliedOnce, load_graph_traces
 from keel.common import protocol, transport
 from keel.common.protocol.messages import GraphDurable, GraphRequest
-from keel.common.spec.graph import FRONTEND, graph_services, read_graph
+from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.waiting import wait_until
-from keel.deploy.local import free_port_block
 from keel.services.graph.models import run_offline
-from tests.support.graphs import interleave_join, start, status
+from tests.support.graphs import graph_spec, interleave_join, start, status
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -86,7 +85,7 @@ def by_key(frontends) -> dict[str, list[np.ndarray]]:
 def start_operators(run, graph, a: FakeFrontend, b: FakeFrontend, roles: tuple[str, ...]) -> dict:
     """The graph's operator processes of ``roles``, sending to the test's two frontends
     (``a`` the first), started by ``run`` and answering; -> by name."""
-    services, _ = graph_services(graph, free_port_block(64))
+    services = graph_spec(graph.to_dict()).services
     ops = [dataclasses.replace(s, config=dataclasses.replace(s.config, peers={**s.config.peers, FRONTEND: a.endpoint},
                                                              frontends=[a.endpoint, b.endpoint]))
            for s in services if s.role == "graph_operator" and s.config.role in roles]

@@ -8,22 +8,15 @@ import numpy as np
 import pytest
 
 from keel.chaos.invariants import CheckContext, Checker, graph_invariants, load_graph_traces
-from keel.common.spec.graph import graph_services, read_graph
-from keel.deploy.local import free_port_block
-from tests.support.graphs import ask, gru_chain
+from tests.support.graphs import ask, gru_chain, start
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_fault_free_run_passes_graph_invariants(launcher, zsock, tmp_path):
-    table = dict(gru_chain(max_batch=4), window=2)
-    graph = read_graph(table)
-    services, client = graph_services(graph, free_port_block(64), trace_dir=str(tmp_path))
+    table = dict(gru_chain(max_batch=4), window=2, trace_dir=str(tmp_path))
     run = launcher("trace")
-    for svc in services:
-        run.start(svc)
-    for svc in services:
-        run.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
+    graph, _, client = start(run, table)
     rng = np.random.default_rng(7)
     ask(zsock, client, rng.normal(size=(100, 4)), rng.integers(0, 4, size=100))
     run.stop()  # flushes and closes the traces

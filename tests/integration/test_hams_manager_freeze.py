@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from keel.chaos.graph_trials import gru_chain, open_load, start_graph
+from keel.chaos.graph_trials import TrialClient, gru_chain, open_load, start_graph
 from keel.common import transport
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -27,7 +27,7 @@ FREEZE_S = 3.0
 def test_a_frozen_manager_stalls_no_operator_loop_and_its_late_decision_is_acted_on(launcher, tmp_path):
     ctx = zmq.Context()
     managers, graph, run, by_name, client, probe = start_graph(launcher, tmp_path / "journal", gru_chain(), tmp_path / "trace", ctx)
-    sock = transport.make_socket(ctx, zmq.DEALER, connect=client)
+    sock = TrialClient(client)  # keel.Client, keeping any second answer
     ask = functools.partial(transport.request_status, ctx=ctx)
     g1, g2 = (by_name[f"op-{op}"].config.status_endpoint for op in ("g1", "g2"))
     start = threading.Event()
@@ -64,7 +64,7 @@ def test_a_frozen_manager_stalls_no_operator_loop_and_its_late_decision_is_acted
         watcher.join(30)
         for i in frozen:  # never leave a stopped replica behind
             managers.kill(i, signal.SIGCONT)
-        sock.close(0)
+        sock.close()
         run.stop()
         managers.close()
         managers.launcher.stop()

@@ -1,5 +1,6 @@
-"""Service graphs for the tests: a graph table, its processes (a frontend serving it as
-``graph``, and its operators) started and answering, and every request's reply."""
+"""Service graphs for the tests: a graph table, its cluster spec (``[graphs.graph]``, read by
+``load_spec``), its processes (a frontend serving it as ``graph``, and its operators) started
+and answering, and every request's reply through ``keel.Client``."""
 from __future__ import annotations
 
 import contextlib
@@ -8,9 +9,10 @@ import time
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
-from keel.common.protocol.messages import Predict
-from keel.common.spec.graph import graph_services, read_graph
+from keel.common import transport
+from keel.common.client import Client
+from keel.common.spec import load_spec
+from keel.common.spec.graph import read_graph
 from keel.deploy.local import free_port_block
 
 
@@ -31,33 +33,34 @@ def interleave_join():
                                 "join": "interleave"}}}
 
 
+def graph_spec(table: dict, name: str = "graph", **cluster):
+    """The cluster spec of one graph, read as ``keel up`` reads it: ``table`` as
+    ``[graphs.NAME]``, ports from a free block (``cluster``: more of the ``[cluster]`` table)."""
+    return load_spec({"cluster": {"name": "graph-test", "base_port": free_port_block(64), **cluster},
+                      "graphs": {name: table}})
+
+
 def start(launcher, table):
-    """The graph's processes started by ``launcher`` and answering; -> (graph, services, client endpoint)."""
-    graph = read_graph(table)
-    services, client = graph_services(graph, free_port_block(64))
-    for svc in services:
-        launcher.start(svc)
-    for svc in services:
-        launcher.wait_status(svc.config.status_endpoint if svc.role == "graph_operator" else svc.config.client_endpoint)
-    return graph, services, client
+    """The graph's processes (its spec's: a frontend serving it as ``graph``, its operators)
+    started by ``launcher`` and answering; -> (graph, services, client endpoint)."""
+    spec = launcher.start_spec(graph_spec(table), timeout_s=90.0)
+    return read_graph(table), spec.services, spec.client_endpoints[0]
 
 
 def ask(zsock, client, inputs, streams, timeout_s=60.0):
-    """Send every request at once; the replies by request index."""
-    sock = zsock(zmq.DEALER, connect=client)
-    for i, (x, s) in enumerate(zip(inputs, streams)):
-        transport.send(sock, Predict(f"r{i}", "graph", np.asarray(x, np.float32), key=str(int(s))))
-    replies = {}
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    deadline = time.monotonic() + timeout_s
-    while len(replies) < len(inputs) and time.monotonic() < deadline:
-        if poller.poll(200):
-            msg = protocol.decode(sock.recv_multipart())
-            assert msg.request_id not in replies, "two answers to one request"
-            replies[msg.request_id] = msg
-    assert len(replies) == len(inputs), f"{len(inputs) - len(replies)} requests unanswered"
-    return [replies[f"r{i}"] for i in range(len(inputs))]
+    """Send every request at once through ``keel.Client`` (its client id; a request not
+    answered within half of ``timeout_s`` is sent again, which the frontend de-duplicates);
+    the results by request index."""
+    with Client([client], timeout_ms=500.0 * timeout_s, retries=1) as c:
+        ids = [c.submit("graph", np.asarray(x, np.float32), key=str(int(s))) for x, s in zip(inputs, streams)]
+        replies = {}
+        deadline = time.monotonic() + timeout_s + 1.0
+        while len(replies) < len(ids) and time.monotonic() < deadline:
+            for result in c.collect(200):
+                assert result.request_id not in replies, "two answers to one request"
+                replies[result.request_id] = result
+    assert len(replies) == len(ids), f"{len(ids) - len(replies)} requests unanswered"
+    return [replies[rid] for rid in ids]
 
 
 def status(svc, graph="graph"):

@@ -40,15 +40,15 @@ def test_bad_graphs_are_clear_errors(change, message):
 
 def test_ls_mode_checkpoints_every_150_batches_unless_told_and_needs_a_place_for_them(tmp_path):
     from keel.common.spec import modes
-    from keel.common.spec.graph import MODES, graph_services
+    from keel.common.spec.graph import MODES
 
     assert MODES is modes.MODES and MODES["ls"].checkpoints and not MODES["ls"].ships_state  # one list of modes
     g = read_graph(chain(mode="ls"))
     assert g.checkpoint_every == 150 and read_graph(g.to_dict()).checkpoint_every == 150
     assert read_graph(chain(mode="ls", checkpoint_every=7)).checkpoint_every == 7
     with pytest.raises(GraphError, match="graph.checkpoint_dir: mode 'ls' needs"):
-        graph_services(g, 20000)  # neither a checkpoint_dir nor a trace_dir: nowhere to checkpoint
-    services, _ = graph_services(g, 20000, trace_dir=str(tmp_path))
+        load_spec({"graphs": {"graph": chain(mode="ls")}})  # neither a checkpoint_dir nor a trace_dir: nowhere
+    services = load_spec({"graphs": {"graph": chain(mode="ls", trace_dir=str(tmp_path))}}).services
     tables = [s.config.graphs["graph"].graph if s.role == "frontend" else s.config.graph for s in services]
     assert {t["checkpoint_dir"] for t in tables} == {str(tmp_path)}  # every process, the same storage
 
@@ -111,8 +111,15 @@ def test_example_graph_specs_load(name):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "deploy" / "examples" / name
-    spec = load_spec(tomllib.loads(path.read_text()))
+    data = tomllib.loads(path.read_text())
+    spec = load_spec(data)
     assert spec.client_endpoints and all(s.role in ("frontend", "graph_operator") for s in spec.services)
+    assert list(spec.service("frontend").config.graphs) == [name.removesuffix(".toml")]
+    # the older single [graph] table is still read: the same graph, named after the cluster
+    (graph,) = data.pop("graphs").values()
+    old = load_spec({**data, "graph": graph})
+    assert [(s.name, s.role) for s in old.services] == [(s.name, s.role) for s in spec.services]
+    assert old.service("frontend").config.graphs.keys() == spec.service("frontend").config.graphs.keys()
 
 
 def test_named_graphs_beside_models_served_by_every_frontend():
@@ -173,3 +180,61 @@ def test_a_graphs_operators_run_on_its_host_and_send_to_every_frontend():
     assert all(s.config.frontends == routes for s in ops)
     with pytest.raises(SpecError, match=r"graphs\.chain\.host: 'nowhere' is not in \[hosts\]"):
         load_spec({"cluster": {"name": "c", "base_port": 9000}, "graphs": {"chain": {**graph, "host": "nowhere"}}})
+
+
+def test_loading_every_example_spec_imports_no_torch_and_sets_no_threads(tmp_path):
+    """Reading a spec (``keel up``, ``keel status``, the gateway) is not an operator process:
+    it imports neither torch nor the graph's models (whose process sets torch's threads)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from keel.common.modelstore import Manifest
+
+    folder = tmp_path / "store" / "digits-mlp" / "1"  # local.toml's model, from ./store: its manifest only
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_bytes(Manifest(name="digits-mlp", version="1", arch="mlp", input_shape=[64],
+                                                    output_size=10).to_json())
+    examples = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.toml"))
+    assert any("hams" in e for e in examples)
+    code = ("import sys\nfrom keel.common.spec import load_spec\n"
+            f"for path in {examples!r}:\n    load_spec(path)\n"
+            "print(sorted(m for m in ('torch', 'keel.services.graph.models') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_builtin_operator_table_says_what_each_class_is():
+    from keel.common.spec.operators import BUILTIN_OPERATORS, operator_class, operator_stateful
+
+    for kind, (_, stateful) in BUILTIN_OPERATORS.items():
+        assert operator_class(kind).stateful is stateful is operator_stateful(kind)
+
+
+def test_a_manager_table_links_every_operator_to_the_manager():
+    """HAMS II's failover is the manager's: with a [manager] table the graph's operators
+    follow the same replicas as the frontend (without one, none does)."""
+    spec = load_spec({"graphs": {"g": chain()}, "manager": {}})
+    link = spec.service("frontend").config.manager
+    operators = spec.role("graph_operator")
+    assert link is not None and len(operators) == 4  # a + its backup, b, b's kind's standby
+    assert all((o.config.manager.endpoints, o.config.manager.publish_endpoints) == (link.endpoints, link.publish_endpoints)
+               for o in operators)
+    assert all(o.config.manager is None for o in load_spec({"graphs": {"g": chain()}}).role("graph_operator"))
+
+
+def test_placement_puts_a_backup_on_a_host_of_its_own():
+    """A primary and its backup on two hosts (a host's loss then loses one of them); every
+    other process on the graph's host; a key that is not a process, or a host not in
+    [hosts], is an error naming the key."""
+    hosts = {"a": "127.0.0.1", "b": "127.0.0.2"}
+    spec = load_spec({"hosts": hosts, "graphs": {"g": chain(placement={"a.backup": "b", "standby0": "b"})}})
+    at = {s.name: (s.host, s.config.endpoint.rsplit(":", 1)[0]) for s in spec.role("graph_operator")}
+    assert at == {"op-a": ("a", "tcp://127.0.0.1"), "op-a-backup": ("b", "tcp://127.0.0.2"),
+                  "op-b": ("a", "tcp://127.0.0.1"), "op-standby0": ("b", "tcp://127.0.0.2")}
+    assert read_graph(chain()).process_keys() == ["a", "a.backup", "b", "standby0"]
+    with pytest.raises(GraphError, match=r"graph.placement: \['b.backup'\] are not processes"):
+        read_graph(chain(placement={"b.backup": "b"}))  # b is stateless: no backup
+    with pytest.raises(SpecError, match=r"graphs.g.placement: \['c'\] are not in \[hosts\]"):
+        load_spec({"hosts": hosts, "graphs": {"g": chain(placement={"a.backup": "c"})}})

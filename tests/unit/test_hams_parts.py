@@ -9,19 +9,10 @@ import torch
 from keel.common import protocol
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
-from keel.services.graph.assignment import EpochRole
-from keel.common.spec.graph import operator_class
+from keel.common.spec.operators import operator_class
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP, StatefulOperator
 from keel.services.graph.statemgr import PROBE_EVERY, StateManager, outputs_of, pack, unpack
 from tests.support.graphs import threaded_statemgr
-
-
-def test_assignment_changes_only_to_a_newer_epoch():
-    a, seen = EpochRole("backup", 1), []
-    a.listeners.append(lambda role, epoch: seen.append((role, epoch)))
-    a.change("primary", 1)
-    a.change("primary", 2)
-    assert (a.role, a.epoch, seen) == ("primary", 2, [("primary", 2)])
 
 
 def test_state_round_trips_without_pickle_and_on_the_wire():

@@ -13,7 +13,7 @@ import numpy as np
 from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.modes import MODES
 from keel.services.graph.batches import Batches
-from keel.services.graph.roles import Role
+from keel.services.graph.roles import OperatorRole, RoleRecord
 
 
 class _Model:
@@ -32,12 +32,11 @@ class _Model:
 class _Op(Batches):
     """Just what ``step`` reads of a graph operator; sends, the update and the ship logged."""
 
-    def __init__(self, mode: str, role: Role, succs: list[str]):
+    def __init__(self, mode: str, role: OperatorRole, succs: list[str]):
         self.log: list[tuple] = []
-        self.model, self.mode, self.hams_role, self.succs = _Model(self.log), MODES[mode], role, succs
-        self.op, self.preds, self.stateful, self.trace, self.stash = "g2", ["g1"], True, None, None
+        self.model, self.mode, self.role_record, self.succs = _Model(self.log), MODES[mode], RoleRecord(role), succs
+        self.op, self.preds, self.stateful, self.events, self.stash = "g2", ["g1"], True, None, None
         self.spec = SimpleNamespace(max_batch=64, join="interleave")
-        self.assignment = SimpleNamespace(epoch=1)
         self.queue, self.applied, self.awaiting = deque(), None, set()
         self.next_seq, self.outputs, self.held, self.consumed = 0, OrderedDict(), OrderedDict(), {}
         self.lineage_s = self.output_loop_s = self.update_wait_s = self.update_s = 0.0
@@ -55,7 +54,7 @@ class _Op(Batches):
         self.log.append(("send", target, msg.seq))
 
 
-def _run(mode: str, role: Role = Role.PRIMARY, succs=("frontend",)) -> list[tuple]:
+def _run(mode: str, role: OperatorRole = OperatorRole.PRIMARY, succs=("frontend",)) -> list[tuple]:
     op = _Op(mode, role, list(succs))
     for i in range(3):
         op.queue.append(GraphRequest("g1", i, i, 0, [], np.zeros(4, np.float32)))
@@ -82,11 +81,11 @@ def test_without_a_ship_nothing_waits_for_one():
 
 
 def test_a_batch_abandoned_before_its_update_sends_no_reply():
-    op = _Op("nspb", Role.PRIMARY, ["frontend"])
+    op = _Op("nspb", OperatorRole.PRIMARY, ["frontend"])
     op.statemgr.ready_for_update = lambda: False  # the window is full: the update waits
     op.queue.append(GraphRequest("g1", 0, 0, 0, [], np.zeros(4, np.float32)))
     op.step()
     assert op.log == [] and op.pending_update is not None
-    op.hams_role = Role.BACKUP  # stepped down meanwhile: its inputs come again by lineage
+    op.role_record = RoleRecord(OperatorRole.BACKUP)  # stepped down meanwhile: its inputs come again by lineage
     op._try_update()
     assert op.log == [] and op.pending_update is None

@@ -13,7 +13,7 @@ import numpy as np
 from keel.common import protocol
 from keel.common.protocol.messages import GraphRequest
 from keel.services.graph.operator import REST_OF_BATCH_S, GraphOperator
-from keel.services.graph.roles import Role
+from keel.services.graph.roles import OperatorRole
 from tests.unit.test_hams_reply_order import _Op
 
 
@@ -54,7 +54,7 @@ def test_a_full_batch_waits_for_nothing():
 
 
 def test_every_row_of_a_batch_but_its_last_says_more():
-    op = _Op("bare", Role.STATELESS, ["g3"])
+    op = _Op("bare", OperatorRole.STATELESS, ["g3"])
     sent = []
     op._send_on = lambda target, msg: sent.append((msg.seq, msg.more))
     op.model.stateful = False

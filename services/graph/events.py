@@ -1,4 +1,4 @@
-"""What a graph process did, as JSON lines for the invariant checker (``chaos.invariants``):
+"""A graph process's event log: what it did, as JSON lines for the invariant checker (``chaos.invariants``):
 ``release`` (frontend: a reply left, with its lineage), ``apply`` (backup: a state applied,
 with the lineage it depended on and ``requests``, the [request key, seq] the state applied:
 the checker's "each request changes each state at most once"), ``output`` (an operator's
@@ -6,7 +6,7 @@ output per seq, with its request key; ``duplicate`` when answered from the table
 requests, not applied), ``takeover`` (a promoted backup or a roll-back: the state goes on
 from ``max_seq``). Times are
 ``time.monotonic()``, one clock for every process of a host. Off unless a path is given.
-Opening a trace writes a ``process`` line (its pid) first: a process started again on
+Opening a log writes a ``process`` line (its pid) first: a process started again on
 the same path (a joiner) appends after its own, so every later line is known to be its."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 
-class Trace:
+class EventLog:
     def __init__(self, path: str | None):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
