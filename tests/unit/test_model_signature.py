@@ -167,3 +167,12 @@ def test_named_outputs_rules():
     assert named_outputs({"y": ["a", b"b"]})["y"].tolist() == [b"a", b"b"]
     bf = named_outputs(torch.ones(2, dtype=torch.bfloat16))["output"]
     assert bf.dtype.name == "bfloat16" and bf.astype(np.float32).tolist() == [1.0, 1.0]
+
+
+def test_a_spec_refuses_a_named_model_until_serving_it_is_wired(tmp_path, files):
+    from keel.common.spec import SpecError, load_spec
+
+    store = str(tmp_path / "store")
+    add_model(store, "pair", str(files["pair"]), inputs=["a:float32:2", "b:float32:2"])
+    with pytest.raises(SpecError, match="models.pair.store_name: .*not wired yet"):
+        load_spec({"cluster": {"store": store}, "models": {"pair": {"workers": 1}}})
