@@ -12,9 +12,9 @@ The calling conventions of a model with a signature (``common.signature``):
   old convention: one array in, (N, output_size) out (``common.containers``).
 
 Outputs are named as ``named_outputs`` says: a dict's keys, ``output0, output1, ...`` for a
-tuple, ``output`` for one tensor. ``infer_outputs`` runs two check batches whose variable
-dims differ in size (as a worker would run a batch) and writes the output specs: a dim
-whose size followed the inputs' is variable.
+tuple, ``output`` for one tensor. ``infer_outputs`` runs check batches as a worker would,
+one more for each variable dim of an input with that dim longer, and writes the output
+specs: a dim whose size followed an input's dim is variable and records which it follows.
 
 This module holds what serving named tensors will share with ``keel model add``; the
 worker's use of it comes with the wiring of named tensors through the services.
@@ -107,13 +107,16 @@ def call(predictor: Any, signature: Signature, inputs: Mapping[str, np.ndarray])
                          f"{', '.join(s.name for s in signature.inputs)}")
 
 
-def check_batch(signature: Signature, rows: int, stretch: int = 0) -> dict[str, np.ndarray]:
+def check_batch(signature: Signature, rows: int, stretch: int = 0,
+                only: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
     """``rows`` queries of zeros (empty bytes) for every input, masks all ones; each
-    variable dim at its minimum (at least 1) plus ``stretch``, within its bound."""
+    variable dim at its minimum (at least 1) plus ``stretch`` (``only``: just that
+    (input, dim), and its mask's), within its bound."""
     out = {}
     for spec in signature.inputs:
-        shape = [d if d != VARIABLE else min(max(lo, 1) + stretch, hi)
-                 for d, lo, hi in zip(spec.shape, spec.min_shape, spec.max_shape)]
+        owner = spec.mask_for or spec.name
+        shape = [d if d != VARIABLE else min(max(lo, 1) + (stretch if only in (None, (owner, i)) else 0), hi)
+                 for i, (d, lo, hi) in enumerate(zip(spec.shape, spec.min_shape, spec.max_shape))]
         if spec.dtype == "bytes":
             arr = np.empty((rows, *shape), dtype=object)
             arr.fill(b"")
@@ -123,28 +126,40 @@ def check_batch(signature: Signature, rows: int, stretch: int = 0) -> dict[str, 
     return out
 
 
+def _run_check(predictor: Any, signature: Signature, batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in batch.items())
+    try:
+        outputs = call(predictor, signature, batch)
+    except Exception as exc:
+        raise ValueError(f"the model failed on a check batch ({shapes}): {type(exc).__name__}: {exc}") from exc
+    if not outputs:
+        raise ValueError("the model returned no outputs")
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != rows:
+            raise ValueError(f"output {name!r} has shape {list(arr.shape)} for {rows} queries; want ({rows}, ...)")
+        try:
+            dtype_name(arr.dtype)
+        except SignatureError as exc:
+            raise ValueError(f"output {name!r}: {exc}") from None
+    return outputs
+
+
 def infer_outputs(predictor: Any, signature: Signature, rows: int = 2) -> tuple[TensorSpec, ...]:
     """The output specs of a model, from check batches as a worker would run them: one,
-    and for a signature with variable dims a second with those dims 2 longer (a dim of an
-    output that changed with them is variable). A ``ValueError`` says what went wrong."""
-    runs = [check_batch(signature, rows)] + ([check_batch(signature, rows, stretch=2)] if signature.variable else [])
-    seen: list[dict[str, np.ndarray]] = []
-    for batch in runs:
-        shapes = ", ".join(f"{n} {list(a.shape)}" for n, a in batch.items())
-        try:
-            outputs = call(predictor, signature, batch)
-        except Exception as exc:
-            raise ValueError(f"the model failed on a check batch ({shapes}): {type(exc).__name__}: {exc}") from exc
-        if not outputs:
-            raise ValueError("the model returned no outputs")
-        for name, arr in outputs.items():
-            if arr.ndim == 0 or arr.shape[0] != rows:
-                raise ValueError(f"output {name!r} has shape {list(arr.shape)} for {rows} queries; want ({rows}, ...)")
-            try:
-                dtype_name(arr.dtype)
-            except SignatureError as exc:
-                raise ValueError(f"output {name!r}: {exc}") from None
-        seen.append(outputs)
+    then for each variable dim of an input one with that dim 2 longer (an output dim that
+    changed with it is variable and follows it: the ragged batcher cuts it back per
+    request). A model that wants its variable dims equal (a program whose inputs share a
+    length, a mask not declared as one) fails a batch that stretches one alone: then one
+    batch stretches them all, and what changed follows the first. A ``ValueError`` says
+    what went wrong."""
+    seen = [_run_check(predictor, signature, check_batch(signature, rows), rows)]
+    stretched = [(s.name, i) for s in signature.client_inputs for i, d in enumerate(s.shape) if d == VARIABLE]
+    try:
+        for source in stretched:
+            seen.append(_run_check(predictor, signature, check_batch(signature, rows, stretch=2, only=source), rows))
+    except ValueError:
+        seen[1:] = [_run_check(predictor, signature, check_batch(signature, rows, stretch=2), rows)]
+        stretched = stretched[:1]
     first = seen[0]
     if any(set(s) != set(first) for s in seen[1:]):
         raise ValueError(f"the model's outputs changed names between check batches: {[sorted(s) for s in seen]}")
@@ -153,5 +168,10 @@ def infer_outputs(predictor: Any, signature: Signature, rows: int = 2) -> tuple[
         if any(s[name].ndim != arr.ndim for s in seen):
             raise ValueError(f"output {name!r} changed its number of dims between check batches")
         shape = tuple(d if all(s[name].shape[1 + i] == d for s in seen) else VARIABLE for i, d in enumerate(arr.shape[1:]))
-        specs.append(TensorSpec(name, dtype_name(arr.dtype), shape))
+        follows: list[tuple[str, int] | None] = [None] * len(shape)
+        for run, source in zip(seen[1:], stretched):
+            for i, d in enumerate(arr.shape[1:]):
+                if run[name].shape[1 + i] != d and follows[i] is None:
+                    follows[i] = source
+        specs.append(TensorSpec(name, dtype_name(arr.dtype), shape, follows=tuple(follows)))
     return tuple(specs)

@@ -107,6 +107,9 @@ class TensorSpec:
     min_shape: tuple[int, ...] = ()   # () : the fixed dims, 0 for variable ones
     max_shape: tuple[int, ...] = ()   # () : the fixed dims, ``default_bound`` for variable ones
     mask_for: str | None = None       # a mask input: the input whose real elements it marks
+    #: an output: per dim, the (input, dim) whose length it follows (None: its own), so the
+    #: ragged batcher cuts each request's output back to its own length (``common.ragged``)
+    follows: tuple[tuple[str, int] | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or any(c in self.name for c in ":=, "):
@@ -128,9 +131,13 @@ class TensorSpec:
                 raise SignatureError(f"{self.name}: bounds {list(lo)}..{list(hi)} do not fit shape {list(shape)}")
         if self.mask_for is not None and self.dtype == "bytes":
             raise SignatureError(f"{self.name}: a mask is bool or numbers, not bytes")
+        follows = tuple(None if f is None else (str(f[0]), int(f[1])) for f in self.follows)
+        if follows and (len(follows) != len(shape) or any(f and d != VARIABLE for f, d in zip(follows, shape))):
+            raise SignatureError(f"{self.name}: follows {list(follows)} does not match shape {list(shape)}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "min_shape", lo)
         object.__setattr__(self, "max_shape", hi)
+        object.__setattr__(self, "follows", follows if any(follows) else ())
 
     @property
     def variable(self) -> bool:
@@ -153,13 +160,15 @@ class TensorSpec:
             out.update(min_shape=list(self.min_shape), max_shape=list(self.max_shape))
         if self.mask_for:
             out["mask_for"] = self.mask_for
+        if self.follows:
+            out["follows"] = [list(f) if f else None for f in self.follows]
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
         try:
             return cls(str(data["name"]), str(data["dtype"]), tuple(data["shape"]), tuple(data.get("min_shape") or ()),
-                       tuple(data.get("max_shape") or ()), data.get("mask_for"))
+                       tuple(data.get("max_shape") or ()), data.get("mask_for"), tuple(data.get("follows") or ()))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, SignatureError):
                 raise
@@ -313,6 +322,8 @@ class Signature:
             var = [f"{lo}..{hi}" for d, lo, hi in zip(s.shape, s.min_shape, s.max_shape) if d == VARIABLE]
             extra = f"  variable dims {', '.join(var)}" if var else ""
             mask = f"  (mask of {s.mask_for}: filled by the batcher)" if s.mask_for else ""
+            follows = [f"{f[0]}[{f[1]}]" for f in s.follows if f]
+            extra += f"  length of {', '.join(follows)}" if follows else ""
             return f"  {kind:<6} {s.name:<16} {s.dtype:<8} {shape}{extra}{mask}"
 
         return "\n".join([line("input", s) for s in self.inputs] + [line("output", s) for s in self.outputs])

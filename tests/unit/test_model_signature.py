@@ -78,7 +78,7 @@ def test_torchscript_with_named_inputs_and_dict_outputs(tmp_path, files, capsys)
     assert [s.name for s in sig.inputs] == ["dense", "ids", "mask"]
     assert sig.input("ids").max_shape == (40,) and sig.input("mask").mask_for == "ids"
     # outputs from the check batches: names from the dict, echo's dim follows the ids' length
-    assert sig.outputs == (TensorSpec("score", "float32", (1,)), TensorSpec("echo", "int64", (-1,)))
+    assert sig.outputs == (TensorSpec("score", "float32", (1,)), TensorSpec("echo", "int64", (-1,), follows=(("ids", 0),)))
     # served positionally in signature order: the same answer as the module run here
     pred = store_predictor(store, "bag", None)
     ids = np.array([[1, 2, 3, 0], [4, 5, 0, 0]])
@@ -101,6 +101,7 @@ def test_a_tuple_names_its_outputs_output0_and_a_pt2_gives_its_signature(tmp_pat
     assert [(s.name, s.dtype, s.shape) for s in sig.inputs] == [("dense", "float32", (3,)), ("ids", "int64", (-1,)),
                                                                  ("mask", "bool", (-1,))]
     assert sig.input("ids").min_shape == (1,) and sig.input("ids").max_shape == (40,)
+    assert sig.output("echo").follows == (("ids", 0),)  # ids and mask share a length: stretched together
     # --input for a .pt2 declares the mask (and may bound); names must agree with the program
     declared = add_model(store, "bag3", str(files["program"]), inputs=BAG_INPUTS).signature_of()
     assert declared.input("mask").mask_for == "ids"

@@ -15,7 +15,7 @@ from keel.common.signature import (DTYPES, PAYLOAD_BYTES, VARIABLE, Signature, S
 def rec() -> Signature:
     return Signature((parse_input("dense:float32:13"), parse_input("ids:int64:1..40"),
                       parse_input("ids_mask:bool:mask=ids"), parse_input("text:bytes:scalar")),
-                     (TensorSpec("p", "float32", (1,)),))
+                     (TensorSpec("p", "float32", (1,)), TensorSpec("per_id", "float32", (-1, 2), follows=(("ids", 0), None))))
 
 
 @pytest.mark.parametrize("text, shape, lo, hi", [
