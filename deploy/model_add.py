@@ -102,10 +102,11 @@ def detect_format(path: str | None, python: str | None) -> str:
 def add_model(store: str, name: str, path: str | None, *, python: str | None = None,
               input_shape: list[int] | None = None, input_dtype: str = "float32",
               output_size: int | None = None, dataset: str | None = None,
-              inputs: list[str] | None = None) -> Manifest:
+              inputs: list[str] | None = None, manifest_fields: dict[str, Any] | None = None) -> Manifest:
     """Check the model by running one batch, then write it as the next version of ``name``.
     ``inputs`` (``NAME:DTYPE:SHAPE`` each, ``common.signature``) name its inputs; without
-    them ``input_shape`` is the single-input shorthand."""
+    them ``input_shape`` is the single-input shorthand. ``manifest_fields`` (role, parity,
+    metrics, ...) go into the manifest as given: Keel's own training adds its models so."""
     from keel.common.containers import check, store_predictor
     from keel.common.signature import Signature, SignatureError, parse_input
     from keel.common.spec.tables import NAME
@@ -145,12 +146,14 @@ def add_model(store: str, name: str, path: str | None, *, python: str | None = N
         else:
             specs = traced
     if specs:
-        return _add_named(store, name, path, fmt, python, specs, static_batch, output_size, dataset)
+        return _add_named(store, name, path, fmt, python, specs, static_batch, output_size, dataset,
+                          manifest_fields or {})
     if input_shape is None:
         raise ModelAddError("--input-shape is needed (one query's shape, e.g. 4 or 1,28,28), "
                             "or --input NAME:DTYPE:SHAPE for each named input")
     fields: dict[str, Any] = dict(input_shape=list(input_shape), input_dtype=input_dtype,
-                                  output_size=output_size or 1, static_batch=static_batch, dataset=dataset)
+                                  output_size=output_size or 1, static_batch=static_batch, dataset=dataset,
+                                  **(manifest_fields or {}))
     with tempfile.TemporaryDirectory(prefix="keel-model-check-") as scratch:
         try:
             trial = ModelStore(scratch).add(name, path, fmt, entry=python, **fields)
@@ -165,7 +168,8 @@ def add_model(store: str, name: str, path: str | None, *, python: str | None = N
 
 
 def _add_named(store: str, name: str, path: str | None, fmt: str, python: str | None, specs: list[Any],
-               static_batch: int | None, output_size: int | None, dataset: str | None) -> Manifest:
+               static_batch: int | None, output_size: int | None, dataset: str | None,
+               manifest_fields: dict[str, Any]) -> Manifest:
     """``add_model`` for named inputs: the outputs' names, dtypes and shapes come from
     check batches (``common.named_containers.infer_outputs``)."""
     from keel.common.containers import store_predictor
@@ -183,7 +187,7 @@ def _add_named(store: str, name: str, path: str | None, fmt: str, python: str | 
         raise ModelAddError(f"a {fmt} model takes tensors; a bytes input is decoded by a Python class "
                             "(--python module:Class)")
     fields: dict[str, Any] = dict(**signature.legacy_fields(), static_batch=static_batch, dataset=dataset,
-                                  signature=signature.to_dict())
+                                  signature=signature.to_dict(), **manifest_fields)
     with tempfile.TemporaryDirectory(prefix="keel-model-check-") as scratch:
         try:
             trial = ModelStore(scratch).add(name, path, fmt, entry=python, **fields)

@@ -6,6 +6,8 @@ Commands::
                    [--seed S] [--store DIR] [--name NAME] [--init {parm,torch}]
     train parity   --model NAME --k K --encoder {add,concat} (--epochs N | --steps N)
                    [--seed S] [--store DIR] [--name NAME]
+    train recommender | text-classifier | localizer [--store DIR] [--seed S]
+                   the seeds' workloads as models with signatures (``training.workloads``)
     evaluate       --parity NAME [--version V] [--seed S] [--store DIR] [--runs DIR]
     evaluate       --table [--store DIR]      markdown table of every evaluated parity model
 
@@ -124,6 +126,10 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument("--init", choices=("parm", "torch"), default="parm",
                    help="initial weights: ParM §5.1's or torch's own (default: %(default)s)")
     d.set_defaults(func=_train_deployed)
+
+    from keel.training.workloads import add_parsers as add_workloads
+
+    add_workloads(what)  # recommender, text-classifier, localizer: models with signatures
 
     p = what.add_parser("parity", help="train a parity model for a deployed model (ParM §4.4)")
     p.add_argument("--model", required=True, help="store name of the deployed model")
