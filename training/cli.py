@@ -127,10 +127,6 @@ def add_parser(subparsers: Any) -> None:
                    help="initial weights: ParM §5.1's or torch's own (default: %(default)s)")
     d.set_defaults(func=_train_deployed)
 
-    from keel.training.workloads import add_parsers as add_workloads
-
-    add_workloads(what)  # recommender, text-classifier, localizer: models with signatures
-
     p = what.add_parser("parity", help="train a parity model for a deployed model (ParM §4.4)")
     p.add_argument("--model", required=True, help="store name of the deployed model")
     p.add_argument("--version", default=None, help="its version (default: latest)")
@@ -143,6 +139,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help="model store folder (default: %(default)s)")
     p.add_argument("--name", default=None, help="store name (default: MODEL-parity-kK-ENCODER)")
     p.set_defaults(func=_train_parity)
+
+    from keel.training.workloads import add_parsers as add_workloads
+
+    add_workloads(what)  # recommender, text-classifier, localizer: models with signatures
 
     e = subparsers.add_parser("evaluate", help="A_a, A_d and A_o(f) of a parity model (ParM §5.1)")
     what = e.add_argument_group("what").add_mutually_exclusive_group(required=True)
