@@ -30,7 +30,7 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,3 +175,29 @@ class Waste:
     def ratio(self) -> float:
         total = self.real_elements + self.padded_elements
         return self.padded_elements / total if total else 0.0
+
+
+def compare(signature: Signature, requests: Sequence[Mapping[str, np.ndarray]], run: Callable[[dict], Mapping],
+            max_batch: int = 32, bucket_width: int = 1, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """A micro-benchmark of the policies on one queue: each round runs ``pad`` and then
+    ``bucket`` (alternating, so a machine's drift hits both) over every request, a model
+    call ``run(inputs) -> outputs`` per batch, outputs cut back; per policy the batches,
+    mean batch size, padding waste and requests per second at saturation (the best round).
+    ``keel bench`` calls it with a store model; the latency target needs the live path."""
+    import time
+
+    out: dict[str, dict[str, float]] = {}
+    for _ in range(rounds):
+        for policy in POLICIES:
+            start = time.perf_counter()
+            batches = form_batches(signature, requests, policy, max_batch, bucket_width)
+            waste = Waste()
+            for b in batches:
+                cut(signature, run(b.padded.inputs), b.padded)
+                waste.add(b.padded)
+            seconds = time.perf_counter() - start
+            best = out.get(policy)
+            if best is None or seconds < best["seconds"]:
+                out[policy] = {"batches": len(batches), "mean_batch": len(requests) / len(batches),
+                               "waste": waste.ratio, "seconds": seconds, "requests_per_s": len(requests) / seconds}
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keel.common.ragged import Waste, bucket_key, cut, form_batches, pad
+from keel.common.ragged import Waste, bucket_key, compare, cut, form_batches, pad
 from keel.common.signature import Signature, TensorSpec, parse_input
 
 
@@ -82,3 +82,13 @@ def test_two_variable_dims_and_outputs_that_follow_none():
     outs = cut(s, {"rows": batch.inputs["img"].sum(2).astype(np.float32), "c": np.zeros((2, 3), np.float32)}, batch)
     assert outs[0]["rows"].tolist() == [5, 5] and outs[1]["rows"].tolist() == [3, 3, 3, 3]
     assert outs[0]["c"].shape == (3,)
+
+
+def test_compare_runs_both_policies_over_the_same_queue():
+    calls = []
+    requests = [req(n) for n in (1, 2, 3, 3, 2, 1)]
+    result = compare(sig(), requests, lambda inputs: calls.append(len(inputs["ids"])) or model(inputs),
+                     max_batch=4, rounds=1)
+    assert set(result) == {"pad", "bucket"}
+    assert result["pad"]["batches"] == 2 and result["bucket"]["batches"] == 3 and result["bucket"]["waste"] == 0.0
+    assert sorted(calls) == sorted([4, 2] + [2, 2, 2])
