@@ -80,7 +80,10 @@ def pad(signature: Signature, requests: Sequence[Mapping[str, np.ndarray]],
         big = tuple(sizes[spec.name]) if sizes else tuple(max(dims) for dims in zip(*own))
         batch = _empty(spec, (len(requests), *big))
         for i, (request, shape) in enumerate(zip(requests, own)):
-            batch[(i, *(slice(0, d) for d in shape))] = request[spec.name]
+            value = request[spec.name]
+            # a one-value request (a 0-d array) goes in as its value: an object array would
+            # otherwise hold the 0-d array itself, not the bytes in it
+            batch[(i, *(slice(0, d) for d in shape))] = value[()] if np.ndim(value) == 0 else value
         inputs[spec.name] = batch
         n = sum(math.prod(shape) for shape in own)
         real += n
@@ -104,7 +107,7 @@ def cut(signature: Signature, outputs: Mapping[str, np.ndarray], batch: Padded) 
     for i, shapes in enumerate(batch.shapes):
         mine = {}
         for name, arr in outputs.items():
-            row = arr[i]
+            row = arr[i, ...]  # an array even for one value per request (arr[i] would give a bare bytes)
             spec = specs.get(name)
             if spec is not None and spec.follows:
                 index = tuple(slice(0, shapes[f[0]][f[1]]) if f else slice(None) for f in spec.follows)

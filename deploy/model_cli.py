@@ -50,7 +50,7 @@ from typing import Any
 import orjson
 
 from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
-from keel.deploy.model_add import ModelAddError, _shape, add_model, describe, detect_format  # noqa: F401
+from keel.common.model_add import ModelAddError, _shape, add_model, describe, detect_format  # noqa: F401
 from keel.deploy.rollout import (RolloutError, configure_version, model_workers, previous_version,  # noqa: F401
                                  rollout, served_versions)
 

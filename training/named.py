@@ -29,7 +29,7 @@ class Star(nn.Module):
 def add_scripted(store_root: str, name: str, module: nn.Module, inputs: list[str], **fields: Any) -> Manifest:
     """``module`` (eval mode) as the next version of ``name``: ``fields`` (dataset, role,
     parity, metrics, arch, arch_config) go into its manifest."""
-    from keel.deploy.model_add import add_model
+    from keel.common.model_add import add_model
 
     module.eval()
     with tempfile.TemporaryDirectory(prefix="keel-train-") as tmp:

@@ -81,7 +81,7 @@ def train_text_classifier(store_root: str = DEFAULT_STORE, *, seed: int = 0, epo
                           n_test: int = TextConfig.n_test) -> Manifest:
     """Train the GRU on generated reviews and add the Python container (bytes in; label
     and score out) with its artifact and signature; ``metrics["test_accuracy"]``."""
-    from keel.deploy.model_add import add_model
+    from keel.common.model_add import add_model
 
     config = TextConfig(epochs=epochs, seed=seed, n_train=n_train, n_test=n_test)
     texts, labels = generate(config.n_train, seed)

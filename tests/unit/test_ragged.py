@@ -32,6 +32,7 @@ def test_pad_to_the_largest_with_a_mask_and_cut_back():
     assert batch.inputs["ids"].shape == (3, 5) and batch.inputs["ids"][1].tolist() == [1, 0, 0, 0, 0]
     assert batch.inputs["ids_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
     assert batch.inputs["text"].tolist() == [b"t", b"t", b"hello"]
+    assert all(type(t) is bytes for t in batch.inputs["text"])  # the values, not 0-d arrays holding them
     # ids: 9 real of 15; dense 6 of 6; text 3 of 3 -> 6 padded of 24
     assert (batch.real_elements, batch.padded_elements) == (18, 6) and batch.waste == pytest.approx(0.25)
     answers = cut(sig(), model(batch.inputs), batch)

@@ -6,7 +6,7 @@ A model's inputs are the single-input shorthand (``--input-shape``: one input na
 (``--input NAME:DTYPE:SHAPE`` each, ``common.signature``), or read from a ``.pt2``
 program (names, dtypes, and its dims' ranges as bounds). A named model's outputs -- names,
 dtypes, shapes, which dims vary -- come from check batches (``common.named_containers``).
-``deploy.model_cli`` is the command line around it.
+``deploy.model_cli`` is the command line around it; Keel's own training adds its models through it too.
 
 Example
 -------
