@@ -42,8 +42,8 @@ N_OUT = 10 + 4  # logits and box, as the parity model's target concatenates them
 
 @dataclass
 class LocConfig:
-    steps: int = 1200
-    parity_steps: int = 1200
+    steps: int = 1000
+    parity_steps: int = 800
     k: int = 2
     batch_size: int = 64
     lr: float = 2e-3
@@ -53,8 +53,9 @@ class LocConfig:
 
 
 class LocNet(nn.Module):
-    """Three strided convolutions (64 -> 8) and a shared layer, then two heads: class
-    logits and a linear box (linear so a parity model can answer sums of boxes)."""
+    """Strided convolutions (64 -> 8), then two heads: class logits from the features'
+    global maximum (where the digit is does not matter to what it is), and a linear box
+    from the whole map (where it is does; linear so a parity model can answer sums)."""
 
     def __init__(self, width: int = 8, hidden: int = 64):
         super().__init__()
@@ -62,13 +63,13 @@ class LocNet(nn.Module):
             nn.Conv2d(1, width, 5, 2, 2), nn.ReLU(),
             nn.Conv2d(width, 2 * width, 3, 2, 1), nn.ReLU(),
             nn.Conv2d(2 * width, 4 * width, 3, 2, 1), nn.ReLU(),
-            nn.Flatten(), nn.Linear(4 * width * 8 * 8, hidden), nn.ReLU())
-        self.cls = nn.Linear(hidden, 10)
-        self.box = nn.Linear(hidden, 4)
+            nn.Conv2d(4 * width, 4 * width, 3, 1, 1), nn.ReLU())
+        self.cls = nn.Sequential(nn.Linear(4 * width, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.box = nn.Sequential(nn.Flatten(), nn.Linear(4 * width * 8 * 8, hidden), nn.ReLU(), nn.Linear(hidden, 4))
 
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        h = self.features(image)
-        return {"logits": self.cls(h), "box": self.box(h)}
+        f = self.features(image)
+        return {"logits": self.cls(f.amax(dim=(2, 3))), "box": self.box(f)}
 
 
 def place(digits: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -112,12 +113,13 @@ def degraded(parity_out: np.ndarray, outputs: np.ndarray, groups: np.ndarray) ->
     return rebuilt
 
 
-def train_localizer(store_root: str = DEFAULT_STORE, *, seed: int = 0, steps: int = 1200, k: int = 2,
-                    name: str = "mnist-loc", progress: bool = True, runs_dir: str = RUNS_DIR) -> tuple[Manifest, Manifest]:
+def train_localizer(store_root: str = DEFAULT_STORE, *, seed: int = 0, steps: int = LocConfig.steps, k: int = 2,
+                    parity_steps: int = LocConfig.parity_steps, name: str = "mnist-loc", progress: bool = True,
+                    runs_dir: str = RUNS_DIR) -> tuple[Manifest, Manifest]:
     """Train the localizer and its parity model for ``k``; add both to the store with their
     signatures. Returns (deployed, parity) manifests; the parity model's metrics hold
     A_a, A_d, iou_a and iou_d."""
-    config = LocConfig(steps=steps, parity_steps=steps, k=k, seed=seed)
+    config = LocConfig(steps=steps, parity_steps=parity_steps, k=k, seed=seed)
     ds = datasets.load("mnist5k")
     train_digits = ds.x_train
     test_x, test_box = place(ds.x_test, np.random.default_rng([seed, 99]))

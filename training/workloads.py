@@ -58,7 +58,7 @@ def _localizer(args: argparse.Namespace) -> int:
 
     def run() -> Manifest:
         deployed, parity = train_localizer(args.store, seed=args.seed, steps=args.steps, k=args.k,
-                                           name=args.name or "mnist-loc")
+                                           parity_steps=args.parity_steps, name=args.name or "mnist-loc")
         print(f"parity model {parity.name}/{parity.version}: {parity.metrics}", flush=True)
         return deployed
 
@@ -73,7 +73,7 @@ def add_parsers(what: Any) -> None:
             ("text-classifier", _text, "a text classifier fed bytes: a Python class tokenises, a GRU classifies "
              "(generated text)", ("--epochs", 3)),
             ("localizer", _localizer, "a CNN locating MNIST digits on a 64x64 canvas (class and box) and its "
-             "ParM parity model", ("--steps", 1200))):
+             "ParM parity model", ("--steps", 1000))):
         p = what.add_parser(command, help=helptext)
         flag, default = length
         p.add_argument(flag, type=int, default=default, help="training length (default: %(default)s)")
@@ -82,4 +82,5 @@ def add_parsers(what: Any) -> None:
         p.add_argument("--name", default=None, help="store name")
         if command == "localizer":
             p.add_argument("--k", type=int, default=2, help="the parity model's coding group size (default 2)")
+            p.add_argument("--parity-steps", type=int, default=800, help="the parity model's (default: %(default)s)")
         p.set_defaults(func=func)

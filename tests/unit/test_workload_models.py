@@ -80,7 +80,7 @@ def test_localizer_and_its_parity_model(tmp_path):
     from keel.training.localizer import iou, train_localizer
 
     store = str(tmp_path / "store")
-    deployed, parity = train_localizer(store, steps=20, progress=False, runs_dir=str(tmp_path / "runs"))
+    deployed, parity = train_localizer(store, steps=20, parity_steps=20, progress=False, runs_dir=str(tmp_path / "runs"))
     sig = deployed.signature_of()
     assert [s.text() for s in sig.inputs] == ["image:float32:1,64,64"]
     assert [(o.name, o.shape) for o in sig.outputs] == [("logits", (10,)), ("box", (4,))]
