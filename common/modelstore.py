@@ -2,8 +2,9 @@
 
 Layout::
 
-    ROOT/NAME/VERSION/manifest.json   architecture, input shape and dtype, output size,
-                                      role, dataset, metrics, sha256 of the weights
+    ROOT/NAME/VERSION/manifest.json   architecture, signature (named inputs and outputs),
+                                      input shape and dtype, output size, role, dataset,
+                                      metrics, sha256 of the weights
     ROOT/NAME/VERSION/weights.pt      torch state_dict (format "state_dict")
     ROOT/NAME/VERSION/model.pt        a TorchScript file (format "torchscript")
     ROOT/NAME/VERSION/model.pt2       a ``torch.export`` program (format "export")
@@ -76,6 +77,21 @@ class Manifest:
     static_batch: int | None = None
     #: format "python" from a file: the sha256 of the version's copy, container.py
     container_sha256: str = ""
+    #: named inputs and outputs (``common.signature``, ``Signature.to_dict``); None in a
+    #: version written before signatures: ``signature_of`` derives it from the fields above
+    signature: dict[str, Any] | None = None
+
+    def signature_of(self) -> Any:
+        """The version's ``Signature``: the stored one, or for a version that has none the
+        single input ``input`` (input_shape, input_dtype) and float32 ``output`` (output_size)."""
+        from keel.common.signature import Signature, SignatureError
+
+        try:
+            if self.signature is not None:
+                return Signature.from_dict(self.signature)
+            return Signature.single(self.input_shape, self.input_dtype, self.output_size)
+        except SignatureError as exc:
+            raise ModelStoreError(f"{self.name}/{self.version}: its manifest's signature is unreadable ({exc})") from None
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self), option=orjson.OPT_INDENT_2)

@@ -13,7 +13,10 @@ A model comes in three ways, each served by a model container behind ``predict_b
 
 ``add`` writes the model to a scratch store first and runs one batch of zero queries
 through it exactly as a worker would; only a model that passes is written as the next
-version of NAME (manifest with its sha256), and the command says what it wrote.
+version of NAME (manifest with its signature and sha256), and the command says what it
+wrote. ``--input NAME:DTYPE:SHAPE`` (repeatable, ``common.signature``) names a model's
+inputs; its outputs' names, dtypes and shapes come from the check batches
+(``common.named_containers``). ``--input-shape`` stays the one-input shorthand.
 
 Example
 -------
@@ -21,6 +24,7 @@ Example
 
     keel model add my-net net.pt --input-shape 4 --output-size 3
     keel model add my-rules --python my_rules.py:Rules --input-shape 4 --input-dtype float32
+    keel model add rec rec.pt --input dense:float32:13 --input ids:int64:1..40 --input ids_mask:bool:mask=ids
     keel model list
     keel model show my-net --version 1
     keel model rollout deploy/examples/local.toml my-net --version 2   # one worker at a time
@@ -40,105 +44,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from keel.common.modelstore import DEFAULT_STORE, Manifest, ModelStore, ModelStoreError
+from keel.common.model_add import ModelAddError, _shape, add_model, describe, detect_format  # noqa: F401
 from keel.deploy.rollout import (RolloutError, configure_version, model_workers, previous_version,  # noqa: F401
                                  rollout, served_versions)
-
-
-class ModelAddError(ValueError):
-    """A model that cannot be added as given: the message says why."""
-
-
-def _shape(text: str) -> list[int]:
-    try:
-        shape = [int(d) for d in text.replace("x", ",").split(",") if d.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: want sizes like 4 or 3,32,32") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be > 0")
-    return shape
-
-
-def _export_shape(path: Path) -> tuple[list[int] | None, int | None]:
-    """(the query shape, the fixed batch size or None) of a ``.pt2`` program's one input."""
-    import torch
-
-    program = torch.export.load(str(path))
-    names = set(program.graph_signature.user_inputs)
-    inputs = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in names]
-    if len(inputs) != 1 or inputs[0].meta.get("val") is None:
-        raise ModelAddError(f"{path}: a program with one tensor input is served; this one has {len(inputs)}")
-    dims = list(inputs[0].meta["val"].shape)
-    static = [d if isinstance(d, int) else None for d in dims]
-    return (static[1:] if all(d is not None for d in static[1:]) else None), static[0]
-
-
-def detect_format(path: str | None, python: str | None) -> str:
-    if python:
-        return "python"
-    if path is None:
-        raise ModelAddError("give the model FILE (TorchScript or .pt2), or --python module:Class")
-    return "export" if str(path).endswith(".pt2") else "torchscript"
-
-
-def add_model(store: str, name: str, path: str | None, *, python: str | None = None,
-              input_shape: list[int] | None = None, input_dtype: str = "float32",
-              output_size: int | None = None, dataset: str | None = None) -> Manifest:
-    """Check the model by running one batch, then write it as the next version of ``name``."""
-    from keel.common.containers import check, store_predictor
-    from keel.common.spec.tables import NAME
-
-    if not NAME.match(name):
-        raise ModelAddError(f"model name {name!r}: letters, digits, '_', '.', '-' (a spec names it so)")
-    fmt = detect_format(path, python)
-    if path is not None and not Path(path).is_file():
-        raise ModelAddError(f"{path}: no such file")
-    try:
-        import numpy as np
-
-        np.dtype(input_dtype)
-    except TypeError:
-        raise ModelAddError(f"--input-dtype {input_dtype!r} is not a numpy dtype") from None
-    static_batch = None
-    if fmt == "export":
-        traced_shape, static_batch = _export_shape(Path(path))
-        if input_shape is None:
-            input_shape = traced_shape
-        elif traced_shape is not None and input_shape != traced_shape:
-            raise ModelAddError(f"--input-shape {input_shape} but the program was traced with {traced_shape}")
-    if input_shape is None:
-        raise ModelAddError("--input-shape is needed (one query's shape, e.g. 4 or 1,28,28)")
-    fields: dict[str, Any] = dict(input_shape=list(input_shape), input_dtype=input_dtype,
-                                  output_size=output_size or 1, static_batch=static_batch, dataset=dataset)
-    with tempfile.TemporaryDirectory(prefix="keel-model-check-") as scratch:
-        try:
-            trial = ModelStore(scratch).add(name, path, fmt, entry=python, **fields)
-            outputs = check(store_predictor(scratch, name, trial.version), list(input_shape), input_dtype)
-        except (ModelStoreError, ImportError, OSError, RuntimeError, ValueError) as exc:
-            raise ModelAddError(f"{name}: the check batch failed: {exc}") from None
-    if output_size is not None and outputs.shape[1] != output_size:
-        raise ModelAddError(f"--output-size {output_size} but the model answers {outputs.shape[1]} values per query")
-    fields["output_size"] = int(outputs.shape[1])
-    return ModelStore(store).add(name, path, fmt, entry=python, **fields)
-
-
-def describe(manifest: Manifest, store: ModelStore) -> str:
-    folder = store.folder(manifest)
-    what = manifest.entry if manifest.format == "python" else manifest.format
-    lines = [f"added {manifest.name} version {manifest.version} ({what}): input {manifest.input_shape} "
-             f"{manifest.input_dtype}, output {manifest.output_size}"]
-    if manifest.weights:
-        lines.append(f"  {folder / manifest.weights}  sha256 {manifest.sha256}")
-    if manifest.container_sha256:
-        lines.append(f"  {folder / 'container.py'}  sha256 {manifest.container_sha256}")
-    lines.append(f"  {folder / 'manifest.json'}")
-    return "\n".join(lines)
 
 
 def _fail(msg: str) -> int:
@@ -149,7 +63,7 @@ def _fail(msg: str) -> int:
 def cmd_add(args: argparse.Namespace) -> int:
     try:
         manifest = add_model(args.store, args.name, args.file, python=args.python, input_shape=args.input_shape,
-                             input_dtype=args.input_dtype, output_size=args.output_size)
+                             input_dtype=args.input_dtype, output_size=args.output_size, inputs=args.input)
     except (ModelAddError, ModelStoreError) as exc:
         return _fail(str(exc))
     print(describe(manifest, ModelStore(args.store)))
@@ -203,13 +117,32 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inputs_text(manifest: Manifest) -> str:
+    """The list's input column: as before for one input, else each NAME:DTYPE:SHAPE."""
+    try:
+        sig = manifest.signature_of()
+    except ModelStoreError:
+        return f"{manifest.input_shape} {manifest.input_dtype}"
+    if sig.is_single:
+        return f"{manifest.input_shape} {manifest.input_dtype}"
+    return " ".join(s.text() for s in sig.inputs)
+
+
+def _outputs_text(manifest: Manifest) -> Any:
+    try:
+        sig = manifest.signature_of()
+    except ModelStoreError:
+        return manifest.output_size
+    return manifest.output_size if sig.is_single else " ".join(s.text() for s in sig.outputs)
+
+
 def rows(store: ModelStore) -> list[dict[str, Any]]:
     out = []
     for name in store.models():
         latest = store.manifest(name)
         out.append({"model": name, "versions": ",".join(store.versions(name)), "latest": latest.version,
-                    "format": latest.format, "input": f"{latest.input_shape} {latest.input_dtype}",
-                    "output": latest.output_size, "created": latest.created})
+                    "format": latest.format, "input": _inputs_text(latest),
+                    "output": _outputs_text(latest), "created": latest.created})
     return out
 
 
@@ -234,6 +167,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     except ModelStoreError as exc:
         return _fail(str(exc))
     print(manifest.to_json().decode())
+    try:
+        print(f"signature{'' if manifest.signature is not None else ' (from input_shape, input_dtype, output_size)'}:\n"
+              f"{manifest.signature_of().describe()}")
+    except ModelStoreError as exc:
+        print(f"signature: {exc}")
     print(f"versions: {', '.join(store.versions(args.name))}; folder {store.folder(manifest)}")
     return 0
 
@@ -320,7 +258,12 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("name", help="the model's name (queries use it)")
     a.add_argument("file", nargs="?", help="TorchScript file, torch.export .pt2, or what --python's load(path) reads")
     a.add_argument("--python", metavar="MODULE:CLASS", help="a Python container class (module:Class or file.py:Class)")
-    a.add_argument("--input-shape", type=_shape, help="one query's shape, e.g. 4 or 1,28,28 (a .pt2 gives its own)")
+    a.add_argument("--input", action="append", metavar="NAME:DTYPE:SHAPE",
+                   help="a named input, in the order the model takes them (repeatable): e.g. dense:float32:13, "
+                        "ids:int64:1..40 (a variable dim and its bounds; -1: bounded by the payload limit), "
+                        "text:bytes:scalar, ids_mask:bool:mask=ids (filled by the batcher); a .pt2 gives its own")
+    a.add_argument("--input-shape", type=_shape, help="one query's shape, e.g. 4 or 1,28,28: one input named "
+                   "'input' (a .pt2 gives its own)")
     a.add_argument("--input-dtype", default="float32", help="the queries' dtype (default: %(default)s)")
     a.add_argument("--output-size", type=int, help="values per answer (default: what the check batch returns)")
     a.add_argument("--store", **store)
@@ -350,7 +293,7 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_list)
 
-    a = which.add_parser("show", help="one version's manifest")
+    a = which.add_parser("show", help="one version's manifest and signature")
     a.add_argument("name")
     a.add_argument("--version", default=None, help="default: the latest")
     a.add_argument("--store", **store)

@@ -7,6 +7,10 @@ Modules, one per role:
 - ``train``     ``train_deployed``: train a deployed model and put it in the model store
 - ``parity``    ``train_parity``: train a parity model for a deployed model (add or concat code)
 - ``evaluate``  ``evaluate``: A_a, A_d and A_o(f) of a parity model, with a plot
+- ``recommender``, ``text_classifier`` (+ ``text_container``), ``localizer``: the seeds'
+  workloads as models with signatures (named inputs and outputs, bytes, variable lengths),
+  ``keel train recommender | text-classifier | localizer`` (``workloads``); ``named``
+  holds what they share (``Star``, ``add_scripted``)
 - ``cli``       ``keel train ...`` and ``keel evaluate ...``
 
 The erasure code itself (encoders, decoder) is ``common.erasure``, shared with serving.

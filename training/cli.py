@@ -6,6 +6,8 @@ Commands::
                    [--seed S] [--store DIR] [--name NAME] [--init {parm,torch}]
     train parity   --model NAME --k K --encoder {add,concat} (--epochs N | --steps N)
                    [--seed S] [--store DIR] [--name NAME]
+    train recommender | text-classifier | localizer [--store DIR] [--seed S]
+                   the seeds' workloads as models with signatures (``training.workloads``)
     evaluate       --parity NAME [--version V] [--seed S] [--store DIR] [--runs DIR]
     evaluate       --table [--store DIR]      markdown table of every evaluated parity model
 
@@ -137,6 +139,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help="model store folder (default: %(default)s)")
     p.add_argument("--name", default=None, help="store name (default: MODEL-parity-kK-ENCODER)")
     p.set_defaults(func=_train_parity)
+
+    from keel.training.workloads import add_parsers as add_workloads
+
+    add_workloads(what)  # recommender, text-classifier, localizer: models with signatures
 
     e = subparsers.add_parser("evaluate", help="A_a, A_d and A_o(f) of a parity model (ParM §5.1)")
     what = e.add_argument_group("what").add_mutually_exclusive_group(required=True)

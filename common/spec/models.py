@@ -110,6 +110,9 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
         except ModelStoreError as exc:
             key = "version" if mstore.has(out["store_name"]) else "store_name"
             raise SpecError(f"{t.key(key)}: {exc}") from None
+        if manifest.signature is not None and not manifest.signature_of().is_single:  # common.signature
+            fail(t.key("store_name"), f"store model {manifest.name}/{manifest.version} takes named or variable-shape "
+                 "inputs; serving them is not wired yet (a model added with --input-shape serves)")
         for key, given, stored in (("input_shape", shape, manifest.input_shape), ("output_size", output_size, manifest.output_size),
                                    ("input_dtype", dtype, manifest.input_dtype)):
             if given is not None and given != stored:
