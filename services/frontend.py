@@ -70,6 +70,7 @@ import zmq
 from keel.common import protocol, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
+from keel.common.metrics import MODEL_LABELS, model_labels
 from keel.common.protocol import (
     Answered, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
 )
@@ -168,8 +169,9 @@ class Frontend(Service):
         # per target: ``target`` its name ("" for a request refused before it named one), ``kind``
         # model, application or graph
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source and target",
-                                               ["source", "target", "kind"])
-        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source", "target", "kind"])
+                                               ["source", "target", "kind", *MODEL_LABELS])
+        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency",
+                                                ["source", "target", "kind", *MODEL_LABELS])
         self.meters: dict[tuple[str, str, str], tuple] = {}  # (source, target, kind) -> (counter, histogram)
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_refused = self.metrics.counter("client_messages_refused_total",
@@ -611,9 +613,10 @@ class Frontend(Service):
         path of every reply. Bounded: targets are the served names, or "" for the rest."""
         meters = self.meters.get((source, target, kind))
         if meters is None:
+            served = model_labels(self.cfg.models, target)
             meters = self.meters[(source, target, kind)] = (
-                self.m_requests.labels(source=source, target=target, kind=kind),
-                self.m_latency.labels(source=source, target=target, kind=kind))
+                self.m_requests.labels(source=source, target=target, kind=kind, **served),
+                self.m_latency.labels(source=source, target=target, kind=kind, **served))
         return meters
 
     def _answer_graph(self, requests: list[Request], source: str, graph: str, output: np.ndarray | None,

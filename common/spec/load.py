@@ -13,6 +13,8 @@ from keel.common.spec.ports import Ports, assign_metrics_ports, ipc_name
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from keel.common.spec.topology import ClusterSpec, attach_serf, wire
 from keel.common.spec.manager import read_manager, wire_manager
+from keel.common.spec.operations import apply as apply_operations
+from keel.common.spec.operations import read_host, read_logs
 from keel.common.spec.store import link_workers, read_store, store_endpoints
 
 
@@ -55,8 +57,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
 
     hosts_table = Table(root.take("hosts", dict, {"local": "127.0.0.1"}), "hosts")
     hosts: dict[str, str] = {}
+    binds: dict[str, str | None] = {}  # where a host's services bind, when not its address (common.spec.operations)
     for host in list(hosts_table.data):
-        hosts[host] = hosts_table.take(host, str)
+        hosts[host], binds[host] = read_host(hosts_table, host)
         if not NAME.match(host):
             fail(f"hosts.{host}", "host names must be letters, digits, '_', '.', '-'")
     if not hosts:
@@ -134,6 +137,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for graph in graphs:
         if graph in models or graph in (applications or {}):
             fail(f"graphs.{graph}", f"{graph!r} is also a model's or an application's name; a target has one name")
+    log_levels = read_logs(Table(root.take("logs", dict, {}), "logs"))
     root.finish()
 
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
@@ -155,6 +159,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:
         svc.curve_keys = curve_keys
+    apply_operations(services, hosts, binds, log_levels)
     return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
                        client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)
 
