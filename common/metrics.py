@@ -78,11 +78,15 @@ class Metrics:
         threading.Thread(target=self.server.serve_forever, name=f"metrics-{port}", daemon=True).start()
 
     def close(self) -> None:
-        """Stop serving (the port is free again); idempotent."""
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        """Stop serving; the port is free within the server's poll interval (0.5 s),
+        which a stopping service does not wait for. Idempotent."""
+        server, self.server = self.server, None
+        if server is not None:
+            def stop() -> None:
+                server.shutdown()
+                server.server_close()
+
+            threading.Thread(target=stop, name="metrics-close", daemon=True).start()
 
 
 def health_app(metrics_app: Callable, ready: Callable[[], bool] | None) -> Callable:

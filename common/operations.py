@@ -7,6 +7,7 @@ service (``common.spec.operations``); a process built in-process keeps the defau
 Example
 -------
 >>> import argparse
+import os
 >>> parser = argparse.ArgumentParser()
 >>> add_arguments(parser)
 >>> parser.parse_args(["--log-level", "debug"]).log_level
@@ -15,20 +16,37 @@ Example
 from __future__ import annotations
 
 import argparse
+import os
 
-from keel.common import logs, metrics, transport
+from keel.common import logs  # not metrics, transport: `keel --help` imports this, and no ZeroMQ
+
+
+#: flag -> the environment variable that gives its default (systemd units, pods)
+ENV = {"bind": "KEEL_BIND", "metrics_address": "KEEL_METRICS_ADDRESS", "log_level": "KEEL_LOG_LEVEL"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bind", metavar="ADDRESS", default=None,
-                        help="bind TCP endpoints on ADDRESS (0.0.0.0 or * for all) while advertising the config's")
-    parser.add_argument("--metrics-address", metavar="ADDRESS", default=None,
-                        help="the address the metrics and health port binds (default 127.0.0.1)")
-    parser.add_argument("--log-level", choices=list(logs.LEVELS), default=None, help="log level (default info)")
+    env = {flag: os.environ.get(name) or None for flag, name in ENV.items()}
+    parser.add_argument("--bind", metavar="ADDRESS", default=env["bind"],
+                        help="bind TCP endpoints on ADDRESS (0.0.0.0 or * for all) while advertising the config's "
+                             "(env KEEL_BIND)")
+    parser.add_argument("--metrics-address", metavar="ADDRESS", default=env["metrics_address"],
+                        help="the address the metrics and health port binds (default 127.0.0.1; env KEEL_METRICS_ADDRESS)")
+    parser.add_argument("--log-level", choices=list(logs.LEVELS), default=env["log_level"],
+                        help="log level (default info; env KEEL_LOG_LEVEL)")
+
+
+def environment(svc) -> dict[str, str]:
+    """The environment variables that give ``svc`` (a ``ServiceLaunch``) its bind
+    address, metrics address and log level, for a launcher that passes no flags."""
+    values = {"bind": svc.bind, "metrics_address": svc.metrics_address, "log_level": svc.log_level}
+    return {ENV[k]: v for k, v in values.items() if v}
 
 
 def apply(args: argparse.Namespace) -> None:
     """Set this process's bind address, metrics address and log level from ``args``."""
+    from keel.common import metrics, transport
+
     if args.bind:
         transport.BIND_ADDRESS = args.bind
     if args.metrics_address:

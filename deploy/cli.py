@@ -1,4 +1,4 @@
-"""``keel up | down | status | predict | serve-spec | render-systemd``: run a cluster spec.
+"""``keel up | down | status | predict | serve-spec | render-systemd | logs``: run a cluster spec.
 
 ``keel up`` on a cluster that runs already changes nothing: it says what differs between
 the spec and what runs (``deploy.programs``); ``keel up --apply`` applies it.
@@ -15,6 +15,7 @@ Example
     keel predict --spec deploy/examples/noop.toml noop --input '[0, 0, 0, 0]'
     keel predict --spec deploy/examples/selection.toml digits --key alice --input '[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]'
     keel status deploy/examples/noop.toml
+    keel logs deploy/examples/noop.toml worker -f
     keel down deploy/examples/noop.toml
     keel up deploy/examples/three-hosts.toml --host h2   # on host h2: its services only
 """
@@ -251,8 +252,24 @@ def cmd_render_systemd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from keel.deploy.logs import follow, log_paths, show
+
+    try:
+        paths = log_paths(load_spec(args.spec), args.service)
+    except SpecError as exc:
+        return _fail(str(exc))
+    show(paths, sys.stdout, args.lines, args.level)
+    if args.follow:
+        try:
+            follow(paths, sys.stdout, args.level)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
-    """Add up, down, status, predict, serve-spec and render-systemd to ``keel``."""
+    """Add up, down, status, predict, serve-spec, render-systemd and logs to ``keel``."""
     address = dict(action="append", metavar="HOST=ADDRESS", help="override a host's address from [hosts]")
 
     p = subparsers.add_parser("up", help="start a cluster spec's services under supervisord; on a running "
@@ -307,3 +324,12 @@ def add_parser(subparsers: Any) -> None:
                    "as resolved here); with a [store] table, workers fetch into it what it lacks")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_render_systemd)
+
+    p = subparsers.add_parser("logs", help="what a cluster's services wrote (RUN_DIR/logs), -f to follow")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("service", nargs="?", default=None, help="a service name or a role (default: every service)")
+    p.add_argument("-f", "--follow", action="store_true", help="print what they write from now on, until Ctrl-C")
+    p.add_argument("-n", "--lines", type=int, default=50, help="last lines of each log first (default 50)")
+    p.add_argument("--level", choices=["debug", "info", "warning", "error", "critical"], default=None,
+                   help="only lines at or above this level")
+    p.set_defaults(func=cmd_logs)
