@@ -179,3 +179,18 @@ def test_keel_logs_shows_and_follows_by_service_and_role(tmp_path):
 
     follow(paths, out, stop=stop, interval_s=0.01)
     assert out.getvalue() == "worker-m-1 | a line written later\n"
+
+
+def test_the_dashboard_reads_model_and_version_from_request_metrics_only():
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "keel-dashboard.json").read_text())
+    rollout = [t["expr"] for p in dash["panels"] for t in p["targets"] if "version" in t["expr"]]
+    assert len(rollout) >= 3
+    for expr in rollout:  # the metrics that carry the labels (frontend requests, worker batches)
+        assert set(re.findall(r"keel_[a-z_]+", expr)) <= {
+            "keel_requests_total", "keel_request_seconds_bucket", "keel_worker_service_seconds_bucket",
+            "keel_worker_batches_total", "keel_worker_batch_size_bucket"}, expr
+    assert {"model", "version"} <= {v["name"] for v in dash["templating"]["list"]}
