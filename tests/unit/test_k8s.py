@@ -136,3 +136,14 @@ def test_render_k8s_writes_the_folder(tmp_path, capsys):
     text = orjson.loads((tmp_path / "k8s" / "00-configmap.json").read_text())["data"]["spec.toml"]
     assert text == (EXAMPLES / "noop.toml").read_text()
     assert write({"x.json": {"a": 1}}, tmp_path / "w")[0].read_text() == '{\n  "a": 1\n}\n'
+
+
+def test_store_models_get_a_store_service_and_hops_stay_tcp():
+    from keel.deploy.k8s import _prepared
+
+    raw = {"hosts": {"a": "10.0.0.1"}, "models": {"digits": {"store_name": "digits-mlp"}}}
+    prepared = _prepared(raw)
+    assert prepared["store"] == {"hosts": ["a"]}  # workers fetch by content into their empty store
+    assert prepared["cluster"]["ipc"] is False and prepared["cluster"]["metrics_base_port"] == 9100
+    assert "store" not in raw and "cluster" not in raw  # the caller's spec is left as it was
+    assert "store" not in _prepared({"models": {"m": {"builtin": "noop"}}})
