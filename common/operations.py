@@ -1,6 +1,6 @@
 """How one process is operated on its host: the address its TCP endpoints bind when it
-is not the one they advertise, the address its metrics and health port binds, and its
-log level. ``keel serve`` takes them as flags, which a cluster spec fills in per
+is not the one they advertise, the address its metrics and health port binds, its log
+level, and the share of requests it traces (OpenTelemetry, ``common.tracing``). ``keel serve`` takes them as flags, which a cluster spec fills in per
 service (``common.spec.operations``); a process built in-process keeps the defaults
 (advertised address, loopback metrics, info).
 
@@ -22,7 +22,8 @@ from keel.common import logs  # not metrics, transport: `keel --help` imports th
 
 
 #: flag -> the environment variable that gives its default (systemd units, pods)
-ENV = {"bind": "KEEL_BIND", "metrics_address": "KEEL_METRICS_ADDRESS", "log_level": "KEEL_LOG_LEVEL"}
+ENV = {"bind": "KEEL_BIND", "metrics_address": "KEEL_METRICS_ADDRESS", "log_level": "KEEL_LOG_LEVEL",
+       "trace_rate": "KEEL_TRACE_RATE", "trace_endpoint": "KEEL_TRACE_ENDPOINT"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the address the metrics and health port binds (default 127.0.0.1; env KEEL_METRICS_ADDRESS)")
     parser.add_argument("--log-level", choices=list(logs.LEVELS), default=env["log_level"],
                         help="log level (default info; env KEEL_LOG_LEVEL)")
+    parser.add_argument("--trace-rate", type=float, metavar="R", default=float(env["trace_rate"] or 0),
+                        help="OpenTelemetry: the share of requests traced, 0..1 (default 0: off; env KEEL_TRACE_RATE)")
+    parser.add_argument("--trace-endpoint", metavar="URL", default=env["trace_endpoint"],
+                        help="OTLP/HTTP traces endpoint (default: the exporter's, localhost:4318; env KEEL_TRACE_ENDPOINT)")
 
 
 def environment(svc) -> dict[str, str]:
     """The environment variables that give ``svc`` (a ``ServiceLaunch``) its bind
     address, metrics address and log level, for a launcher that passes no flags."""
-    values = {"bind": svc.bind, "metrics_address": svc.metrics_address, "log_level": svc.log_level}
+    values = {"bind": svc.bind, "metrics_address": svc.metrics_address, "log_level": svc.log_level,
+              "trace_rate": svc.trace_rate and str(svc.trace_rate), "trace_endpoint": svc.trace_endpoint}
     return {ENV[k]: v for k, v in values.items() if v}
 
 
@@ -53,3 +59,7 @@ def apply(args: argparse.Namespace) -> None:
         metrics.ADDRESS = args.metrics_address
     if args.log_level:
         logs.LEVEL = logs.LEVELS[args.log_level]
+    if args.trace_rate:
+        from keel.common import tracing
+
+        tracing.configure(args.trace_rate, args.trace_endpoint)

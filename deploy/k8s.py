@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from keel.common import config as cfg
+from keel.common import operations
 from keel.common.roles import ROLES, from_dict
 from keel.common.spec import ClusterSpec, SpecError, load_spec
 from keel.common.spec.tables import read_source
@@ -203,8 +204,8 @@ def _container(w: Workload, svc, image: str, memory: str, curve: bool) -> dict:
     env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "KEEL_BIND", "value": "*"}, {"name": "KEEL_METRICS_ADDRESS", "value": "0.0.0.0"},
            {"name": "PYTHONUNBUFFERED", "value": "1"}]
-    if svc.log_level:
-        env.append({"name": "KEEL_LOG_LEVEL", "value": svc.log_level})
+    env += [{"name": k, "value": v} for k, v in operations.environment(svc).items()
+            if k not in ("KEEL_BIND", "KEEL_METRICS_ADDRESS")]  # log level, tracing: as the spec says
     if curve:
         env.append({"name": "KEEL_CURVE_KEYS", "value": CURVE})
     mounts = [{"name": "config", "mountPath": CONFIGS, "readOnly": True}, {"name": "data", "mountPath": DATA}]

@@ -23,7 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
     from keel.services.serve import main
 
     flags = (("--curve", args.curve), ("--bind", args.bind), ("--metrics-address", args.metrics_address),
-             ("--log-level", args.log_level))
+             ("--log-level", args.log_level), ("--trace-rate", args.trace_rate and str(args.trace_rate)),
+             ("--trace-endpoint", args.trace_endpoint))
     return main([args.role, "--config", args.config] + [x for flag, value in flags if value for x in (flag, value)])
 
 

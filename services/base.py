@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from keel.common import curve, logs, protocol, transport
+from keel.common import curve, logs, protocol, tracing, transport
 from keel.common.metrics import Metrics
 
 
@@ -157,6 +157,7 @@ class Service:
         self.log = logs.setup(name)
         self.metrics = Metrics(name)
         self.metrics_port = metrics_port
+        tracing.start(name)  # only when this process was started with a trace rate (keel serve --trace-rate)
 
     def add_socket(self, sock: zmq.Socket, handler: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
         self.sockets.append(sock)
@@ -311,4 +312,6 @@ class Service:
             curve.stop(self.ctx)  # its ZAP thread's sockets would hold term() up
             self.ctx.term()
             self.metrics.close()
+            if tracing.ON:
+                tracing.stop()  # what the exporter still holds leaves now
             self.log.info("stopped")

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
+from keel.common import protocol, tracing, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.metrics import MODEL_LABELS, model_labels
@@ -334,6 +334,8 @@ class Frontend(Service):
         if cache_key is not None:
             self.by_key[cache_key] = pending
         self.deadline.at_latest(deadline)
+        if tracing.ON and kind == "model":  # OpenTelemetry: sampled, it rides the stamps' path
+            tracing.admit(self.name, qids[0], msg, self.traces, time.time() - (time.perf_counter() - start))
         if msg.trace is not None and kind == "model":  # receipt, on the wall clock the stamps share
             self.traces[qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
 
@@ -356,6 +358,8 @@ class Frontend(Service):
                               sent_at=time.time())
                 if self.traces:
                     carry_trace(self.traces, msg)
+                    if tracing.ON and msg.traced is not None:
+                        msg.traceparent = tracing.context_of(self.name, msg.traced)
                 transport.send(self.push, msg)
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -475,6 +479,8 @@ class Frontend(Service):
             if source == Source.MODEL and self.cache is not None and pending.key is not None and version == pending.version:
                 self.cache.put(pending.key, output)
             trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
+            if tracing.ON:  # a sampled request's span ends with its answer, a reconstruction's too
+                tracing.answered(self.name, qid, source, version)
             self._answer(pending.requests, source, pending.model, version, output, trace=trace, later=True,
                          bundle=len(msg.qids) > 1)
 

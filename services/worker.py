@@ -63,7 +63,7 @@ import traceback
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
+from keel.common import protocol, tracing, transport
 from keel.common.config import WorkerConfig
 from keel.common.metrics import MODEL_LABELS
 from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source, transit_s
@@ -289,6 +289,8 @@ class Worker(Service):
         job = Job(batch, self._live_rows(batch, received), received, self.predictor, self.version)
         if batch.trace is not None:
             job.trace = [*batch.trace, time.time()]  # receipt (decoded)
+            if batch.traceparent is not None and tracing.ON:
+                tracing.received(self.name, batch.traced, batch.traceparent)
         if not job.live:
             self._answer(job)
             return
@@ -413,6 +415,8 @@ class Worker(Service):
                               outputs=outputs if outputs is None or part else outputs[rows], **common)
             if trace is not None and batch.traced in msg.qids:
                 msg.traced, msg.trace = batch.traced, [*trace, time.time()]
+                if tracing.ON:
+                    tracing.sent(self.name, "worker", msg)
             if not self.peers.send(dest, msg):
                 refused += len(rows)
         if self.decoder is not None and batch.group is not None:

@@ -14,7 +14,7 @@ from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail,
 from keel.common.spec.topology import ClusterSpec, attach_serf, wire
 from keel.common.spec.manager import read_manager, wire_manager
 from keel.common.spec.operations import apply as apply_operations
-from keel.common.spec.operations import read_host, read_logs
+from keel.common.spec.operations import read_host, read_logs, read_tracing
 from keel.common.spec.store import link_workers, read_store, store_endpoints
 
 
@@ -138,6 +138,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         if graph in models or graph in (applications or {}):
             fail(f"graphs.{graph}", f"{graph!r} is also a model's or an application's name; a target has one name")
     log_levels = read_logs(Table(root.take("logs", dict, {}), "logs"))
+    traces = read_tracing(Table(root.take("tracing", dict, {}), "tracing"))
     root.finish()
 
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
@@ -159,7 +160,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:
         svc.curve_keys = curve_keys
-    apply_operations(services, hosts, binds, log_levels)
+    apply_operations(services, hosts, binds, log_levels, traces)
     return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
                        client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)
 

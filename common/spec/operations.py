@@ -13,6 +13,8 @@ and each service's log level.
 - ``[logs]``: ``level = "info"`` for every service, and a level per role or per
   service name (``worker = "debug"``, ``"worker-m-0" = "debug"``); the name wins over
   the role (``keel serve --log-level``).
+- ``[tracing]``: ``rate`` and ``endpoint`` of OpenTelemetry traces, for every service
+  (``keel serve --trace-rate --trace-endpoint``; ``common.tracing``).
 
 Example
 -------
@@ -64,8 +66,22 @@ def read_logs(table: Table) -> dict[str, str]:
     return out
 
 
-def apply(services: list[Any], hosts: dict[str, str], binds: dict[str, str | None], logs: dict[str, str]) -> None:
-    """Give each ``ServiceLaunch`` its bind address, metrics address and log level."""
+def read_tracing(table: Table) -> tuple[float | None, str | None]:
+    """``[tracing]``: ``rate`` (the share of requests traced, 0..1; 0 = off) and
+    ``endpoint`` (OTLP/HTTP, e.g. ``http://collector:4318/v1/traces``)."""
+    rate = table.take("rate", float, 0.0)
+    endpoint = table.take("endpoint", str, None)
+    table.finish()
+    if not 0 <= rate <= 1:
+        fail(table.key("rate"), f"must be in 0..1, got {rate}")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        fail(table.key("endpoint"), f"must be an http:// or https:// URL (OTLP/HTTP), got {endpoint!r}")
+    return (rate or None), endpoint
+
+
+def apply(services: list[Any], hosts: dict[str, str], binds: dict[str, str | None], logs: dict[str, str],
+          tracing: tuple[float | None, str | None] = (None, None)) -> None:
+    """Give each ``ServiceLaunch`` its bind address, metrics address, log level and tracing."""
     from keel.common.roles import ROLES
 
     one_machine = len(set(hosts.values())) == 1
@@ -79,3 +95,4 @@ def apply(services: list[Any], hosts: dict[str, str], binds: dict[str, str | Non
         svc.metrics_address = metrics_address(hosts[svc.host], svc.bind, one_machine)
         level = logs.get(svc.name) or logs.get(svc.role) or logs.get("level")
         svc.log_level = None if level in (None, "info") else level
+        svc.trace_rate, svc.trace_endpoint = tracing if tracing[0] else (None, None)

@@ -35,13 +35,18 @@ class ServiceLaunch:
     metrics_address: str | None = None
     #: its log level (``[logs]``); None = info
     log_level: str | None = None
+    #: OpenTelemetry (``[tracing]``): the share of requests traced (None = off) and the OTLP endpoint
+    trace_rate: float | None = None
+    trace_endpoint: str | None = None
 
     def argv(self, python: str = sys.executable, config: str | None = None) -> list[str]:
         """The command line; ``config``: what ``--config`` gets instead of the config as
         JSON (``@FILE``: supervisord's programs read theirs from the run_dir)."""
         argv = [python, "-m", "keel.services.serve", self.role, "--config", config or cfg.to_json(self.config)]
         for flag, value in (("--curve", self.curve_keys), ("--bind", self.bind),
-                            ("--metrics-address", self.metrics_address), ("--log-level", self.log_level)):
+                            ("--metrics-address", self.metrics_address), ("--log-level", self.log_level),
+                            ("--trace-rate", self.trace_rate and str(self.trace_rate)),
+                            ("--trace-endpoint", self.trace_endpoint)):
             if value:
                 argv += [flag, value]
         return argv
