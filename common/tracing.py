@@ -10,10 +10,11 @@ frontend (``keel.request``, until its answer leaves) and rides the same path a
 breakdown's stamps do (``Predict.trace``: each process stamps its receipt and send), with
 its span's context beside them (``traceparent`` on ``Queries``, ``Batch``,
 ``Predictions``). Each hop that sends it on adds its span from its receipt to its send:
-``keel.dispatcher`` (the queue and the batching), ``keel.worker`` (the batch's compute),
-and, for a reconstruction, ``keel.decoder``. Spans carry ``keel.request_id``,
-``keel.qid``, ``keel.model``; they leave over OTLP/HTTP to the spec's endpoint, batched
-off the request path.
+``keel.dispatcher`` (the queue and the batching) and ``keel.worker`` (the batch's
+compute); an answer from a reconstruction ends the request span with ``keel.source``
+saying so (the encoder and decoder add no span of their own yet). Spans carry
+``keel.request_id``, ``keel.qid``, ``keel.model``; they leave over OTLP/HTTP to the
+spec's endpoint, batched off the request path. ``span`` is for a hop that has no stamps.
 
 Example
 -------
@@ -50,8 +51,7 @@ def valid(traceparent: Any) -> bool:
 def configure(rate: float | None, endpoint: str | None) -> None:
     """What ``start`` will set up: the share of requests the frontends sample (0..1) and
     the OTLP/HTTP traces endpoint (``http://collector:4318/v1/traces``). Rate None or 0
-    leaves tracing off, unless a request carries a sampled ``traceparent``... of a
-    process that traces: only a rate > 0 turns it on."""
+    leaves tracing off, even for a request that carries a sampled ``traceparent``."""
     _settings.clear()
     if rate:
         if not 0 < rate <= 1:

@@ -194,3 +194,32 @@ def test_the_dashboard_reads_model_and_version_from_request_metrics_only():
             "keel_requests_total", "keel_request_seconds_bucket", "keel_worker_service_seconds_bucket",
             "keel_worker_batches_total", "keel_worker_batch_size_bucket"}, expr
     assert {"model", "version"} <= {v["name"] for v in dash["templating"]["list"]}
+
+
+def test_tracing_from_the_spec_reaches_every_service_and_its_environment():
+    spec = load_spec({"tracing": {"rate": 0.25, "endpoint": "http://collector:4318/v1/traces"}, "models": NOOP})
+    for svc in spec.services:
+        argv = svc.argv("python")
+        assert argv[argv.index("--trace-rate") + 1] == "0.25"
+        assert argv[argv.index("--trace-endpoint") + 1] == "http://collector:4318/v1/traces"
+        assert operations.environment(svc)["KEEL_TRACE_RATE"] == "0.25"
+    assert all(s.trace_rate is None for s in load_spec({"tracing": {"rate": 0}, "models": NOOP}).services)
+    with pytest.raises(SpecError, match=r"tracing\.rate: must be in 0\.\.1"):
+        load_spec({"tracing": {"rate": 2.0}, "models": NOOP})
+    with pytest.raises(SpecError, match=r"tracing\.endpoint: must be an http"):
+        load_spec({"tracing": {"rate": 0.5, "endpoint": "collector:4317"}, "models": NOOP})
+
+
+def test_a_traceparent_is_checked_on_the_wire():
+    import numpy as np
+
+    from keel.common import protocol, tracing
+    from keel.common.protocol import Predict
+
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert tracing.valid(good) and not tracing.valid("00-xyz") and not tracing.valid(None)
+    msg = Predict(request_id="r", model="m", input=np.zeros(2, np.float32), traceparent=good)
+    assert protocol.decode(protocol.encode(msg)).traceparent == good
+    with pytest.raises(protocol.ProtocolError, match="traceparent"):
+        protocol.decode(protocol.encode(Predict(request_id="r", model="m", input=np.zeros(2, np.float32),
+                                                traceparent="not-a-context")))
