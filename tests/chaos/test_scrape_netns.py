@@ -3,7 +3,8 @@ namespace. A Prometheus-like scrape from a third namespace reads the worker's me
 with the ``model`` and ``version`` labels of the batches it ran, and its ``/healthz`` and
 ``/readyz`` (ready: registered with its dispatcher); the frontend's request metrics
 carry them too. A metrics port bound to loopback (the one-machine default) could not be
-reached from there."""
+reached from there. Host a binds every interface while its endpoints advertise its
+address (the bind/advertise split): the worker on b and the client reach it there."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 
 SPEC = {
     "cluster": {"name": "scrape", "metrics_base_port": 9400},
-    "hosts": {"a": "127.0.0.1", "b": "127.0.0.1"},  # replaced by the namespaces' addresses
+    # addresses replaced by the namespaces'; a binds every interface, advertises its address
+    "hosts": {"a": {"address": "127.0.0.1", "bind": "0.0.0.0"}, "b": "127.0.0.1"},
     "frontend": {"host": "a"},
     "dispatcher": {"host": "a"},
     "logs": {"worker": "debug"},
@@ -53,7 +55,10 @@ def test_a_worker_is_scraped_and_probed_from_another_namespace(clusters):
     dep = Deployment(cluster, SPEC, probe_host="client").start(timeout_s=60)
     worker, frontend = dep.spec.service("worker-m-0"), dep.spec.service("frontend")
     b, a = cluster.addresses["b"], cluster.addresses["a"]
-    assert worker.metrics_address == b and frontend.metrics_address == a  # the host's address, not loopback
+    assert worker.metrics_address == b and frontend.metrics_address == "0.0.0.0"  # the host's, not loopback
+    assert frontend.bind == "0.0.0.0" and worker.bind is None
+    assert dep.frontends[0].startswith(f"tcp://{a}:")  # advertised: the worker on b reached the dispatcher there
+    assert worker.config.dispatcher_worker_endpoint.startswith(f"tcp://{a}:")
     assert worker.log_level == "debug" and frontend.log_level is None
 
     assert http_get(cluster, "client", b, worker.config.metrics_port, "/healthz") == (200, "ok\n")
