@@ -144,6 +144,7 @@ def test_a_socket_binds_the_bind_address_and_is_reached_there(monkeypatch):
     ctx = zmq.Context()
     try:
         pull = transport.make_socket(ctx, zmq.PULL, bind=advertised)
+        assert transport.endpoint_of(pull) == advertised  # what a reply_to names: the advertised one
         push = transport.make_socket(ctx, zmq.PUSH, connect=f"tcp://127.0.0.1:{port}")
         push.send(b"x")
         assert pull.poll(5000) and pull.recv() == b"x"
