@@ -120,3 +120,19 @@ def test_tracing_off_adds_nothing_to_a_request():
     assert tracing.ON is False  # another test's cluster turned it off again
     msg = Predict(request_id="x", model="m", input=np.zeros(4, np.float32))
     assert msg.traceparent is None and protocol.decode(protocol.encode(msg)).traceparent is None
+
+
+def test_the_client_passes_a_traceparent(cluster):
+    from keel.common.client import Client
+
+    _, exporter, services = cluster
+    frontend = next(s for s in services if s.role == "frontend")
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    with Client([frontend.cfg.local_client_endpoint or frontend.cfg.client_endpoint], timeout_ms=5000) as client:
+        result = client.predict("m", np.full(4, 2.0, np.float32), request_id="by-client",
+                                traceparent=f"00-{trace_id}-00f067aa0ba902b7-01")
+        assert result.error is None
+        with pytest.raises(ValueError, match="not a W3C trace context"):
+            client.predict("m", np.ones(4, np.float32), traceparent="00-nope")
+    request = next(s for s in spans_of(exporter, "by-client", 3) if s.name == "keel.request")
+    assert f"{request.context.trace_id:032x}" == trace_id
