@@ -4,8 +4,8 @@ Off by default, and then free: every hook on the request path is behind one attr
 check (``tracing.ON``, or a message's ``traceparent`` that is None), and nothing of
 OpenTelemetry is imported. On (``[tracing]`` in a spec: ``keel serve --trace-rate R
 --trace-endpoint URL``), the frontend samples requests at the rate, or follows the W3C
-``traceparent`` a request carries (its client's, or the HTTP gateway's from a
-``traceparent`` header or gRPC metadata key): a sampled request opens a span at the
+``traceparent`` a request carries (``Client.predict(..., traceparent=...)``; the HTTP
+gateway does not pass its header on yet): a sampled request opens a span at the
 frontend (``keel.request``, until its answer leaves) and rides the same path a
 breakdown's stamps do (``Predict.trace``: each process stamps its receipt and send), with
 its span's context beside them (``traceparent`` on ``Queries``, ``Batch``,
