@@ -5,7 +5,7 @@ check (``tracing.ON``, or a message's ``traceparent`` that is None), and nothing
 OpenTelemetry is imported. On (``[tracing]`` in a spec: ``keel serve --trace-rate R
 --trace-endpoint URL``), the frontend samples requests at the rate, or follows the W3C
 ``traceparent`` a request carries (``Client.predict(..., traceparent=...)``; the HTTP
-gateway does not pass its header on yet): a sampled request opens a span at the
+gateway's ``traceparent`` header, gRPC metadata key): a sampled request opens a span at the
 frontend (``keel.request``, until its answer leaves) and rides the same path a
 breakdown's stamps do (``Predict.trace``: each process stamps its receipt and send), with
 its span's context beside them (``traceparent`` on ``Queries``, ``Batch``,

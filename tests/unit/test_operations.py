@@ -224,3 +224,32 @@ def test_a_traceparent_is_checked_on_the_wire():
     with pytest.raises(protocol.ProtocolError, match="traceparent"):
         protocol.decode(protocol.encode(Predict(request_id="r", model="m", input=np.zeros(2, np.float32),
                                                 traceparent="not-a-context")))
+
+
+def test_the_gateway_passes_a_valid_traceparent_on_and_ignores_a_malformed_one(monkeypatch):
+    import asyncio
+    import types
+
+    import numpy as np
+
+    from keel.common.config import GatewayConfig, ModelInfo
+    from keel.services.inference import Inference
+
+    seen = []
+
+    class Client:  # the gateway's AsyncClient, as far as infer uses it
+        async def predict(self, name, row, **kw):
+            seen.append(kw["traceparent"])
+            return types.SimpleNamespace(output=np.zeros(2, np.float32), version="1", source="model",
+                                         error=None, error_code=None, models=None, confidence=None, latency_ms=1.0)
+
+    inference = Inference(GatewayConfig(models={"m": ModelInfo(input_shape=[4], output_size=2)}), Client())
+
+    async def target(name, version):
+        return {"kind": "model", "key": False, "input_shape": [4], "input_dtype": "float32", "versions": ["1"]}
+
+    monkeypatch.setattr(inference, "target_or_spec", target)
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    for given in (good, "garbage", None):
+        asyncio.run(inference.infer("m", np.zeros((1, 4), np.float32), traceparent=given))
+    assert seen == [good, None, None]
