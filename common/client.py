@@ -151,6 +151,15 @@ WINDOW = 1000
 GRACE_MS = 50.0
 
 
+def _check_traceparent(value: str | None) -> str | None:
+    """A W3C ``traceparent`` the call joins (OpenTelemetry, ``common.tracing``), checked here."""
+    from keel.common.tracing import valid
+
+    if value is not None and not valid(value):
+        raise ValueError(f"traceparent {value!r} is not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)")
+    return value
+
+
 def _check_timeout(value: float, what: str = "timeout_ms") -> float:
     """A deadline must be a finite number > 0: NaN or infinity would never expire."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -485,10 +494,12 @@ class Client(_Base):
                 self._flush_all()
 
     def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
-               timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None) -> str:
+               timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None,
+               traceparent: str | None = None) -> str:
         """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
         key = _key_of(key, context)
-        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
+        rid, call = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
+        call.traceparent = _check_traceparent(traceparent)
         self._send_call(rid)
         return rid
 
@@ -557,7 +568,7 @@ class Client(_Base):
 
     def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
                 timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
-                *, context: str | None = None) -> Result:
+                *, context: str | None = None, traceparent: str | None = None) -> Result:
         """One query of a target: a model, an application or a graph, by its name.
 
         Parameters
@@ -581,8 +592,11 @@ class Client(_Base):
         raise_errors : bool, optional
             Raise a ``KeelError`` instead of returning a result without a prediction
             (default: the client's ``raise_errors``).
+        traceparent : str, optional
+            A W3C trace context (``00-<trace id>-<span id>-<flags>``): with tracing on
+            (``[tracing]``), a sampled one makes the request's spans part of the caller's trace.
         """
-        rid = self.submit(name, x, _key_of(key, context), version, timeout_ms, request_id)
+        rid = self.submit(name, x, _key_of(key, context), version, timeout_ms, request_id, traceparent=traceparent)
         got: dict[str, Result] = {}
         self._gather({rid}, got)
         return self._outcome(got[rid], raise_errors)
@@ -777,9 +791,10 @@ class AsyncClient(_Base):
 
     async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
                       timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
-                      *, context: str | None = None) -> Result:
+                      *, context: str | None = None, traceparent: str | None = None) -> Result:
         """One query of a model, an application or a graph (as ``Client.predict``)."""
-        result = await self._predict(name, x, _key_of(key, context), version, timeout_ms, request_id)
+        result = await self._predict(name, x, _key_of(key, context), version, timeout_ms, request_id,
+                                     _check_traceparent(traceparent))
         return self._outcome(result, raise_errors)
 
     async def feedback(self, request_id: str, y: int, timeout_ms: float | None = None) -> FeedbackResult:
@@ -800,9 +815,10 @@ class AsyncClient(_Base):
             self.ack_futures.pop(request_id, None)
 
     async def _predict(self, name: str, x: np.ndarray, key: str | None, version: str | None,
-                       timeout_ms: float | None, request_id: str | None) -> Result:
+                       timeout_ms: float | None, request_id: str | None, traceparent: str | None = None) -> Result:
         self._start()
-        rid, _ = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
+        rid, call = self._new_call(name, x, timeout_ms, request_id, key, _check_version(version))
+        call.traceparent = traceparent
         future = self.futures[rid] = self.loop.create_future()
         try:
             self._send_call(rid)

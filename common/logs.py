@@ -1,7 +1,9 @@
 """structlog setup: JSON lines when stdout is not a terminal, readable when it is.
 
-Each service calls ``setup(service)`` once and gets a logger with the service name bound.
-The frontend writes one canonical line per request (event "request").
+Each service calls ``setup(service)`` once and gets a logger with the service name bound,
+filtered at ``LEVEL`` (``keel serve --log-level``; a spec's ``[logs]``). The frontend
+writes one canonical line per request (event "request"). ``keel logs`` reads what
+supervisord keeps of each service's output (``deploy.logs``).
 
 Example
 -------
@@ -21,7 +23,15 @@ def _orjson_dumps(obj, default=None) -> str:
     return orjson.dumps(obj, default=default, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
-def setup(service: str, json: bool | None = None, level: int = logging.INFO) -> structlog.typing.FilteringBoundLogger:
+#: the levels a service may log at (``keel serve --log-level``, a spec's ``[logs]``)
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+          "critical": logging.CRITICAL}
+#: this process's level, unless ``setup`` is given one
+LEVEL = logging.INFO
+
+
+def setup(service: str, json: bool | None = None, level: int | None = None) -> structlog.typing.FilteringBoundLogger:
+    level = LEVEL if level is None else level
     if json is None:
         json = not sys.stdout.isatty()
     renderer = (

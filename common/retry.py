@@ -62,6 +62,7 @@ class _Call:
     key: str | None = None
     deadline: float = 0.0  # sent + timeout: the frontend answers by then
     version: str | None = None
+    traceparent: str | None = None  # the caller's W3C trace context (common.tracing)
 
 
 class RetryEngine:
@@ -125,7 +126,7 @@ class RetryEngine:
         """The current attempt's query: a retry carries the time left to the call's deadline."""
         timeout = call.timeout_ms if call.attempt == 0 else max(1.0, (call.deadline - now) * 1000.0)
         return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, version=call.version,
-                       key=call.key, client=client, bundle=True, columns=True)
+                       key=call.key, client=client, bundle=True, columns=True, traceparent=call.traceparent)
 
     def due(self, now: float) -> tuple[list[str], list[Result]]:
         """Calls whose slice passed: (to send again, to their new frontend; ended with no answer)."""

@@ -26,6 +26,20 @@ HWM = 100_000
 MAX_FRAME_BYTES = protocol.MAX_PAYLOAD_BYTES + protocol.MAX_HEADER_BYTES
 #: distinct peers a ``Peers`` table connects to at most (endpoints come from the wire)
 MAX_PEERS = 1024
+#: the address this process's TCP endpoints bind when it is not the one they advertise
+#: (``keel serve --bind``: NAT, containers, pods; ``common.spec.operations``); None = theirs
+BIND_ADDRESS: str | None = None
+
+
+#: what a socket bound (its LAST_ENDPOINT) -> the endpoint it advertises, where they differ
+_ADVERTISED: dict[str, str] = {}
+
+
+def bind_endpoint(endpoint: str) -> str:
+    """What a socket binds for the advertised ``endpoint``: its port on ``BIND_ADDRESS``."""
+    if BIND_ADDRESS is None or not endpoint.startswith("tcp://"):
+        return endpoint
+    return f"tcp://{BIND_ADDRESS}:{endpoint.rsplit(':', 1)[1]}"
 
 
 def make_socket(
@@ -57,15 +71,19 @@ def make_socket(
     if keys is not None:
         curve.apply(ctx, sock, server=bind is not None, keys=keys)
     if bind is not None:
-        sock.bind(bind)
+        sock.bind(bind_endpoint(bind))
+        if BIND_ADDRESS is not None and bind.startswith("tcp://"):  # endpoint_of answers what others reach
+            _ADVERTISED[sock.getsockopt_string(zmq.LAST_ENDPOINT)] = bind
     for endpoint in [connect] if isinstance(connect, str) else connect or []:
         sock.connect(endpoint)
     return sock
 
 
 def endpoint_of(sock: zmq.Socket) -> str:
-    """The endpoint a socket actually bound (resolves ``:*`` wildcard ports)."""
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    """The endpoint a socket actually bound (resolves ``:*`` wildcard ports): the one it
+    advertises when it bound another address (``BIND_ADDRESS``), as a ``reply_to`` needs."""
+    bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    return _ADVERTISED.get(bound, bound)
 
 
 _MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)

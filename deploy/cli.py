@@ -1,4 +1,4 @@
-"""``keel up | down | status | predict | serve-spec | render-systemd``: run a cluster spec.
+"""``keel up | down | status | predict | serve-spec | render-systemd | render-k8s | logs``: run a cluster spec.
 
 ``keel up`` on a cluster that runs already changes nothing: it says what differs between
 the spec and what runs (``deploy.programs``); ``keel up --apply`` applies it.
@@ -15,6 +15,7 @@ Example
     keel predict --spec deploy/examples/noop.toml noop --input '[0, 0, 0, 0]'
     keel predict --spec deploy/examples/selection.toml digits --key alice --input '[0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]'
     keel status deploy/examples/noop.toml
+    keel logs deploy/examples/noop.toml worker -f
     keel down deploy/examples/noop.toml
     keel up deploy/examples/three-hosts.toml --host h2   # on host h2: its services only
 """
@@ -251,8 +252,45 @@ def cmd_render_systemd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from keel.deploy.logs import follow, log_paths, show
+
+    try:
+        paths = log_paths(load_spec(args.spec), args.service)
+    except SpecError as exc:
+        return _fail(str(exc))
+    show(paths, sys.stdout, args.lines, args.level)
+    if args.follow:
+        try:
+            follow(paths, sys.stdout, args.level)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_render_k8s(args: argparse.Namespace) -> int:
+    from keel.deploy.k8s import render, write
+    from keel.deploy.k8s_check import schema_errors, wiring_errors
+
+    try:
+        manifests = render(args.spec, image=args.image, worker_memory=args.worker_memory)
+    except SpecError as exc:
+        return _fail(str(exc))
+    problems = wiring_errors(manifests)
+    try:
+        problems += schema_errors(manifests)
+        checked = "checked against the Kubernetes OpenAPI schemas and wired"
+    except ImportError:
+        checked = "wired; not checked against the schemas (pip install 'keel[k8s]')"
+    if problems:
+        return _fail("the manifests would not run:\n  " + "\n  ".join(problems))
+    paths = write(manifests, args.out)
+    print(f"{len(paths)} files in {args.out}, {checked}; kubectl apply -f {args.out}")
+    return 0
+
+
 def add_parser(subparsers: Any) -> None:
-    """Add up, down, status, predict, serve-spec and render-systemd to ``keel``."""
+    """Add up, down, status, predict, serve-spec, render-systemd, render-k8s and logs to ``keel``."""
     address = dict(action="append", metavar="HOST=ADDRESS", help="override a host's address from [hosts]")
 
     p = subparsers.add_parser("up", help="start a cluster spec's services under supervisord; on a running "
@@ -307,3 +345,19 @@ def add_parser(subparsers: Any) -> None:
                    "as resolved here); with a [store] table, workers fetch into it what it lacks")
     p.add_argument("--address", **address)
     p.set_defaults(func=cmd_render_systemd)
+
+    p = subparsers.add_parser("render-k8s", help="write Kubernetes manifests (and a Containerfile) that run the spec")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("--out", required=True, help="output folder (kubectl apply -f OUT)")
+    p.add_argument("--image", default="keel:latest", help="the image every pod runs (built from OUT/Containerfile)")
+    p.add_argument("--worker-memory", default="1Gi", help="each worker's memory request and limit (default 1Gi)")
+    p.set_defaults(func=cmd_render_k8s)
+
+    p = subparsers.add_parser("logs", help="what a cluster's services wrote (RUN_DIR/logs), -f to follow")
+    p.add_argument("spec", help="cluster spec (TOML)")
+    p.add_argument("service", nargs="?", default=None, help="a service name or a role (default: every service)")
+    p.add_argument("-f", "--follow", action="store_true", help="print what they write from now on, until Ctrl-C")
+    p.add_argument("-n", "--lines", type=int, default=50, help="last lines of each log first (default 50)")
+    p.add_argument("--level", choices=["debug", "info", "warning", "error", "critical"], default=None,
+                   help="only lines at or above this level")
+    p.set_defaults(func=cmd_logs)

@@ -22,7 +22,10 @@ from keel.common.spec.tables import SpecError
 def _serve(args: argparse.Namespace) -> int:
     from keel.services.serve import main
 
-    return main([args.role, "--config", args.config] + (["--curve", args.curve] if args.curve else []))
+    flags = (("--curve", args.curve), ("--bind", args.bind), ("--metrics-address", args.metrics_address),
+             ("--log-level", args.log_level), ("--trace-rate", args.trace_rate and str(args.trace_rate)),
+             ("--trace-endpoint", args.trace_endpoint))
+    return main([args.role, "--config", args.config] + [x for flag, value in flags if value for x in (flag, value)])
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -51,6 +54,7 @@ def _add_plugins(sub, argv: Sequence[str]) -> None:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The ``keel`` parser; ``argv`` (the command line to parse) lets a plug-in import only
     what the chosen command needs."""
+    from keel.common import operations
     from keel.common.roles import ROLES
     from keel.deploy.cli import add_parser as add_deploy
     from keel.deploy.kairos_cli import add_parser as add_kairos
@@ -80,6 +84,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("role", choices=list(ROLES))
     p.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
     p.add_argument("--curve", metavar="DIR", help="CURVE on every socket with the keys in DIR (keel keys generate)")
+    operations.add_arguments(p)
     p.set_defaults(func=_serve)
 
     add_deploy(sub)

@@ -31,12 +31,12 @@ def bound_ports(spec: Any) -> list[tuple[str, str, str, int]]:
             endpoint = getattr(c, field, None) or ""
             if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[1].isdigit():
                 address, port = endpoint[len("tcp://"):].rsplit(":", 1)
-                out.append((svc.name, field, address, int(port)))
+                out.append((svc.name, field, svc.bind or address, int(port)))  # where it binds, not advertises
         for what in ("http_port", "grpc_port"):  # the gateway's: OIP v2 over HTTP, and over gRPC
             if getattr(c, what, None):
                 out.append((svc.name, what, c.http_host, getattr(c, what)))
         if getattr(c, "metrics_port", None):
-            out.append((svc.name, "metrics_port", "127.0.0.1", c.metrics_port))
+            out.append((svc.name, "metrics_port", svc.metrics_address or "127.0.0.1", c.metrics_port))
         raft = getattr(c, "raft_address", "")
         if raft and raft.rsplit(":", 1)[-1].isdigit():
             address, port = raft.rsplit(":", 1)

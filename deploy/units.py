@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from keel.common import config as cfg
+from keel.common import operations
 from keel.common.devices import program_env
 from keel.common.spec import ClusterSpec, SpecError
 
@@ -70,6 +71,7 @@ def render_systemd(spec: ClusterSpec, host: str, out_dir: str | os.PathLike, *, 
         env.write_text(f"# Keel service {svc.name} (role {svc.role}) of cluster {spec.name} on host {host}\n"
                        f"KEEL_ROLE={svc.role}\nKEEL_CONFIG=@{values['@ETC@']}/{svc.name}.json\n"
                        + (f"KEEL_CURVE_KEYS={svc.curve_keys}\n" if svc.curve_keys else "")
-                       + "".join(f"{k}={v}\n" for k, v in program_env(svc.config).items()))  # a worker's GPU
+                       + "".join(f"{k}={v}\n" for k, v in program_env(svc.config).items())  # a worker's GPU
+                       + "".join(f"{k}={v}\n" for k, v in operations.environment(svc).items()))
         written += [env, conf]
     return written

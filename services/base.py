@@ -9,7 +9,8 @@ gracefully; a second signal exits at once.
 A failure while handling one message, or in one chore or timer, is logged with its
 traceback and the loop goes on: nothing a peer sends may stop a service. Every service
 answers ``Status`` with ``status()``: on its own ROUTER when it has one, else on the
-``status_endpoint`` its config names.
+``status_endpoint`` its config names; its metrics port answers ``/healthz`` and
+``/readyz`` (``ready()``) for an orchestrator's probes.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from keel.common import curve, logs, protocol, transport
+from keel.common import curve, logs, protocol, tracing, transport
 from keel.common.metrics import Metrics
 
 
@@ -156,6 +157,7 @@ class Service:
         self.log = logs.setup(name)
         self.metrics = Metrics(name)
         self.metrics_port = metrics_port
+        tracing.start(name)  # only when this process was started with a trace rate (keel serve --trace-rate)
 
     def add_socket(self, sock: zmq.Socket, handler: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
         self.sockets.append(sock)
@@ -194,6 +196,12 @@ class Service:
         for envelope, msg in self.messages(sock, router=True):
             if isinstance(msg, protocol.Status):
                 transport.try_send(sock, protocol.Status(service=self.name, info=self.status()), envelope)
+
+    def ready(self) -> bool:
+        """Whether this service is registered and serving: what ``/readyz`` on its metrics
+        port answers (``common.metrics``), asked from the metrics thread, so it only reads.
+        Running its loop, by default; a worker also needs its dispatcher to know it."""
+        return self.running
 
     def status(self) -> dict:
         """What ``keel status`` shows of this service; services add their own figures."""
@@ -257,7 +265,7 @@ class Service:
             self._signals = _early_signals
             self.stop()
         try:
-            self.metrics.serve(self.metrics_port)
+            self.metrics.serve(self.metrics_port, ready=self.ready)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -303,4 +311,7 @@ class Service:
                 sock.close(0)
             curve.stop(self.ctx)  # its ZAP thread's sockets would hold term() up
             self.ctx.term()
+            self.metrics.close()
+            if tracing.ON:
+                tracing.stop()  # what the exporter still holds leaves now
             self.log.info("stopped")

@@ -48,7 +48,7 @@ from collections import OrderedDict
 
 import zmq
 
-from keel.common import transport
+from keel.common import tracing, transport
 from keel.common.config import DispatcherConfig
 from keel.common.ids import IdSpace
 from keel.common.protocol import (
@@ -199,6 +199,8 @@ class Dispatcher(Service):
         queue.arrive(len(msg.qids), now)
         if msg.trace is not None and msg.traced is not None:
             self.traces[msg.traced] = [*msg.trace, time.time()]  # receipt (decoded)
+            if msg.traceparent is not None and tracing.ON:
+                tracing.received(self.name, msg.traced, msg.traceparent)
             if len(self.traces) > MAX_TRACES:  # a traced query that expired or was re-queued
                 del self.traces[next(iter(self.traces))]
 
@@ -509,6 +511,8 @@ class Dispatcher(Service):
         )
         if self.traces:
             carry_trace(self.traces, batch)
+            if tracing.ON and batch.traced is not None:
+                tracing.sent(self.name, "dispatcher", batch)
         if not self._send_batch(worker, batch, taken, now):
             return True  # its worker is dropped and the queries are back in the queue
         for q in taken:

@@ -71,9 +71,10 @@ from collections import OrderedDict, defaultdict
 import numpy as np
 import zmq
 
-from keel.common import inputs, protocol, transport
+from keel.common import inputs, protocol, tracing, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
+from keel.common.metrics import MODEL_LABELS, model_labels
 from keel.common.protocol import (
     Answered, Cancel, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
     Withdraw,
@@ -157,8 +158,9 @@ class Frontend(Service):
         # per target: ``target`` its name ("" for a request refused before it named one), ``kind``
         # model, application or graph
         self.m_requests = self.metrics.counter("requests_total", "requests answered, by source and target",
-                                               ["source", "target", "kind"])
-        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency", ["source", "target", "kind"])
+                                               ["source", "target", "kind", *MODEL_LABELS])
+        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency",
+                                                ["source", "target", "kind", *MODEL_LABELS])
         self.meters: dict[tuple[str, str, str], tuple] = {}  # (source, target, kind) -> (counter, histogram)
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_cancelled = self.metrics.counter("requests_cancelled_total", "requests cancelled by their client "
@@ -294,6 +296,8 @@ class Frontend(Service):
                 self.pending[qid] = computation
                 self.deadlines.push(deadline, qid)
             self.deadline.at_latest(deadline)
+            if tracing.ON and route.traced:  # OpenTelemetry: sampled, it rides the stamps' path
+                tracing.admit(self.name, computation.qids[0], msg, self.traces, time.time() - (time.perf_counter() - start))
             if msg.trace is not None and route.traced:  # receipt, on the wall clock the stamps share
                 self.traces[computation.qids[0]] = [*msg.trace, time.time() - (time.perf_counter() - start)]
 
@@ -308,6 +312,8 @@ class Frontend(Service):
                               sent_at=time.time())
                 if self.traces:
                     carry_trace(self.traces, msg)
+                    if tracing.ON and msg.traced is not None:
+                        msg.traceparent = tracing.context_of(self.name, msg.traced)
                 transport.send(self.push, msg)
                 items.clear()
         for model, qids in self.reconstructed_by.items():
@@ -536,9 +542,10 @@ class Frontend(Service):
         path of every reply. Bounded: targets are the served names, or "" for the rest."""
         meters = self.meters.get((source, target, kind))
         if meters is None:
+            served = model_labels(self.cfg.models, target)
             meters = self.meters[(source, target, kind)] = (
-                self.m_requests.labels(source=source, target=target, kind=kind),
-                self.m_latency.labels(source=source, target=target, kind=kind))
+                self.m_requests.labels(source=source, target=target, kind=kind, **served),
+                self.m_latency.labels(source=source, target=target, kind=kind, **served))
         return meters
 
     def _send(self, envelope: list, frames: list, replies: int = 1) -> None:

@@ -451,7 +451,8 @@ class Gateway:
         rid = header.get("id")
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
             raise InferError(400, "id must be a non-empty string of at most 200 characters")
-        out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid)
+        out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid,
+                                                  traceparent=request.headers.get("traceparent"))  # W3C trace context
         params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
                                   "keel_versions": [r.version for r in results],
                                   "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}

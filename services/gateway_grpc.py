@@ -137,8 +137,10 @@ def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerCon
     for output in request.outputs:
         if output.name != "output":
             raise InferError(400, f"a Keel target has one output, 'output', not {inputs.short(output.name)}")
+    metadata = context.invocation_metadata() if hasattr(context, "invocation_metadata") else None
     return {"key": key, "version": request.model_version or None, "timeout_ms": timeout,
-            "request_id": request.id or None}
+            "request_id": request.id or None,  # and a W3C trace context, as over HTTP's header
+            "traceparent": next((v for k, v in metadata or () if k == "traceparent"), None)}
 
 
 def tensor_metadata(name: str, datatype: str, shape: list[int]) -> pb.ModelMetadataResponse.TensorMetadata:

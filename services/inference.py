@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from keel.common import inputs, transport
+from keel.common import inputs, tracing, transport
 from keel.common.client import AsyncClient, Result
 from keel.common.config import GatewayConfig
 from keel.common.protocol import ErrorCode
@@ -189,7 +189,8 @@ class Inference:
     # ------------------------------------------------------------------ inference
 
     async def infer(self, name: str, x: np.ndarray, *, key: str | None = None, version: str | None = None,
-                    timeout_ms: float | None = None, request_id: str | None = None) -> tuple[np.ndarray, list[Result]]:
+                    timeout_ms: float | None = None, request_id: str | None = None,
+                    traceparent: str | None = None) -> tuple[np.ndarray, list[Result]]:
         """One Keel query per row of ``x`` (axis 0 is the batch), all in flight at once.
 
         Returns the stacked outputs (float32, rows x output_size) and each row's ``Result``;
@@ -212,8 +213,9 @@ class Inference:
             timeout_ms = self.cfg.models[name].deadline_ms  # the model's own deadline, as the frontend's
         n = next(self.requests)
         self.queries += len(x)
+        traceparent = traceparent if tracing.valid(traceparent) else None  # W3C: a malformed one is ignored
         calls = [self.client.predict(name, row, key=key, version=version, timeout_ms=timeout_ms,
-                                     request_id=f"{request_id}.{n}-{i}" if request_id else None)
+                                     request_id=f"{request_id}.{n}-{i}" if request_id else None, traceparent=traceparent)
                  for i, row in enumerate(x)]
         results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))  # one row: no task
         failed = next((r for r in results if r.output is None), None)

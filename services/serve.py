@@ -14,6 +14,7 @@ import sys
 import orjson
 import zmq
 
+from keel.common import operations
 from keel.common.config import ConfigError
 from keel.common.roles import from_dict
 from keel.common.roles import role as role_of
@@ -31,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the role's config as JSON, or @FILE")
     parser.add_argument("--curve", default=os.environ.get("KEEL_CURVE_KEYS") or None, metavar="DIR",
                         help="CURVE on every socket with the keys in DIR (keel keys generate; env KEEL_CURVE_KEYS)")
+    operations.add_arguments(parser)
     args = parser.parse_args(argv)
     catch_signals_early()
+    operations.apply(args)
     raw = args.config
     if raw.startswith("@"):
         with open(raw[1:], "rb") as f:

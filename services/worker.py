@@ -73,8 +73,9 @@ import traceback
 import numpy as np
 import zmq
 
-from keel.common import protocol, transport
+from keel.common import protocol, tracing, transport
 from keel.common.config import WorkerConfig
+from keel.common.metrics import MODEL_LABELS
 from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predictions, Register, Source, Withdraw, transit_s
 from keel.services.base import Service
 from keel.services.executors import Executors, Job, set_torch_threads
@@ -132,6 +133,7 @@ class Worker(Service):
         self.liveness = cfg.heartbeat_liveness
         self.backoff = cfg.heartbeat_interval_s
         self.reconnect_at = 0.0
+        self.known = False  # the dispatcher has this worker registered: ready (/readyz)
         self.counts = {"batches": 0, "errors": 0, "undeliverable": 0, "expired": 0, "configured": 0, "fenced": 0, "rollouts": 0}
         self.counts["skipped_cancelled"] = 0  # queries withdrawn before their batch started: not run
         self.withdrawn: dict[int, None] = {}  # qids withdrawn (insertion order: oldest first), read by executors
@@ -145,9 +147,10 @@ class Worker(Service):
         self._connect()
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
         self.serve_status(cfg.status_endpoint)
-        self.m_batches = self.metrics.counter("worker_batches_total", "batches run", ["outcome"])
-        self.m_service = self.metrics.histogram("worker_service_seconds", "time in predict_batch per batch")
-        self.m_batch_size = self.metrics.histogram("worker_batch_size", "queries per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.m_batches = self.metrics.counter("worker_batches_total", "batches run", ["outcome", *MODEL_LABELS])
+        self.m_service = self.metrics.histogram("worker_service_seconds", "time in predict_batch per batch", MODEL_LABELS)
+        self.m_batch_size = self.metrics.histogram("worker_batch_size", "queries per batch", MODEL_LABELS,
+                                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         from keel.services.gpu import watch_gpu
 
         watch_gpu(self)  # per-GPU utilisation and memory, when nvidia-ml-py imports and a GPU is there
@@ -218,6 +221,7 @@ class Worker(Service):
     def _on_dispatcher(self, sock: zmq.Socket) -> None:
         for _, msg in self.messages(sock):
             self.liveness = self.cfg.heartbeat_liveness
+            self.known = not (isinstance(msg, Heartbeat) and not msg.known)
             self.backoff = self.cfg.heartbeat_interval_s
             if isinstance(msg, Batch):
                 if not self._refuse_stale(msg):
@@ -228,6 +232,9 @@ class Worker(Service):
                 self._withdraw(msg)
             elif isinstance(msg, Heartbeat) and not msg.known:
                 self._register()  # the dispatcher lost us (it restarted, or dropped us)
+
+    def ready(self) -> bool:
+        return self.running and self.known and self.liveness > 0
 
     def configure(self, msg: Configure) -> None:
         """SERF: new concurrency (slots) and torch threads. The dispatcher that sent it has
@@ -311,6 +318,8 @@ class Worker(Service):
         job = Job(batch, self._live_rows(batch, received), received, self.predictor, self.version)
         if batch.trace is not None:
             job.trace = [*batch.trace, time.time()]  # receipt (decoded)
+            if batch.traceparent is not None and tracing.ON:
+                tracing.received(self.name, batch.traced, batch.traceparent)
         if not job.live:
             self._answer(job)
             return
@@ -388,15 +397,16 @@ class Worker(Service):
                 self.log.info("withdrawn queries skipped", batch_id=batch.batch_id, queries=job.skipped)
             for qid in batch.qids:
                 self.withdrawn.pop(qid, None)
-        self.m_batches.labels(outcome="ok" if error is None else "error").inc()
-        self.m_service.observe(job.service_ms / 1000.0)
+        served = {"model": self.cfg.model, "version": str(job.version)}  # a rollout shows as a new version
+        self.m_batches.labels(outcome="ok" if error is None else "error", **served).inc()
+        self.m_service.labels(**served).observe(job.service_ms / 1000.0)
         if error is None and live:
             self.expected_ms = job.service_ms if self.expected_ms is None else 0.8 * self.expected_ms + 0.2 * job.service_ms
             acc = self.service.setdefault(str(job.running), {"n": 0, "sum_ms": 0.0, "sumsq_ms": 0.0})
             acc["n"] += 1
             acc["sum_ms"] += job.service_ms
             acc["sumsq_ms"] += job.service_ms ** 2
-        self.m_batch_size.observe(len(live))
+        self.m_batch_size.labels(**served).observe(len(live))
         transport.send(
             self.dealer,
             Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=job.service_ms,
@@ -456,6 +466,8 @@ class Worker(Service):
                               outputs=outputs if outputs is None or part else outputs[rows], **common)
             if trace is not None and batch.traced in msg.qids:
                 msg.traced, msg.trace = batch.traced, [*trace, time.time()]
+                if tracing.ON:
+                    tracing.sent(self.name, "worker", msg)
             if not self.peers.send(dest, msg):
                 refused += len(rows)
         if self.decoder is not None and batch.group is not None:

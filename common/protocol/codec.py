@@ -281,6 +281,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "sent_at": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (seconds since the epoch)"),
     "traced": (_is_int, f"an integer in 0..{MAX_ID}"),
     "trace": (lambda v: _budgets(v) and len(v) <= MAX_TRACE, f"a list of at most {MAX_TRACE} finite numbers"),
+    "traceparent": (lambda v: isinstance(v, str) and len(v) == 55, "a W3C traceparent (00-TRACE-SPAN-FLAGS)"),
     "values": (lambda v: isinstance(v, dict), "an object"),
     # model selection (Clipper §5)
     "key": (_str_max(MAX_NAME), f"a string of at most {MAX_NAME} characters"),

@@ -33,6 +33,8 @@ class Predict:
     #: then each process's receipt and send; set by a client that asks for a breakdown
     #: (``keel bench core --breakdown``), and only then stamped
     trace: list[float] | None = None
+    #: the W3C trace context of a request its caller traces (OpenTelemetry, ``common.tracing``)
+    traceparent: str | None = None
     #: the client reads several replies from one message (``protocol.decode_all``): the
     #: frontend may then send the replies of one batch of predictions to this connection
     #: together, one message and one wake-up for many
@@ -67,7 +69,8 @@ class Predicts:
         """What a query shares with those it may go with in one ``Predicts`` (model, client,
         flags, its input's dtype and shape); None for one a ``Predicts`` cannot carry (a key,
         a version, a trace, or no deadline)."""
-        if p.key is not None or p.version is not None or p.trace is not None or p.timeout_ms is None:
+        if p.key is not None or p.version is not None or p.trace is not None or p.timeout_ms is None \
+                or p.traceparent is not None:
             return None
         return p.model, p.client, p.bundle, p.columns, p.input.dtype, p.input.shape
 
@@ -189,6 +192,8 @@ class Queries:
     #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
     traced: int | None = None
     trace: list[float] | None = None
+    #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -216,6 +221,8 @@ class Batch:
     #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
     traced: int | None = None
     trace: list[float] | None = None
+    #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -242,6 +249,8 @@ class Predictions:
     #: the traced query among these (``traced``, its qid) and its stamps so far, as ``Predict.trace``
     traced: int | None = None
     trace: list[float] | None = None
+    #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)

@@ -26,28 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from keel.common.spec.tables import Table, check_address, fail
+from keel.common.spec.tables import Table, fail
 
 #: a model's GPU slots: (host, GPU) per worker place
 Slots = list[tuple[str, str]]
-
-
-def read_host(hosts: Table, host: str) -> tuple[str, list[str]]:
-    """(address, GPUs) of one ``[hosts]`` entry: an address, or a table with ``address`` and ``gpus``."""
-    value = hosts.take(host, str | dict)
-    if isinstance(value, str):
-        return value, []
-    t = Table(value, hosts.key(host))
-    address = t.take("address", str)
-    check_address(t.key("address"), address)
-    gpus = [str(g) for g in t.take("gpus", list[int | str], [])]
-    for g in gpus:
-        if not (g.isdigit() or g.startswith(("GPU-", "MIG-"))):
-            fail(t.key("gpus"), f"{g!r} is neither a GPU index nor a GPU-/MIG- UUID")
-    if len(set(gpus)) != len(gpus):
-        fail(t.key("gpus"), "lists a GPU twice")
-    t.finish()
-    return address, gpus
 
 
 def read_gpus(t: Table, out: dict[str, Any], host_gpus: dict[str, list[str]]) -> None:

@@ -7,13 +7,15 @@ import os
 from pathlib import Path
 
 from keel.common.modelstore import DEFAULT_STORE
-from keel.common.spec.gpus import read_host
+from keel.common.spec.hosts import read_host
 from keel.common.spec.models import read_model
 from keel.common.spec.pools import read_pool_prices
 from keel.common.spec.ports import Ports, assign_metrics_ports, ipc_name
 from keel.common.spec.tables import NAME, SpecError, Table, check_address, fail, options, read_source, run_dir
 from keel.common.spec.topology import ClusterSpec, attach_serf, wire
 from keel.common.spec.manager import read_manager, wire_manager
+from keel.common.spec.operations import apply as apply_operations
+from keel.common.spec.operations import read_logs, read_tracing
 from keel.common.spec.store import link_workers, read_store, store_endpoints
 
 
@@ -57,8 +59,9 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     hosts_table = Table(root.take("hosts", dict, {"local": "127.0.0.1"}), "hosts")
     hosts: dict[str, str] = {}
     host_gpus: dict[str, list[str]] = {}  # the GPUs each host offers (common.spec.gpus)
+    binds: dict[str, str | None] = {}  # where a host's services bind, when not its address (common.spec.operations)
     for host in list(hosts_table.data):
-        hosts[host], host_gpus[host] = read_host(hosts_table, host)
+        hosts[host], binds[host], host_gpus[host] = read_host(hosts_table, host)
         if not NAME.match(host):
             fail(f"hosts.{host}", "host names must be letters, digits, '_', '.', '-'")
     if not hosts:
@@ -136,6 +139,8 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
     for graph in graphs:
         if graph in models or graph in (applications or {}):
             fail(f"graphs.{graph}", f"{graph!r} is also a model's or an application's name; a target has one name")
+    log_levels = read_logs(Table(root.take("logs", dict, {}), "logs"))
+    traces = read_tracing(Table(root.take("tracing", dict, {}), "tracing"))
     root.finish()
 
     services, client_endpoints = wire(hosts, ports, store, models, placement, opts)
@@ -157,6 +162,7 @@ def load_spec(source: str | os.PathLike | dict, addresses: dict[str, str] | None
         assign_metrics_ports(services, hosts, metrics_base, ports)
     for svc in services:
         svc.curve_keys = curve_keys
+    apply_operations(services, hosts, binds, log_levels, traces)
     return ClusterSpec(name=name, hosts=hosts, store=store, run_dir=run_dir_, services=services,
                        client_endpoints=client_endpoints, models=models, curve_keys=curve_keys)
 

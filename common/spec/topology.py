@@ -29,12 +29,28 @@ class ServiceLaunch:
     config: Any
     #: CURVE keys folder (``[cluster] curve_keys``); None = CURVE off
     curve_keys: str | None = None
+    #: the address its TCP endpoints bind when it is not the one they advertise (a
+    #: ``[hosts]`` entry's ``bind``: NAT, containers, pods); None = the advertised one
+    bind: str | None = None
+    #: the address its metrics and health port binds; None = loopback (one machine)
+    metrics_address: str | None = None
+    #: its log level (``[logs]``); None = info
+    log_level: str | None = None
+    #: OpenTelemetry (``[tracing]``): the share of requests traced (None = off) and the OTLP endpoint
+    trace_rate: float | None = None
+    trace_endpoint: str | None = None
 
     def argv(self, python: str = sys.executable, config: str | None = None) -> list[str]:
         """The command line; ``config``: what ``--config`` gets instead of the config as
         JSON (``@FILE``: supervisord's programs read theirs from the run_dir)."""
         argv = [python, "-m", "keel.services.serve", self.role, "--config", config or cfg.to_json(self.config)]
-        return argv + ["--curve", self.curve_keys] if self.curve_keys else argv
+        for flag, value in (("--curve", self.curve_keys), ("--bind", self.bind),
+                            ("--metrics-address", self.metrics_address), ("--log-level", self.log_level),
+                            ("--trace-rate", self.trace_rate and str(self.trace_rate)),
+                            ("--trace-endpoint", self.trace_endpoint)):
+            if value:
+                argv += [flag, value]
+        return argv
 
     def endpoints(self) -> list[str]:
         """The endpoints this service binds (workers bind none; a frontend one per graph too)."""

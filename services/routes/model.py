@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from keel.common import tracing
 from keel.common.protocol import ErrorCode, Predict, Predictions, Source
 from keel.services.requests import Request, State
 from keel.services.routes import CACHED, FULL, Pending, QueryRoute
@@ -86,6 +87,8 @@ class ModelRoute(QueryRoute):
         if source == Source.MODEL and fe.cache is not None and pending.key is not None and version == pending.version:
             fe.cache.put(pending.key, output)
         trace = [*msg.trace, time.time()] if msg.trace is not None and msg.traced == qid else None
+        if tracing.ON:  # a sampled request's span ends with its answer, a reconstruction's too
+            tracing.answered(fe.name, qid, source, version)
         fe.answer(pending.requests, source, self.name, version, output, trace=trace, later=True,
                   bundle=len(msg.qids) > 1)
 
