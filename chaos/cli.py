@@ -95,6 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             report = run_experiment(exp, json_path=Path(args.json), out_dir=out_dir)
         if manager is not None:
             manager.print_summary(manager.augment(exp, report, Path(args.json), out_dir))
+        if exp.supervised:  # chaos/experiments/dispatcher_kill.toml: restart figures of each crash
+            from keel.chaos import supervised
+
+            supervised.print_summary(supervised.augment(exp, report, Path(args.json), out_dir))
     except (RunTimeout, ChaosError) as exc:
         print(f"experiment {args.experiment}: {exc}; everything it made was removed", file=sys.stderr)
         return 2

@@ -68,10 +68,10 @@ def status_in(cluster: Cluster, host: str, endpoint: str, timeout_s: float) -> d
 
 
 class Deployment:
-    def __init__(self, cluster: Cluster, spec: dict, probe_host: str):
+    def __init__(self, cluster: Cluster, spec: dict, probe_host: str, supervised: list[str] | tuple[str, ...] = ()):
         from keel.common.spec import load_spec
 
-        self.cluster, self.probe_host = cluster, probe_host
+        self.cluster, self.probe_host, self.supervised = cluster, probe_host, list(supervised)
         self.raw = spec
         hosts = list(spec.get("hosts", {"local": None}))
         missing = [h for h in hosts if h not in cluster.hosts]
@@ -82,6 +82,12 @@ class Deployment:
 
     def start(self, timeout_s: float = 60.0) -> Deployment:
         for host, launches in self.spec.by_host().items():
+            if host in self.supervised:  # as `keel up` runs them: supervisord restarts what dies
+                from keel.chaos.supervised import SupervisedHost
+
+                self.cluster.supervised[host] = SupervisedHost(self.cluster, host, self.spec, launches)
+                self.cluster.supervised[host].start(timeout_s)
+                continue
             for svc in launches:
                 self.cluster.spawn(host, svc.argv(), svc.name, kind="service")
         pending: list[str] = []

@@ -9,6 +9,8 @@ TOML (full reference in docs/design/chaos.md)::
     max_duration_s = 180        # hard bound of the whole run
     modes = ["parm", "equal"]   # deployments compared under the same plan and seed
     schedule = "back_to_back"   # or "interleaved": all modes at once, one cluster each
+    supervised = ["d1"]         # optional: hosts whose services run under supervisord
+                                #   (chaos.supervised; the crash fault)
     [cluster]                   # a Keel cluster spec (common/spec.py), embedded
     [mode_overrides.NAME]       # optional: deep-merged into [cluster] for mode NAME
     prepare = "module:function" # optional: function(out_dir) -> dict deep-merged into [cluster]
@@ -40,7 +42,7 @@ from keel.chaos.resources import ChaosError, Registry, clean_stale
 from keel.chaos.workload import Workload, WorkloadConfig, load_inputs
 
 _KEYS = {"name", "seed", "netns", "link_mbit", "max_duration_s", "modes", "schedule", "cluster", "mode_overrides",
-         "workload", "faults", "faults_random", "settle_s", "start_timeout_s", "description", "prepare"}
+         "workload", "faults", "faults_random", "settle_s", "start_timeout_s", "description", "prepare", "supervised"}
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Experiment:
     start_timeout_s: float = 60.0
     description: str = ""
     prepare: str = ""
+    supervised: list[str] = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
@@ -71,6 +74,9 @@ class Experiment:
             raise ChaosError(f"modes must be distinct and non-empty: {self.modes}")
         if not 0 < self.max_duration_s <= 3600:
             raise ChaosError("max_duration_s must be in (0, 3600]: every experiment is bounded")
+        unknown = [h for h in self.supervised if h not in self.cluster.get("hosts", {"local": None})]
+        if unknown:
+            raise ChaosError(f"supervised: {unknown} are not hosts of the cluster")
 
     def hosts(self) -> list[str]:
         hosts = list(self.cluster.get("hosts", {"local": "127.0.0.1"}))
@@ -107,7 +113,8 @@ def _segment(exp: Experiment, modes: list[str], plan: FaultPlan, registry: Regis
             spec = spec_for_mode(exp.cluster, mode, exp.mode_overrides.get(mode))
             if "graph" in spec:  # a HAMS graph traces what the graph invariants read
                 spec["graph"]["trace_dir"] = str(_graph_traces(out_dir, mode))
-            dep = Deployment(clusters[mode], spec, probe_host=exp.workload.get("client_host", "client"))
+            dep = Deployment(clusters[mode], spec, probe_host=exp.workload.get("client_host", "client"),
+                             supervised=exp.supervised)
             deployments[mode] = dep.start(min(exp.start_timeout_s, max(1.0, deadline - time.monotonic())))
         model = exp.workload["model"]
         for mode in modes:

@@ -6,6 +6,9 @@ Kinds and their keys (``at_s`` is seconds after the workload starts):
 kill              host; ``restart_after_s`` brings its services back
 freeze / thaw     host (SIGSTOP / SIGCONT); freeze takes ``duration_s``
 restart           host: kill, then start its services with the same argv
+crash             host, ``service``: SIGKILL that one service of a host that runs
+                  under supervisord (the experiment's ``supervised``), which
+                  restarts it (``chaos.supervised``)
 partition / heal  host (its link down / up); partition takes ``duration_s``
 shuffle           ``hosts`` (default: all), ``concurrent`` (4), ``size_mb``
                   ([128, 256]), ``duration_s`` (required), ``link_mbit``
@@ -47,7 +50,8 @@ from keel.chaos.hosts import Cluster, Unsupported
 from keel.chaos.resources import ChaosError
 from keel.chaos.shuffle import ShuffleLoad
 
-KINDS = ("kill", "freeze", "thaw", "restart", "partition", "heal", "shuffle", "delay", "undelay", "limit", "rollout")
+KINDS = ("kill", "freeze", "thaw", "restart", "partition", "heal", "shuffle", "delay", "undelay", "limit", "rollout",
+         "crash")
 _HOST_KINDS = set(KINDS) - {"shuffle", "rollout"}
 # a fault with duration_s is undone by this kind at at_s + duration_s
 _UNDO = {"freeze": "thaw", "partition": "heal", "delay": "undelay"}
@@ -113,6 +117,8 @@ def parse_fault(data: dict, hosts: list[str], where: str = "fault") -> Fault:
         raise PlanError(f"{where}.delay_ms: required")
     if kind == "limit" and "mbit" not in data:
         raise PlanError(f"{where}.mbit: required")
+    if kind == "crash" and not isinstance(data.get("service"), str):
+        raise PlanError(f"{where}.service: a crash names the service it kills")
     if kind == "rollout" and not isinstance(data.get("model"), str):
         raise PlanError(f"{where}.model: a rollout names the model whose workers move")
     if float(data.get("duration_s", 0)) < 0:
@@ -193,7 +199,10 @@ class FaultRunner:
         event = {"t_wall": t, "t_rel": t - self.t0 if self.t0 else 0.0, "at_s": fault.at_s, "mode": label,
                  "kind": fault.kind, "host": fault.host, "params": fault.params, "ok": True, "detail": ""}
         try:
-            event["detail"] = self._do(fault, label, cluster)
+            detail = self._do(fault, label, cluster)
+            if isinstance(detail, dict):  # a crash: what the report's restart figures start from
+                event["crash"], detail = detail, f"SIGKILL {detail['service']} (pid {detail['pid']})"
+            event["detail"] = detail
         except Unsupported as exc:
             event.update(ok=None, detail=f"skipped: {exc}")
         except (ChaosError, OSError, ValueError) as exc:
@@ -202,10 +211,14 @@ class FaultRunner:
             self.events.append(event)
         return event
 
-    def _do(self, f: Fault, label: str, c: Cluster) -> str:
+    def _do(self, f: Fault, label: str, c: Cluster) -> str | dict:
         p = f.params
         if f.kind == "kill":
             return f"killed pids {c.kill_host(f.host)}"
+        if f.kind == "crash":
+            if f.host not in c.supervised:
+                raise ChaosError(f"crash: {f.host} does not run under supervisord (list it in the experiment's supervised)")
+            return c.supervised[f.host].crash(p["service"])
         if f.kind == "freeze":
             return f"stopped pids {c.freeze_host(f.host)}"
         if f.kind == "thaw":

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from keel.chaos.netns import Network, in_netns
 from keel.chaos.resources import ChaosError, Registry, alive, clean_stale, have_netns, list_netns
@@ -102,6 +103,8 @@ class Cluster:
         self.all_procs: list[Proc] = []
         self.network: Network | None = None
         self.hosts: dict[str, Host] = {}
+        #: host -> its ``chaos.supervised.SupervisedHost``: services there run under supervisord
+        self.supervised: dict[str, Any] = {}
         self.link_mbit, self.local_index = link_mbit, local_index
         try:
             if self.netns:
@@ -266,6 +269,8 @@ class Cluster:
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL), delete namespaces. Idempotent."""
+        for sup in list(self.supervised.values()):
+            sup.close()
         with self.lock:
             procs = [p for p in self.all_procs if p.running()]
         for p in procs:

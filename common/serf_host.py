@@ -58,18 +58,19 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class CurveError(ValueError):
-    """A speed-up or interference curve that cannot describe a host."""
+class SerfHostError(ValueError):
+    """A speed-up or interference curve (or preset) that cannot describe an emulated SERF
+    host. Named for the host, not "curve": ``common.curve.CurveError`` is ZeroMQ CURVE's."""
 
 
 def check_curves(base_ms: float, speedup: list[float], interference: list[float], cores: int) -> None:
     if base_ms <= 0:
-        raise CurveError(f"base_ms must be > 0, got {base_ms}")
+        raise SerfHostError(f"base_ms must be > 0, got {base_ms}")
     for name, curve in (("speedup", speedup), ("interference", interference)):
         if len(curve) != cores:
-            raise CurveError(f"{name} needs one value per core count 1..{cores}, got {len(curve)}")
+            raise SerfHostError(f"{name} needs one value per core count 1..{cores}, got {len(curve)}")
         if curve[0] != 1.0 or any(v <= 0 for v in curve):
-            raise CurveError(f"{name} must start at 1.0 (one thread / one request alone) and stay > 0, got {curve}")
+            raise SerfHostError(f"{name} must start at 1.0 (one thread / one request alone) and stay > 0, got {curve}")
 
 
 class SerfHost:
@@ -135,7 +136,7 @@ def curves(preset: str | None, base_ms: float | None = None, speedup: list[float
     """A host's curves: ``preset``'s ("small" or "large", default "small") with any given
     one in its place; checked."""
     if preset is not None and preset not in PRESETS:
-        raise CurveError(f'serf_host must be one of {sorted(PRESETS)}, got {preset!r}')
+        raise SerfHostError(f'serf_host must be one of {sorted(PRESETS)}, got {preset!r}')
     out = dict(PRESETS[preset or "small"])
     for key, value in (("base_ms", base_ms), ("speedup", speedup), ("interference", interference)):
         if value is not None:

@@ -127,6 +127,19 @@ def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
             f"environment = {_environment(prog)}",
             "",
         ]
+    python = next((p.argv[0] for p in want.values()), sys.executable)
+    lines += [  # a program that dies is restarted at once, not on supervisord's 1 s poll (deploy.restarts)
+        "[eventlistener:keel-restarts]",
+        f"command = {_value(shlex.join([python, '-m', 'keel.deploy.restarts']), 'keel-restarts command')}",
+        f"directory = {_value(cwd, 'cwd')}",
+        "events = PROCESS_STATE_RUNNING",
+        "priority = 1",
+        "autorestart = true",
+        f"stderr_logfile = {_value(str(logs / 'keel-restarts.log'), 'run_dir')}",
+        "stderr_logfile_maxbytes = 1MB",
+        "stderr_logfile_backups = 1",
+        "",
+    ]
     conf = run_dir / "supervisord.conf"
     tmp = conf.with_suffix(".conf.tmp")
     tmp.write_text("\n".join(lines))

@@ -12,17 +12,12 @@ Example
 ...     result = client.predict("digits-mlp", x)
 
 Names are loaded on first use, so ``import keel`` (and the ``keel`` command's ``--help``)
-does not import numpy, torch or ZeroMQ.
+does not import numpy, torch or ZeroMQ (nor ``importlib.metadata``: ``__version__`` too is
+read on first use).
 """
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("keel")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 
 _EXPORTS = {
     "Client": "keel.common.client",
@@ -49,6 +44,15 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # read on demand: importlib.metadata costs every process ~50 ms at start
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("keel")
+        except PackageNotFoundError:  # a source tree that was never installed
+            value = "0+unknown"
+        globals()[name] = value
+        return value
     if name not in _EXPORTS:
         raise AttributeError(f"module 'keel' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

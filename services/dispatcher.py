@@ -87,6 +87,7 @@ class Dispatcher(Service):
         self.workers: dict[bytes, WorkerState] = {}
         self.by_model: dict[str, list[WorkerState]] = {m: [] for m in self.queues}  # registration order
         self.names: dict[str, bytes] = {}
+        self.strangers: set[bytes] = set()  # peers that heartbeated unregistered in this burst (``_ask_strangers``)
         self.answered: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.traces: dict[int, list[float]] = {}  # qid -> stamps of a traced query (a breakdown's), until batched
         self.pull = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=cfg.query_endpoint), self._on_queries)
@@ -256,7 +257,10 @@ class Dispatcher(Service):
             elif kind is Register:
                 self._on_register(identity, msg)
             elif kind is Heartbeat:
-                self._send([identity], Heartbeat(sender=self.name, known=worker is not None))
+                if worker is None:
+                    self.strangers.add(identity)
+                else:
+                    self._send([identity], Heartbeat(sender=self.name, known=True))
             elif kind is Leave:
                 self._on_leave(worker, msg)
             elif kind is Status:
@@ -265,7 +269,19 @@ class Dispatcher(Service):
                 self._on_configure(envelope, msg)
             else:
                 self.unexpected += 1
+        self._ask_strangers()
         self.dispatch()
+
+    def _ask_strangers(self) -> None:
+        """Tell each peer that heartbeated unknown, and did not register in the same burst,
+        that this dispatcher does not know it: it registers. One answer per burst, however
+        many of its heartbeats had queued while this dispatcher was down (a restart), so the
+        worker registers once, not once per heartbeat (each Register after the first dropped
+        the worker and re-queued the batches it had just been given)."""
+        for identity in self.strangers:
+            if identity not in self.workers:
+                self._send([identity], Heartbeat(sender=self.name, known=False))
+        self.strangers.clear()
 
     def _on_configure(self, envelope: list, msg: Configure) -> None:
         """An operator's (or an experiment's) ``Configure(model=M, slots=, threads=)``: every

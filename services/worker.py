@@ -60,7 +60,10 @@ query that alone does not fit is answered with ``QueryTooLarge``.
 
 Liveness (zguide ppworker): the worker heartbeats every ``heartbeat_interval_s``; when the
 dispatcher has been silent for ``heartbeat_liveness`` intervals, the worker closes its
-socket and registers again on a fresh one, backing off exponentially.
+socket and registers again on a fresh one, backing off exponentially. A dispatcher that
+restarts is found sooner: the worker's DEALER retries every ``RECONNECT_MS`` and heartbeats
+as soon as it connects, which the new dispatcher, not knowing the worker, answers with
+``Heartbeat(known=False)``: the worker registers within a round trip of the dispatcher's bind.
 """
 from __future__ import annotations
 
@@ -89,6 +92,9 @@ MAX_WITHDRAWN = 10_000
 
 #: how long a leaving worker waits for its Leave to reach the dispatcher (ms)
 LEAVE_LINGER_MS = 500
+#: how soon the worker tries again to reach a dispatcher that is down (ms; ZeroMQ's default
+#: is 100): a restarted dispatcher hears from every worker within this of its bind
+RECONNECT_MS = 20
 
 
 class Worker(Service):
@@ -160,10 +166,14 @@ class Worker(Service):
     def _connect(self) -> None:
         if self.dealer is not None:
             self._close_dealer(0)
-        self.dealer = self.add_socket(
-            transport.make_socket(self.ctx, zmq.DEALER, connect=self.dispatcher_endpoint, identity=self.name),
-            self._on_dispatcher,
-        )
+        dealer = transport.make_socket(self.ctx, zmq.DEALER, identity=self.name)
+        dealer.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        dealer.connect(self.dispatcher_endpoint)
+        self.dealer = self.add_socket(dealer, self._on_dispatcher)
+        if self.manager is None:  # (with a manager, its watch has the socket's monitor: it names a new dispatcher)
+            # each (re)connection heartbeats at once: a dispatcher that restarted and does not
+            # know this worker answers Heartbeat(known=False), and the worker registers
+            self.connections = self.add_socket(dealer.get_monitor_socket(zmq.EVENT_CONNECTED), self._on_connected)
         if self.manager is not None and self.dispatcher_name:
             self.manager.watch(self.dealer, self.dispatcher_name)  # its death: a suspicion at once
         self._register()
@@ -172,8 +182,16 @@ class Worker(Service):
     def _close_dealer(self, linger_ms: int) -> None:
         if self.manager is not None:
             self.manager.unwatch(self.dealer)
+        else:
+            self.dealer.disable_monitor()
+            self.remove_socket(self.connections)
         self.remove_socket(self.dealer, linger_ms)
         self.dealer = None
+
+    def _on_connected(self, monitor: zmq.Socket) -> None:
+        while monitor.poll(0):
+            monitor.recv_multipart()
+        transport.try_send(self.dealer, Heartbeat(sender=self.name))
 
     def _register(self) -> None:
         transport.send(

@@ -47,13 +47,13 @@ def read_serf_host(t: Table, builtin: str | None) -> dict[str, Any] | None:
             if t.has(key):
                 fail(t.key(key), 'only used with builtin = "serf_host"')
         return None
-    from keel.common.serf_host import CurveError, curves
+    from keel.common.serf_host import SerfHostError, curves
 
     given = {"preset": t.take("serf_host", str, None), "base_ms": t.take("base_ms", float, None),
              "speedup": t.take("speedup", list[float], None), "interference": t.take("interference", list[float], None)}
     try:
         return curves(**given)
-    except CurveError as exc:
+    except SerfHostError as exc:
         key = next((k for k in ("speedup", "interference", "base_ms") if k in str(exc)), "serf_host")
         raise SpecError(f"{t.key(key)}: {exc}") from None
 

@@ -10,8 +10,10 @@ Where each mechanism of the papers lives::
     batching.py      Clipper §4.3: ``AIMD`` (§4.3.1 dynamic batch size), delayed batching
                      (§4.3.2, ``Batching.hold_until``), ``FixedBatch``; ``BATCHING``
     distribution.py  which query batch goes to which worker: ``SingleQueue`` (Clipper/ParM
-                     single queue, the default), ``RoundRobin``; ``POLICIES``; Kairos §5.1
-                     plugs in here
+                     single queue, the default), ``RoundRobin``; ``POLICIES`` (name -> class
+                     or "module:Class", imported only when a dispatcher runs it)
+    kairos.py        Kairos §5.1 and its baselines (§6); imports scipy.optimize, so only a
+                     dispatcher whose policy is one of them loads it
     coding.py        ParM §4.1: ``CodingGroups`` (k consecutively dispatched batches form a
                      coding group)
 

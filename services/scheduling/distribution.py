@@ -27,17 +27,24 @@ fastest instance kind's), + a large penalty where the chunk's wait + completion 
 its deadline (Eq. 8); ``scipy.optimize.linear_sum_assignment(C)``; return the chunks in
 queue order, each with its matched worker (None where it matched a busy one).
 
+A policy is registered by name as its class or as the ``"module:Class"`` path of one,
+imported only when a dispatcher runs it: Kairos's module pulls in ``scipy.optimize``
+(0.24 s of a 0.37 s dispatcher import), which a single-queue dispatcher, restarted by
+supervisord while its workers wait, never pays.
+
 Example
 -------
 >>> sorted(POLICIES)
 ['clockwork', 'fcfs_base', 'kairos', 'round_robin', 'single_queue']
+>>> policy_class("round_robin").__name__
+'RoundRobin'
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 from keel.common.config import ConfigError, DispatcherConfig
-from keel.services.scheduling.kairos import ClockworkPolicy, FcfsBase, KairosPolicy, feature_size, make_policy
 from keel.services.scheduling.view import Assignment, DistributionPolicy, ModelQueue, WorkerState  # noqa: F401 (re-exported)
 
 
@@ -70,11 +77,24 @@ class RoundRobin:
         return []
 
 
-POLICIES: dict[str, type] = {"single_queue": SingleQueue, "round_robin": RoundRobin}
+_KAIROS = "keel.services.scheduling.kairos"
 
-# Kairos §5.1 and its baselines (§6), built with defaults (size 1 per query, latencies
-# learned from Done); DRS needs its threshold: ``kairos.make_policy("drs", threshold=...)``
-POLICIES.update({"kairos": KairosPolicy, "fcfs_base": FcfsBase, "clockwork": ClockworkPolicy})
+#: name -> the policy's class, or the "module:Class" path of one (imported when first run).
+#: Kairos §5.1 and its baselines (§6) build with defaults (size 1 per query, latencies
+#: learned from Done); DRS needs its threshold: ``kairos.make_policy("drs", threshold=...)``
+POLICIES: dict[str, type | str] = {
+    "single_queue": SingleQueue, "round_robin": RoundRobin,
+    "kairos": f"{_KAIROS}:KairosPolicy", "fcfs_base": f"{_KAIROS}:FcfsBase", "clockwork": f"{_KAIROS}:ClockworkPolicy",
+}
+
+
+def policy_class(name: str) -> type:
+    """The class of the policy registered as ``name`` (importing its module if it is a path)."""
+    entry = POLICIES[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
 
 
 KAIROS_POLICIES = ("kairos", "fcfs_base", "clockwork", "drs")
@@ -89,7 +109,9 @@ def distribution_policy(cfg: DispatcherConfig):
     if cfg.policy not in POLICIES and cfg.policy != "drs":
         raise ConfigError(f"unknown distribution policy {cfg.policy!r}; known: {sorted([*POLICIES, 'drs'])}")
     if cfg.policy not in KAIROS_POLICIES:
-        return POLICIES[cfg.policy]()
+        return policy_class(cfg.policy)()
+    from keel.services.scheduling.kairos import feature_size, make_policy
+
     kw: dict = {"threshold": cfg.drs_threshold} if cfg.policy == "drs" else {}
     if not cfg.kairos_model:
         return make_policy(cfg.policy, **kw)

@@ -98,7 +98,9 @@ def test_up_predict_restart_down(cluster, capsys):
     server = supervisor.rpc(spec.run_dir)
     supervisord_pid = server.supervisor.getPID()
     procs = {p["name"]: p for p in server.supervisor.getAllProcessInfo()}
-    assert {n: p["statename"] for n, p in procs.items()} == {s.name: "RUNNING" for s in spec.services}
+    # every service, and the listener that has supervisord restart a dead one at once (deploy.restarts)
+    assert {n: p["statename"] for n, p in procs.items()} == {**{s.name: "RUNNING" for s in spec.services},
+                                                             "keel-restarts": "RUNNING"}
 
     with Client(spec.client_endpoints) as client:
         assert predict_ok(client)
@@ -114,6 +116,9 @@ def test_up_predict_restart_down(cluster, capsys):
         new_pid = wait_for(restarted, 30, "supervisord to restart worker-noop-0")
         cluster.remember()
         assert alive(new_pid)
+        # the listener saw the death and asked supervisord until it had reaped the worker
+        listener_log = Path(spec.run_dir) / "logs" / "keel-restarts.log"
+        assert f"worker-noop-0:worker-noop-0 (pid {victim}) exited; supervisord has it " in listener_log.read_text()
         wait_for(lambda: predict_ok(client, timeout_ms=1000), 30, "predictions after the restart")
 
     st = supervisor.status(spec)

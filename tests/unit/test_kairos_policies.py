@@ -6,7 +6,7 @@ import pytest
 
 from keel.common.config import BatchPolicy
 from keel.services.scheduling.batching import FixedBatch
-from keel.services.scheduling.distribution import POLICIES
+from keel.services.scheduling.distribution import policy_class
 from keel.services.scheduling.kairos import (
     ClockworkPolicy, DrsPolicy, FcfsBase, KairosPolicy, LatencyPredictor, feature_size, make_policy, solve,
     solve_timing,
@@ -122,7 +122,7 @@ def test_kairos_with_defaults_uses_each_workers_measured_profile():
     slow.profile.observe(1, 50.0)
     fast.profile.observe(1, 5.0)
     q = make_queue([1], qos_ms=30.0)
-    assert chunks(POLICIES["kairos"]().assign(q, [slow, fast], 0.0), q) == {0: "f"}
+    assert chunks(policy_class("kairos")().assign(q, [slow, fast], 0.0), q) == {0: "f"}
 
 
 def test_fcfs_base_prefers_the_base_type_whatever_the_size():
@@ -151,7 +151,7 @@ def test_clockwork_sends_each_query_where_it_finishes_first():
 
 def test_registered_policies_build_with_defaults_and_make_policy_builds_drs():
     for name in ("kairos", "fcfs_base", "clockwork"):
-        assert POLICIES[name]().assign(make_queue([1]), [worker("g", "gpu")], 0.0)[0].worker.name == "g"
+        assert policy_class(name)().assign(make_queue([1]), [worker("g", "gpu")], 0.0)[0].worker.name == "g"
     assert make_policy("drs", threshold=10).threshold == 10
     with pytest.raises(ValueError):
         make_policy("nope")

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from keel.common.serf_host import CORES, PRESETS, SPEEDUP, CurveError, SerfHost, curves
+from keel.common.serf_host import CORES, PRESETS, SPEEDUP, SerfHost, SerfHostError, curves
 from keel.common.spec import load_spec
 from keel.common.spec.tables import SpecError
 
@@ -47,7 +47,7 @@ def test_curves_take_a_preset_and_any_curve_given_in_its_place():
     assert curves("small", speedup=flat)["speedup"] == flat
     for bad in ({"preset": "huge"}, {"preset": None, "speedup": [1.0, 2.0]}, {"preset": None, "interference": [2.0] * 8},
                 {"preset": None, "base_ms": 0.0}, {"preset": None, "speedup": [1.0, -1.0] + [1.0] * 6}):
-        with pytest.raises(CurveError):
+        with pytest.raises(SerfHostError):
             curves(**bad)
 
 

@@ -1,0 +1,62 @@
+"""What a frontend and a dispatcher import at start: only what their spec uses.
+
+A restarted process's imports are part of its downtime (supervisord restarts a killed
+dispatcher while every worker waits to register again), so heavy modules load only where
+the spec runs the code that needs them: ``scipy.optimize`` for a Kairos policy, torch where
+a model runs. Each service is built in a fresh interpreter the way ``keel serve`` builds it
+(``services.serve``: the config from JSON, the role's row, the process class), from the
+config ``keel up`` renders for it (``load_spec``).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from keel.common import config as cfg
+from keel.common.spec import load_spec
+from keel.deploy.local import free_port_block
+
+HEAVY = ("torch", "scipy.optimize", "sklearn", "matplotlib")
+
+#: ``keel serve ROLE --config JSON`` up to its loop: then the modules it holds
+SERVE = """
+import json, sys
+import orjson
+from keel.common.roles import from_dict
+from keel.services.serve import build
+from keel.common.containers import DeviceError  # noqa: F401 (serve.main imports it before building)
+
+role, raw = sys.argv[1], sys.argv[2]
+service = build(role, from_dict(role, orjson.loads(raw)))
+try:
+    print("imported:", json.dumps(sorted(m for m in sys.modules if m in {heavy})), flush=True)
+finally:
+    service.shutdown()
+"""
+
+
+def imported_at_start(tables: dict, role: str) -> list[str]:
+    """The heavy modules a fresh ``keel serve ROLE`` holds once built for ``tables``' spec."""
+    spec = load_spec({"cluster": {"base_port": free_port_block()}, **tables})
+    config = cfg.to_json(spec.service(role).config)
+    out = subprocess.run([sys.executable, "-c", SERVE.format(heavy=set(HEAVY)), role, config],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("imported: "))  # logs go to stdout too
+    return json.loads(line.removeprefix("imported: "))
+
+
+NOOP = {"models": {"m": {"builtin": "noop", "input_shape": [8], "output_size": 4}}}
+
+
+@pytest.mark.parametrize("role", ["frontend", "dispatcher"])
+def test_a_service_of_a_plain_spec_imports_no_torch_nor_scipy_optimize(role):
+    assert imported_at_start(NOOP, role) == []
+
+
+def test_a_kairos_dispatcher_imports_scipy_optimize_at_start():
+    """At start, not at its first query: the import (~0.25 s) must not land on a request."""
+    assert "scipy.optimize" in imported_at_start({**NOOP, "dispatcher": {"policy": "kairos"}}, "dispatcher")
