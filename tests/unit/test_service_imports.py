@@ -60,3 +60,11 @@ def test_a_service_of_a_plain_spec_imports_no_torch_nor_scipy_optimize(role):
 def test_a_kairos_dispatcher_imports_scipy_optimize_at_start():
     """At start, not at its first query: the import (~0.25 s) must not land on a request."""
     assert "scipy.optimize" in imported_at_start({**NOOP, "dispatcher": {"policy": "kairos"}}, "dispatcher")
+
+
+def test_a_frontend_of_a_graph_spec_imports_no_torch():
+    """The spec's operator facts live in common (``common.spec.operators``): a frontend that
+    routes to a graph of torch operators does not load torch itself."""
+    graph = {"graphs": {"g": {"input_shape": [8], "edges": [["frontend", "g1"], ["g1", "frontend"]],
+                              "operators": {"g1": {"kind": "gru", "input_shape": [8], "output_shape": [16]}}}}}
+    assert imported_at_start(graph, "frontend") == []
