@@ -22,7 +22,8 @@ its batches 0.5 ms longer than its neighbours', and a 50 ms fan-out's branches t
 out of phase (their join waited up to a batch). A short batch computes on the loop, where
 a hand-off would cost more than it frees.
 
-A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRADED).
+A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRADED); a degraded
+primary's Algorithm 2 notify is the backup side's (``services.graph.backup``).
 """
 from __future__ import annotations
 
@@ -278,7 +279,7 @@ class Batches:
         self.update_s += time.perf_counter() - t3
         rows, first, last, lineages = u.rows, u.first, u.last, u.lineages
         if self.role_record.role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
-            self._notify(self.own.receive(lin.ShippedState(self.op, self.role_record.epoch, first, last, [lineages],
+            self.backup_side.notify(self.own.receive(lin.ShippedState(self.op, self.role_record.epoch, first, last, [lineages],
                                                            {"applied": applied})))
         elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],

@@ -20,11 +20,13 @@ each, in one place (``GraphOperator.ON``)::
     ROLLING_BACK  held until the manager's answer, then handled by the role it gives
     FENCED        -                 -            -                                     GC
 
-The class is put together from one mixin per part of the protocol:
-``services.graph.batches`` (the batch: compute, number, send or hold, update, copy),
+The class is put together from one part per piece of the protocol:
+``services.graph.batches`` (the batch: compute, number, send or hold, update, copy) and
 ``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining, roll-backs, driven
-by the manager's feed and answers, none waited for in the loop), ``services.graph.backup``
-(Algorithm 2, kept outputs). The ``ls`` baseline's checkpoints are a part of their own
+by the manager's feed and answers, none waited for in the loop) are still mixins;
+``services.graph.backup`` (Algorithm 2, kept outputs) is an object of its own
+(``backup_side``), given the role record, the shared tables (``services.graph.tables``)
+and its send functions. The ``ls`` baseline's checkpoints are a part of their own
 (``services.graph.stash``, held only in that mode); the experiments' padding and delayed
 states are ``services.graph.hooks``.
 
@@ -51,7 +53,6 @@ import torch
 import zmq
 
 from keel.common import transport
-from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.common.spec.graph import FRONTEND, read_graph
@@ -68,6 +69,7 @@ from keel.services.graph.lineage import source_of
 from keel.services.graph.recovery import BACKUP_GRACE_S, LEASE_S, Recovery
 from keel.services.graph.roles import BACKING, SERVING, OperatorRole, RoleRecord
 from keel.services.graph.stash import LineageStash
+from keel.services.graph.tables import Tables
 from keel.services.graph.statemgr import StateManager
 from keel.services.graph.events import EventLog
 
@@ -80,7 +82,7 @@ R = OperatorRole
 REST_OF_BATCH_S = 0.005
 
 
-class GraphOperator(Batches, Recovery, BackupSide, Service):
+class GraphOperator(Batches, Recovery, Service):
     role = "graph_operator"
 
     #: each role's handler of each message kind (none: dropped); ROLLING_BACK holds them all
@@ -125,9 +127,10 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self._shapes = {p: self.graph.input_shape if p == FRONTEND else self.graph.operators[p].output_shape
                         for p in self.preds}
         self.next_seq = 0
-        # per frontend incarnation (an origin's high bits), the frontend's notice: replies up
-        # to this origin left the graph (one frontend's notice frees none of another's outputs)
-        self.released: dict[int, int] = {}
+        # shared by the parts (``services.graph.tables``): what my state holds of each source, the
+        # requests it applied (a backup: the state it applied; a retry is answered, not applied),
+        # each frontend incarnation's released replies
+        self.tables = Tables(applied=AppliedRequests() if self.spec.stateful else None)
         self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
         self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
         self.batches = self.rows = self.errors = 0
@@ -139,10 +142,6 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         # machine also counts the batches the OS preempted mid-loop
         self.lineage_recent: deque[float] = deque(maxlen=1000)
         self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
-        # the requests my state (a backup: the state it applied) holds: a retry is answered, not applied
-        self.applied = AppliedRequests() if self.spec.stateful else None
-        self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
-        self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
         self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
         self.own: lin.Backup | None = None  # a degraded primary's Algorithm 2 on its own states
         self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
@@ -167,7 +166,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.every(0.2, self.events.flush)
         # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
         self.stash = LineageStash(self) if self.mode.checkpoints else None
-        self.backup = None
+        self.backup_side = BackupSide(self.op, self.preds, self.graph.stateful, self.role_record, self.tables,
+                                      self.events, self.log, to_primary=lambda m: self.peers.send(self.config.peers[self.op], m),
+                                      announce=self._announce_durable)
         self.model = None
         self.statemgr = None
         self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
@@ -176,7 +177,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                 if spec.kind == self.spec.kind:
                     self.standby_for[name] = self._new_model(spec)
         elif self.role_record.role in BACKING:
-            self.backup = lin.Backup(self.op, self.graph.stateful, self.role_record.epoch)
+            self.backup_side.start(self.role_record.epoch)
         else:
             self.model = self._new_model(self.spec)
             if self.model.stateful:
@@ -195,6 +196,10 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self._link_manager()
             if self.statemgr is not None:
                 self._watch_backup()
+
+    # the shared tables, read and written by the parts that are still mixins (and the ls stash)
+    consumed = property(lambda self: self.tables.consumed, lambda self, v: setattr(self.tables, "consumed", v))
+    applied = property(lambda self: self.tables.applied, lambda self, v: setattr(self.tables, "applied", v))
 
     # --- the state machine -------------------------------------------------------------------
     def _role_changed(self, event: str, before: OperatorRole, after: OperatorRole) -> None:
@@ -261,18 +266,16 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
             self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
             if self.role_record.role in BACKING:
-                self.backup.forget_after(msg.operator, msg.seq)
+                self.backup_side.forget_after(msg.operator, msg.seq)
             elif msg.operator in self.preds and self.role_record.role in SERVING and self.took.get(msg.operator, -1) > msg.seq:
                 self._roll_back(msg.operator, msg.seq)
                 return
         if msg.operator == FRONTEND:
             self._on_released(msg.seq)
         elif self.role_record.role in BACKING:
-            applied = self.backup.on_notify(msg.operator, msg.seq)
-            self._notify(applied)
-            self._keep(applied)  # its outputs, what it took and its requests: as for a state applied on arrival
+            self.backup_side.on_notify(msg.operator, msg.seq)
         elif self.role_record.role is R.DEGRADED and msg.operator != self.op:
-            self._notify(self.own.on_notify(msg.operator, msg.seq))
+            self.backup_side.notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.role_record.role is R.PRIMARY and self.statemgr is not None and msg.operator == self.op \
                 and self.role_record.current(msg.epoch):
             self.statemgr.on_durable(msg.seq)
@@ -282,13 +285,13 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         """The frontend's notice: replies up to origin ``seq`` left the graph (GC)."""
         if seq < 0:
             return  # nothing left yet
-        incarnation = epoch_of(seq)  # a frontend's notice frees only its own origins
-        self.released[incarnation] = max(self.released.get(incarnation, -1), seq)
+        released = self.tables.released
+        released.note(seq)  # a frontend's notice frees only its own origins
         stashed = self.stash.stashed() if self.stash is not None else None  # ls: kept until a successor checkpoints
-        for saved in (self.outputs, self.kept):
-            for s in [s for s, m in saved.items() if self._released(m.origin) and (stashed is None or s <= stashed)]:
-                del saved[s]  # its reply left the graph: no resend will need it
-        for key in [k for k in self.joining if self._released(k[1])]:
+        for s in [s for s, m in self.outputs.items() if released.covers(m.origin) and (stashed is None or s <= stashed)]:
+            del self.outputs[s]  # its reply left the graph: no resend will need it
+        self.backup_side.forget_released(stashed)
+        for key in [k for k in self.joining if released.covers(k[1])]:
             del self.joining[key]  # answered already (another branch's error): the join never completes
 
     # --- where things go: several frontends -------------------------------------------------
@@ -342,6 +345,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
                 self.peers.send(endpoint, GraphAck(operator, epoch, seq))
 
     # --- messages -------------------------------------------------------------------
+    def _on_state(self, msg: GraphState) -> None:
+        self.backup_side.on_state(msg)  # (hooks.LateStates may hold it first)
+
     def _on_request(self, msg: GraphRequest) -> None:
         # a standby keeps what reaches it: it is addressed as the new holder by a peer that read
         # its promotion first (the frontend's resend); it computes once its own promotion arrives
@@ -449,10 +455,10 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.manager is not None:
             info.update(heartbeats=self.manager.beats, manager_requests=sorted(self.manager.pending))
-        if self.backup is not None:
-            info["tables"].update(pending_states=len(self.backup.pending))
-            info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
-                        durable=dict(self.backup.durable.seqs))
+        if self.backup_side.algorithm2 is not None:
+            backing = self.backup_side.status()
+            info["tables"].update(pending_states=backing["pending_states"])
+            info.update(backing)
         return info
 
     def drain(self) -> None:

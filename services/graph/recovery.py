@@ -17,7 +17,6 @@ fences it; it rejoins as the new primary's backup under a new name.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import zmq
 
@@ -134,9 +133,11 @@ class Recovery:
         """``op`` has a new holder that runs Algorithm 2 itself (degraded, from a fresh view
         of durability after a roll-back): my notices so far went to its old backup, and the
         newest may have gone while the manager was slow to tell me; it gets my newest again."""
-        algorithm2 = self.backup if self.role_record.role in BACKING else self.own if self.role_record.role is OperatorRole.DEGRADED else None
-        if algorithm2 is not None and op in self.graph.next_stateful(self.op) and algorithm2.max_applied_seq >= 0:
-            self.peers.send(endpoint, GraphDurable(self.op, self.role_record.epoch, algorithm2.max_applied_seq))
+        role = self.role_record.role
+        newest = self.backup_side.max_applied_seq if role in BACKING else \
+            self.own.max_applied_seq if role is OperatorRole.DEGRADED else -1
+        if op in self.graph.next_stateful(self.op) and newest >= 0:
+            self.peers.send(endpoint, GraphDurable(self.op, self.role_record.epoch, newest))
 
     @property
     def member(self) -> str:
@@ -154,8 +155,8 @@ class Recovery:
         whole state: nothing of an older epoch is kept, and my notices (the holder's window
         acks) carry ``epoch`` (the holder ignores acks of another epoch: its window would
         never move)."""
-        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.kept, self.consumed = OrderedDict(), {}
+        self.backup_side.start(epoch)
+        self.consumed = {}
         self.applied = AppliedRequests()  # the holder's whole state brings its table
 
     def _rejoin(self, holder: str, epoch: int) -> None:
@@ -178,7 +179,7 @@ class Recovery:
     def _ask_for_state(self, _now: float) -> None:
         """A joining backup asks the group's primary for its whole state until it arrives."""
         if self.role_record.role is OperatorRole.REJOINING:
-            self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup.epoch, 0))
+            self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup_side.epoch, 0))
 
     def _bring_up_backup(self) -> None:
         """HAMS §IV-E: a new backup joined my group (a member that never held it): ship it my
@@ -214,8 +215,9 @@ class Recovery:
     def take_over(self, epoch: int) -> None:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
         t0 = time.monotonic()
-        max_seq = self.backup.max_applied_seq
-        state = self.backup.folded.at() if self.backup.applied is not None else {}
+        algorithm2, kept = self.backup_side.hand_over()  # what I applied as the backup, and its outputs
+        max_seq = algorithm2.max_applied_seq
+        state = algorithm2.folded.at() if algorithm2.applied is not None else {}
         self.role_record.become("promoted", epoch=epoch)
         self.model = self._new_model(self.spec)
         self.model.start()
@@ -227,10 +229,10 @@ class Recovery:
             self.events.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
                              load_ms=round(1000 * (time.monotonic() - t0), 3))
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
-        self.backup, self.takeovers = None, self.takeovers + 1
+        self.own.durable, self.own.max_applied_seq = algorithm2.durable, max_seq  # what it knew stays known
+        self.takeovers += 1
         self.next_seq = max_seq + 1
-        self.outputs, self.kept = self.kept, OrderedDict()
+        self.outputs = kept
         self.taken = {p: set() for p in self.preds}
         self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
