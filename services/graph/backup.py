@@ -25,7 +25,7 @@ class BackupSide:
     """Parameters: ``op`` my operator, ``preds`` its predecessors, ``stateful`` the graph's
     stateful operators; ``roles`` my role record; ``tables`` the shared tables; ``events``
     and ``log``; ``to_primary(msg)`` sends to my group's primary; ``announce(epoch, seq,
-    primary)`` is Algorithm 2's notify (``GraphOperator._announce_durable``)."""
+    primary)`` is Algorithm 2's notify (``Links.announce_durable``)."""
 
     def __init__(self, op: str, preds: list[str], stateful, roles: RoleRecord, tables: Tables, events, log,
                  to_primary: Callable, announce: Callable):
@@ -38,6 +38,11 @@ class BackupSide:
     @property
     def max_applied_seq(self) -> int:
         return self.algorithm2.max_applied_seq if self.algorithm2 is not None else -1
+
+    @property
+    def backing(self) -> bool:
+        """Do I back my group (BACKUP, REJOINING: states arrive and apply)?"""
+        return self.algorithm2 is not None
 
     @property
     def epoch(self) -> int:

@@ -1,10 +1,12 @@
 """The tables several parts of a graph operator share (``services.graph.operator`` wires
-them): what my state holds of each predecessor, the requests it applied, and how far each
-frontend's replies have left the graph. One object, handed to each part that needs it, so
+them): what my state holds of each predecessor, the requests it applied, how far each
+frontend's replies have left the graph (``Tables``), and what a serving operator holds
+(``Serving``: its model, statemgr, queue, seqs and saved outputs). One object, handed to each part that needs it, so
 that no part reads another's attributes to reach them.
 """
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from keel.common.ids import epoch_of
@@ -35,3 +37,17 @@ class Tables:
     #: the requests my state holds (a retry is answered, not applied); None: a stateless operator
     applied: AppliedRequests | None = None
     released: Released = field(default_factory=Released)
+
+
+@dataclass
+class Serving:
+    """What a serving operator holds that its batches (``services.graph.batches``) and its
+    recovery (promotions, roll-backs, fencing) both change."""
+    model: object = None  # None: fenced, stepped down, a backup or a standby
+    statemgr: object = None  # a primary's ``StateManager`` (None without a backup to ship to)
+    own: object = None  # a degraded primary's Algorithm 2 on its own states (``lineage.Backup``)
+    queue: deque = field(default_factory=deque)  # inputs taken, waiting for a batch
+    next_seq: int = 0
+    outputs: OrderedDict = field(default_factory=OrderedDict)  # seq -> output message, until its reply left
+    held: OrderedDict = field(default_factory=OrderedDict)  # last seq of a batch -> its held sends (s1, remus)
+    awaiting: set = field(default_factory=set)  # successors taken over whose ack I wait for: new outputs wait too (order)

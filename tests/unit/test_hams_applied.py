@@ -67,7 +67,7 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
                                                 rng.normal(size=4).astype(np.float32), request=key, reply_to=g.sink_endpoint))
         g.tick_until(lambda: backup.backup_side.max_applied_seq >= len(sent) - 1)
         assert backup.backup_side.max_applied_seq == len(sent) - 1
-        assert len(primary.applied) == 8 and primary.duplicates > 0
+        assert len(primary.applied) == 8 and primary.batcher.duplicates > 0
         assert list(backup.applied.entries) == list(primary.applied.entries)
         assert all(a.seq == backup.applied.get(k).seq and np.array_equal(a.output, backup.applied.get(k).output)
                    for k, a in primary.applied.entries.items())
