@@ -22,11 +22,14 @@ its batches 0.5 ms longer than its neighbours', and a 50 ms fan-out's branches t
 out of phase (their join waited up to a batch). A short batch computes on the loop, where
 a hand-off would cost more than it frees.
 
-A mixin of ``services.graph.operator.GraphOperator`` (STATELESS, PRIMARY, DEGRADED).
+An object of its own (``Batches``), wired by ``services.graph.operator.GraphOperator``; it
+serves while the role is STATELESS, PRIMARY or DEGRADED.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +37,7 @@ import numpy as np
 from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.graph import FRONTEND
 from keel.services.graph import lineage as lin
-from keel.services.graph.lineage import source_of
-from keel.services.executors import Job
+from keel.services.executors import Executors, Job, set_torch_threads
 from keel.services.graph.models import GraphBatch
 from keel.services.graph.roles import SERVING, OperatorRole as R
 
@@ -73,15 +75,71 @@ class _Update:
 
 
 class Batches:
-    pending_update: _Update | None = None
-    #: the batch on the device thread: (its job, whose ``live`` holds its rows; the rows computed)
-    computing: tuple[Job, list] | None = None
-    #: its job once finished, for ``tick`` to take on
-    computed_job: Job | None = None
-    #: the ship of the state just updated (and the replies that wait for it to start), made
-    #: once the next batch has started (``tick``, the same tick: one update a tick, one ship)
-    pending_ship = None
-    compute_ms = 0.0  # running mean of a batch's compute
+    """A serving operator's batches, wired by ``GraphOperator``: given its operator's spec
+    and mode, the role record, ``serving`` and ``tables`` (``services.graph.tables``), the
+    send functions (``links``), ``notify`` (a degraded primary's Algorithm 2), ``leased()``
+    (may I number and send) and ``inbox_waiting()``."""
+
+    def __init__(self, op: str, spec, mode, stateful: bool, preds: list[str], succs: list[str], roles, serving,
+                 tables, links, events, log, stash, notify, leased, inbox_waiting):
+        self.op, self.spec, self.mode, self.stateful, self.preds, self.succs = op, spec, mode, stateful, preds, succs
+        self.roles, self.serving, self.tables, self.links = roles, serving, tables, links
+        self.events, self.log, self.stash = events, log, stash
+        self.notify, self.leased, self.inbox_waiting = notify, leased, inbox_waiting
+        self.pending_update: _Update | None = None
+        #: the batch on the device thread: (its job, whose ``live`` holds its rows; the rows computed)
+        self.computing: tuple[Job, list] | None = None
+        self.computed_job: Job | None = None  # its job once finished, for ``after_poll`` to take on
+        #: the ship of the state just updated (and the replies that wait for it to start), made
+        #: once the next batch has started (``after_poll``: one update a tick, one ship)
+        self.pending_ship = None
+        self.compute_ms = 0.0  # running mean of a batch's compute
+        self.device: Executors | None = None  # the device thread (``open_device``)
+        self.device_started = threading.Event()  # the device thread began the batch just submitted
+        self.batches = self.rows = self.errors = 0
+        self.duplicates = 0  # rows answered from the table of applied requests, not applied again
+        self.lineage_s = self.output_loop_s = 0.0  # Algorithm 1's bookkeeping; it and each row's output message
+        # the last batches' lineage times: their median beside the mean, which on a shared
+        # machine also counts the batches the OS preempted mid-loop
+        self.lineage_recent: deque[float] = deque(maxlen=1000)
+        self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
+
+    def open_device(self) -> int:
+        """Start the device thread; its fd (readable when a batch finished: ``on_device_done``)."""
+        self.device = Executors(self.run_on_device, set_torch_threads)
+        self.device.ensure(1)
+        return self.device.fd
+
+    def close(self) -> None:
+        if self.device is not None:
+            self.device.close()
+
+    def idle(self) -> bool:
+        """No batch computing or waiting for its update: the next may start."""
+        return self.pending_update is None and self.computing is None
+
+    def after_poll(self, guarded, can_step) -> None:
+        """The batch chores of a tick, in this order, with no message handled in between: a
+        batch the device computed is numbered, sent and updated, the next one starts (when
+        ``can_step()``), then its state ships (nspb, s1). ``guarded(name, fn, arg)`` runs each
+        (``Service._guarded``)."""
+        if self.computed_job is not None:
+            guarded("computed", lambda _: self.take_computed(), None)
+        if self.pending_update is not None:
+            guarded("update", lambda _: self._try_update(later=True), None)
+        if can_step():
+            guarded("step", self.step, None)
+        if self.pending_ship is not None:
+            guarded("ship", lambda _: self.ship_pending(), None)
+
+    def status(self) -> dict:
+        n = max(1, self.batches)
+        return dict(batches=self.batches, rows=self.rows, errors=self.errors, duplicates=self.duplicates,
+                    lineage_ms_per_batch=1000 * self.lineage_s / n,
+                    lineage_ms_p50=1000 * float(np.median(self.lineage_recent)) if self.lineage_recent else 0.0,
+                    output_loop_ms_per_batch=1000 * self.output_loop_s / n,
+                    update_wait_ms_per_batch=1000 * self.update_wait_s / n, update_ms_per_batch=1000 * self.update_s / n,
+                    compute_ms=self.compute_ms, computing=self.computing is not None)
 
     def step(self, _=None) -> None:
         """The next batch: computed here, or started on the device thread (the module's
@@ -89,9 +147,9 @@ class Batches:
         rows = self._next_batch()
         # exactly once: a request my state applied already is not applied again (its saved
         # output goes on, numbered like any output); only the others are computed and applied
-        fresh = [r for r in rows if self.applied is None or self.applied.get(self._key(r)) is None]
+        fresh = [r for r in rows if self.tables.applied is None or self.tables.applied.get(self._key(r)) is None]
         batch = GraphBatch(np.stack([r.input for r in fresh]), [r.stream for r in fresh]) if fresh else None
-        job = Job(batch, rows, time.monotonic(), self.model)
+        job = Job(batch, rows, time.monotonic(), self.serving.model)
         if fresh and self.compute_ms > DEVICE_ABOVE_MS:
             self.computing = (job, fresh)
             self.device_started.clear()
@@ -133,7 +191,7 @@ class Batches:
         fresh = self.computing[1]
         self.computing = None
         self._timed(job)
-        if job.predictor is not self.model or self.role_record.role not in SERVING:
+        if job.predictor is not self.serving.model or self.roles.role not in SERVING:
             return  # rolled back, fenced or stepped down while it computed
         self._computed(job.live, fresh, job.batch, job.outputs, job.error, later=True)
 
@@ -169,39 +227,26 @@ class Batches:
                     return
             computed = {id(r): out for r, out in zip(fresh, outputs if fresh else [])}
         if not self.leased():  # frozen (or starved) past the lease while computing: number and send nothing yet
-            self.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
+            self.serving.queue.extendleft(reversed(rows))  # compute only read the state: it runs again once confirmed
             return
-        first = self.next_seq
+        first = self.serving.next_seq
         # what is the same for every row, decided once per batch (only what differs per row
         # is done per row)
-        logging_events, op, succs, epoch = bool(self.events), self.op, self.succs, self.role_record.epoch
+        logging_events, op, succs, epoch = bool(self.events), self.op, self.succs, self.roles.epoch
         combining = len(self.preds) > 1 and self.spec.join != "interleave"  # inputs numbered in step (_on_request)
         # Algorithm 1, the lineage bookkeeping (HAMS §VI's logging cost per batch, timed alone):
         # each row's lineage after this operator numbers it, what my state holds of each source
         t1 = time.perf_counter()
-        took: dict[str, int] = {}  # per source, the highest of its seqs in this batch (my state holds them)
-        row_lineages, lineages = [], []
-        for seq, r in enumerate(rows, start=first):
-            if self.stateful:
-                source = r.sender if r.sender != FRONTEND else source_of(r.sender, r.seq)
-                took[source] = max(took.get(source, -1), r.seq)
-            if combining:
-                lineage = [e for e in r.lineage if e.seq >= 0]
-                lineage += [lin.LineageEntry(e.predecessor, e.predecessor_seq, op, seq) for e in r.lineage if e.seq < 0]
-            else:
-                lineage = r.lineage
-            lineage = lin.extend(lineage, r.sender, r.seq, op, seq)
-            row_lineages.append(lineage)
-            lineages.extend(lineage)
+        row_lineages, lineages, took = lin.number(rows, first, op, combining, self.stateful)
         took_s = time.perf_counter() - t1
         # the outputs: one message per row (bare builds them too)
-        degraded_here = True if self.role_record.role is R.DEGRADED else None
-        recording = self.applied is not None
+        degraded_here = True if self.roles.role is R.DEGRADED else None
+        recording = self.tables.applied is not None
         sends, outs, recorded = [], [], []  # recorded: (request, seq, origin, output) newly applied
         end = first + len(rows) - 1
         for seq, r, lineage in zip(range(first, first + len(rows)), rows, row_lineages):
             fresh_row = id(r) in computed
-            out = computed[id(r)] if fresh_row else self.applied.get(self._key(r)).output
+            out = computed[id(r)] if fresh_row else self.tables.applied.get(self._key(r)).output
             if fresh_row and recording and r.request is not None:
                 recorded.append((self._key(r), seq, r.origin, out))
             outs.append(out)
@@ -214,11 +259,11 @@ class Batches:
             for target in succs:
                 sends.append((target, msg))
             if self.stateful:
-                self.outputs[seq] = msg
-        self.next_seq = first + len(rows)
+                self.serving.outputs[seq] = msg
+        self.serving.next_seq = first + len(rows)
         for source, seq in took.items():
-            self.consumed[source] = max(self.consumed.get(source, -1), seq)  # what my state holds
-        last = self.next_seq - 1
+            self.tables.consumed[source] = max(self.tables.consumed.get(source, -1), seq)  # what my state holds
+        last = self.serving.next_seq - 1
         self.lineage_s += took_s
         self.lineage_recent.append(took_s)
         self.output_loop_s += time.perf_counter() - t1
@@ -227,23 +272,23 @@ class Batches:
         self.duplicates += len(rows) - len(computed)
         replies = []
         if self.stateful and self.mode.hold_outputs:
-            self.held[last] = sends
+            self.serving.held[last] = sends
         else:
             if self.events and not self.mode.ships_state:  # strawman, ls: no backup saw them; the checker's
                 self.events.flush()  # record of what left must be on disk before they leave (a kill loses the buffer)
-            if self.model.stateful and self.mode.ships_state and self.role_record.role is R.PRIMARY:
+            if self.serving.model.stateful and self.mode.ships_state and self.roles.role is R.PRIMARY:
                 # the frontend holds these replies until this batch's state is durable, which
                 # takes the update and the ship: they leave once the ship has started, so
                 # their sends are not on the way to it (outputs to operators leave at once)
                 replies = [(t, m) for t, m in sends if t == FRONTEND]
                 sends = [(t, m) for t, m in sends if t != FRONTEND]
             self._send_all(sends)
-        if not self.model.stateful:
+        if not self.serving.model.stateful:
             return
-        self.pending_update = _Update(self.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
+        self.pending_update = _Update(self.serving.model, batch, outputs if batch is not None else None, recorded, rows, first, last,
                                       lineages, outs, time.perf_counter(), replies)
-        if self.stateful and self.role_record.role is R.PRIMARY and self.mode.ships_state:
-            self.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
+        if self.stateful and self.roles.role is R.PRIMARY and self.mode.ships_state:
+            self.serving.statemgr.wait_copy()  # NSPB: the update of batch n starts once the copy of state n-1 has finished
         self._try_update(later)
 
     def _try_update(self, later: bool = False) -> None:
@@ -256,43 +301,43 @@ class Batches:
         status); a predecessor's takeover or my backup's death may roll me back meanwhile:
         then the batch is abandoned, its inputs come again by lineage."""
         u = self.pending_update
-        if self.model is not u.model or self.role_record.role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
-                or (u.model is not None and self.role_record.role is R.PRIMARY and self.statemgr is None):
+        if self.serving.model is not u.model or self.roles.role not in (R.PRIMARY, R.DEGRADED, R.STATELESS) \
+                or (u.model is not None and self.roles.role is R.PRIMARY and self.serving.statemgr is None):
             self.pending_update = None  # rolled back or stepped down: re-run from its resent inputs
             return  # (its replies are dropped: their state never ships, the re-run answers)
-        if self.stateful and self.role_record.role is R.PRIMARY and self.mode.ships_state \
-                and not self.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
+        if self.stateful and self.roles.role is R.PRIMARY and self.mode.ships_state \
+                and not self.serving.statemgr.ready_for_update() and time.perf_counter() - u.t < UPDATE_WAIT_MAX_S:
             return  # an ack moves the window: tick tries again
         self.pending_update = None
         t3 = time.perf_counter()
         if u.batch is not None:
             if self.events and self.mode.ships_state:  # the update starts: the experiment's hold beside its floor
                 self.events.write("update", operator=self.op, first_seq=u.first, last_seq=u.last)
-            self.model.update(u.batch, u.outputs)
+            self.serving.model.update(u.batch, u.outputs)
         # the table changes with the state it describes (a batch abandoned above recorded nothing)
         now = time.time()
         for request, seq, origin, out in u.recorded:
-            self.applied.record(request, seq, origin, out, now)
+            self.tables.applied.record(request, seq, origin, out, now)
         applied = [[request, seq] for request, seq, _, _ in u.recorded]
         self.update_wait_s += t3 - u.t
         self.update_s += time.perf_counter() - t3
         rows, first, last, lineages = u.rows, u.first, u.last, u.lineages
-        if self.role_record.role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
-            self._notify(self.own.receive(lin.ShippedState(self.op, self.role_record.epoch, first, last, [lineages],
+        if self.roles.role is R.DEGRADED:  # no backup: its own state counts once Algorithm 2 allows (replies do not stall)
+            self.notify(self.serving.own.receive(lin.ShippedState(self.op, self.roles.epoch, first, last, [lineages],
                                                            {"applied": applied})))
         elif self.stateful and self.mode.ships_state:
             meta = {"origins": [r.origin for r in rows], "streams": [r.stream for r in rows],
                     "requests": [r.request for r in rows], "reply_to": [r.reply_to for r in rows],
                     "applied": applied, "t": now}  # the backup records the same requests at the same t
-            touched = getattr(self.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
+            touched = getattr(self.serving.model, "touched", None)  # a model of one's own need not subclass StatefulOperator
             touched = touched() if touched and u.batch is not None else None
-            statemgr, model = self.statemgr, self.model
+            statemgr, model = self.serving.statemgr, self.serving.model
 
             def ship():
                 if self.events:  # the state's ship starts (its serialize, send, apply follow): the experiment's floor
                     self.events.write("ship", operator=self.op, first_seq=first, last_seq=last)
                 # idle: copying in place stops no batch (the device computes the next one, or none waits)
-                idle = self.computing is not None or (not self.queue and not self.inbox.poll(0))
+                idle = self.computing is not None or (not self.serving.queue and not self.inbox_waiting())
                 statemgr.start(model.state_arrays, dict(zip(range(first, last + 1), u.outs)), first, last, lineages,
                                idle=idle, meta=meta, touched=touched,
                                waited_on=self.mode.hold_outputs or FRONTEND in self.succs)
@@ -310,22 +355,22 @@ class Batches:
 
     def _send_all(self, sends: list) -> None:
         for target, msg in sends:
-            if target not in self.awaiting:  # else the resend on its ack carries it (saved in outputs)
-                self._send_on(target, msg)
+            if target not in self.serving.awaiting:  # else the resend on its ack carries it (saved in outputs)
+                self.links.send_on(target, msg)
 
     def _next_batch(self) -> list[GraphRequest]:
         """The next batch's rows. A second row of one request (a retry queued beside the
         first) waits for the next batch: by then the first is applied, and it is answered
         from the table."""
         rows, keys, later = [], set(), []
-        while self.queue and len(rows) < self.spec.max_batch:
-            r = self.queue.popleft()
-            if self.applied is not None and r.request is not None and self._key(r) in keys:
+        while self.serving.queue and len(rows) < self.spec.max_batch:
+            r = self.serving.queue.popleft()
+            if self.tables.applied is not None and r.request is not None and self._key(r) in keys:
                 later.append(r)
             else:
                 keys.add(self._key(r))
                 rows.append(r)
-        self.queue.extendleft(reversed(later))
+        self.serving.queue.extendleft(reversed(later))
         return rows
 
     def _key(self, r: GraphRequest) -> str | None:
@@ -345,7 +390,7 @@ class Batches:
         good, errors = [], {}
         for r in rows:
             try:
-                self.model.compute(GraphBatch(r.input[None], [r.stream]))
+                self.serving.model.compute(GraphBatch(r.input[None], [r.stream]))
                 good.append(r)
             except Exception as exc:
                 errors[id(r)] = why(exc)
@@ -353,7 +398,7 @@ class Batches:
         outputs = None
         if good:
             try:
-                outputs = self.model.compute(batch)
+                outputs = self.serving.model.compute(batch)
             except Exception as exc:  # the rows fail only together: every one gets the error
                 errors.update({id(r): why(exc) for r in good})
                 good = []
@@ -361,11 +406,12 @@ class Batches:
             if id(r) in errors:
                 self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
                 self.errors += 1
-                self._send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
+                self.links.send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
                                                      error=errors[id(r)], request=r.request, reply_to=r.reply_to))
         return good, batch, outputs
 
-    def _release_held(self, seq: int) -> None:
-        for last in [s for s in self.held if s <= seq]:
-            for target, msg in self.held.pop(last):
-                self._send_on(target, msg)
+    def release_held(self, seq: int) -> None:
+        """Held sends (s1, remus) of batches up to ``seq``: their state is at the backup."""
+        for last in [s for s in self.serving.held if s <= seq]:
+            for target, msg in self.serving.held.pop(last):
+                self.links.send_on(target, msg)

@@ -61,7 +61,7 @@ class LateStates:
         self.late.append((time.monotonic() + self.delay_s, msg))
 
     def deliver(self, now: float) -> None:
-        while self.late and self.late[0][0] <= now and self.operator.backup is not None:
+        while self.late and self.late[0][0] <= now and self.operator.backup_side.backing:
             self.on_state(self.late.popleft()[1])
 
 

@@ -48,6 +48,29 @@ def extend(lineage: list[LineageEntry], predecessor: str, predecessor_seq: int, 
     return [*lineage, LineageEntry(predecessor, predecessor_seq, operator, seq)]
 
 
+def number(rows, first: int, operator: str, combining: bool, stateful: bool):
+    """Algorithm 1 for a batch: ``rows`` (``GraphRequest``) numbered ``first``, ``first`` + 1,
+    ... by ``operator``. Returns each row's lineage, all of their entries, and (``stateful``)
+    per source the highest of its seqs in the batch (what the state holds after it).
+    ``combining``: the rows are a combining join's, their other inputs' entries still
+    unnumbered (seq -1)."""
+    took: dict[str, int] = {}
+    row_lineages, lineages = [], []
+    for seq, r in enumerate(rows, start=first):
+        if stateful:
+            source = r.sender if r.sender != FRONTEND else source_of(r.sender, r.seq)
+            took[source] = max(took.get(source, -1), r.seq)
+        if combining:
+            lineage = [e for e in r.lineage if e.seq >= 0]
+            lineage += [LineageEntry(e.predecessor, e.predecessor_seq, operator, seq) for e in r.lineage if e.seq < 0]
+        else:
+            lineage = r.lineage
+        lineage = extend(lineage, r.sender, r.seq, operator, seq)
+        row_lineages.append(lineage)
+        lineages.extend(lineage)
+    return row_lineages, lineages, took
+
+
 def join(lineages: Iterable[list[LineageEntry]]) -> list[LineageEntry]:
     """A join's output depends on all its inputs: their lineages concatenated, each entry once."""
     seen: dict[LineageEntry, None] = {}

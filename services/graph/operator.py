@@ -20,11 +20,15 @@ each, in one place (``GraphOperator.ON``)::
     ROLLING_BACK  held until the manager's answer, then handled by the role it gives
     FENCED        -                 -            -                                     GC
 
-The class is put together from one mixin per part of the protocol:
-``services.graph.batches`` (the batch: compute, number, send or hold, update, copy),
-``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining, roll-backs, driven
-by the manager's feed and answers, none waited for in the loop), ``services.graph.backup``
-(Algorithm 2, kept outputs). The ``ls`` baseline's checkpoints are a part of their own
+The class is put together from one part per piece of the protocol. Objects of their own,
+each given what it needs (the role record, the shared tables of ``services.graph.tables``,
+the send functions of ``services.graph.links``, the event log) and reading nothing of
+another: ``services.graph.batches`` (``batcher``: the batch: compute, number, send or hold,
+update, copy) and ``services.graph.backup`` (``backup_side``: Algorithm 2, kept outputs).
+Still a mixin: ``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining,
+roll-backs, driven by the manager's feed and answers, none waited for in the loop); it
+reaches the shared tables through this class's properties (``_shared``).
+The ``ls`` baseline's checkpoints are a part of their own
 (``services.graph.stash``, held only in that mode); the experiments' padding and delayed
 states are ``services.graph.hooks``.
 
@@ -42,32 +46,31 @@ go to every frontend (``config.frontends``); the GC horizon is per frontend inca
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 import torch
 import zmq
 
 from keel.common import transport
-from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.operators import operator_class
 from keel.common.spec.modes import MODES
 from keel.services.base import Service
-from keel.services.executors import Executors, set_torch_threads
 from keel.services.graph import hooks
 from keel.services.graph import lineage as lin
 from keel.services.graph.applied import AppliedRequests
 from keel.services.graph.backup import BackupSide
 from keel.services.graph.batches import Batches
 from keel.services.graph.lineage import source_of
+from keel.services.graph.links import Links
 from keel.services.graph.recovery import BACKUP_GRACE_S, LEASE_S, Recovery
 from keel.services.graph.roles import BACKING, SERVING, OperatorRole, RoleRecord
 from keel.services.graph.stash import LineageStash
+from keel.services.graph.tables import Serving, Tables
 from keel.services.graph.statemgr import StateManager
 from keel.services.graph.events import EventLog
 
@@ -80,7 +83,13 @@ R = OperatorRole
 REST_OF_BATCH_S = 0.005
 
 
-class GraphOperator(Batches, Recovery, BackupSide, Service):
+def _shared(table: str, name: str) -> property:
+    """``name`` of the shared table ``table`` (``services.graph.tables``), as my attribute."""
+    return property(lambda self: getattr(getattr(self, table), name),
+                    lambda self, value: setattr(getattr(self, table), name, value))
+
+
+class GraphOperator(Recovery, Service):
     role = "graph_operator"
 
     #: each role's handler of each message kind (none: dropped); ROLLING_BACK holds them all
@@ -116,7 +125,9 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
         self.serve_status(config.status_endpoint)
         self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
-        self.queue: deque[GraphRequest] = deque()
+        # where my messages go (``services.graph.links``): the parts' send functions
+        self.links = Links(self.op, self.graph, self.peers, config.peers, config.frontends)
+        self.serving = Serving()  # the model, statemgr, queue, seqs and saved outputs: batches and recovery change them
         self.rest_due: dict[str, float] = {}  # predecessor -> until when the rest of its batch is waited for
         # (reply_to, origin) -> predecessor -> its request: origins are unique per frontend only
         self.joining: dict[tuple, dict[str, GraphRequest]] = {}
@@ -124,30 +135,13 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         self.succs = self.graph.successors(self.op)
         self._shapes = {p: self.graph.input_shape if p == FRONTEND else self.graph.operators[p].output_shape
                         for p in self.preds}
-        self.next_seq = 0
-        # per frontend incarnation (an origin's high bits), the frontend's notice: replies up
-        # to this origin left the graph (one frontend's notice frees none of another's outputs)
-        self.released: dict[int, int] = {}
-        self.outputs: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()  # seq -> (origin, output)
-        self.held: OrderedDict[int, list[tuple[str, GraphRequest]]] = OrderedDict()  # last seq -> held sends
-        self.batches = self.rows = self.errors = 0
-        self.duplicates = 0  # rows answered from the table of applied requests, not applied again
-        self.lineage_s = 0.0  # Algorithm 1's bookkeeping per batch
-        # the lineage and each row's output message (what was reported as lineage before)
-        self.output_loop_s = 0.0
-        # the last batches' lineage times: their median beside the mean, which on a shared
-        # machine also counts the batches the OS preempted mid-loop
-        self.lineage_recent: deque[float] = deque(maxlen=1000)
-        self.update_wait_s = self.update_s = 0.0  # NSPB's wait before an update; the updates themselves
-        # the requests my state (a backup: the state it applied) holds: a retry is answered, not applied
-        self.applied = AppliedRequests() if self.spec.stateful else None
-        self.kept: OrderedDict[int, GraphRequest] = OrderedDict()  # backup: applied outputs, for a takeover
-        self.consumed: dict[str, int] = {}  # backup: per predecessor, its highest seq in the applied state
+        # shared by the parts (``services.graph.tables``): what my state holds of each source, the
+        # requests it applied (a backup: the state it applied; a retry is answered, not applied),
+        # each frontend incarnation's released replies
+        self.tables = Tables(applied=AppliedRequests() if self.spec.stateful else None)
         self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
-        self.own: lin.Backup | None = None  # a degraded primary's Algorithm 2 on its own states
         self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
         self.early_acks: dict[str, tuple[int, int]] = {}  # the same, come while I was still the backup
-        self.awaiting: set[str] = set()  # successors taken over whose ack I wait for: new outputs wait too (order)
         self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
         self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
         self.fenced = False  # a newer holder of my group existed: I released nothing more at my old epoch
@@ -167,34 +161,42 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.every(0.2, self.events.flush)
         # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
         self.stash = LineageStash(self) if self.mode.checkpoints else None
-        self.backup = None
-        self.model = None
-        self.statemgr = None
+        self.backup_side = BackupSide(self.op, self.preds, self.graph.stateful, self.role_record, self.tables,
+                                      self.events, self.log, to_primary=lambda m: self.links.to(self.op, m),
+                                      announce=self.links.announce_durable)
         self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
         if self.role_record.role is R.STANDBY:
             for name, spec in self.graph.operators.items():
                 if spec.kind == self.spec.kind:
                     self.standby_for[name] = self._new_model(spec)
         elif self.role_record.role in BACKING:
-            self.backup = lin.Backup(self.op, self.graph.stateful, self.role_record.epoch)
+            self.backup_side.start(self.role_record.epoch)
         else:
             self.model = self._new_model(self.spec)
             if self.model.stateful:
                 self.model.start()
             if self.stateful:
                 self.statemgr = self._new_statemgr(config.peers[f"{self.op}.backup"])
-        # a long batch computes on this thread while the loop serves (``services.graph.batches``)
-        self.device = Executors(self.run_on_device, set_torch_threads)
-        self.device.ensure(1)
-        self.device_started = threading.Event()  # the device thread began the batch just submitted
-        self.poller.register(self.device.fd, zmq.POLLIN)
-        self.handlers[self.device.fd] = self.on_device_done
+        self.batcher = Batches(self.op, self.spec, self.mode, self.stateful, self.preds, self.succs, self.role_record,
+                               self.serving, self.tables, self.links, self.events, self.log, self.stash,
+                               notify=self.backup_side.notify, leased=self.leased,
+                               inbox_waiting=lambda: bool(self.inbox.poll(0)))
+        # a long batch computes on the device thread while the loop serves (``services.graph.batches``)
+        device_fd = self.batcher.open_device()
+        self.poller.register(device_fd, zmq.POLLIN)
+        self.handlers[device_fd] = self.batcher.on_device_done
         hooks.install(self)
         self.manager = None
         if config.manager is not None:
             self._link_manager()
             if self.statemgr is not None:
                 self._watch_backup()
+
+    # the shared tables, read and written by recovery (still a mixin) and the ls stash
+    consumed, applied = _shared("tables", "consumed"), _shared("tables", "applied")
+    model, statemgr, own = _shared("serving", "model"), _shared("serving", "statemgr"), _shared("serving", "own")
+    queue, next_seq, awaiting = _shared("serving", "queue"), _shared("serving", "next_seq"), _shared("serving", "awaiting")
+    outputs, held = _shared("serving", "outputs"), _shared("serving", "held")
 
     # --- the state machine -------------------------------------------------------------------
     def _role_changed(self, event: str, before: OperatorRole, after: OperatorRole) -> None:
@@ -240,7 +242,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
         elif msg.operator == self.op and self.statemgr is not None and self.role_record.current(msg.epoch):
             self.statemgr.on_ack(msg.seq)  # my backup has state msg.seq: the window moves
-            self._release_held(msg.seq)
+            self.batcher.release_held(msg.seq)
 
     def _ack_at_degraded(self, msg: GraphAck) -> None:
         if msg.operator in self.succs:
@@ -257,64 +259,37 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     # --- GraphDurable ---------------------------------------------------------------------
     def _on_durable(self, msg: GraphDurable) -> None:
         if self.relaying and msg.operator != self.op:  # others send my backup's notices to the holder: pass them on
-            self.peers.send(self.config.peers[f"{self.op}.backup"], msg)
+            self.links.to(f"{self.op}.backup", msg)
         if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
             self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
             if self.role_record.role in BACKING:
-                self.backup.forget_after(msg.operator, msg.seq)
+                self.backup_side.forget_after(msg.operator, msg.seq)
             elif msg.operator in self.preds and self.role_record.role in SERVING and self.took.get(msg.operator, -1) > msg.seq:
                 self._roll_back(msg.operator, msg.seq)
                 return
         if msg.operator == FRONTEND:
             self._on_released(msg.seq)
         elif self.role_record.role in BACKING:
-            applied = self.backup.on_notify(msg.operator, msg.seq)
-            self._notify(applied)
-            self._keep(applied)  # its outputs, what it took and its requests: as for a state applied on arrival
+            self.backup_side.on_notify(msg.operator, msg.seq)
         elif self.role_record.role is R.DEGRADED and msg.operator != self.op:
-            self._notify(self.own.on_notify(msg.operator, msg.seq))
+            self.backup_side.notify(self.own.on_notify(msg.operator, msg.seq))
         elif self.role_record.role is R.PRIMARY and self.statemgr is not None and msg.operator == self.op \
                 and self.role_record.current(msg.epoch):
             self.statemgr.on_durable(msg.seq)
-            self._release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
+            self.batcher.release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
 
     def _on_released(self, seq: int) -> None:
         """The frontend's notice: replies up to origin ``seq`` left the graph (GC)."""
         if seq < 0:
             return  # nothing left yet
-        incarnation = epoch_of(seq)  # a frontend's notice frees only its own origins
-        self.released[incarnation] = max(self.released.get(incarnation, -1), seq)
+        released = self.tables.released
+        released.note(seq)  # a frontend's notice frees only its own origins
         stashed = self.stash.stashed() if self.stash is not None else None  # ls: kept until a successor checkpoints
-        for saved in (self.outputs, self.kept):
-            for s in [s for s, m in saved.items() if self._released(m.origin) and (stashed is None or s <= stashed)]:
-                del saved[s]  # its reply left the graph: no resend will need it
-        for key in [k for k in self.joining if self._released(k[1])]:
+        for s in [s for s, m in self.outputs.items() if released.covers(m.origin) and (stashed is None or s <= stashed)]:
+            del self.outputs[s]  # its reply left the graph: no resend will need it
+        self.backup_side.forget_released(stashed)
+        for key in [k for k in self.joining if released.covers(k[1])]:
             del self.joining[key]  # answered already (another branch's error): the join never completes
-
-    # --- where things go: several frontends -------------------------------------------------
-    def _send_on(self, target: str, msg: GraphRequest) -> None:
-        """An output to a successor; one leaving the graph to its request's frontend."""
-        endpoint = msg.reply_to if target == FRONTEND and msg.reply_to else self.config.peers[target]
-        self.peers.send(endpoint, msg)
-
-    def _frontend_endpoints(self) -> list[str]:
-        """Every frontend serving the graph (durability notices and acks go to each)."""
-        return list(self.config.frontends) or [self.config.peers[FRONTEND]]
-
-    def _notice_targets(self, targets: list[str]) -> list[str]:
-        """Endpoints of peer names, ``FRONTEND`` standing for every frontend."""
-        return [e for t in targets for e in (self._frontend_endpoints() if t == FRONTEND else [self.config.peers[t]])]
-
-    def _announce_durable(self, epoch: int, seq: int, successors: bool = False, primary: bool = False) -> None:
-        """Algorithm 2's notify: my state up to ``seq`` is durable, to every frontend and the
-        backups of the next stateful models; after a takeover or a roll-back also to my
-        successors (they drop what came after it), and on a backup to my primary."""
-        targets = [FRONTEND] + [f"{n}.backup" for n in self.graph.next_stateful(self.op)]
-        targets += [n for n in self.succs if n != FRONTEND] if successors else []
-        targets += [self.op] if primary else []
-        note = GraphDurable(self.op, epoch, seq)
-        for endpoint in self._notice_targets(targets):
-            self.peers.send(endpoint, note)
 
     def _new_model(self, spec):
         """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's
@@ -325,23 +300,13 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def _new_statemgr(self, backup_endpoint: str) -> StateManager:
         """A primary's statemgr, shipping to whichever endpoint my backup has at the time."""
         return StateManager(self.op, self.role_record.epoch, self.graph.window, self.mode.copy_in_background,
-                            send=lambda st: self.peers.send(self.config.peers[f"{self.op}.backup"], st),
+                            send=lambda st: self.links.to(f"{self.op}.backup", st),
                             ctx=self.ctx, backup_endpoint=backup_endpoint)
 
-    def _ack_pred(self, pred: str, operator: str, epoch: int, seqs: dict[str, int]) -> None:
-        """Tell ``pred`` the highest of its seqs ``operator``'s state (or successors) hold,
-        from ``seqs`` (by ``source_of``). The frontends get one ack per frontend incarnation
-        seen, each to every frontend: one resends above the ack of its own incarnation, and
-        everything when none carries its incarnation (-1 alone: nothing of anyone's is held)."""
-        if pred != FRONTEND:
-            self.peers.send(self.config.peers[pred], GraphAck(operator, epoch, seqs.get(pred, -1)))
-            return
-        acks = [seq for source, seq in seqs.items() if source.partition("#")[0] == FRONTEND and seq >= 0] or [-1]
-        for endpoint in self._frontend_endpoints():
-            for seq in acks:
-                self.peers.send(endpoint, GraphAck(operator, epoch, seq))
-
     # --- messages -------------------------------------------------------------------
+    def _on_state(self, msg: GraphState) -> None:
+        self.backup_side.on_state(msg)  # (hooks.LateStates may hold it first)
+
     def _on_request(self, msg: GraphRequest) -> None:
         # a standby keeps what reaches it: it is addressed as the new holder by a peer that read
         # its promotion first (the frontend's resend); it computes once its own promotion arrives
@@ -392,7 +357,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def tick(self, timeout: float | None = None) -> None:
         def can_step(rest_s: float) -> bool:
             return bool(self.queue) and self.role_record.role in SERVING and not self.numbering and self.leased() \
-                and self.pending_update is None and self.computing is None and not rest_s
+                and self.batcher.idle() and not rest_s
 
         if timeout is None:
             rest_s = self._rest_of_batch_s()
@@ -401,16 +366,7 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             elif self.queue and rest_s:
                 timeout = min(self.next_timeout(), rest_s)  # the rest arrives, or the wait ends
         super().tick(timeout)
-        # in this order, with no message handled in between: a batch the device computed is
-        # numbered, sent and updated, the next one starts, then its state ships (nspb, s1)
-        if self.computed_job is not None:
-            self._guarded("computed", lambda _: self.take_computed(), None)
-        if self.pending_update is not None:
-            self._guarded("update", lambda _: self._try_update(later=True), None)
-        if can_step(self._rest_of_batch_s()):
-            self._guarded("step", self.step, None)
-        if self.pending_ship is not None:
-            self._guarded("ship", lambda _: self.ship_pending(), None)
+        self.batcher.after_poll(self._guarded, lambda: can_step(self._rest_of_batch_s()))
 
     def _rest_of_batch_s(self) -> float:
         """How long the next batch still waits for the rest of a predecessor's batch: a
@@ -426,37 +382,30 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
         info = super().status()
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.role_record.assignment, epoch=self.role_record.epoch,
                     hams_role=self.role_record.role.value, degraded=self.role_record.role is R.DEGRADED, takeovers=self.takeovers, fenced=self.fenced,
-                    batches=self.batches, rows=self.rows, errors=self.errors, queued=len(self.queue),
-                    duplicates=self.duplicates,  # applied_requests: bounded by count and age, not by replies leaving
+                    queued=len(self.queue),  # applied_requests: bounded by count and age, not by replies leaving
                     applied_requests=len(self.applied) if self.applied is not None else None,
-                    saved_outputs=len(self.outputs),
-                    lineage_ms_per_batch=1000 * self.lineage_s / max(1, self.batches),
-                    lineage_ms_p50=1000 * float(np.median(self.lineage_recent)) if self.lineage_recent else 0.0,
-                    output_loop_ms_per_batch=1000 * self.output_loop_s / max(1, self.batches),
-                    update_wait_ms_per_batch=1000 * self.update_wait_s / max(1, self.batches),
-                    update_ms_per_batch=1000 * self.update_s / max(1, self.batches),
-                    compute_ms=self.compute_ms, computing=self.computing is not None,
+                    saved_outputs=len(self.outputs), **self.batcher.status(),
                     tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
                             "joining": len(self.joining)})  # state GC: each drains once replies left
         if self.statemgr is not None:
             info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
             info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
                         durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
-                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, self.batches),
+                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, info["batches"]),
                         handoff_ms=self.statemgr.handoff_ms, copies=self.statemgr.copies,
                         copies_in_background=self.statemgr.in_background)
         if self.standby_for:
             info.update(standby_for=sorted(self.standby_for), ready=True)
         if self.manager is not None:
             info.update(heartbeats=self.manager.beats, manager_requests=sorted(self.manager.pending))
-        if self.backup is not None:
-            info["tables"].update(pending_states=len(self.backup.pending))
-            info.update(max_applied_seq=self.backup.max_applied_seq, pending_states=len(self.backup.pending),
-                        durable=dict(self.backup.durable.seqs))
+        if self.backup_side.backing:
+            backing = self.backup_side.status()
+            info["tables"].update(pending_states=backing["pending_states"])
+            info.update(backing)
         return info
 
     def drain(self) -> None:
-        self.device.close()
+        self.batcher.close()
         if self.manager is not None:
             self.manager.close()
         if self.statemgr is not None:

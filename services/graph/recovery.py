@@ -17,7 +17,6 @@ fences it; it rejoins as the new primary's backup under a new name.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 
 import zmq
 
@@ -77,7 +76,7 @@ class Recovery:
         if op in self.epochs and op in self.preds and self.taken is not None and self.role_record.role in SERVING:
             # I took over, and so did my predecessor (both failed together): my ack may have gone
             # to its dead primary; its new one waits for it before it sends me anything
-            self.peers.send(endpoint, GraphAck(self.op, self.role_record.epoch, self.consumed.get(op, -1)))
+            self.links.send(endpoint, GraphAck(self.op, self.role_record.epoch, self.consumed.get(op, -1)))
         if op in self.epochs and op != self.op and op in self.graph.stateful:
             self.config.peers[f"{op}.backup"] = endpoint  # a new primary: its own durability (degraded) or relayed
             self._renotify(op, endpoint)
@@ -121,7 +120,7 @@ class Recovery:
                 self.role_record.become("newer_holder_alone")
             self.model = None  # fenced: a newer holder exists; nothing more leaves from here
             self.queue.clear()
-            self.drop_computing()
+            self.batcher.drop_computing()
             self.held.clear()
             self.outputs.clear()
             self.fenced = True
@@ -134,9 +133,11 @@ class Recovery:
         """``op`` has a new holder that runs Algorithm 2 itself (degraded, from a fresh view
         of durability after a roll-back): my notices so far went to its old backup, and the
         newest may have gone while the manager was slow to tell me; it gets my newest again."""
-        algorithm2 = self.backup if self.role_record.role in BACKING else self.own if self.role_record.role is OperatorRole.DEGRADED else None
-        if algorithm2 is not None and op in self.graph.next_stateful(self.op) and algorithm2.max_applied_seq >= 0:
-            self.peers.send(endpoint, GraphDurable(self.op, self.role_record.epoch, algorithm2.max_applied_seq))
+        role = self.role_record.role
+        newest = self.backup_side.max_applied_seq if role in BACKING else \
+            self.own.max_applied_seq if role is OperatorRole.DEGRADED else -1
+        if op in self.graph.next_stateful(self.op) and newest >= 0:
+            self.links.send(endpoint, GraphDurable(self.op, self.role_record.epoch, newest))
 
     @property
     def member(self) -> str:
@@ -154,8 +155,8 @@ class Recovery:
         whole state: nothing of an older epoch is kept, and my notices (the holder's window
         acks) carry ``epoch`` (the holder ignores acks of another epoch: its window would
         never move)."""
-        self.backup = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.kept, self.consumed = OrderedDict(), {}
+        self.backup_side.start(epoch)
+        self.consumed = {}
         self.applied = AppliedRequests()  # the holder's whole state brings its table
 
     def _rejoin(self, holder: str, epoch: int) -> None:
@@ -178,7 +179,7 @@ class Recovery:
     def _ask_for_state(self, _now: float) -> None:
         """A joining backup asks the group's primary for its whole state until it arrives."""
         if self.role_record.role is OperatorRole.REJOINING:
-            self.peers.send(self.config.peers[self.op], GraphAck(self.op, self.backup.epoch, 0))
+            self.links.to(self.op, GraphAck(self.op, self.backup_side.epoch, 0))
 
     def _bring_up_backup(self) -> None:
         """HAMS §IV-E: a new backup joined my group (a member that never held it): ship it my
@@ -200,7 +201,7 @@ class Recovery:
                 "table": self.applied.to_json()}  # the requests this state holds travel with it
         blob = pack(self.model.state_arrays(), {s: self.outputs[s].input for s in seqs}, meta)
         lineage = lin.join(self.outputs[s].lineage for s in seqs)
-        self.peers.send(endpoint, GraphState(self.op, self.role_record.epoch, seqs[0] if seqs else last, last, lineage, blob))
+        self.links.send(endpoint, GraphState(self.op, self.role_record.epoch, seqs[0] if seqs else last, last, lineage, blob))
         self.role_record.become("backup_joined")
         self.statemgr = self._new_statemgr(endpoint)
         self.own, self.relaying = None, True
@@ -214,8 +215,9 @@ class Recovery:
     def take_over(self, epoch: int) -> None:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
         t0 = time.monotonic()
-        max_seq = self.backup.max_applied_seq
-        state = self.backup.folded.at() if self.backup.applied is not None else {}
+        algorithm2, kept = self.backup_side.hand_over()  # what I applied as the backup, and its outputs
+        max_seq = algorithm2.max_applied_seq
+        state = algorithm2.folded.at() if algorithm2.applied is not None else {}
         self.role_record.become("promoted", epoch=epoch)
         self.model = self._new_model(self.spec)
         self.model.start()
@@ -227,18 +229,18 @@ class Recovery:
             self.events.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
                              load_ms=round(1000 * (time.monotonic() - t0), 3))
         self.own = lin.Backup(self.op, self.graph.stateful, epoch)
-        self.own.durable, self.own.max_applied_seq = self.backup.durable, max_seq  # what it knew stays known
-        self.backup, self.takeovers = None, self.takeovers + 1
+        self.own.durable, self.own.max_applied_seq = algorithm2.durable, max_seq  # what it knew stays known
+        self.takeovers += 1
         self.next_seq = max_seq + 1
-        self.outputs, self.kept = self.kept, OrderedDict()
+        self.outputs = kept
         self.taken = {p: set() for p in self.preds}
         self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=max_seq)
         for msg in self.outputs.values():  # saved copies, never recomputed; successors drop duplicates
             for target in self.succs:
-                self._send_on(target, msg)
-        self._announce_durable(epoch, max_seq, successors=True)
+                self.links.send_on(target, msg)
+        self.links.announce_durable(epoch, max_seq, successors=True)
         for p in self.preds:
-            self._ack_pred(p, self.op, epoch, self.consumed)
+            self.links.ack_pred(p, self.op, epoch, self.consumed)
         for successor, (its_epoch, after) in self.early_acks.items():
             self._on_successor_ack(successor, its_epoch, after)
         self.early_acks = {}
@@ -259,10 +261,10 @@ class Recovery:
     def _report_taken(self, op: str, epoch: int, endpoint: str) -> None:
         """A stateless predecessor was replaced: tell its standby the highest seq I took
         from it, and its predecessors the highest of their seqs on those outputs."""
-        self.peers.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
+        self.links.send(endpoint, GraphAck(op, epoch, self.took.get(op, -1)))
         before = self.took_before.get(op, {})
         for p in self.graph.predecessors(op):
-            self._ack_pred(p, op, epoch, before)
+            self.links.ack_pred(p, op, epoch, before)
 
     def _on_successor_ack(self, successor: str, epoch: int, after: int) -> None:
         if epoch > self.epochs.get(successor, 0):  # its promotion has not reached my feed yet
@@ -276,7 +278,7 @@ class Recovery:
         self.awaiting.discard(successor)
         msgs = [m for s, m in self.outputs.items() if s > after]
         for msg in msgs:
-            self._send_on(successor, msg)
+            self.links.send_on(successor, msg)
         self.log.info("resent by lineage", successor=successor, after=after, count=len(msgs))
 
     def _watch_backup(self) -> None:
@@ -328,7 +330,7 @@ class Recovery:
         held sends of outputs above it."""
         self.queue.clear()
         self.joining.clear()
-        self.drop_computing()
+        self.batcher.drop_computing()
         for seq in [s for s in self.held if s > last]:
             del self.held[seq]
 
@@ -414,8 +416,8 @@ class Recovery:
                              lineage=[e.to_json() for e in lineage])
         self.events.write("takeover", operator=self.op, epoch=epoch, max_seq=last, rollback=True)
         self.events.flush()
-        self._announce_durable(epoch, last, successors=True)
+        self.links.announce_durable(epoch, last, successors=True)
         for p in self.preds:
-            self._ack_pred(p, self.op, epoch, self.consumed)
+            self.links.ack_pred(p, self.op, epoch, self.consumed)
         self.log.warning("rolled back in place", operator=self.op, epoch=epoch, last_seq=last)
         self._replay_deferred()

@@ -65,9 +65,9 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
             sent.append(key)
             transport.send(g.push, GraphRequest("frontend", origin, origin, int(rng.integers(0, 3)), [],
                                                 rng.normal(size=4).astype(np.float32), request=key, reply_to=g.sink_endpoint))
-        g.tick_until(lambda: backup.backup.max_applied_seq >= len(sent) - 1)
-        assert backup.backup.max_applied_seq == len(sent) - 1
-        assert len(primary.applied) == 8 and primary.duplicates > 0
+        g.tick_until(lambda: backup.backup_side.max_applied_seq >= len(sent) - 1)
+        assert backup.backup_side.max_applied_seq == len(sent) - 1
+        assert len(primary.applied) == 8 and primary.batcher.duplicates > 0
         assert list(backup.applied.entries) == list(primary.applied.entries)
         assert all(a.seq == backup.applied.get(k).seq and np.array_equal(a.output, backup.applied.get(k).output)
                    for k, a in primary.applied.entries.items())
@@ -91,9 +91,9 @@ def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnatio
     op = GraphOperator(cfg)
     try:
         op.consumed = {"g1": 4}
-        op.kept[4] = GraphRequest("g2", 4, (9 << 32) | 2, 0, [LineageEntry("g1", 4, "g2", 4)], np.zeros(3, np.float32),
+        op.backup_side.kept[4] = GraphRequest("g2", 4, (9 << 32) | 2, 0, [LineageEntry("g1", 4, "g2", 4)], np.zeros(3, np.float32),
                                   request="1:c/r2", reply_to=b)
-        op.backup.max_applied_seq = 4
+        op.backup_side.algorithm2.max_applied_seq = 4
         op.take_over(2)
         got = {a: [], b: [], g2: []}
         for endpoint, sock in zip((a, b, g2), pulls):

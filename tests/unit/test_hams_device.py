@@ -34,19 +34,19 @@ def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_o
                                                     reply_to=g.sink_endpoint))
 
         send(1)  # the first batch computes on the loop: nothing says yet that batches are long
-        assert g.tick_until(lambda: primary.batches == 1)
-        assert primary.computing is None and primary.compute_ms > DEVICE_ABOVE_MS
+        assert g.tick_until(lambda: primary.batcher.batches == 1)
+        assert primary.batcher.computing is None and primary.batcher.compute_ms > DEVICE_ABOVE_MS
         send(1)
-        assert g.tick_until(lambda: primary.computing is not None)  # the second is on the device thread
+        assert g.tick_until(lambda: primary.batcher.computing is not None)  # the second is on the device thread
         t0 = time.monotonic()
         send(3)  # these arrive while it computes: the loop takes them in, and answers status
         assert g.tick_until(lambda: len(primary.queue) == 3, limit_s=PAD_MS / 2000)
         info = primary.status()
-        assert info["computing"] and primary.computing is not None and time.monotonic() - t0 < PAD_MS / 1000
-        assert g.tick_until(lambda: backup.backup.max_applied_seq == len(sent) - 1)
+        assert info["computing"] and primary.batcher.computing is not None and time.monotonic() - t0 < PAD_MS / 1000
+        assert g.tick_until(lambda: backup.backup_side.max_applied_seq == len(sent) - 1)
         outputs = g.outputs()
         assert [m.request for m in outputs] == sent and [m.seq for m in outputs] == list(range(len(sent)))
-        assert primary.batches == 3 and primary.statemgr.copies == 3  # one state shipped per batch
+        assert primary.batcher.batches == 3 and primary.statemgr.copies == 3  # one state shipped per batch
 
 
 def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
@@ -64,14 +64,14 @@ def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
 
         def timed_start(*args, **kwargs):
             # (computes begun, batches taken, whether one computes on the device now)
-            ships.append((len(began), primary.batches, primary.computing is not None))
+            ships.append((len(began), primary.batcher.batches, primary.batcher.computing is not None))
             return start(*args, **kwargs)
 
         primary.model.compute, primary.statemgr.start = timed_compute, timed_start
         for i in range(5):  # one row a batch: five batches, the first on the loop, the rest on the device
             transport.send(g.push, GraphRequest("frontend", (5 << 32) + i, (5 << 32) + i, 0, [],
                                                 np.ones(4, np.float32), request=f"k{i}", reply_to=g.sink_endpoint))
-        g.tick_until(lambda: backup.backup.max_applied_seq >= 4)
-        assert backup.backup.max_applied_seq == 4
+        g.tick_until(lambda: backup.backup_side.max_applied_seq >= 4)
+        assert backup.backup_side.max_applied_seq == 4
         behind = [s for s in ships if s[2]]  # the ships made while the next batch was on the device
         assert behind and all(n_began == taken + 1 for n_began, taken, _ in behind), ships

@@ -30,7 +30,7 @@ def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():
     try:
         # g1's backup kept outputs 0-4 (applied states); its feed already shows g2's new epoch
         for seq in range(5):
-            op.kept[seq] = GraphRequest("g1", seq, seq, 0, [LineageEntry("frontend", seq, "g1", seq)],
+            op.backup_side.kept[seq] = GraphRequest("g1", seq, seq, 0, [LineageEntry("frontend", seq, "g1", seq)],
                                         np.zeros(6, np.float32))
         op.epochs["g2"] = 4
         op.awaiting.add("g2")  # what the feed's new g2 epoch does: hold new outputs until g2's ack

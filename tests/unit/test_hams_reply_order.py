@@ -4,8 +4,6 @@ which holds them until the batch's state is durable, once the state's ship has s
 so their sends are not on the way to it. Without a backup to ship to, nothing waits."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict, deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +12,7 @@ from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.modes import MODES
 from keel.services.graph.batches import Batches
 from keel.services.graph.roles import OperatorRole, RoleRecord
+from keel.services.graph.tables import Serving, Tables
 
 
 class _Model:
@@ -29,29 +28,23 @@ class _Model:
         self.log.append(("update",))
 
 
-class _Op(Batches):
-    """Just what ``step`` reads of a graph operator; sends, the update and the ship logged."""
+class _Op:
+    """What a graph operator gives its ``Batches``, faked; sends, the update and the ship logged."""
 
     def __init__(self, mode: str, role: OperatorRole, succs: list[str]):
         self.log: list[tuple] = []
-        self.model, self.mode, self.role_record, self.succs = _Model(self.log), MODES[mode], RoleRecord(role), succs
-        self.op, self.preds, self.stateful, self.events, self.stash = "g2", ["g1"], True, None, None
-        self.spec = SimpleNamespace(max_batch=64, join="interleave")
-        self.queue, self.applied, self.awaiting = deque(), None, set()
-        self.next_seq, self.outputs, self.held, self.consumed = 0, OrderedDict(), OrderedDict(), {}
-        self.lineage_s = self.output_loop_s = self.update_wait_s = self.update_s = 0.0
-        self.lineage_recent = deque()
-        self.batches = self.rows = self.duplicates = 0
-        self.inbox = SimpleNamespace(poll=lambda timeout: 0)
-        self.device_started = threading.Event()
+        self.model = _Model(self.log)
         self.statemgr = SimpleNamespace(wait_copy=lambda: None, ready_for_update=lambda: True,
                                         start=lambda *a, **kw: self.log.append(("ship",)))
+        serving = Serving(model=self.model, statemgr=self.statemgr)
+        self.queue = serving.queue
+        self.links = SimpleNamespace(send_on=lambda target, msg: self.log.append(("send", target, msg.seq)))
+        self.batcher = Batches("g2", SimpleNamespace(max_batch=64, join="interleave"), MODES[mode], True, ["g1"], succs,
+                               RoleRecord(role), serving, Tables(), self.links, None, None, None,
+                               notify=lambda applied: None, leased=lambda: True, inbox_waiting=lambda: False)
 
-    def leased(self) -> bool:
-        return True
-
-    def _send_on(self, target: str, msg: GraphRequest) -> None:
-        self.log.append(("send", target, msg.seq))
+    def step(self) -> None:
+        self.batcher.step()
 
 
 def _run(mode: str, role: OperatorRole = OperatorRole.PRIMARY, succs=("frontend",)) -> list[tuple]:
@@ -85,7 +78,7 @@ def test_a_batch_abandoned_before_its_update_sends_no_reply():
     op.statemgr.ready_for_update = lambda: False  # the window is full: the update waits
     op.queue.append(GraphRequest("g1", 0, 0, 0, [], np.zeros(4, np.float32)))
     op.step()
-    assert op.log == [] and op.pending_update is not None
-    op.role_record = RoleRecord(OperatorRole.BACKUP)  # stepped down meanwhile: its inputs come again by lineage
-    op._try_update()
-    assert op.log == [] and op.pending_update is None
+    assert op.log == [] and op.batcher.pending_update is not None
+    op.batcher.roles = RoleRecord(OperatorRole.BACKUP)  # stepped down meanwhile: its inputs come again by lineage
+    op.batcher._try_update()
+    assert op.log == [] and op.batcher.pending_update is None

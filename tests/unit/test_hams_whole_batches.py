@@ -56,7 +56,7 @@ def test_a_full_batch_waits_for_nothing():
 def test_every_row_of_a_batch_but_its_last_says_more():
     op = _Op("bare", OperatorRole.STATELESS, ["g3"])
     sent = []
-    op._send_on = lambda target, msg: sent.append((msg.seq, msg.more))
+    op.links.send_on = lambda target, msg: sent.append((msg.seq, msg.more))
     op.model.stateful = False
     for i in range(3):
         op.queue.append(GraphRequest("g1", i, i, 0, [], np.zeros(4, np.float32)))
