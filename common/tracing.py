@@ -11,8 +11,12 @@ breakdown's stamps do (``Predict.trace``: each process stamps its receipt and se
 its span's context beside them (``traceparent`` on ``Queries``, ``Batch``,
 ``Predictions``). Each hop that sends it on adds its span from its receipt to its send:
 ``keel.dispatcher`` (the queue and the batching) and ``keel.worker`` (the batch's
-compute); an answer from a reconstruction ends the request span with ``keel.source``
-saying so (the encoder and decoder add no span of their own yet). Spans carry
+compute). A reconstruction (ParM): the dispatcher's copy of a sampled batch carries its
+context to the encoder, whose ``keel.encoder`` span (from the batch's dispatch to its
+coding group's parity batch leaving, ``encoded``) rides in the parity batch's members
+(``MemberBatch.traceparent``) through the parity worker to the decoder; rebuilding that
+member adds ``keel.decoder`` (from the group's first output there to the reconstruction
+leaving), and the answer ends the request span with ``keel.source`` saying so. Spans carry
 ``keel.request_id``, ``keel.qid``, ``keel.model``; they leave over OTLP/HTTP to the
 spec's endpoint, batched off the request path. ``span`` is for a hop that has no stamps.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 #: whether this process traces; the one check a hop makes when tracing is off
@@ -183,3 +188,17 @@ def span(service: str, hop: str, traceparent: str, start_s: float, end_s: float 
                                attributes={"keel.service": service, **{f"keel.{k}": v for k, v in attributes.items()}})
     span_.end(end_time=_ns(time.time() if end_s is None else end_s))
     return _traceparent(span_)
+
+
+def encoded(service: str, members: list[Any], parity: Any) -> None:
+    """An encoder sends ``parity``, the parity batch of the coding group whose query
+    batches are ``members`` (None: absent): each sampled member (its dispatcher's copy
+    carries a context) gets a ``keel.encoder`` span from its dispatch to now, and its
+    entry in ``parity.members`` that span's context for the decoder."""
+    batches, now = parity.members.batches, time.time()
+    for i, b in enumerate(members):
+        if b is not None and b.traceparent is not None:
+            start = b.trace[-1] if b.trace else (b.sent_at or now)
+            ctx = span(service, "encoder", b.traceparent, start, now, qid=b.traced, model=b.model,
+                       group=parity.group.group, index=i)
+            batches[i] = replace(batches[i], traced=b.traced, traceparent=ctx)
