@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import zmq
 
-from keel.common import transport
+from keel.common import tracing, transport
 from keel.common.ids import epoch_of
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
@@ -295,6 +295,8 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
     def _send_on(self, target: str, msg: GraphRequest) -> None:
         """An output to a successor; one leaving the graph to its request's frontend."""
         endpoint = msg.reply_to if target == FRONTEND and msg.reply_to else self.config.peers[target]
+        if tracing.ON:
+            tracing.operator_sent(self.op, msg)
         self.peers.send(endpoint, msg)
 
     def _frontend_endpoints(self) -> list[str]:
@@ -349,6 +351,8 @@ class GraphOperator(Batches, Recovery, BackupSide, Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
+        if msg.traceparent is not None and tracing.ON:
+            tracing.operator_received(self.op, msg)
         if msg.more:  # its batch goes on: the first row of it sets how long the rest is waited for
             now = time.monotonic()
             if self.rest_due.get(msg.sender, 0.0) < now:

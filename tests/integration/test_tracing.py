@@ -7,6 +7,7 @@ export to an in-memory exporter. Needs the ``otel`` extra."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,10 +32,16 @@ NOOP = {"builtin": "noop", "input_shape": [4], "output_size": 2, "workers": 1}
 PARM = {"builtin": "sleep", "input_shape": [4], "output_size": 2, "fixed_ms": 1.0, "fixed_batch": 1,
         "workers": 2, "k": 2, "mode": "parm", "encoder": "add"}
 
+#: a HAMS graph of two stateless operators, a -> b
+CHAIN = {"mode": "bare", "input_shape": [4], "edges": [["frontend", "a"], ["a", "b"], ["b", "frontend"]],
+         "operators": {"a": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                       "b": {"kind": "mlp", "input_shape": [3], "output_shape": [2], "max_batch": 4}}}
+
 
 @pytest.fixture
 def cluster(request, tmp_path):
-    """The services of one model (``NOOP``, or the spec a test passes indirectly), traced
+    """The services of one model (``NOOP``, or the spec a test passes indirectly; "graph":
+    ``CHAIN``), traced
     at rate 1; the last item is a set of service names to freeze (their thread stops
     ticking them)."""
     exporter = InMemorySpanExporter()
@@ -42,7 +49,8 @@ def cluster(request, tmp_path):
     tracing.start("keel-test", exporter=exporter)
     spec = load_spec({"cluster": {"name": "traced", "base_port": free_port_block(), "run_dir": str(tmp_path)},
                       "frontend": {"cache_size": 0},  # every request reaches a worker
-                      "models": {"m": getattr(request, "param", NOOP)}})
+                      **({"graphs": {"chain": CHAIN}} if getattr(request, "param", None) == "graph"
+                         else {"models": {"m": getattr(request, "param", NOOP)}})})
     services = [ROLES[s.role].build(s.config) for s in spec.services]
     stop = threading.Event()
     frozen: set[str] = set()
@@ -183,3 +191,28 @@ def test_a_reconstructed_request_is_one_trace_with_its_encoder_and_decoder_spans
     assert encoder.attributes["keel.group"] == decoder.attributes["keel.group"]
     assert encoder.attributes["keel.service"] == "encoder" and decoder.attributes["keel.service"] == "decoder"
     assert decoder.end_time <= request.end_time  # the reconstruction answered it
+
+
+@pytest.mark.parametrize("cluster", ["graph"], indirect=True)
+def test_a_sampled_graph_request_has_a_span_at_each_operator(cluster):
+    sock, exporter, *_ = cluster
+    reply = None
+    for attempt in range(50):  # until the operators are up: the frontend answers an error before
+        sock.send_multipart(protocol.encode(Predict(request_id=f"g{attempt}", model="chain",
+                                                    input=np.ones(4, np.float32), timeout_ms=2000)))
+        assert sock.poll(10_000), "no reply"
+        reply = protocol.decode(sock.recv_multipart())
+        if reply.error is None:
+            break
+        time.sleep(0.1)
+    assert isinstance(reply, Reply) and reply.error is None, reply
+    spans = spans_of(exporter, reply.request_id, 3)
+    request = next(s for s in spans if s.name == "keel.request")
+    assert request.attributes["keel.source"] == "model" and request.attributes["keel.graph"] == "chain"
+    ops = {s.attributes["keel.operator"]: s for s in spans if s.name == "keel.operator"}
+    assert set(ops) == {"a", "b"}, [(s.name, dict(s.attributes)) for s in spans]
+    assert ops["a"].parent.span_id == request.context.span_id  # the graph's path: frontend, a, b
+    assert ops["b"].parent.span_id == ops["a"].context.span_id
+    origin = request.attributes["keel.origin"]
+    assert ops["a"].attributes["keel.origin"] == ops["b"].attributes["keel.origin"] == origin
+    assert request.start_time <= ops["a"].start_time <= ops["b"].end_time <= request.end_time
