@@ -11,8 +11,16 @@ breakdown's stamps do (``Predict.trace``: each process stamps its receipt and se
 its span's context beside them (``traceparent`` on ``Queries``, ``Batch``,
 ``Predictions``). Each hop that sends it on adds its span from its receipt to its send:
 ``keel.dispatcher`` (the queue and the batching) and ``keel.worker`` (the batch's
-compute); an answer from a reconstruction ends the request span with ``keel.source``
-saying so (the encoder and decoder add no span of their own yet). Spans carry
+compute). A reconstruction (ParM): the dispatcher's copy of a sampled batch carries its
+context to the encoder, whose ``keel.encoder`` span (from the batch's dispatch to its
+coding group's parity batch leaving, ``encoded``) rides in the parity batch's members
+(``MemberBatch.traceparent``) through the parity worker to the decoder; rebuilding that
+member adds ``keel.decoder`` (from the group's first output there to the reconstruction
+leaving), and the answer ends the request span with ``keel.source`` saying so. A graph
+(HAMS): the graph route samples a request as it enters the graph (``graph_admit``: its
+``keel.request`` span carries ``keel.graph`` and ``keel.origin``), its ``GraphRequest``
+carries the context, and each operator adds ``keel.operator`` from its first receipt of
+the origin to its first output of it, whose context its outputs carry on. Spans carry
 ``keel.request_id``, ``keel.qid``, ``keel.model``; they leave over OTLP/HTTP to the
 spec's endpoint, batched off the request path. ``span`` is for a hop that has no stamps.
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 #: whether this process traces; the one check a hop makes when tracing is off
@@ -129,17 +138,25 @@ def admit(service: str, qid: int, msg: Any, traces: dict[int, list[float]], rece
     sample it (its ``traceparent``'s sampled flag when it has one, else the rate); a
     sampled one opens its ``keel.request`` span and rides the stamps' path (``traces``,
     as a breakdown's request does) with its context."""
-    parent = getattr(msg, "traceparent", None)
-    if parent is not None:
-        if not valid(parent) or parent.endswith("-00"):  # the caller did not sample it
-            return
-    elif random.random() >= _settings.get("rate", 0.0):
+    span = _request_span(msg, received, {"keel.model": msg.model, "keel.qid": qid})
+    if span is None:
         return
-    span = _tracer.start_span("keel.request", context=_context(parent), start_time=_ns(received),
-                              attributes={"keel.request_id": msg.request_id, "keel.model": msg.model, "keel.qid": qid})
     _hold((service, qid), span)
     if msg.trace is None:  # a breakdown's stamps are the frontend's own; else start them here
         traces[qid] = [received]
+
+
+def _request_span(msg: Any, received: float, attributes: dict[str, Any]) -> Any:
+    """A sampled ``msg``'s ``keel.request`` span (its ``traceparent``'s sampled flag when
+    it has one, else the rate); None when it is not sampled."""
+    parent = getattr(msg, "traceparent", None)
+    if parent is not None:
+        if not valid(parent) or parent.endswith("-00"):  # the caller did not sample it
+            return None
+    elif random.random() >= _settings.get("rate", 0.0):
+        return None
+    return _tracer.start_span("keel.request", context=_context(parent), start_time=_ns(received),
+                              attributes={"keel.request_id": msg.request_id, **attributes})
 
 
 def context_of(service: str, qid: int) -> str | None:
@@ -156,6 +173,50 @@ def answered(service: str, qid: int, source: str, version: str | None) -> None:
         if version is not None:
             span.set_attribute("keel.version", str(version))
         span.end()
+
+
+# HAMS service graphs: a request is a graph's origin (the frontend's seq) at every operator
+# it passes; an operator's span runs from its first receipt of the origin to its first
+# output of it (a join's inputs, a batch's rows and a fan-out's sends share it).
+
+def graph_admit(route: str, origin: int, msg: Any) -> str | None:
+    """At a frontend's graph route ``route``: sample ``msg`` (a ``Predict``) entering the
+    graph as ``origin``; a sampled one opens its ``keel.request`` span. The context its
+    ``GraphRequest`` carries, or None."""
+    span = _request_span(msg, time.time(), {"keel.graph": route, "keel.origin": origin})
+    if span is None:
+        return None
+    _hold(("graph", route, origin), span)
+    return _traceparent(span)
+
+
+def graph_answered(route: str, origin: int, source: str) -> None:
+    """A graph route answered ``origin``: its request span ends (if it was sampled)."""
+    span = _open.pop(("graph", route, origin), None)
+    if span is not None and hasattr(span, "end"):
+        span.set_attribute("keel.source", str(source))
+        span.end()
+
+
+def operator_received(operator: str, msg: Any) -> None:
+    """An operator received ``msg`` (a ``GraphRequest`` with a context): the first receipt
+    of its origin opens the operator's span."""
+    key = ("graph", operator, msg.origin)
+    if key not in _open:
+        _hold(key, (msg.traceparent, time.time()))
+
+
+def operator_sent(operator: str, msg: Any) -> None:
+    """An operator sends ``msg``, an output of a sampled origin: its ``keel.operator`` span
+    ends at the first, and every output carries that span's context."""
+    key = ("graph", operator, msg.origin)
+    held = _open.get(key)
+    if held is None:
+        return
+    if isinstance(held, tuple):
+        parent, start = held
+        held = _open[key] = span(operator, "operator", parent, start, origin=msg.origin, operator=operator)
+    msg.traceparent = held
 
 
 def received(service: str, qid: int, traceparent: str) -> None:
@@ -183,3 +244,17 @@ def span(service: str, hop: str, traceparent: str, start_s: float, end_s: float 
                                attributes={"keel.service": service, **{f"keel.{k}": v for k, v in attributes.items()}})
     span_.end(end_time=_ns(time.time() if end_s is None else end_s))
     return _traceparent(span_)
+
+
+def encoded(service: str, members: list[Any], parity: Any) -> None:
+    """An encoder sends ``parity``, the parity batch of the coding group whose query
+    batches are ``members`` (None: absent): each sampled member (its dispatcher's copy
+    carries a context) gets a ``keel.encoder`` span from its dispatch to now, and its
+    entry in ``parity.members`` that span's context for the decoder."""
+    batches, now = parity.members.batches, time.time()
+    for i, b in enumerate(members):
+        if b is not None and b.traceparent is not None:
+            start = b.trace[-1] if b.trace else (b.sent_at or now)
+            ctx = span(service, "encoder", b.traceparent, start, now, qid=b.traced, model=b.model,
+                       group=parity.group.group, index=i)
+            batches[i] = replace(batches[i], traced=b.traced, traceparent=ctx)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from keel.common import erasure, ids, transport
+from keel.common import erasure, ids, tracing, transport
 from keel.common.config import DecoderConfig
 from keel.common.protocol import Predictions, ModelRole, Source
 from keel.services.base import Service
@@ -196,6 +196,9 @@ class Decoder(Service):
         self.counts["reconstructed"] += 1
         self.counts["reconstructed_partial"] += len(present) < group.k
         self.m_reconstructions.inc()
+        if tracing.ON and target.traceparent is not None:  # a sampled query's trace gets its reconstruction
+            tracing.span(self.name, "decoder", target.traceparent, time.time() - (time.monotonic() - group.born),
+                         qid=target.traced, model=key[0], group=key[1], index=j)
         for dest, picked in transport.split_rows([target.reply_to[r] for r in live]).items():
             rows_of = [live[p] for p in picked]
             msg = Predictions(batch_id=0, model=key[0], qids=[target.qids[r] for r in rows_of],

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from keel.common import erasure, ids, protocol, transport
+from keel.common import erasure, ids, protocol, tracing, transport
 from keel.common.config import EncoderConfig
 from keel.common.protocol import Batch, ModelRole
 from keel.services.base import Service
@@ -170,6 +170,8 @@ class Encoder(Service):
                                            [None if b is None else protocol.MemberBatch(b.qids, b.reply_to)
                                             for b in group.members]),
         )
+        if tracing.ON:  # OpenTelemetry: sampled members' spans, their contexts for the decoder
+            tracing.encoded(self.name, group.members, batch)
         if transport.try_send(self.push, batch):
             self.counts["encoded"] += 1
         else:

@@ -159,9 +159,15 @@ class MemberBatch:
 
     qids: list[int]
     reply_to: list[str]  # per query: its frontend
+    #: its sampled ``traced`` query and the encoder's span of it (``common.tracing``): the
+    #: decoder's span of a reconstruction joins that trace; on the wire only when set
+    traced: int | None = None
+    traceparent: str | None = None
 
     def to_json(self) -> list:
-        return [self.qids, self.reply_to]
+        if self.traceparent is None:
+            return [self.qids, self.reply_to]
+        return [self.qids, self.reply_to, self.traced, self.traceparent]
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +200,11 @@ class ParityMembers:
             if b is None:
                 out.append(None)
                 continue
-            if not (isinstance(b, list) and len(b) == 2 and _is_ids(b[0]) and _is_strs(b[1]) and len(b[0]) == len(b[1])):
+            if not (isinstance(b, list) and len(b) in (2, 4) and _is_ids(b[0]) and _is_strs(b[1]) and len(b[0]) == len(b[1])):
                 raise ProtocolError("members: each batch must be [qids, reply_to] of equal length, or null")
-            out.append(MemberBatch(b[0], b[1]))
+            if len(b) == 4 and not (_is_int(b[2]) and isinstance(b[3], str) and len(b[3]) <= 64):
+                raise ProtocolError("members: a traced batch's [.., traced qid, traceparent]")
+            out.append(MemberBatch(*b))
         if all(b is None for b in out):
             raise ProtocolError("members: a parity batch covers at least one query batch")
         return cls(model, encoder, out)

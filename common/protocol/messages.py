@@ -415,6 +415,8 @@ class GraphRequest:
     #: more rows of the sender's batch follow this one: a receiver takes a predecessor's
     #: batch whole (a fragment taken alone leaves the rest a whole batch time behind)
     more: bool | None = None
+    #: a sampled request's W3C trace context (its previous hop's span; ``common.tracing``)
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)

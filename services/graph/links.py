@@ -6,7 +6,7 @@ manager's feed (a group's new holder); several frontends may serve the graph.
 """
 from __future__ import annotations
 
-from keel.common import transport
+from keel.common import tracing, transport
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.common.spec.graph import FRONTEND
 
@@ -31,6 +31,8 @@ class Links:
     def send_on(self, target: str, msg: GraphRequest) -> None:
         """An output to a successor; one leaving the graph to its request's frontend."""
         endpoint = msg.reply_to if target == FRONTEND and msg.reply_to else self.endpoints[target]
+        if tracing.ON:
+            tracing.operator_sent(self.op, msg)
         self.peers.send(endpoint, msg)
 
     def frontend_endpoints(self) -> list[str]:

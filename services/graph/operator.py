@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import zmq
 
-from keel.common import transport
+from keel.common import tracing, transport
 from keel.common.config import GraphOperatorConfig
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.common.spec.graph import FRONTEND, read_graph
@@ -314,6 +314,8 @@ class GraphOperator(Recovery, Service):
             self.log.error("dropped a request that is not from a predecessor or has the wrong shape",
                            sender=msg.sender[:64], shape=list(msg.input.shape))
             return  # a stray peer must not poison a batch of others' requests
+        if msg.traceparent is not None and tracing.ON:
+            tracing.operator_received(self.op, msg)
         if msg.more:  # its batch goes on: the first row of it sets how long the rest is waited for
             now = time.monotonic()
             if self.rest_due.get(msg.sender, 0.0) < now:

@@ -56,7 +56,7 @@ from math import prod
 import numpy as np
 import zmq
 
-from keel.common import inputs, protocol, transport
+from keel.common import inputs, protocol, tracing, transport
 from keel.common.config import GraphRouteConfig, ModelInfo
 from keel.common.ids import EPOCH_BITS, IdSpace, new_epoch
 from keel.common.protocol import ErrorCode, Predict, Source
@@ -161,6 +161,8 @@ class GraphRoute(Route):
         request_key = protocol.request_key(msg.client or request.envelope[0].hex(), msg.request_id)
         out = GraphRequest(FRONTEND, origin, origin, stream_of(msg.key), [], x, request=request_key,
                            reply_to=self.reply_to)
+        if tracing.ON:  # OpenTelemetry: a sampled request's span; its context enters the graph
+            out.traceparent = tracing.graph_admit(self.name, origin, msg)
         call = self.calls[origin] = GraphCall(origin, (self.service.ids.next(),), (self.name,), [request], out, deadline,
                                               self)
         for op in self.graph.successors(FRONTEND):
@@ -262,6 +264,8 @@ class GraphRoute(Route):
                 code: str | None = None) -> None:
         self.service.settle(call)
         self._forget(call)
+        if tracing.ON:
+            tracing.graph_answered(self.name, call.origin, source)
         degraded = call.degraded and error is None
         if self.trace and error is None:
             self.trace.write("release", origin=call.origin, lineage=[e.to_json() for e in call.lineage])
@@ -286,6 +290,8 @@ class GraphRoute(Route):
         self.service.settle(call)
         self._forget(call)
         self.counts["expired"] += 1
+        if tracing.ON:
+            tracing.graph_answered(self.name, call.origin, "deadline")
         self.deadline_answer(call.requests)
 
     def chores(self, now: float) -> None:

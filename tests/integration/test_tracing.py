@@ -7,6 +7,7 @@ export to an in-memory exporter. Needs the ``otel`` extra."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -26,20 +27,40 @@ from keel.deploy.local import free_port_block  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
+NOOP = {"builtin": "noop", "input_shape": [4], "output_size": 2, "workers": 1}
+#: ParM as deploy/examples/parm.toml: the sleep model is linear, its own parity model
+PARM = {"builtin": "sleep", "input_shape": [4], "output_size": 2, "fixed_ms": 1.0, "fixed_batch": 1,
+        "workers": 2, "k": 2, "mode": "parm", "encoder": "add"}
+
+#: a HAMS graph of two stateless operators, a -> b
+CHAIN = {"mode": "bare", "input_shape": [4], "edges": [["frontend", "a"], ["a", "b"], ["b", "frontend"]],
+         "operators": {"a": {"kind": "mlp", "input_shape": [4], "output_shape": [3], "max_batch": 4},
+                       "b": {"kind": "mlp", "input_shape": [3], "output_shape": [2], "max_batch": 4}}}
+
+
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(request, tmp_path):
+    """The services of one model (``NOOP``, or the spec a test passes indirectly; "graph":
+    ``CHAIN``), traced
+    at rate 1; the last item is a set of service names to freeze (their thread stops
+    ticking them)."""
     exporter = InMemorySpanExporter()
     tracing.configure(1.0, None)
     tracing.start("keel-test", exporter=exporter)
     spec = load_spec({"cluster": {"name": "traced", "base_port": free_port_block(), "run_dir": str(tmp_path)},
                       "frontend": {"cache_size": 0},  # every request reaches a worker
-                      "models": {"m": {"builtin": "noop", "input_shape": [4], "output_size": 2, "workers": 1}}})
+                      **({"graphs": {"chain": CHAIN}} if getattr(request, "param", None) == "graph"
+                         else {"models": {"m": getattr(request, "param", NOOP)}})})
     services = [ROLES[s.role].build(s.config) for s in spec.services]
     stop = threading.Event()
+    frozen: set[str] = set()
 
     def loop(svc):
         while not stop.is_set():
-            svc.tick(0.01)
+            if svc.name in frozen:
+                stop.wait(0.01)
+            else:
+                svc.tick(0.01)
 
     threads = [threading.Thread(target=loop, args=(s,), daemon=True) for s in services]
     for t in threads:
@@ -49,7 +70,7 @@ def cluster(tmp_path):
     sock.linger = 0
     sock.connect(spec.local_client_endpoints[0])
     try:
-        yield sock, exporter, services
+        yield sock, exporter, services, frozen
     finally:
         sock.close(0)
         ctx.term()
@@ -87,7 +108,7 @@ def spans_of(exporter, request_id: str, n: int) -> list:
 
 
 def test_a_sampled_request_is_one_trace_with_a_span_at_each_hop(cluster):
-    sock, exporter, _ = cluster
+    sock, exporter, *_ = cluster
     ask(sock, "r1")
     spans = {s.name: s for s in spans_of(exporter, "r1", 3)}
     assert set(spans) == {"keel.request", "keel.dispatcher", "keel.worker"}
@@ -103,7 +124,7 @@ def test_a_sampled_request_is_one_trace_with_a_span_at_each_hop(cluster):
 
 
 def test_a_callers_traceparent_is_joined_and_an_unsampled_one_is_not_traced(cluster):
-    sock, exporter, _ = cluster
+    sock, exporter, *_ = cluster
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     ask(sock, "joined", f"00-{trace_id}-{parent}-01")
     spans = spans_of(exporter, "joined", 3)
@@ -125,7 +146,7 @@ def test_tracing_off_adds_nothing_to_a_request():
 def test_the_client_passes_a_traceparent(cluster):
     from keel.common.client import Client
 
-    _, exporter, services = cluster
+    _, exporter, services, _ = cluster
     frontend = next(s for s in services if s.role == "frontend")
     trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
     with Client([frontend.cfg.local_client_endpoint or frontend.cfg.client_endpoint], timeout_ms=5000) as client:
@@ -136,3 +157,62 @@ def test_the_client_passes_a_traceparent(cluster):
             client.predict("m", np.ones(4, np.float32), traceparent="00-nope")
     request = next(s for s in spans_of(exporter, "by-client", 3) if s.name == "keel.request")
     assert f"{request.context.trace_id:032x}" == trace_id
+
+
+@pytest.mark.parametrize("cluster", [PARM], indirect=True)
+def test_a_reconstructed_request_is_one_trace_with_its_encoder_and_decoder_spans(cluster):
+    sock, exporter, services, frozen = cluster
+    dispatcher = next(s for s in services if s.role == "dispatcher")
+    assert wait_until(lambda: len(dispatcher.workers) == 3, 10.0), dispatcher.status()  # 2 deployed, 1 parity
+    frozen.add("worker-m-0")  # as SIGSTOP: it holds what it is sent and never answers
+    reconstructed = None
+    for round_ in range(20):  # rounds until the frozen worker's query is answered by reconstruction
+        for i in range(4):
+            sock.send_multipart(protocol.encode(Predict(request_id=f"r{round_}-{i}", model="m",
+                                                        input=np.full(4, float(i), np.float32), timeout_ms=5000)))
+        for _ in range(4):
+            assert sock.poll(10_000), "no reply"
+            reply = protocol.decode(sock.recv_multipart())
+            assert isinstance(reply, Reply) and reply.error is None, reply
+            if reply.source == protocol.Source.RECONSTRUCTION:
+                reconstructed = reply.request_id
+        if reconstructed:
+            break
+    assert reconstructed, "no reconstruction in 20 rounds"
+    spans = {s.name: s for s in spans_of(exporter, reconstructed, 4)}
+    assert {"keel.request", "keel.dispatcher", "keel.encoder", "keel.decoder"} <= set(spans), spans
+    request, dispatcher_, encoder, decoder = (spans[n] for n in ("keel.request", "keel.dispatcher", "keel.encoder", "keel.decoder"))
+    assert request.attributes["keel.source"] == "reconstruction"
+    assert dispatcher_.parent.span_id == request.context.span_id  # the hops' chain: dispatcher, encoder, decoder
+    assert encoder.parent.span_id == dispatcher_.context.span_id
+    assert decoder.parent.span_id == encoder.context.span_id
+    qid = request.attributes["keel.qid"]
+    assert encoder.attributes["keel.qid"] == decoder.attributes["keel.qid"] == qid
+    assert encoder.attributes["keel.group"] == decoder.attributes["keel.group"]
+    assert encoder.attributes["keel.service"] == "encoder" and decoder.attributes["keel.service"] == "decoder"
+    assert decoder.end_time <= request.end_time  # the reconstruction answered it
+
+
+@pytest.mark.parametrize("cluster", ["graph"], indirect=True)
+def test_a_sampled_graph_request_has_a_span_at_each_operator(cluster):
+    sock, exporter, *_ = cluster
+    reply = None
+    for attempt in range(50):  # until the operators are up: the frontend answers an error before
+        sock.send_multipart(protocol.encode(Predict(request_id=f"g{attempt}", model="chain",
+                                                    input=np.ones(4, np.float32), timeout_ms=2000)))
+        assert sock.poll(10_000), "no reply"
+        reply = protocol.decode(sock.recv_multipart())
+        if reply.error is None:
+            break
+        time.sleep(0.1)
+    assert isinstance(reply, Reply) and reply.error is None, reply
+    spans = spans_of(exporter, reply.request_id, 3)
+    request = next(s for s in spans if s.name == "keel.request")
+    assert request.attributes["keel.source"] == "model" and request.attributes["keel.graph"] == "chain"
+    ops = {s.attributes["keel.operator"]: s for s in spans if s.name == "keel.operator"}
+    assert set(ops) == {"a", "b"}, [(s.name, dict(s.attributes)) for s in spans]
+    assert ops["a"].parent.span_id == request.context.span_id  # the graph's path: frontend, a, b
+    assert ops["b"].parent.span_id == ops["a"].context.span_id
+    origin = request.attributes["keel.origin"]
+    assert ops["a"].attributes["keel.origin"] == ops["b"].attributes["keel.origin"] == origin
+    assert request.start_time <= ops["a"].start_time <= ops["b"].end_time <= request.end_time

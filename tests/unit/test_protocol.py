@@ -614,6 +614,15 @@ def test_partial_group_members_round_trip():
     assert decode(encode(batch)).members == members
 
 
+def test_a_traced_member_carries_its_query_and_context_and_an_untraced_one_nothing_more():
+    tp = f"00-{'a' * 32}-{'b' * 16}-01"
+    members = ParityMembers("m", "add", [MemberBatch([7], ["tcp://a:1"], traced=7, traceparent=tp), MemberBatch([8], ["tcp://a:1"])])
+    assert members.to_json()["batches"] == [[[7], ["tcp://a:1"], 7, tp], [[8], ["tcp://a:1"]]]
+    assert ParityMembers.from_json(members.to_json()) == members
+    with pytest.raises(ProtocolError, match="traced"):
+        ParityMembers.from_json({"model": "m", "encoder": "add", "batches": [[[7], ["a"], "7", tp], None]})
+
+
 @pytest.mark.parametrize("changes,match", [
     ({"slots": 0}, "slots"), ({"slots": 10**6}, "slots"), ({"max_batch": 0}, "max_batch"),
     ({"max_batch": 10**7}, "max_batch"), ({"threads": 0}, "threads"), ({"price": -1}, "price"),
