@@ -53,9 +53,8 @@ from keel.common.config import DispatcherConfig
 from keel.common.ids import IdSpace
 from keel.common.protocol import (
     MAX_SLOTS, MAX_THREADS, Answered, Batch, Configure, Done, Heartbeat, Leave, Queries, Register, ModelRole, Status,
-    transit_s,
+    Withdraw, transit_s,
 )
-from keel.common.protocol import Withdraw  # cancellation: the frontend withdraws a cancelled request's queries
 from keel.services.base import Service
 from keel.services.requests import carry_trace, stack_rows
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
