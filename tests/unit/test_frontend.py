@@ -19,12 +19,13 @@ from keel.common.protocol import (
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest
 from keel.services.frontend import Frontend
+from tests.support.frontends import SteppedFrontend
 from keel.services.requests import DedupTable, LifecycleError, Request, State
 
 DIM, OUT = 4, 2
 
 
-class Harness:
+class Harness(SteppedFrontend):
     def __init__(self, zsock, **options):
         self.zsock = zsock
         self.dispatcher = zsock(zmq.PULL, bind="tcp://127.0.0.1:*")
@@ -34,18 +35,6 @@ class Harness:
                              log_requests=False, **options)
         self.fe = Frontend(cfg)
         self.worker = zsock(zmq.PUSH, connect=self.fe.reply_to)
-
-    def client(self) -> zmq.Socket:
-        return self.zsock(zmq.DEALER, connect=transport.endpoint_of(self.fe.router))
-
-    def step(self, condition, timeout_s: float = 5.0):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.fe.tick(0.01)
-            value = condition()
-            if value:
-                return value
-            assert time.monotonic() < deadline, "condition did not hold"
 
     def predict(self, dealer, rid: str, x, model: str = "m", timeout_ms: float | None = 10_000) -> None:
         transport.send(dealer, Predict(request_id=rid, model=model, input=np.asarray(x, np.float32), timeout_ms=timeout_ms))

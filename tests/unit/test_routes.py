@@ -7,7 +7,6 @@ checked is the same for all three: the call's ``timeout_ms`` bounds it, the dead
 answer, the one admission budget counted in queries, retries and cancellation."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -19,13 +18,14 @@ from keel.common.protocol import Cancel, ErrorCode, Predict, Predictions, Querie
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphRequest
 from keel.services.frontend import Frontend
+from tests.support.frontends import SteppedFrontend
 
 DIM, OUT = 4, 2
 NAMES = {"model": "m", "application": "app", "graph": "graph"}
 KINDS = list(NAMES)
 
 
-class Front:
+class Front(SteppedFrontend):
     """A frontend serving a target of each kind, and the far ends of each route."""
 
     def __init__(self, zsock, kind: str, default: list[float] | None = None, own_ms: float = 60_000.0, **options):
@@ -50,18 +50,6 @@ class Front:
         self.fe = Frontend(cfg)
         self.worker = zsock(zmq.PUSH, connect=self.fe.reply_to)
         self.out = zsock(zmq.PUSH, connect=self.fe.graphs["graph"].reply_to)
-
-    def client(self) -> zmq.Socket:
-        return self.zsock(zmq.DEALER, connect=transport.endpoint_of(self.fe.router))
-
-    def step(self, condition, timeout_s: float = 5.0):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.fe.tick(0.01)
-            value = condition()
-            if value:
-                return value
-            assert time.monotonic() < deadline, "condition did not hold"
 
     def send(self, dealer, rid: str, x: np.ndarray, name: str | None = None, **kwargs) -> None:
         name = name or self.name
