@@ -86,7 +86,7 @@ def async_predicting(endpoint: str, model: str = "m") -> Iterator[Callable[[np.n
     one's, runs from the call to its answer's decoding)."""
     import asyncio
 
-    from keel.common.client import AsyncClient
+    from keel.common.async_client import AsyncClient
 
     loop = asyncio.new_event_loop()
     client = AsyncClient([endpoint], timeout_ms=5000)

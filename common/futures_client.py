@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from keel.common.client import AsyncClient
+from keel.common.async_client import AsyncClient
 from keel.common.results import Result
 
 __all__ = ["FuturesClient"]

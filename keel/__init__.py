@@ -21,7 +21,7 @@ import importlib
 
 _EXPORTS = {
     "Client": "keel.common.client",
-    "AsyncClient": "keel.common.client",
+    "AsyncClient": "keel.common.async_client",
     "FuturesClient": "keel.common.futures_client",
     "Result": "keel.common.client",
     "FeedbackResult": "keel.common.client",

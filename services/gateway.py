@@ -64,7 +64,7 @@ import zmq
 import zmq.asyncio
 
 from keel.common import curve, inputs, logs, protocol, transport
-from keel.common.client import AsyncClient
+from keel.common.async_client import AsyncClient
 from keel.common.config import GatewayConfig
 from keel.common.inputs import DATATYPES, OIP_OF
 from keel.common.metrics import Metrics

@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 from keel.common import inputs, tracing, transport
-from keel.common.client import AsyncClient, Result
+from keel.common.async_client import AsyncClient
+from keel.common.client import Result
 from keel.common.config import GatewayConfig
 from keel.common.protocol import ErrorCode
 

@@ -20,7 +20,8 @@ import numpy as np
 import orjson
 import pytest
 
-from keel.common.client import AsyncClient, Client
+from keel.common.async_client import AsyncClient
+from keel.common.client import Client
 from keel.common.futures_client import FuturesClient
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec

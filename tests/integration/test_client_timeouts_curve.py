@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from keel.common import curve
-from keel.common.client import GRACE_MS, AsyncClient, Client, DeadlineExceeded, Reason, Refused
+from keel.common.async_client import AsyncClient
+from keel.common.client import GRACE_MS, Client, DeadlineExceeded, Reason, Refused
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block

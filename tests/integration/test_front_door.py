@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from keel.common.client import AsyncClient, Client
+from keel.common.async_client import AsyncClient
+from keel.common.client import Client
 from keel.common.spec import load_spec
 from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port, free_port_block

@@ -57,7 +57,7 @@ def test_a_dead_frontends_calls_move_at_once(tmp_path, launcher, client):
 def test_a_dead_frontends_calls_move_at_once_with_the_async_client(tmp_path, launcher):
     import asyncio
 
-    from keel.common.client import AsyncClient
+    from keel.common.async_client import AsyncClient
 
     spec, run = _two_frontends(tmp_path, launcher, "fe-kill-async")
     xs = np.random.default_rng(6).random((40, DIM), dtype=np.float32)

@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from keel.common.client import (AsyncClient, BadInput, Client, DeadlineExceeded, KeelError, UnknownModel, coerce_input,
-                           error_for)
+from keel.common.async_client import AsyncClient
+from keel.common.client import BadInput, Client, DeadlineExceeded, KeelError, UnknownModel, coerce_input, error_for
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block

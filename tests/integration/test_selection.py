@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from keel.common.client import AsyncClient
+from keel.common.async_client import AsyncClient
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from keel.common import loadgen, protocol
-from keel.common.client import AsyncClient
+from keel.common.async_client import AsyncClient
 from keel.common.protocol import ErrorCode, Heartbeat, Predict, Reply, Source
 from keel.common.spec import ClusterSpec, load_spec
 from keel.common.transport import request_status

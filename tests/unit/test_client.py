@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from keel.common import protocol, transport
-from keel.common.client import AsyncClient, Client
+from keel.common.async_client import AsyncClient
+from keel.common.client import Client
 from keel.common.protocol import Predict, Reply, Source
 from keel.deploy.local import local_endpoint
 

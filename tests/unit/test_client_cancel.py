@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from keel.common import protocol, transport
-from keel.common.client import AsyncClient, Cancelled, Client
+from keel.common.async_client import AsyncClient
+from keel.common.client import Cancelled, Client
 from keel.common.futures_client import FuturesClient
 from keel.common.protocol import Cancel, ErrorCode, Predict, Reply, Source
 

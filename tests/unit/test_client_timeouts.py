@@ -18,8 +18,8 @@ import pytest
 import zmq
 
 from keel.common import protocol, transport
-from keel.common.client import (GRACE_MS, AsyncClient, Client, DeadlineExceeded, Link, Reason, Refused, RetryEngine,
-                                Unreachable, _Call)
+from keel.common.async_client import AsyncClient
+from keel.common.client import (GRACE_MS, Client, DeadlineExceeded, Link, Reason, Refused, RetryEngine, Unreachable, _Call)
 from keel.common.protocol import ErrorCode, Predict, Reply, Source
 from keel.deploy.local import local_endpoint
 from tests.support.loop import Ticker

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from keel.common import protocol, transport
-from keel.common.client import AsyncClient
+from keel.common.async_client import AsyncClient
 from keel.common.config import GatewayConfig, ModelInfo
 from keel.common.protocol import ErrorCode, Predict, Reply, Source
 from keel.deploy.local import local_endpoint
