@@ -38,7 +38,7 @@ from keel.common.protocol.messages import GraphRequest
 from keel.common.spec.graph import FRONTEND
 from keel.services.graph import lineage as lin
 from keel.services.executors import Executors, Job, set_torch_threads
-from keel.services.graph.models import GraphBatch
+from keel.services.graph.models import GraphBatch, split_failing
 from keel.services.graph.roles import SERVING, OperatorRole as R
 
 
@@ -381,33 +381,18 @@ class Batches:
         return f"{r.request}@{r.sender}"
 
     def _without_failing_rows(self, rows: list[GraphRequest]):
-        """The model raised on a batch: find the rows it fails on alone and answer them with
-        the error (straight to the frontend; no seq is used, 0 on the wire; the state is
-        untouched); compute the rest again as one batch (``compute`` only reads the state)."""
-        def why(exc: Exception) -> str:
-            return f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
-
-        good, errors = [], {}
-        for r in rows:
-            try:
-                self.serving.model.compute(GraphBatch(r.input[None], [r.stream]))
-                good.append(r)
-            except Exception as exc:
-                errors[id(r)] = why(exc)
-        batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
-        outputs = None
-        if good:
-            try:
-                outputs = self.serving.model.compute(batch)
-            except Exception as exc:  # the rows fail only together: every one gets the error
-                errors.update({id(r): why(exc) for r in good})
-                good = []
+        """The model raised on a batch: answer the rows it fails on alone with the error
+        (straight to the frontend; no seq is used, 0 on the wire; the state is untouched);
+        the rest are computed again as one batch (``models.split_failing``)."""
+        good, batch, outputs, errors = split_failing(self.serving.model, rows)
         for r in rows:
             if id(r) in errors:
-                self.log.error("model error; the request is answered with it", operator=self.op, error=errors[id(r)])
+                exc = errors[id(r)]
+                why = f"operator {self.op} ({self.spec.kind}) failed: {type(exc).__name__}: {exc}"[:500]
+                self.log.error("model error; the request is answered with it", operator=self.op, error=why)
                 self.errors += 1
                 self.links.send_on(FRONTEND, GraphRequest(self.op, 0, r.origin, r.stream, [], np.zeros(0, np.float32),
-                                                     error=errors[id(r)], request=r.request, reply_to=r.reply_to))
+                                                          error=why, request=r.request, reply_to=r.reply_to))
         return good, batch, outputs
 
     def release_held(self, seq: int) -> None:

@@ -3,14 +3,15 @@ a spec's ``pad_ms`` (the model's service time the overhead experiment emulates, 
 GPU services taking tens to hundreds of ms per batch) and ``state_delay_ms`` (Fig. 6's
 slow delivery of a state to a backup, where no delay proxy sits on the link).
 
-``install(operator)`` applies the ones its spec names, ``padded(model, spec)`` pads a
-model where one is made; with neither key set they change nothing. Nothing else reads
-these keys.
+``state_handler(spec, ...)`` is the handler of shipped states the operator wires (a late
+one where the spec names a delay), ``padded(model, spec)`` pads a model where one is made;
+with neither key set they change nothing. Nothing else reads these keys.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 from keel.common.protocol.messages import GraphState
 
@@ -48,24 +49,24 @@ def padded(model, spec):
 
 
 class LateStates:
-    """A backup takes each shipped state ``delay_ms`` after it arrived (in arrival order)."""
+    """A backup takes each shipped state ``delay_ms`` after it arrived (in arrival order):
+    ``hold`` takes the states in the handler's place, and ``on_state`` (the backup side's)
+    gets each when it is due, while ``backing()``. ``every`` is the loop's timer."""
 
-    def __init__(self, operator, delay_ms: float):
-        self.operator, self.delay_s = operator, delay_ms / 1000
+    def __init__(self, delay_ms: float, on_state: Callable, backing: Callable[[], bool], every: Callable):
+        self.delay_s, self.on_state, self.backing = delay_ms / 1000, on_state, backing
         self.late: deque[tuple[float, GraphState]] = deque()
-        self.on_state = operator._on_state
-        operator._on_state = self.hold  # the backup roles' handler of GraphState
-        operator.every(0.002, self.deliver)
+        every(0.002, self.deliver)
 
     def hold(self, msg: GraphState) -> None:
         self.late.append((time.monotonic() + self.delay_s, msg))
 
     def deliver(self, now: float) -> None:
-        while self.late and self.late[0][0] <= now and self.operator.backup_side.backing:
+        while self.late and self.late[0][0] <= now and self.backing():
             self.on_state(self.late.popleft()[1])
 
 
-def install(operator) -> None:
-    """The hooks ``operator``'s spec asks for (padding is applied where models are made)."""
-    if operator.spec.state_delay_ms:
-        operator.late_states = LateStates(operator, operator.spec.state_delay_ms)
+def state_handler(spec, on_state: Callable, backing: Callable[[], bool], every: Callable) -> Callable:
+    """The backup roles' handler of ``GraphState``: ``on_state`` itself, or, where the
+    spec names a ``state_delay_ms``, a ``LateStates``'s ``hold`` in front of it."""
+    return LateStates(spec.state_delay_ms, on_state, backing, every).hold if spec.state_delay_ms else on_state

@@ -38,6 +38,29 @@ class GraphBatch:
     streams: list[int]
 
 
+def split_failing(model, rows: list) -> tuple[list, GraphBatch | None, object, dict]:
+    """A model raised on a batch of ``rows`` (``GraphRequest``s): find the rows it fails on
+    alone, and compute the rest again as one batch (``compute`` only reads the state, so
+    trying rows changes nothing). Returns (the good rows, their batch, its outputs, id(row)
+    -> the exception of each failing row); rows that fail only together all fail."""
+    good, errors = [], {}
+    for r in rows:
+        try:
+            model.compute(GraphBatch(r.input[None], [r.stream]))
+            good.append(r)
+        except Exception as exc:
+            errors[id(r)] = exc
+    batch = GraphBatch(np.stack([r.input for r in good]), [r.stream for r in good]) if good else None
+    outputs = None
+    if good:
+        try:
+            outputs = model.compute(batch)
+        except Exception as exc:  # the rows fail only together: every one gets the error
+            errors.update({id(r): exc for r in good})
+            good = []
+    return good, batch, outputs, errors
+
+
 class StatelessOperator:
     stateful = False
 

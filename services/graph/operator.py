@@ -8,7 +8,7 @@ Frames in (one PULL, ``endpoint``): ``GraphRequest`` from predecessors, ``GraphS
 (backup, from its primary), ``GraphAck`` and ``GraphDurable`` (primary, from its backup;
 backups, from previous stateful models' backups; everyone, from the frontend: replies up
 to that origin have left the graph, so saved outputs can go). What each role does with
-each, in one place (``GraphOperator.ON``)::
+each, in one place (``GraphOperator.ON``, naming this class's handlers and its parts')::
 
     role          GraphRequest      GraphState   GraphAck                              GraphDurable
     STATELESS     queue             -            successor: resend; mine: number on    GC, upstream takeover
@@ -20,17 +20,17 @@ each, in one place (``GraphOperator.ON``)::
     ROLLING_BACK  held until the manager's answer, then handled by the role it gives
     FENCED        -                 -            -                                     GC
 
-The class is put together from one part per piece of the protocol. Objects of their own,
-each given what it needs (the role record, the shared tables of ``services.graph.tables``,
-the send functions of ``services.graph.links``, the event log) and reading nothing of
-another: ``services.graph.batches`` (``batcher``: the batch: compute, number, send or hold,
-update, copy) and ``services.graph.backup`` (``backup_side``: Algorithm 2, kept outputs).
-Still a mixin: ``services.graph.recovery`` (HAMS II: promotions, fencing, rejoining,
-roll-backs, driven by the manager's feed and answers, none waited for in the loop); it
-reaches the shared tables through this class's properties (``_shared``).
-The ``ls`` baseline's checkpoints are a part of their own
-(``services.graph.stash``, held only in that mode); the experiments' padding and delayed
-states are ``services.graph.hooks``.
+The class wires one part per piece of the protocol: objects of their own, each given what
+it needs (the role record, the shared tables of ``services.graph.tables``, the send
+functions of ``services.graph.links``, the event log, the clock of the loop's timers) and
+reading nothing of another: ``services.graph.batches`` (``batcher``: the batch: compute,
+number, send or hold, update, copy), ``services.graph.backup`` (``backup_side``: Algorithm
+2, kept outputs), ``services.graph.recovery`` (``recovery``: HAMS II: promotions, fencing,
+rejoining, resends, driven by the manager's feed and answers, none waited for in the loop)
+and ``services.graph.rollback`` (``rollback``: Fig. 6's roll-backs). What the inbox takes
+and recovery resets is the shared ``Inputs`` table. The ``ls`` baseline's checkpoints are a
+part of their own (``services.graph.stash``, held only in that mode); the experiments'
+padding and delayed states are ``services.graph.hooks``.
 
 Downstream of a stateful takeover (max_seq at a new epoch, the ``GraphDurable`` the new
 primary sends its successors and the next backups): a successor's primary that took an
@@ -47,7 +47,7 @@ go to every frontend (``config.frontends``); the GC horizon is per frontend inca
 from __future__ import annotations
 
 import time
-from collections import deque
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -67,10 +67,11 @@ from keel.services.graph.backup import BackupSide
 from keel.services.graph.batches import Batches
 from keel.services.graph.lineage import source_of
 from keel.services.graph.links import Links
-from keel.services.graph.recovery import BACKUP_GRACE_S, LEASE_S, Recovery
+from keel.services.graph.recovery import LEASE_S, Recovery
+from keel.services.graph.rollback import BACKUP_GRACE_S, RollBack
 from keel.services.graph.roles import BACKING, SERVING, OperatorRole, RoleRecord
 from keel.services.graph.stash import LineageStash
-from keel.services.graph.tables import Serving, Tables
+from keel.services.graph.tables import Inputs, Serving, Tables
 from keel.services.graph.statemgr import StateManager
 from keel.services.graph.events import EventLog
 
@@ -83,23 +84,18 @@ R = OperatorRole
 REST_OF_BATCH_S = 0.005
 
 
-def _shared(table: str, name: str) -> property:
-    """``name`` of the shared table ``table`` (``services.graph.tables``), as my attribute."""
-    return property(lambda self: getattr(getattr(self, table), name),
-                    lambda self, value: setattr(getattr(self, table), name, value))
-
-
-class GraphOperator(Recovery, Service):
+class GraphOperator(Service):
     role = "graph_operator"
 
-    #: each role's handler of each message kind (none: dropped); ROLLING_BACK holds them all
+    #: each role's handler of each message kind (none: dropped; ``recovery.``: that part's);
+    #: ROLLING_BACK holds them all
     ON = {
-        R.STATELESS: {GraphRequest: "_on_request", GraphAck: "_ack_at_stateless", GraphDurable: "_on_durable"},
-        R.STANDBY: {GraphRequest: "_on_request", GraphAck: "_ack_at_standby", GraphDurable: "_on_durable"},
+        R.STATELESS: {GraphRequest: "_on_request", GraphAck: "recovery.ack_at_stateless", GraphDurable: "_on_durable"},
+        R.STANDBY: {GraphRequest: "_on_request", GraphAck: "recovery.ack_at_standby", GraphDurable: "_on_durable"},
         R.PRIMARY: {GraphRequest: "_on_request", GraphAck: "_ack_at_primary", GraphDurable: "_on_durable"},
-        R.DEGRADED: {GraphRequest: "_on_request", GraphAck: "_ack_at_degraded", GraphDurable: "_on_durable"},
-        R.BACKUP: {GraphState: "_on_state", GraphAck: "_ack_at_backup", GraphDurable: "_on_durable"},
-        R.REJOINING: {GraphState: "_on_state", GraphAck: "_ack_at_backup", GraphDurable: "_on_durable"},
+        R.DEGRADED: {GraphRequest: "_on_request", GraphAck: "recovery.ack_at_degraded", GraphDurable: "_on_durable"},
+        R.BACKUP: {GraphState: "_on_state", GraphAck: "recovery.ack_at_backup", GraphDurable: "_on_durable"},
+        R.REJOINING: {GraphState: "_on_state", GraphAck: "recovery.ack_at_backup", GraphDurable: "_on_durable"},
         R.FENCED: {GraphDurable: "_on_durable"},
     }
 
@@ -121,7 +117,6 @@ class GraphOperator(Recovery, Service):
             config.role, R.PRIMARY if self.stateful else R.STATELESS)
         # the one record of my role and epochs (``roles.RoleRecord``): everything else reads it
         self.role_record = RoleRecord(first, config.epoch, on_change=self._role_changed)
-        self.deferred: deque = deque()  # what reached a rolling-back primary, handled once it is decided
         self.inbox = self.add_socket(transport.make_socket(self.ctx, zmq.PULL, bind=config.endpoint), self._on_inbox)
         self.serve_status(config.status_endpoint)
         self.peers = transport.Peers(self.ctx, on_new=self.sockets.append)
@@ -129,8 +124,7 @@ class GraphOperator(Recovery, Service):
         self.links = Links(self.op, self.graph, self.peers, config.peers, config.frontends)
         self.serving = Serving()  # the model, statemgr, queue, seqs and saved outputs: batches and recovery change them
         self.rest_due: dict[str, float] = {}  # predecessor -> until when the rest of its batch is waited for
-        # (reply_to, origin) -> predecessor -> its request: origins are unique per frontend only
-        self.joining: dict[tuple, dict[str, GraphRequest]] = {}
+        self.inputs = Inputs()  # what my inbox took of each source: recovery reads and resets it
         self.preds = self.graph.predecessors(self.op)
         self.succs = self.graph.successors(self.op)
         self._shapes = {p: self.graph.input_shape if p == FRONTEND else self.graph.operators[p].output_shape
@@ -139,64 +133,71 @@ class GraphOperator(Recovery, Service):
         # requests it applied (a backup: the state it applied; a retry is answered, not applied),
         # each frontend incarnation's released replies
         self.tables = Tables(applied=AppliedRequests() if self.spec.stateful else None)
-        self.taken: dict[str, set[int]] | None = None  # after a takeover: inputs taken (resent duplicates dropped)
-        self.resend_after: dict[str, tuple[int, int]] = {}  # successor -> (its epoch, my seq it holds)
-        self.early_acks: dict[str, tuple[int, int]] = {}  # the same, come while I was still the backup
-        self.epochs: dict[str, int] = {}  # operator -> newest epoch of its group seen in the feed
-        self.notice_epochs: dict[str, int] = {}  # operator -> newest epoch of its durability notices
-        self.fenced = False  # a newer holder of my group existed: I released nothing more at my old epoch
-        self.takeovers = 0
-        self.took: dict[str, int] = {}  # predecessor -> highest of its seqs taken
-        # after a roll-back in place (same inbox: predecessors that have not heard of it keep
-        # sending), per predecessor, the seq its resend starts at: a newer input that reaches
-        # me first is dropped (it comes again in that resend, in order)
-        self.resync: dict[str, int] = {}
-        self.took_before: dict[str, dict[str, int]] = {}  # predecessor -> its predecessor -> highest seq on that lineage
-        self.numbering = False  # a promoted standby waits for a successor's highest seq before it numbers
-        self.holders_seen: set[str] = set()  # who held my group (a joining backup is none of them)
-        self.backup_lost = False  # a primary's socket to its backup disconnected (Fig. 6: roll back in place)
-        self.relaying = False  # a primary with a joined backup: notices meant for my backup reach me; I pass them on
         self.events = EventLog(config.trace_path)
         if self.events:
             self.every(0.2, self.events.flush)
         # the ls baseline's checkpoints (its own part, called at three points; None in other modes)
-        self.stash = LineageStash(self) if self.mode.checkpoints else None
+        self.stash = LineageStash(self.op, self.graph, self.role_record, self.serving, self.tables, self.events,
+                                  recovered=lambda: self.recovery.takeovers > 0) if self.mode.checkpoints else None
         self.backup_side = BackupSide(self.op, self.preds, self.graph.stateful, self.role_record, self.tables,
                                       self.events, self.log, to_primary=lambda m: self.links.to(self.op, m),
                                       announce=self.links.announce_durable)
-        self.standby_for: dict[str, object] = {}  # a standby: operator -> its model, loaded and ready
+        # what reaches the backup roles' GraphState handler (late, where an experiment asks for it)
+        self.take_state = hooks.state_handler(self.spec, self.backup_side.on_state,
+                                              lambda: self.backup_side.backing, self.every)
+        standby_for = {}  # a standby: operator -> its model, loaded and ready
         if self.role_record.role is R.STANDBY:
             for name, spec in self.graph.operators.items():
                 if spec.kind == self.spec.kind:
-                    self.standby_for[name] = self._new_model(spec)
+                    standby_for[name] = self._new_model(spec)
         elif self.role_record.role in BACKING:
             self.backup_side.start(self.role_record.epoch)
         else:
-            self.model = self._new_model(self.spec)
-            if self.model.stateful:
-                self.model.start()
+            self.serving.model = self._new_model(self.spec)
+            if self.serving.model.stateful:
+                self.serving.model.start()
             if self.stateful:
-                self.statemgr = self._new_statemgr(config.peers[f"{self.op}.backup"])
+                self.serving.statemgr = self._new_statemgr(config.peers[f"{self.op}.backup"])
+        # HAMS II (``services.graph.recovery``, ``services.graph.rollback``): each told of the other
+        # through the functions given here; both void the batch computing when they drop a state
+        def drop_computing() -> None:
+            self.batcher.drop_computing()  # made below, after the lease it is given
+        self.rollback = RollBack(self.op, self.spec, self.preds, self.graph.stateful, self.mode.ships_state,
+                                 self.role_record, self.serving, self.tables, self.inputs, self.links, self.events,
+                                 self.log, self._new_model, drop_computing, member=lambda: self.recovery.member,
+                                 group_epoch=lambda: self.recovery.group_epoch(),
+                                 on_decided=lambda rolled_back: self.recovery.on_decided(rolled_back),
+                                 peers=self.peers, endpoints=config.peers, every=self.every, add_socket=self.add_socket)
+        self.recovery = Recovery(self.op, self.name, self.graph, self.stateful, self.role_record, self.serving,
+                                 self.tables, self.inputs, self.links, config.peers, self.peers, self.backup_side,
+                                 self.stash, self.events, self.log, self._new_model, self._new_statemgr,
+                                 drop_computing, self.rollback.roll_back, standby_for, self.every)
         self.batcher = Batches(self.op, self.spec, self.mode, self.stateful, self.preds, self.succs, self.role_record,
                                self.serving, self.tables, self.links, self.events, self.log, self.stash,
-                               notify=self.backup_side.notify, leased=self.leased,
+                               notify=self.backup_side.notify, leased=self.recovery.leased,
                                inbox_waiting=lambda: bool(self.inbox.poll(0)))
         # a long batch computes on the device thread while the loop serves (``services.graph.batches``)
         device_fd = self.batcher.open_device()
         self.poller.register(device_fd, zmq.POLLIN)
         self.handlers[device_fd] = self.batcher.on_device_done
-        hooks.install(self)
         self.manager = None
         if config.manager is not None:
             self._link_manager()
-            if self.statemgr is not None:
-                self._watch_backup()
+            if self.serving.statemgr is not None:
+                self.rollback.watch_backup()
 
-    # the shared tables, read and written by recovery (still a mixin) and the ls stash
-    consumed, applied = _shared("tables", "consumed"), _shared("tables", "applied")
-    model, statemgr, own = _shared("serving", "model"), _shared("serving", "statemgr"), _shared("serving", "own")
-    queue, next_seq, awaiting = _shared("serving", "queue"), _shared("serving", "next_seq"), _shared("serving", "awaiting")
-    outputs, held = _shared("serving", "outputs"), _shared("serving", "held")
+    def _link_manager(self) -> None:
+        """The manager's link, its feed and answers to recovery (the parts that act on them)."""
+        role = self.role_record.role
+        me = None
+        if self.stateful or role in BACKING or role in (R.STATELESS, R.STANDBY):
+            me = {"name": self.name, "group": f"graph/{self.op}", "host": "local", "endpoints": {"inbox": self.config.endpoint}}
+        primary_first = role in BACKING or role is R.STANDBY  # the spec's primary takes the role first
+        self.link_manager(self.config.manager, on_change=self.recovery.on_manager_change, me=me,
+                          on_role=self.recovery.on_role, ready=lambda: self.role_record.role is not R.REJOINING,
+                          may_register=lambda: not primary_first or self.manager.holder(f"graph/{self.op}")[0])
+        self.rollback.link(self.manager)
+        self.recovery.link(self.manager)
 
     # --- the state machine -------------------------------------------------------------------
     def _role_changed(self, event: str, before: OperatorRole, after: OperatorRole) -> None:
@@ -204,78 +205,38 @@ class GraphOperator(Recovery, Service):
         if self.events:
             self.events.write("role", operator=self.op, event=event, before=before.value, role=after.value)
 
-    def _replay_deferred(self) -> None:
-        """What reached me while I rolled back, handled now by the role the manager gave me."""
-        while self.deferred and self.role_record.role is not R.ROLLING_BACK:
-            self.deferred.popleft()()
-
     def _on_inbox(self, sock: zmq.Socket) -> None:
         for _, msg in self.messages(sock):
             self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
         if self.role_record.role is R.ROLLING_BACK:
-            self.deferred.append(lambda: self._dispatch(msg))
+            self.recovery.defer(lambda: self._dispatch(msg))
             return
         name = self.ON[self.role_record.role].get(type(msg))
         if name is not None:
-            getattr(self, name)(msg)
+            attrgetter(name)(self)(msg)
 
-    # --- GraphAck, per role ----------------------------------------------------------------
-    def _ack_at_standby(self, msg: GraphAck) -> None:
-        if msg.operator == self.op and msg.epoch > self.role_record.newest:
-            # Addressed to the group's new holder: a successor read my promotion in the feed
-            # before I did. Dropping its word left me waiting to number for ever.
-            self._on_role(self.member, msg.epoch)
-            if self.role_record.role is R.STATELESS:
-                self._ack_at_stateless(msg)
-
-    def _ack_at_stateless(self, msg: GraphAck) -> None:
-        if msg.operator == self.op and self.numbering:
-            self.next_seq = max(self.next_seq, msg.seq + 1)  # a successor's highest: number on from there
-            self.numbering = False  # one successor's word (several successors: not yet: docs/design/hams.md, Limits)
-        elif msg.operator in self.succs:
-            self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
-
+    # --- GraphAck and GraphDurable: what recovery leaves to the batch's window and to GC --------
     def _ack_at_primary(self, msg: GraphAck) -> None:
         if msg.operator in self.succs:
-            self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
-        elif msg.operator == self.op and self.statemgr is not None and self.role_record.current(msg.epoch):
-            self.statemgr.on_ack(msg.seq)  # my backup has state msg.seq: the window moves
+            self.recovery.on_successor_ack(msg.operator, msg.epoch, msg.seq)
+        elif msg.operator == self.op and self.serving.statemgr is not None and self.role_record.current(msg.epoch):
+            self.serving.statemgr.on_ack(msg.seq)  # my backup has state msg.seq: the window moves
             self.batcher.release_held(msg.seq)
 
-    def _ack_at_degraded(self, msg: GraphAck) -> None:
-        if msg.operator in self.succs:
-            self._on_successor_ack(msg.operator, msg.epoch, msg.seq)
-        elif msg.operator == self.op and self.role_record.current(msg.epoch):
-            self._bring_up_backup()  # a member joined my group and asks for my whole state
-
-    def _ack_at_backup(self, msg: GraphAck) -> None:
-        if msg.operator in self.succs:
-            # a successor and I failed together, and its takeover's ack reached me before my
-            # own promotion did: kept for it (dropped, I waited for it for ever: nothing went on)
-            self.early_acks[msg.operator] = (msg.epoch, msg.seq)
-
-    # --- GraphDurable ---------------------------------------------------------------------
     def _on_durable(self, msg: GraphDurable) -> None:
-        if self.relaying and msg.operator != self.op:  # others send my backup's notices to the holder: pass them on
-            self.links.to(f"{self.op}.backup", msg)
-        if msg.epoch > self.notice_epochs.get(msg.operator, 1) and msg.operator != self.op:  # 1: the spec's epoch
-            self.notice_epochs[msg.operator] = msg.epoch  # a takeover upstream, its state up to msg.seq
-            if self.role_record.role in BACKING:
-                self.backup_side.forget_after(msg.operator, msg.seq)
-            elif msg.operator in self.preds and self.role_record.role in SERVING and self.took.get(msg.operator, -1) > msg.seq:
-                self._roll_back(msg.operator, msg.seq)
-                return
+        if self.recovery.on_notice(msg):  # relayed to a joined backup; a takeover upstream rolled me back
+            return
         if msg.operator == FRONTEND:
             self._on_released(msg.seq)
         elif self.role_record.role in BACKING:
             self.backup_side.on_notify(msg.operator, msg.seq)
         elif self.role_record.role is R.DEGRADED and msg.operator != self.op:
-            self.backup_side.notify(self.own.on_notify(msg.operator, msg.seq))
-        elif self.role_record.role is R.PRIMARY and self.statemgr is not None and msg.operator == self.op \
+            self.backup_side.notify(self.serving.own.on_notify(msg.operator, msg.seq))
+        elif self.role_record.role is R.PRIMARY and self.serving.statemgr is not None and msg.operator == self.op \
                 and self.role_record.current(msg.epoch):
-            self.statemgr.on_durable(msg.seq)
+            self.serving.statemgr.on_durable(msg.seq)
             self.batcher.release_held(msg.seq)  # durable implies delivered (S1, Remus hold outputs until then)
 
     def _on_released(self, seq: int) -> None:
@@ -285,11 +246,12 @@ class GraphOperator(Recovery, Service):
         released = self.tables.released
         released.note(seq)  # a frontend's notice frees only its own origins
         stashed = self.stash.stashed() if self.stash is not None else None  # ls: kept until a successor checkpoints
-        for s in [s for s, m in self.outputs.items() if released.covers(m.origin) and (stashed is None or s <= stashed)]:
-            del self.outputs[s]  # its reply left the graph: no resend will need it
+        outputs, joining = self.serving.outputs, self.inputs.joining
+        for s in [s for s, m in outputs.items() if released.covers(m.origin) and (stashed is None or s <= stashed)]:
+            del outputs[s]  # its reply left the graph: no resend will need it
         self.backup_side.forget_released(stashed)
-        for key in [k for k in self.joining if released.covers(k[1])]:
-            del self.joining[key]  # answered already (another branch's error): the join never completes
+        for key in [k for k in joining if released.covers(k[1])]:
+            del joining[key]  # answered already (another branch's error): the join never completes
 
     def _new_model(self, spec):
         """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's
@@ -305,7 +267,7 @@ class GraphOperator(Recovery, Service):
 
     # --- messages -------------------------------------------------------------------
     def _on_state(self, msg: GraphState) -> None:
-        self.backup_side.on_state(msg)  # (hooks.LateStates may hold it first)
+        self.take_state(msg)  # the backup side's (``hooks.LateStates`` may hold it first)
 
     def _on_request(self, msg: GraphRequest) -> None:
         # a standby keeps what reaches it: it is addressed as the new holder by a peer that read
@@ -322,50 +284,37 @@ class GraphOperator(Recovery, Service):
                 self.rest_due[msg.sender] = now + REST_OF_BATCH_S
         else:
             self.rest_due.pop(msg.sender, None)
-        source = source_of(msg.sender, msg.seq)
-        if msg.seq <= self.took.get(source, -1) and self.taken is None:
-            return  # a resent input taken already (each source's seqs arrive in order, resends aside)
-        if source in self.resync:
-            if msg.seq > self.resync[source]:
-                return  # sent before the sender heard of my roll-back: its resend carries it, in order
-            if msg.seq == self.resync[source]:
-                del self.resync[source]  # the resend (or the next new input) arrived: in order again
-        if msg.lineage:  # for a predecessor's replacement (_report_taken, _roll_back)
-            self.took[source] = max(msg.seq, self.took.get(source, -1))
-            entry, before = msg.lineage[-1], self.took_before.setdefault(source, {})
-            came_from = source_of(entry.predecessor, entry.predecessor_seq)
-            before[came_from] = max(before.get(came_from, -1), entry.predecessor_seq)
-        if self.taken is not None:  # after a takeover predecessors resend: each input once
-            taken = self.taken.setdefault(source, set())
-            if msg.seq <= self.consumed.get(source, -1) or msg.seq in taken:
-                return
-            taken.add(msg.seq)
+        if not self.inputs.take(msg, self.tables.consumed):
+            return  # a resend of an input taken already, or one its resend will carry in order
         if len(self.preds) == 1 or self.spec.join == "interleave":
-            self.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
+            self.serving.queue.append(msg)  # interleaving: inputs batch in arrival order (HAMS S1 non-determinism)
             return
-        parts = self.joining.setdefault((msg.reply_to, msg.origin), {})
+        joining = self.inputs.joining
+        parts = joining.setdefault((msg.reply_to, msg.origin), {})
         parts[msg.sender] = msg
         if len(parts) == len(self.preds):  # combine: every input of this origin arrived
-            del self.joining[msg.reply_to, msg.origin]
+            del joining[msg.reply_to, msg.origin]
             ins = [parts[p] for p in self.preds]
             lineage = lin.join([m.lineage for m in ins])
             lineage += [lin.LineageEntry(m.sender, m.seq, "?", -1) for m in ins[1:]]  # numbered in step()
-            self.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
+            self.serving.queue.append(GraphRequest(ins[0].sender, ins[0].seq, msg.origin, msg.stream, lineage,
                                            np.concatenate([m.input for m in ins], axis=-1),
                                            degraded=True if any(m.degraded for m in ins) else None,
                                            request=msg.request, reply_to=msg.reply_to))
 
     # --- the batch loop ---------------------------------------------------------------
     def tick(self, timeout: float | None = None) -> None:
+        queue = self.serving.queue
+
         def can_step(rest_s: float) -> bool:
-            return bool(self.queue) and self.role_record.role in SERVING and not self.numbering and self.leased() \
+            return bool(queue) and self.role_record.role in SERVING and self.recovery.may_number() \
                 and self.batcher.idle() and not rest_s
 
         if timeout is None:
             rest_s = self._rest_of_batch_s()
             if can_step(rest_s):
                 timeout = 0
-            elif self.queue and rest_s:
+            elif queue and rest_s:
                 timeout = min(self.next_timeout(), rest_s)  # the rest arrives, or the wait ends
         super().tick(timeout)
         self.batcher.after_poll(self._guarded, lambda: can_step(self._rest_of_batch_s()))
@@ -376,28 +325,28 @@ class GraphOperator(Recovery, Service):
         a fragment that would leave its rest a whole batch time behind, and keep the two
         operators' batches a batch apart from then on (50 ms chains measured it). 0: none
         open, or a batch's worth queued already."""
-        if not self.rest_due or len(self.queue) >= self.spec.max_batch:
+        if not self.rest_due or len(self.serving.queue) >= self.spec.max_batch:
             return 0.0
         return max(0.0, max(self.rest_due.values()) - time.monotonic())
 
     def status(self) -> dict:
         info = super().status()
+        serving, statemgr, applied = self.serving, self.serving.statemgr, self.tables.applied
         info.update(operator=self.op, mode=self.graph.mode, assignment=self.role_record.assignment, epoch=self.role_record.epoch,
-                    hams_role=self.role_record.role.value, degraded=self.role_record.role is R.DEGRADED, takeovers=self.takeovers, fenced=self.fenced,
-                    queued=len(self.queue),  # applied_requests: bounded by count and age, not by replies leaving
-                    applied_requests=len(self.applied) if self.applied is not None else None,
-                    saved_outputs=len(self.outputs), **self.batcher.status(),
-                    tables={"queue": len(self.queue), "outputs": len(self.outputs), "held": len(self.held),
-                            "joining": len(self.joining)})  # state GC: each drains once replies left
-        if self.statemgr is not None:
-            info["tables"].update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight))
-            info.update(saved_states=len(self.statemgr.saved), in_flight=len(self.statemgr.in_flight),
-                        durable_seq=self.statemgr.durable_seq, copy_ms=self.statemgr.copy_ms,
-                        copy_ms_mean=1000 * self.statemgr.copy_s / max(1, info["batches"]),
-                        handoff_ms=self.statemgr.handoff_ms, copies=self.statemgr.copies,
-                        copies_in_background=self.statemgr.in_background)
-        if self.standby_for:
-            info.update(standby_for=sorted(self.standby_for), ready=True)
+                    hams_role=self.role_record.role.value, degraded=self.role_record.role is R.DEGRADED,
+                    **self.recovery.status(),  # takeovers, fenced; a standby's models
+                    queued=len(serving.queue),  # applied_requests: bounded by count and age, not by replies leaving
+                    applied_requests=len(applied) if applied is not None else None,
+                    saved_outputs=len(serving.outputs), **self.batcher.status(),
+                    tables={"queue": len(serving.queue), "outputs": len(serving.outputs), "held": len(serving.held),
+                            "joining": len(self.inputs.joining)})  # state GC: each drains once replies left
+        if statemgr is not None:
+            info["tables"].update(saved_states=len(statemgr.saved), in_flight=len(statemgr.in_flight))
+            info.update(saved_states=len(statemgr.saved), in_flight=len(statemgr.in_flight),
+                        durable_seq=statemgr.durable_seq, copy_ms=statemgr.copy_ms,
+                        copy_ms_mean=1000 * statemgr.copy_s / max(1, info["batches"]),
+                        handoff_ms=statemgr.handoff_ms, copies=statemgr.copies,
+                        copies_in_background=statemgr.in_background)
         if self.manager is not None:
             info.update(heartbeats=self.manager.beats, manager_requests=sorted(self.manager.pending))
         if self.backup_side.backing:
@@ -410,6 +359,6 @@ class GraphOperator(Recovery, Service):
         self.batcher.close()
         if self.manager is not None:
             self.manager.close()
-        if self.statemgr is not None:
-            self.statemgr.close()
+        if self.serving.statemgr is not None:
+            self.serving.statemgr.close()
         self.events.close()

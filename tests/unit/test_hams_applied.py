@@ -67,10 +67,10 @@ def test_the_backup_table_is_the_primarys_as_of_the_applied_state(monkeypatch):
                                                 rng.normal(size=4).astype(np.float32), request=key, reply_to=g.sink_endpoint))
         g.tick_until(lambda: backup.backup_side.max_applied_seq >= len(sent) - 1)
         assert backup.backup_side.max_applied_seq == len(sent) - 1
-        assert len(primary.applied) == 8 and primary.batcher.duplicates > 0
-        assert list(backup.applied.entries) == list(primary.applied.entries)
-        assert all(a.seq == backup.applied.get(k).seq and np.array_equal(a.output, backup.applied.get(k).output)
-                   for k, a in primary.applied.entries.items())
+        assert len(primary.tables.applied) == 8 and primary.batcher.duplicates > 0
+        assert list(backup.tables.applied.entries) == list(primary.tables.applied.entries)
+        assert all(a.seq == backup.tables.applied.get(k).seq and np.array_equal(a.output, backup.tables.applied.get(k).output)
+                   for k, a in primary.tables.applied.entries.items())
         outputs = g.outputs(200)
         assert [m.request for m in outputs] == sent  # every input answered, in order, with its key
 
@@ -90,11 +90,11 @@ def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnatio
                               peers={"frontend": a, "g1": g2, "g1.backup": g2, "g2": g2, "g2.backup": g2})
     op = GraphOperator(cfg)
     try:
-        op.consumed = {"g1": 4}
+        op.tables.consumed = {"g1": 4}
         op.backup_side.kept[4] = GraphRequest("g2", 4, (9 << 32) | 2, 0, [LineageEntry("g1", 4, "g2", 4)], np.zeros(3, np.float32),
                                   request="1:c/r2", reply_to=b)
         op.backup_side.algorithm2.max_applied_seq = 4
-        op.take_over(2)
+        op.recovery.take_over(2)
         got = {a: [], b: [], g2: []}
         for endpoint, sock in zip((a, b, g2), pulls):
             while sock.poll(300):
@@ -111,8 +111,8 @@ def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnatio
                                    peers={"frontend": a, "g1": g2, "g1.backup": g2, "g2": g2, "g2.backup": g2})
         op1 = GraphOperator(cfg1)
         try:
-            op1.consumed = {"frontend#7": (7 << 32) | 5, "frontend#9": (9 << 32) | 3}
-            op1.take_over(2)
+            op1.tables.consumed = {"frontend#7": (7 << 32) | 5, "frontend#9": (9 << 32) | 3}
+            op1.recovery.take_over(2)
             for endpoint, sock in zip((a, b), pulls):
                 acks = []
                 while sock.poll(300):

@@ -1,7 +1,8 @@
 """The graph operator's parts are objects that read only what they own: a part given the
 role record, the shared tables and its send functions reaches nothing of another part
-through ``self``. An AST check: every ``self.NAME`` a part's class reads is assigned,
-defined or declared in that class itself."""
+through ``self``. AST checks: every ``self.NAME`` a part's class reads is assigned,
+defined or declared in that class itself; the operator is put together from its parts,
+not from mixins, and hands none of them itself; nothing patches the operator's methods."""
 from __future__ import annotations
 
 import ast
@@ -11,9 +12,15 @@ import pytest
 
 GRAPH = Path(__file__).resolve().parents[2] / "services" / "graph"
 
-#: the parts made objects (module, class); recovery.py is still a mixin of GraphOperator
-#: and joins this list once it is an object too
-PARTS = [("batches.py", "Batches"), ("backup.py", "BackupSide"), ("links.py", "Links"), ("tables.py", "Released")]
+#: the parts (module, class), each an object of its own
+PARTS = [("batches.py", "Batches"), ("backup.py", "BackupSide"), ("links.py", "Links"), ("tables.py", "Released"),
+         ("tables.py", "Inputs"), ("recovery.py", "Recovery"), ("rollback.py", "RollBack"),
+         ("stash.py", "LineageStash"), ("hooks.py", "LateStates")]
+
+
+def _operator_class() -> ast.ClassDef:
+    tree = ast.parse((GRAPH / "operator.py").read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphOperator")
 
 
 def _own_and_read(source: str, name: str) -> tuple[set[str], dict[str, int]]:
@@ -48,3 +55,29 @@ def test_the_check_sees_a_read_of_another_parts_attribute():
              "    def f(self):\n        return self.roles.role, self.outputs\n"
     own, read = _own_and_read(source, "Part")
     assert set(read) - own == {"outputs"}
+
+
+def test_the_operator_is_a_service_and_no_mixin_of_its_parts():
+    assert [ast.unparse(b) for b in _operator_class().bases] == ["Service"]
+
+
+def test_the_operator_hands_no_part_itself():
+    """A part given the whole operator could read anything of it (``self.operator.x``,
+    which the check above does not see): each gets what it needs, by name."""
+    calls = [n for n in ast.walk(_operator_class())  # (the handler table's ``attrgetter(name)(self)`` aside)
+             if isinstance(n, ast.Call) and not isinstance(n.func, ast.Call)]
+    given_self = [ast.unparse(c.func) for c in calls
+                  if any(isinstance(a, ast.Name) and a.id == "self" for a in [*c.args, *(k.value for k in c.keywords)])]
+    assert not given_self, f"handed the operator itself: {given_self}"
+
+
+def test_nothing_patches_the_operators_methods():
+    """A hook that replaced an operator's handler (``operator._on_state = ...``) changed
+    what the handler table says from outside it."""
+    methods = {n.name for n in _operator_class().body if isinstance(n, ast.FunctionDef)}
+    patched = []
+    for path in sorted(GRAPH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in methods:
+                patched.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not patched, patched

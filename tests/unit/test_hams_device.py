@@ -40,13 +40,13 @@ def test_the_loop_serves_while_a_long_batch_computes_and_nothing_leaves_out_of_o
         assert g.tick_until(lambda: primary.batcher.computing is not None)  # the second is on the device thread
         t0 = time.monotonic()
         send(3)  # these arrive while it computes: the loop takes them in, and answers status
-        assert g.tick_until(lambda: len(primary.queue) == 3, limit_s=PAD_MS / 2000)
+        assert g.tick_until(lambda: len(primary.serving.queue) == 3, limit_s=PAD_MS / 2000)
         info = primary.status()
         assert info["computing"] and primary.batcher.computing is not None and time.monotonic() - t0 < PAD_MS / 1000
         assert g.tick_until(lambda: backup.backup_side.max_applied_seq == len(sent) - 1)
         outputs = g.outputs()
         assert [m.request for m in outputs] == sent and [m.seq for m in outputs] == list(range(len(sent)))
-        assert primary.batcher.batches == 3 and primary.statemgr.copies == 3  # one state shipped per batch
+        assert primary.batcher.batches == 3 and primary.serving.statemgr.copies == 3  # one state shipped per batch
 
 
 def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
@@ -56,7 +56,7 @@ def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
     with g1_in_process(gru_chain(max_batch=1, pad_ms=60.0)) as g:
         primary, backup = g.primary, g.backup
         began, ships = [], []
-        compute, start = primary.model.compute, primary.statemgr.start
+        compute, start = primary.serving.model.compute, primary.serving.statemgr.start
 
         def timed_compute(batch):
             began.append(time.monotonic())
@@ -67,7 +67,7 @@ def test_a_state_ships_only_once_the_device_has_begun_the_next_batch():
             ships.append((len(began), primary.batcher.batches, primary.batcher.computing is not None))
             return start(*args, **kwargs)
 
-        primary.model.compute, primary.statemgr.start = timed_compute, timed_start
+        primary.serving.model.compute, primary.serving.statemgr.start = timed_compute, timed_start
         for i in range(5):  # one row a batch: five batches, the first on the loop, the rest on the device
             transport.send(g.push, GraphRequest("frontend", (5 << 32) + i, (5 << 32) + i, 0, [],
                                                 np.ones(4, np.float32), request=f"k{i}", reply_to=g.sink_endpoint))

@@ -32,16 +32,16 @@ def test_a_successor_ack_that_comes_before_my_promotion_is_acted_on_at_it():
         for seq in range(5):
             op.backup_side.kept[seq] = GraphRequest("g1", seq, seq, 0, [LineageEntry("frontend", seq, "g1", seq)],
                                         np.zeros(6, np.float32))
-        op.epochs["g2"] = 4
-        op.awaiting.add("g2")  # what the feed's new g2 epoch does: hold new outputs until g2's ack
+        op.recovery.epochs["g2"] = 4
+        op.serving.awaiting.add("g2")  # what the feed's new g2 epoch does: hold new outputs until g2's ack
         # g2's new primary acks (it holds my outputs up to 1) before my own promotion reaches me
         sender.connect(transport.endpoint_of(op.inbox))
         transport.send(sender, GraphAck("g2", 4, 1))
         deadline = time.monotonic() + 5
-        while not op.early_acks and time.monotonic() < deadline:
+        while not op.recovery.early_acks and time.monotonic() < deadline:
             op.tick(0.05)
-        op.take_over(3)
-        assert "g2" not in op.awaiting  # new outputs flow to g2 again
+        op.recovery.take_over(3)
+        assert "g2" not in op.serving.awaiting  # new outputs flow to g2 again
         seqs = []
         while g2.poll(500):
             msg = decode(g2.recv_multipart())

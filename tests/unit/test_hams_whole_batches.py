@@ -5,7 +5,6 @@ whole batch time behind, and the two operators a batch apart from then on."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +13,7 @@ from keel.common import protocol
 from keel.common.protocol.messages import GraphRequest
 from keel.services.graph.operator import REST_OF_BATCH_S, GraphOperator
 from keel.services.graph.roles import OperatorRole
+from keel.services.graph.tables import Inputs, Serving, Tables
 from tests.unit.test_hams_reply_order import _Op
 
 
@@ -22,8 +22,8 @@ def _row(seq: int, more: bool | None) -> GraphRequest:
 
 
 def _receiver(max_batch: int = 64):
-    return SimpleNamespace(preds=["g1"], _shapes={"g1": (4,)}, took={}, took_before={}, resync={}, taken=None,
-                           queue=deque(), rest_due={}, spec=SimpleNamespace(max_batch=max_batch, join="interleave"))
+    return SimpleNamespace(preds=["g1"], _shapes={"g1": (4,)}, inputs=Inputs(), tables=Tables(), serving=Serving(),
+                           rest_due={}, spec=SimpleNamespace(max_batch=max_batch, join="interleave"))
 
 
 def test_more_travels_and_is_absent_by_default():
@@ -36,9 +36,9 @@ def test_the_receiver_waits_for_the_rest_of_a_batch_and_no_longer():
     GraphOperator._on_request(op, _row(0, True))
     GraphOperator._on_request(op, _row(1, True))
     wait = GraphOperator._rest_of_batch_s(op)
-    assert 0 < wait <= REST_OF_BATCH_S and len(op.queue) == 2
+    assert 0 < wait <= REST_OF_BATCH_S and len(op.serving.queue) == 2
     GraphOperator._on_request(op, _row(2, None))  # the batch's last row: it is whole
-    assert GraphOperator._rest_of_batch_s(op) == 0.0 and len(op.queue) == 3
+    assert GraphOperator._rest_of_batch_s(op) == 0.0 and len(op.serving.queue) == 3
     GraphOperator._on_request(op, _row(3, True))
     op.rest_due["g1"] = time.monotonic() - 0.001  # its sender died mid-batch: the wait is over
     assert GraphOperator._rest_of_batch_s(op) == 0.0
