@@ -108,3 +108,14 @@ def test_systemd_runs_a_spare_instance_with_the_same_environment(tmp_path):
     assert "KEEL_ROLE=dispatcher\n" in env and "KEEL_SPARE_LOCK=/run/lock/keel-" in env
     target = (tmp_path / "units" / "keel.target").read_text()
     assert "keel-service@dispatcher.service keel-service@dispatcher-spare.service" in target
+
+
+def test_keel_logs_shows_the_spare_beside_the_dispatcher(tmp_path):
+    from keel.deploy.logs import log_paths
+
+    spec = spec_with_spare(tmp_path)
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "dispatcher-spare.log").write_text("")
+    assert set(log_paths(spec, "dispatcher")) == {"dispatcher", "dispatcher-spare"}
+    assert "dispatcher-spare" not in log_paths(spec, "frontend")
