@@ -119,3 +119,19 @@ def test_keel_logs_shows_the_spare_beside_the_dispatcher(tmp_path):
     (logs / "dispatcher-spare.log").write_text("")
     assert set(log_paths(spec, "dispatcher")) == {"dispatcher", "dispatcher-spare"}
     assert "dispatcher-spare" not in log_paths(spec, "frontend")
+
+
+def test_supervisord_starts_the_spare_after_its_dispatcher_and_stops_it_before(tmp_path):
+    """supervisord starts lower priorities first and stops them last: the spec's dispatcher
+    serves first, and ``keel down`` stops the spare before it, which would otherwise take
+    over as the dispatcher stops."""
+    from keel.deploy.supervisor import render
+
+    conf = render(spec_with_spare(tmp_path)).read_text()
+
+    def priority(program: str) -> int:
+        section = conf.split(f"[program:{program}]\n")[1].split("\n\n")[0]
+        return int(next(line for line in section.splitlines() if line.startswith("priority = ")).split(" = ")[1])
+
+    assert priority("dispatcher" + SPARE) == priority("dispatcher") + 1
+    assert "--spare-lock" in conf.split("[program:dispatcher]\n")[1].split("\n\n")[0]
