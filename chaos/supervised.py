@@ -98,9 +98,11 @@ class SupervisedHost:
         from keel.deploy.programs import SPARE, spare_lock
         from keel.services.serve import lock_holder
 
-        spare = self.pid(name + SPARE) if any(n == name + SPARE for n in self._all_programs()) else None
-        holder = lock_holder(str(spare_lock(self.run_dir, name))) if spare else None
-        return holder if holder in (spare, self.pid(name)) else self.pid(name)
+        own = self.pid(name)
+        if name + SPARE not in self._all_programs():
+            return own
+        holder = lock_holder(str(spare_lock(self.run_dir, name)))
+        return holder if holder is not None and holder in (own, self.pid(name + SPARE)) else own
 
     def _all_programs(self) -> list[str]:
         try:

@@ -38,7 +38,7 @@ def test_a_crashed_dispatcher_is_restarted_by_supervisord_and_every_worker_regis
     exp = load_experiment(config)
     report = run_experiment(exp, json_path=tmp_path / "dkill.json")
     crash = next(e for e in report["faults"] if e["kind"] == "crash")
-    assert crash["ok"] is True and crash["crash"]["service"] == "dispatcher"
+    assert crash["ok"] is True and crash["crash"]["service"] == "dispatcher", crash
     summary = supervised.augment(exp, report, tmp_path / "dkill.json", tmp_path / "dkill")["none"]
     assert summary["kills"] == 1 and summary["all_registered"] == 1
     (figures,) = summary["crashes"]
