@@ -111,8 +111,9 @@ def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
             f"[program:{prog.name}]",
             f"command = {_value(shlex.join(prog.argv), prog.name + ' command')}",
             f"directory = {_value(cwd, 'cwd')}",
-            # what others connect to starts first; a hot spare after its service, which then
-            # serves first, and it stops before it (else it would take over as it stops)
+            # what others connect to starts first; a hot spare just after its service (which
+            # of the two serves first is the one whose imports end first) and it stops just
+            # before it (else it would take over as the service stops)
             f"priority = {ROLES[prog.role].priority + prog.name.endswith(SPARE)}",
             "autostart = true",
             "autorestart = true",

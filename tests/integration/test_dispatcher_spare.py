@@ -122,9 +122,8 @@ def test_keel_logs_shows_the_spare_beside_the_dispatcher(tmp_path):
 
 
 def test_supervisord_starts_the_spare_after_its_dispatcher_and_stops_it_before(tmp_path):
-    """supervisord starts lower priorities first and stops them last: the spec's dispatcher
-    serves first, and ``keel down`` stops the spare before it, which would otherwise take
-    over as the dispatcher stops."""
+    """supervisord starts lower priorities first and stops them last: ``keel down`` stops the
+    spare before the dispatcher, which it would otherwise take over from as it stops."""
     from keel.deploy.supervisor import render
 
     conf = render(spec_with_spare(tmp_path)).read_text()
