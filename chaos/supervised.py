@@ -85,12 +85,30 @@ class SupervisedHost:
         """SIGKILL program ``name`` (nothing else): supervisord sees it die and restarts it."""
         if name not in self.names:
             raise ChaosError(f"no service {name!r} under supervisord on {self.host}; there: {self.names}")
-        pid = self.pid(name)
+        pid = self.serving(name)
         if pid is None:
             raise ChaosError(f"{name} on {self.host} is not running")
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
         return {"service": name, "pid": pid, "t_kill": t_kill}
+
+    def serving(self, name: str) -> int | None:
+        """The pid of the process that serves ``name``: with a hot spare (``spare = true``),
+        whichever of the two holds the lock, else the program's."""
+        from keel.deploy.programs import SPARE, spare_lock
+        from keel.services.serve import lock_holder
+
+        own = self.pid(name)
+        if name + SPARE not in self._all_programs():
+            return own
+        holder = lock_holder(str(spare_lock(self.run_dir, name)))
+        return holder if holder is not None and holder in (own, self.pid(name + SPARE)) else own
+
+    def _all_programs(self) -> list[str]:
+        try:
+            return [info["name"] for info in self._rpc().getAllProcessInfo()]
+        except Exception:  # supervisord gone
+            return []
 
     def close(self) -> None:
         """Stop supervisord and its programs (the cluster's close then finds nothing left)."""
@@ -143,8 +161,11 @@ def restart_figures(crash: dict, run_dir: Path, workers: list[str]) -> dict:
     new process, to its loop started, to each worker's registration with it, and to every
     worker registered (None where it never happened before the run ended)."""
     t_kill, name = crash["t_kill"], crash["service"]
-    spawned = [t for t in _spawned(run_dir / "supervisord.log", name) if t >= t_kill - 0.002]
-    lines = [e for e in _log_lines(run_dir / "logs" / f"{name}.log") if e["t"] >= t_kill]
+    spawned = sorted(t for n in (name, name + "-spare") for t in _spawned(run_dir / "supervisord.log", n)
+                     if t >= t_kill - 0.002)
+    # with a hot spare the next process to serve is the spare, which logs in its own file
+    lines = sorted((e for log in (f"{name}.log", f"{name}-spare.log") for e in _log_lines(run_dir / "logs" / log)
+                    if e["t"] >= t_kill), key=lambda e: e["t"])
     started = next((e["t"] for e in lines if e.get("event") == "started"), None)
     registered: dict[str, float] = {}
     for e in lines:

@@ -302,6 +302,10 @@ class DispatcherConfig:
     #: role (or after ``standby_wait_s`` with none), so the spec's dispatcher starts active
     standby: bool = False
     standby_wait_s: float = 10.0
+    #: a hot spare under ``keel up`` and systemd: a second process that has done its imports
+    #: waits on a lock the serving one holds, and serves the moment the kernel releases it
+    #: at that one's death (``services.serve``, ``deploy.programs``)
+    spare: bool = False
 
     def validate(self) -> None:
         _check(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")

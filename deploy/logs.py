@@ -38,7 +38,13 @@ def log_paths(spec: ClusterSpec, service: str | None = None) -> dict[str, Path]:
         chosen = [s.name for s in spec.role(service)]
         if not chosen:
             raise SpecError(f"no service or role {service!r} in cluster {spec.name!r}; services: {names}")
-    return {name: Path(spec.run_dir) / "logs" / f"{name}.log" for name in chosen}
+    paths = {}
+    for name in chosen:
+        paths[name] = Path(spec.run_dir) / "logs" / f"{name}.log"
+        spare = paths[name].with_name(f"{name}-spare.log")  # a dispatcher's hot spare serves in turns with it
+        if spare.exists():
+            paths[spare.stem] = spare
+    return paths
 
 
 def keep(line: str, level: str | None) -> bool:

@@ -147,8 +147,22 @@ def programs(spec: Any, python: str = sys.executable, served: dict[str, str] | N
         config = orjson.loads(cfg.to_json(svc.config))
         for model, version in (served or {}).items():
             set_version(config, model, version)
-        out[svc.name] = Program(svc.name, svc.role, svc.argv(python, config=f"@{folder / (svc.name + '.json')}"), config)
-    return out
+        argv = svc.argv(python, config=f"@{folder / (svc.name + '.json')}")
+        if config.get("spare"):  # a hot spare beside it, started alike: whichever holds the lock serves
+            argv += ["--spare-lock", str(spare_lock(spec.run_dir, svc.name))]
+            out[svc.name + SPARE] = Program(svc.name + SPARE, svc.role, argv, config)
+        out[svc.name] = Program(svc.name, svc.role, argv, config)
+    return dict(sorted(out.items(), key=lambda item: item[0].endswith(SPARE)))  # spares after every service
+
+
+#: the name of a service's hot spare program is the service's with this suffix
+SPARE = "-spare"
+
+
+def spare_lock(run_dir: str | os.PathLike, name: str) -> Path:
+    """The lock a service and its hot spare take turns holding (``services.serve``); the
+    file holds the pid of the process that serves."""
+    return Path(run_dir) / "locks" / f"{name}.lock"
 
 
 def write_configs(run_dir: str | os.PathLike, want: dict[str, Program], names: list[str] | None = None) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 from keel.common.roles import ROLES
 from keel.common.waiting import wait_until
 from keel.common.spec import ClusterSpec, load_spec, run_dir_of
-from keel.deploy.programs import (Program, diff, open_versions_kept, programs, read_served, record_served,
+from keel.deploy.programs import (SPARE, Program, diff, open_versions_kept, programs, read_served, record_served,
                                   recorded_versions, running, store_models, versions_to_roll, write_configs)
 from keel.deploy.units import render_systemd  # noqa: F401  (re-exported: deploy.supervisor.render_systemd)
 
@@ -111,7 +111,10 @@ def _write_conf(spec: ClusterSpec, want: dict[str, Program]) -> Path:
             f"[program:{prog.name}]",
             f"command = {_value(shlex.join(prog.argv), prog.name + ' command')}",
             f"directory = {_value(cwd, 'cwd')}",
-            f"priority = {ROLES[prog.role].priority}",  # what others connect to starts first
+            # what others connect to starts first; a hot spare just after its service (which
+            # of the two serves first is the one whose imports end first) and it stops just
+            # before it (else it would take over as the service stops)
+            f"priority = {ROLES[prog.role].priority + prog.name.endswith(SPARE)}",
             "autostart = true",
             "autorestart = true",
             "startsecs = 1",

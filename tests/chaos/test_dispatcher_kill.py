@@ -29,17 +29,26 @@ def experiment() -> dict:
     }
 
 
-def test_a_crashed_dispatcher_is_restarted_by_supervisord_and_every_worker_registers_again(tmp_path):
-    exp = load_experiment(experiment())
+@pytest.mark.parametrize("spare", [False, True], ids=["cold", "spare"])
+def test_a_crashed_dispatcher_is_restarted_by_supervisord_and_every_worker_registers_again(tmp_path, spare):
+    """Cold: supervisord's restart serves. Spare (``spare = true``): the hot spare serves, and
+    the restarted process becomes the next spare."""
+    config = experiment()
+    config["cluster"]["dispatcher"]["spare"] = spare
+    exp = load_experiment(config)
     report = run_experiment(exp, json_path=tmp_path / "dkill.json")
     crash = next(e for e in report["faults"] if e["kind"] == "crash")
-    assert crash["ok"] is True and crash["crash"]["service"] == "dispatcher"
+    assert crash["ok"] is True and crash["crash"]["service"] == "dispatcher", crash
     summary = supervised.augment(exp, report, tmp_path / "dkill.json", tmp_path / "dkill")["none"]
     assert summary["kills"] == 1 and summary["all_registered"] == 1
     (figures,) = summary["crashes"]
     assert len(figures["registered_s"]) == WORKERS
-    # spawned by supervisord, then started, then every worker registered with it
-    assert 0 <= figures["spawned_s"] <= figures["started_s"] <= figures["all_registered_s"]
+    if spare:  # the spare, already running, started serving; supervisord restarted the killed one beside it
+        assert figures["spawned_s"] is not None and 0 <= figures["started_s"] <= figures["all_registered_s"]
+        logs = tmp_path / "dkill" / "none" / "supervised" / "d1" / "logs"
+        assert "spare: lock taken, serving" in (logs / "dispatcher-spare.log").read_text() + (logs / "dispatcher.log").read_text()
+    else:  # spawned by supervisord, then started, then every worker registered with it
+        assert 0 <= figures["spawned_s"] <= figures["started_s"] <= figures["all_registered_s"]
     invariants = {i["name"]: i for i in report["invariants_all"]}
     assert invariants["answered_exactly_once"]["ok"] is True, invariants["answered_exactly_once"]["examples"]
     assert invariants["model_replies_match_offline"]["ok"] is True

@@ -171,3 +171,46 @@ def test_up_with_a_port_in_use_starts_nothing(cluster):
     message = str(err.value)
     assert "\n" not in message and "frontend client_endpoint" in message and "in use" in message, message
     assert not (Path(spec.run_dir) / "supervisord.pid").exists()  # nothing was started
+
+
+def test_a_dispatcher_with_a_spare_is_served_by_the_spare_when_killed_and_down_stops_both(cluster):
+    """``spare = true``: one of the two serves (the one whose imports finished first); SIGKILLed,
+    the other (already running) serves and supervisord restarts the killed one as the next
+    spare; ``down`` leaves neither behind."""
+    from keel.common.client import Client
+    from keel.deploy import supervisor
+    from keel.deploy.programs import spare_lock
+    from keel.services.serve import lock_holder
+
+    data = noop_spec()
+    data["dispatcher"]["spare"] = True
+    spec = cluster(data)
+    supervisor.up(spec, wait_s=60)
+    cluster.remember()
+    server = supervisor.rpc(spec.run_dir)
+    lock = str(spare_lock(spec.run_dir, "dispatcher"))
+
+    def pid(name: str) -> int:
+        return server.supervisor.getProcessInfo(name)["pid"]
+
+    logs = Path(spec.run_dir) / "logs"
+
+    def waiting() -> bool:
+        return any(b"spare: waiting" in (logs / f"{n}.log").read_bytes() for n in ("dispatcher", "dispatcher-spare"))
+
+    wait_for(lambda: pid("dispatcher") and pid("dispatcher-spare") and waiting(), 60, "the spare to wait")
+    first = lock_holder(lock)
+    programs = {pid("dispatcher"): "dispatcher", pid("dispatcher-spare"): "dispatcher-spare"}
+    assert first in programs
+    (other,) = set(programs) - {first}
+    with Client(spec.client_endpoints) as client:
+        assert predict_ok(client)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: lock_holder(lock) == other, 30, "the spare to take over")
+        wait_for(lambda: predict_ok(client, timeout_ms=1000), 30, "predictions from the spare")
+        wait_for(lambda: pid(programs[first]) not in (0, first), 30, "supervisord to restart the killed one")
+    cluster.remember()
+    program_pids = [p["pid"] for p in server.supervisor.getAllProcessInfo()]
+    assert supervisor.down(spec, out=None)
+    assert not [p for p in program_pids + [first] if alive(p)]
+    assert "spare: lock taken, serving" in (logs / f"{programs[other]}.log").read_text()

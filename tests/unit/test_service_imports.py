@@ -31,18 +31,20 @@ from keel.common.containers import DeviceError  # noqa: F401 (serve.main imports
 
 role, raw = sys.argv[1], sys.argv[2]
 service = build(role, from_dict(role, orjson.loads(raw)))
+watched = {heavy}
 try:
-    print("imported:", json.dumps(sorted(m for m in sys.modules if m in {heavy})), flush=True)
+    print("imported:", json.dumps(sorted(m for m in sys.modules if m in watched or m.split(".")[0] in watched)), flush=True)
 finally:
     service.shutdown()
 """
 
 
-def imported_at_start(tables: dict, role: str) -> list[str]:
-    """The heavy modules a fresh ``keel serve ROLE`` holds once built for ``tables``' spec."""
+def imported_at_start(tables: dict, role: str, watched: tuple[str, ...] = HEAVY) -> list[str]:
+    """The ``watched`` modules (the heavy ones by default; a top-level name stands for its
+    package too) a fresh ``keel serve ROLE`` holds once built for ``tables``' spec."""
     spec = load_spec({"cluster": {"base_port": free_port_block()}, **tables})
     config = cfg.to_json(spec.service(role).config)
-    out = subprocess.run([sys.executable, "-c", SERVE.format(heavy=set(HEAVY)), role, config],
+    out = subprocess.run([sys.executable, "-c", SERVE.format(heavy=set(watched)), role, config],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith("imported: "))  # logs go to stdout too
@@ -68,3 +70,20 @@ def test_a_frontend_of_a_graph_spec_imports_no_torch():
     graph = {"graphs": {"g": {"input_shape": [8], "edges": [["frontend", "g1"], ["g1", "frontend"]],
                               "operators": {"g1": {"kind": "gru", "input_shape": [8], "output_shape": [16]}}}}}
     assert imported_at_start(graph, "frontend") == []
+
+
+#: what a dispatcher whose spec has no manager, no tracing, no SERF and no Kairos never runs:
+#: each loads only where the spec asks for it (the control plane's link, OpenTelemetry's SDK,
+#: SERF's configurator and profiles, the Raft library), so none of it lengthens a restart
+NOT_BEFORE_SERVING = ("opentelemetry", "keel.common.control", "keel.services.serf", "keel.services.serf.configurator",
+                      "pysyncobj", "scipy", "keel.common.modelfetch")
+
+
+def test_a_plain_dispatcher_imports_nothing_its_spec_does_not_use():
+    assert imported_at_start(NOOP, "dispatcher", NOT_BEFORE_SERVING) == []
+
+
+def test_a_dispatcher_with_a_manager_imports_the_control_plane_at_start():
+    """The bound above is not vacuous: what a spec asks for is imported before serving."""
+    manager = {"hosts": {"a": "127.0.0.1", "b": "127.0.0.1", "c": "127.0.0.1"}, "manager": {"hosts": ["a", "b", "c"]}}
+    assert "keel.common.control" in imported_at_start({**NOOP, **manager}, "dispatcher", NOT_BEFORE_SERVING)
