@@ -191,3 +191,18 @@ def nbytes(tensors: dict[str, np.ndarray]) -> int:
         else:
             total += arr.nbytes
     return total
+
+
+def fingerprint(tensors: dict[str, np.ndarray]) -> bytes:
+    """Every byte of a request's named tensors with their names, dtypes and shapes, so two
+    requests share it only when every input is equal (the prediction cache's key and
+    de-duplication's digest cover ALL inputs)."""
+    parts = []
+    for name, arr in tensors.items():
+        head = f"{name}\0{arr.dtype.str}\0{arr.shape}\0".encode()
+        if arr.dtype.kind == "O":
+            items = [_as_bytes(v) for v in arr.reshape(-1)]
+            parts += [head, repr([len(v) for v in items]).encode(), *items]
+        else:
+            parts += [head, np.ascontiguousarray(arr).tobytes()]
+    return b"\0".join(parts)
