@@ -267,7 +267,7 @@ class Frontend(Service):
         signature = route.signature  # a target of named tensors; None: one tensor (the fast path)
         try:
             if signature is not None:  # each input checked: missing, extra, dtype, bounds, NaN
-                x = validate_named(signature, x if x is not None else msg.inputs)
+                x = validate_named(signature, x if x is not None else route.named_of(msg.inputs))
             else:
                 if x is None:
                     x = route.one_input(msg.inputs)

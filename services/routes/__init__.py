@@ -96,6 +96,14 @@ class Route:
     #: the frontend checks each request; None: one tensor, checked against ``info``
     signature: Any = None
 
+    def named_of(self, named: dict) -> dict | np.ndarray:
+        """A named target's inputs as sent: ``input`` (the one-input default name) stands for
+        a signature's one client input of another name (a client sending text it knows no name for)."""
+        if len(named) == 1 and INPUT in named and len(self.signature.client_inputs) == 1 \
+                and self.signature.client_inputs[0].name != INPUT:
+            return named[INPUT]
+        return named
+
     def one_input(self, named: dict) -> np.ndarray:
         """The one tensor of a one-tensor target sent as named tensors (``Predict.inputs``)."""
         if len(named) != 1 or INPUT not in named:
