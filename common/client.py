@@ -132,7 +132,8 @@ def named_input(model: str, x: Mapping) -> dict[str, np.ndarray]:
             except inputs.InputError as exc:
                 result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
                 raise BadInput(result, result.error) from None
-        out[name] = arr if arr.dtype.kind == "O" else np.ascontiguousarray(arr)
+        # (ascontiguousarray would make a 0-d array, one value a query, of shape (1,))
+        out[name] = arr if arr.dtype.kind == "O" or arr.flags.c_contiguous else np.ascontiguousarray(arr)
     return out
 
 
@@ -264,9 +265,9 @@ class _Base:
         if type(x) is not np.ndarray and isinstance(x, Mapping):
             x = named_input(model, x)
         else:
-            x = np.ascontiguousarray(coerce_input(model, x, self.dtypes.get(model)))
-            if x.dtype.kind in "OSU":  # text: bytes go as a named tensor, the model's one input
-                x = named_input(model, {INPUT: x})
+            x = coerce_input(model, x, self.dtypes.get(model))
+            # text: bytes go as a named tensor, the model's one input
+            x = named_input(model, {INPUT: x}) if x.dtype.kind in "OSU" else np.ascontiguousarray(x)
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
         call = _Call(model, x, timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
