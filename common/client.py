@@ -530,7 +530,7 @@ class Client(_Base):
             if not self.corked:
                 self._flush_all()
 
-    def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+    def submit(self, name: str, x: np.ndarray | dict, key: str | None = None, version: str | None = None,
                timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None,
                traceparent: str | None = None) -> str:
         """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
@@ -603,7 +603,7 @@ class Client(_Base):
                 else:
                     self.results[result.request_id] = result  # someone else's submit
 
-    def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+    def predict(self, name: str, x: np.ndarray | dict, key: str | None = None, version: str | None = None,
                 timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
                 *, context: str | None = None, traceparent: str | None = None) -> Result:
         """One query of a target: a model, an application or a graph, by its name.
@@ -612,8 +612,10 @@ class Client(_Base):
         ----------
         name : str
             The model, application or graph (``keel status`` lists a frontend's targets).
-        x : array-like
-            One input of the target's input shape.
+        x : array-like or dict
+            One input of the target's input shape; or its named inputs, name -> array-like
+            (a model with a signature, ``docs/guide/models.md``; text as ``str`` or ``bytes``).
+            The result's ``outputs`` names every output, ``output`` is the one when there is one.
         key : str, optional
             The call's key: an application's selection context (a user, a session: whose
             learned state picks and weighs its models), a graph's stream (whose state it
