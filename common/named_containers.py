@@ -16,8 +16,8 @@ tuple, ``output`` for one tensor. ``infer_outputs`` runs check batches as a work
 one more for each variable dim of an input with that dim longer, and writes the output
 specs: a dim whose size followed an input's dim is variable and records which it follows.
 
-This module holds what serving named tensors will share with ``keel model add``; the
-worker's use of it comes with the wiring of named tensors through the services.
+This module holds what serving named tensors shares with ``keel model add``: the worker
+runs a named model's batches through ``call_rows`` (pad, ``call``, cut back per query).
 
 Example
 -------
@@ -105,6 +105,22 @@ def call(predictor: Any, signature: Signature, inputs: Mapping[str, np.ndarray])
         return named_outputs(predictor.container.predict_batch(dict(inputs)))
     raise SignatureError(f"{type(predictor).__name__} takes one input; this signature names "
                          f"{', '.join(s.name for s in signature.inputs)}")
+
+
+def call_rows(predictor: Any, signature: Signature, rows: list[Mapping[str, np.ndarray]]) -> tuple[list[dict], Any]:
+    """Run the queries ``rows`` (each name -> one query's array) as one batch, as a worker
+    does: padded to the batch's largest with masks (``common.ragged.pad``), run by the
+    container's convention (``call``), each query's outputs cut back to its own lengths
+    (``common.ragged.cut``). (each query's outputs, the padded batch: its ``waste``)."""
+    from keel.common.ragged import cut, pad
+
+    batch = pad(signature, rows)
+    outputs = call(predictor, signature, batch.inputs)
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != len(rows):
+            raise ValueError(f"output {name!r} has shape {list(arr.shape)} for {len(rows)} queries; want ({len(rows)}, ...)")
+        dtype_name(arr.dtype)  # one the wire carries, else a SignatureError
+    return cut(signature, outputs, batch), batch
 
 
 def check_batch(signature: Signature, rows: int, stretch: int = 0,
