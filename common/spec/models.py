@@ -185,6 +185,9 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
     out["encoder"] = t.take("encoder", str, "add")
     if out["encoder"] not in ("add", "concat"):
         fail(t.key("encoder"), f'must be "add" or "concat", got {out["encoder"]!r}')
+    if mode == "parm" and out["encoder"] == "concat" and out["signature"] is not None:
+        fail(t.key("encoder"), '"concat" decodes by subtracting softmaxes, which means something for class '
+             'logits only; a model of named tensors is coded with "add"')
     out["parity_model"] = f"{model}-parity" if mode == "parm" else None
     out["parity_store_name"] = t.take("parity_store_name", str, None)
     out["parity_version"] = t.take("parity_version", str, None)

@@ -21,7 +21,7 @@ from torch import nn
 from keel.common.containers import store_predictor
 from keel.common.named_containers import call_rows
 from keel.common.protocol import Source
-from keel.common.spec import load_spec
+from keel.common.spec import SpecError, load_spec
 from keel.common.transport import request_status
 from keel.deploy.local import free_port_block
 from keel.training.named import add_scripted
@@ -122,3 +122,9 @@ def test_a_frozen_workers_named_queries_are_reconstructed_output_by_output(tmp_p
 
     dec = request_status(spec.role("decoder")[0].config.status_endpoint, 5.0)
     assert dec["reconstructed"] >= 1 and sources[Source.RECONSTRUCTION] >= 1
+
+
+def test_a_named_model_is_coded_with_add_only(tmp_path, store):
+    with pytest.raises(SpecError, match='models.loc.encoder: "concat" decodes by subtracting softmaxes'):
+        load_spec({"cluster": {"store": store},
+                   "models": {"loc": {"store_name": "tiny-loc", "k": 2, "encoder": "concat"}}})
