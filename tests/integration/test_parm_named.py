@@ -123,6 +123,18 @@ def test_a_frozen_workers_named_queries_are_reconstructed_output_by_output(tmp_p
     dec = request_status(spec.role("decoder")[0].config.status_endpoint, 5.0)
     assert dec["reconstructed"] >= 1 and sources[Source.RECONSTRUCTION] >= 1
 
+    # The reconstructed queries' real predictions still come (late, never sent to the client);
+    # named outputs have no one top-1 to grade a reconstruction by, so none is counted graded.
+    recon = sources[Source.RECONSTRUCTION]
+
+    def late() -> dict | None:
+        info = request_status(spec.client_endpoints[0], 2.0)
+        return info if info and info["answered"].get("late_model", 0) >= recon else None
+
+    answered = wait(late, timeout_s=20, what="the late predictions of the reconstructed queries")["answered"]
+    assert answered.get("reconstructions_graded", 0) == 0
+    assert c.collect(0) == []
+
 
 def test_a_named_model_is_coded_with_add_only(tmp_path, store):
     with pytest.raises(SpecError, match='models.loc.encoder: "concat" decodes by subtracting softmaxes'):
