@@ -252,3 +252,46 @@ def encode_torch(encoder: str, queries: torch.Tensor) -> torch.Tensor:
     if Encoder(encoder) is Encoder.ADD:
         return add_encode_torch(queries)
     return concat_encode_torch(queries)
+
+
+def _padded(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Arrays of one rank zero-padded at the end of each dim to their largest (variable dims)."""
+    shape = tuple(max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim))
+    out = []
+    for a in arrays:
+        if a.shape != shape:
+            a = np.pad(a, [(0, s - n) for s, n in zip(shape, a.shape)])
+        out.append(a)
+    return out
+
+
+def encode_named(encoder: str, queries: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Encode one parity query of a named model: each floating input of the k queries,
+    its variable dims zero-padded to the largest among them (a zero tail adds nothing to
+    the sum), by ``encode``. The queries must name the same inputs, each of one dtype and
+    rank; an integer or bytes input cannot be coded (a sum of ids is no input), ValueError."""
+    if not queries:
+        raise ValueError("a coding group needs at least one query")
+    names = queries[0].keys()
+    parity = {}
+    for name in names:
+        arrays = [np.asarray(q[name]) for q in queries]
+        first = arrays[0]
+        if first.dtype.kind != "f" and first.dtype.name != "bfloat16":
+            raise ValueError(f"input {name!r} is {first.dtype}, not floating point: ParM cannot code it")
+        if any(a.dtype != first.dtype or a.ndim != first.ndim for a in arrays):
+            raise ValueError(f"input {name!r} differs in dtype or rank within the coding group")
+        parity[name] = encode(encoder, _padded(arrays))
+    return parity
+
+
+def decode_named(encoder: str, parity_output: dict[str, np.ndarray],
+                 available: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Reconstruct one unavailable query's named outputs: ``decode`` on each output of
+    F_P(P) and the k-1 available predictions (a variable output dim padded to the largest
+    among them, so the reconstruction has that largest shape)."""
+    rebuilt = {}
+    for name, out in parity_output.items():
+        arrays = _padded([np.asarray(out, np.float32), *(np.asarray(a[name], np.float32) for a in available)])
+        rebuilt[name] = decode(encoder, arrays[0], arrays[1:])
+    return rebuilt

@@ -4,7 +4,9 @@ Workers of coded models push a copy of each prediction batch here; parity worker
 the parity model's output. When the parity output and all but one of a group's member
 predictions are here, the missing batch is reconstructed at once as
 ``F_P(P) - sum(other predictions)`` (``erasure.decode``; the concat encoder subtracts in
-probability space) and sent to each query's frontend marked ``reconstruction``. With
+probability space) and sent to each query's frontend marked ``reconstruction``. A named model's
+predictions carry ``rows`` (a dict of outputs a query): each output is rebuilt the same
+way, ``F_P(P)[name] - sum(other predictions[name])`` (``erasure.decode_named``). With
 ``timeout_ms`` set, the decoder instead waits that long after the group's first output
 for the missing prediction before declaring it unavailable (the timeout policy of §4.1).
 A group is forgotten once all its predictions are in, or after ``group_ttl_s``.
@@ -124,12 +126,13 @@ class Decoder(Service):
             group = self.groups[key] = Group(tag.k, now)
         elif group.k != tag.k:
             return self._refuse(f"k {tag.k} differs from its group's {group.k}", msg)
+        has_outputs = msg.outputs is not None or msg.rows is not None
         if parity:
-            if msg.outputs is not None and group.parity is None:
+            if has_outputs and group.parity is None:
                 group.parity = msg
                 if msg.budgets_ms is not None:
                     group.parity_deadlines = [now + b / 1000.0 for b in msg.budgets_ms]
-        elif msg.outputs is not None:  # a failed batch counts as unavailable
+        elif has_outputs:  # a failed batch counts as unavailable
             group.outputs[tag.index] = msg
         if all(i in group.outputs for i in group.present()):
             del self.groups[key]  # every prediction arrived: nothing to rebuild
@@ -158,31 +161,33 @@ class Decoder(Service):
         j, parity, members = missing[0], group.parity, group.parity.members
         start = time.perf_counter()
         rows = max(len(members.batches[i].qids) for i in present)
-        width = parity.outputs.shape[1]
+        named = parity.outputs is None  # a named model's: a dict of outputs a query (``rows``)
         known = np.zeros(rows, bool)
-        parity_out = np.zeros((rows, width), np.float32)
+        parity_at: dict[int, int] = {}  # row -> its position in the parity output
         deadline = np.full(rows, np.inf)
         for pos, q in enumerate(parity.qids):  # parity query r is row r
             if q < rows:
-                parity_out[q], known[q] = parity.outputs[pos], True
+                parity_at[q], known[q] = pos, True
                 if group.parity_deadlines is not None:
                     deadline[q] = group.parity_deadlines[pos]
         others = [i for i in present if i != j]
         version = self._version(key[0], parity, [group.outputs[i] for i in others])
         if version is False:
             return
-        available = np.zeros((len(others), rows, width), np.float32)
-        for slot, i in enumerate(others):
+        at: list[dict[int, int]] = []  # per other member: row -> its position in that member's copy
+        for i in others:
             copy, member = group.outputs[i], members.batches[i]
-            if copy.outputs.shape[1] != width:
+            if named != (copy.outputs is None) or (not named and copy.outputs.shape[1] != parity.outputs.shape[1]):
                 return self._refuse("prediction width differs from the parity output's", copy)
             row_of = {q: r for r, q in enumerate(member.qids)}
             have = np.zeros(rows, bool)
             have[len(member.qids):] = True  # padding rows: zero queries predict nothing
+            pos_of = {}
             for pos, q in enumerate(copy.qids):
                 r = row_of.get(q)
                 if r is not None:
-                    available[slot, r], have[r] = copy.outputs[pos], True
+                    pos_of[r], have[r] = pos, True
+            at.append(pos_of)
             known &= have
         target = members.batches[j]
         now = time.monotonic()
@@ -191,7 +196,12 @@ class Decoder(Service):
         self.counts["unknown_rows"] += len(target.qids) - int(np.count_nonzero(known[: len(target.qids)]))
         if not live:
             return
-        rebuilt = erasure.decode(members.encoder, parity_out, available)
+        if named:  # each named output: F_P(P)[name] - sum of the others' [name]
+            rebuilt = {r: erasure.decode_named(members.encoder, parity.rows[parity_at[r]],
+                                               [group.outputs[i].rows[p[r]] for i, p in zip(others, at) if r in p])
+                       for r in live}
+        else:
+            rebuilt = erasure.decode(members.encoder, *self._stacked(parity, parity_at, group, others, at, rows))
         self.m_decode.observe(time.perf_counter() - start)
         self.counts["reconstructed"] += 1
         self.counts["reconstructed_partial"] += len(present) < group.k
@@ -202,10 +212,27 @@ class Decoder(Service):
         for dest, picked in transport.split_rows([target.reply_to[r] for r in live]).items():
             rows_of = [live[p] for p in picked]
             msg = Predictions(batch_id=0, model=key[0], qids=[target.qids[r] for r in rows_of],
-                              outputs=np.ascontiguousarray(rebuilt[rows_of]), worker=self.name,
+                              outputs=None if named else np.ascontiguousarray(rebuilt[rows_of]),
+                              rows=[rebuilt[r] for r in rows_of] if named else None, worker=self.name,
                               source=Source.RECONSTRUCTION, group=parity.group, version=version)
             if not self.peers.send(dest, msg):
                 self.counts["undeliverable"] += len(rows_of)
+
+    @staticmethod
+    def _stacked(parity: Predictions, parity_at: dict[int, int], group: Group, others: list[int],
+                 at: list[dict[int, int]], rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The parity output and the others' predictions as arrays (rows, width) and
+        (k-1, rows, width), by row; rows nobody sent stay zero."""
+        width = parity.outputs.shape[1]
+        parity_out = np.zeros((rows, width), np.float32)
+        for r, pos in parity_at.items():
+            parity_out[r] = parity.outputs[pos]
+        available = np.zeros((len(others), rows, width), np.float32)
+        for slot, (i, pos_of) in enumerate(zip(others, at)):
+            outputs = group.outputs[i].outputs
+            for r, pos in pos_of.items():
+                available[slot, r] = outputs[pos]
+        return parity_out, available
 
     def _version(self, model: str, parity: Predictions, others: list[Predictions]) -> str | None | bool:
         """The deployed version a reconstruction equals: that of the other members'

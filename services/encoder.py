@@ -8,6 +8,11 @@ queue, where parity workers pull it like any batch. The parity batch carries eac
 member batch's query ids and reply addresses so the decoder can answer for a missing one;
 its queries are numbered by row (qid r is row r).
 
+A named model's batches carry ``rows`` (a dict of named tensors a query): parity query r
+encodes each floating input of the members' row r, its variable dims zero-padded to the
+largest among them (``erasure.encode_named``), and the parity batch carries ``rows`` too;
+the parity worker pads and batches them as any named batch.
+
 Partial groups (§4.1: encoding must not wait for a group that may never fill, e.g. at low
 load): ``partial_group_ms`` after a group's first batch arrived, it is encoded with the
 batches it has. Absent members count as zero queries (the sum covers only the present
@@ -87,7 +92,7 @@ class Encoder(Service):
             return self._refuse("not a query batch of a coding group", batch)
         if batch.model not in self.cfg.parity_models:
             return self._refuse("model has no parity model", batch)
-        if not batch.qids:
+        if not batch.qids or (batch.inputs is None and (batch.rows is None or len(batch.rows) != len(batch.qids))):
             return self._refuse("empty batch", batch)
         if not self._epoch_ok(batch.model, ids.epoch_of(tag.group)):
             self.counts["stale"] += 1
@@ -108,7 +113,7 @@ class Encoder(Service):
                 return self._refuse(f"k {tag.k} differs from its group's {group.k}", batch)
             if group.members[tag.index] is not None:
                 return self._refuse("index already in its group", batch)
-            if batch.inputs.shape[1:] != first.inputs.shape[1:] or batch.inputs.dtype != first.inputs.dtype:
+            if not _same_kind(batch, first):
                 return self._refuse("rows differ in shape or dtype from the group's", batch)
         group.members[tag.index] = batch
         if batch.budgets_ms is not None:
@@ -150,13 +155,11 @@ class Encoder(Service):
         start = time.perf_counter()
         present = [b for b in group.members if b is not None]
         rows = max(len(b.qids) for b in present)
-        first = present[0].inputs
-        stacked = np.zeros((group.k, rows, *first.shape[1:]), first.dtype)  # absent members: zero queries
-        for i, b in enumerate(group.members):
-            if b is not None:
-                stacked[i, : len(b.qids)] = b.inputs  # shorter batches are padded with zero queries
         try:
-            parity = erasure.encode(self.cfg.encoder, stacked)
+            if present[0].inputs is None:  # a named model's: each floating input, row by row
+                parity, parity_rows = None, self._encode_rows(present, rows)
+            else:
+                parity, parity_rows = self._encode_stacked(group, rows), None
         except ValueError as exc:  # e.g. concat on inputs that are not images
             self.counts["errors"] += 1
             self.log.error("cannot encode coding group", model=model, group=group_id, error=str(exc))
@@ -164,7 +167,7 @@ class Encoder(Service):
         self.m_encode.observe(time.perf_counter() - start)
         batch = Batch(
             batch_id=0, model=self.cfg.parity_models[model], qids=list(range(rows)), reply_to=[""] * rows,
-            inputs=parity, role=ModelRole.PARITY, group=protocol.CodingTag(group_id, group.k, group.k),
+            inputs=parity, rows=parity_rows, role=ModelRole.PARITY, group=protocol.CodingTag(group_id, group.k, group.k),
             budgets_ms=self._parity_budgets(group, rows),
             members=protocol.ParityMembers(model, self.cfg.encoder,
                                            [None if b is None else protocol.MemberBatch(b.qids, b.reply_to)
@@ -176,6 +179,21 @@ class Encoder(Service):
             self.counts["encoded"] += 1
         else:
             self.counts["unsent"] += 1
+
+    def _encode_stacked(self, group: OpenGroup, rows: int) -> np.ndarray:
+        first = next(b for b in group.members if b is not None).inputs
+        stacked = np.zeros((group.k, rows, *first.shape[1:]), first.dtype)  # absent members: zero queries
+        for i, b in enumerate(group.members):
+            if b is not None:
+                stacked[i, : len(b.qids)] = b.inputs  # shorter batches are padded with zero queries
+        return erasure.encode(self.cfg.encoder, stacked)
+
+    def _encode_rows(self, present: list[Batch], rows: int) -> list[dict[str, np.ndarray]]:
+        """Parity query r of a named model: the members' row r, each input padded to the
+        largest among them (``erasure.encode_named``); a member shorter than r adds a zero query,
+        that is nothing."""
+        return [erasure.encode_named(self.cfg.encoder, [b.rows[r] for b in present if r < len(b.rows)])
+                for r in range(rows)]
 
     @staticmethod
     def _parity_budgets(group: OpenGroup, rows: int) -> list[float] | None:
@@ -195,3 +213,15 @@ class Encoder(Service):
     def status(self) -> dict:
         return {**super().status(), "groups_open": len(self.groups), "encoded": self.counts["encoded"],
                 "partial": self.counts["partial"], "dropped_stale": self.counts["stale"], **self.counts}
+
+
+def _same_kind(batch: Batch, first: Batch) -> bool:
+    """Whether ``batch`` can be coded with ``first``: rows of one shape and dtype, or (a
+    named model's) queries naming the same inputs with the same dtypes (variable dims may
+    differ: encoding pads them)."""
+    if (batch.inputs is None) != (first.inputs is None):
+        return False
+    if batch.inputs is not None:
+        return batch.inputs.shape[1:] == first.inputs.shape[1:] and batch.inputs.dtype == first.inputs.dtype
+    want = {n: (a.dtype, a.ndim) for n, a in first.rows[0].items()}
+    return all({n: (a.dtype, a.ndim) for n, a in row.items()} == want for row in batch.rows)

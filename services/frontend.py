@@ -499,7 +499,7 @@ class Frontend(Service):
         self.counts[f"late_{source}"] += 1
         if source == Source.MODEL and output is not None:
             rebuilt = self.reconstructed.pop(qid, None)
-            if rebuilt is not None:
+            if rebuilt is not None and not isinstance(rebuilt, dict):  # named outputs: no one top-1 to grade
                 self.counts["reconstructions_graded"] += 1
                 self.counts["reconstructions_agree"] += int(np.argmax(rebuilt) == np.argmax(output))
 

@@ -488,16 +488,20 @@ class Worker(Service):
             batch_id=batch.batch_id, model=batch.model, worker=self.name, role=batch.role,
             source=Source.MODEL, group=batch.group, service_ms=service_ms, error=error, version=version,
         )
+        named = type(outputs) is list  # a named model's: a dict of outputs a query
+        if named:  # copies to the decoder carry them as rows
+            copy = dict(outputs=None, rows=outputs)
+        else:
+            copy = dict(outputs=outputs)
         if batch.role == protocol.ModelRole.PARITY:
             # A parity output answers no client: it goes to the decoder only (rows by qid:
             # the encoder numbers parity queries by their row).
             if self.decoder is not None:
-                transport.try_send(self.decoder, Predictions(qids=qids, outputs=outputs, members=batch.members,
-                                                             budgets_ms=budgets, **common))
+                transport.try_send(self.decoder, Predictions(qids=qids, members=batch.members,
+                                                             budgets_ms=budgets, **copy, **common))
             return 0
         reply_to = batch.reply_to if every else [batch.reply_to[r] for r in live]
         refused = 0
-        named = type(outputs) is list  # a named model's: a dict of outputs a query
         for dest, rows in transport.split_rows(reply_to).items():
             part = len(rows) == len(qids)
             if named:
@@ -513,8 +517,8 @@ class Worker(Service):
             if not self.peers.send(dest, msg):
                 refused += len(rows)
         if self.decoder is not None and batch.group is not None:
-            transport.try_send(self.decoder, Predictions(qids=qids, outputs=outputs, reply_to=reply_to,
-                                                         budgets_ms=budgets, **common))
+            transport.try_send(self.decoder, Predictions(qids=qids, reply_to=reply_to,
+                                                         budgets_ms=budgets, **copy, **common))
         return refused
 
     def status(self) -> dict:

@@ -39,7 +39,7 @@ def batch_policy(model: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parm_refusal(signature: dict) -> str:
+def parm_refusal(signature: dict) -> str | None:
     """Why ParM cannot code a model of this signature (``Signature.to_dict``): the encoder
     sums the k batches of a coding group, which means something for floating inputs only."""
     kinds = {s["name"]: s["dtype"] for s in signature.get("inputs", []) if not s.get("mask_for")}
@@ -48,8 +48,7 @@ def parm_refusal(signature: dict) -> str:
         return (f"ParM cannot code this model: its input(s) {', '.join(other)} are not floating point; a parity "
                 "batch is the sum of k query batches, and a sum of ids, flags or bytes is no input the parity model "
                 "can learn from. Serve it without k, or with mode = \"equal\" for the extra workers")
-    return ("ParM codes one floating input; encoding each of several named inputs (variable dims padded to the "
-            "group's largest) is not wired yet. Serve it without k")
+    return None
 
 
 def read_serf_host(t: Table, builtin: str | None) -> dict[str, Any] | None:
@@ -177,7 +176,7 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
         fail(t.key("mode"), f'"none" with k = {k}; set mode = "parm" or "equal", or drop k')
     if mode != "none" and not k:
         fail(t.key("k"), f'mode "{mode}" needs k >= 2')
-    if mode == "parm" and out["signature"] is not None:
+    if mode == "parm" and out["signature"] is not None and parm_refusal(out["signature"]):
         fail(t.key("k"), parm_refusal(out["signature"]))
     if mode != "none" and out["pool"]:
         fail(t.key("pools"), f'mode "{mode}" with pools: which instance type would the extra workers be? Not supported')
@@ -186,6 +185,9 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
     out["encoder"] = t.take("encoder", str, "add")
     if out["encoder"] not in ("add", "concat"):
         fail(t.key("encoder"), f'must be "add" or "concat", got {out["encoder"]!r}')
+    if mode == "parm" and out["encoder"] == "concat" and out["signature"] is not None:
+        fail(t.key("encoder"), '"concat" decodes by subtracting softmaxes, which means something for class '
+             'logits only; a model of named tensors is coded with "add"')
     out["parity_model"] = f"{model}-parity" if mode == "parm" else None
     out["parity_store_name"] = t.take("parity_store_name", str, None)
     out["parity_version"] = t.take("parity_version", str, None)

@@ -184,3 +184,44 @@ def test_without_pairs_the_reconstruction_takes_the_predictions_version(make):
     dec, push, frontend, ep = make()
     got = run_versioned_group(dec, push, frontend, ep, ("3", "1"))
     assert got is not None and got.version == "3"
+
+
+def named(seed: int, n: int, box_len: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"logits": rng.random(10, dtype=np.float32), "box": rng.random(box_len, dtype=np.float32)} for _ in range(n)]
+
+
+def test_named_outputs_are_each_reconstructed(make):
+    """A named model (logits and box): the missing query's answer is F_P[name] - others[name] for each."""
+    dec, push, fe, ep = make()
+    f0, f1 = named(0, 2), named(1, 2)
+    c0 = copy(6, 0, 2, None, ep, qids=qids_of(0, 2))
+    c0.rows = f0
+    send(dec, push, c0)
+    fp = named(2, 2)
+    p = parity(6, 2, None, ep, [2, 2], qids=[0, 1])
+    p.rows = fp
+    send(dec, push, p)
+    got = reconstruction(fe)
+    assert got.source == Source.RECONSTRUCTION and got.qids == qids_of(1, 2) and got.outputs is None
+    for r in range(2):
+        assert set(got.rows[r]) == {"logits", "box"}
+        for name in ("logits", "box"):
+            np.testing.assert_allclose(got.rows[r][name], fp[r][name] - f0[r][name], atol=1e-6)
+    assert f1  # the unavailable member's own outputs never reach the decoder
+
+
+def test_named_reconstruction_pads_a_variable_output_and_skips_a_short_member(make):
+    dec, push, fe, ep = make()
+    f0 = named(3, 1, box_len=2)  # member 0 ran one query; member 1 (missing) two
+    c0 = copy(7, 0, 2, None, ep, qids=qids_of(0, 1))
+    c0.rows = f0
+    send(dec, push, c0)
+    fp = named(4, 2)
+    p = parity(7, 2, None, ep, [1, 2], qids=[0, 1])
+    p.rows = fp
+    send(dec, push, p)
+    got = reconstruction(fe)
+    assert got.qids == qids_of(1, 2)
+    np.testing.assert_allclose(got.rows[0]["box"], fp[0]["box"] - np.pad(f0[0]["box"], (0, 2)), atol=1e-6)
+    np.testing.assert_allclose(got.rows[1]["logits"], fp[1]["logits"], atol=1e-6)  # row 1: parity alone

@@ -127,3 +127,36 @@ def test_older_dispatcher_epochs_are_stale(make):
     send(enc, push, member((1 << 30) << 32, 0, 2))  # an epoch no IdSpace makes: it would shadow all
     assert list(enc.groups) == [("m", new)] and enc.counts["stale"] == 4 and enc.epochs.newest["m"] == 6
     assert parity_batch(out, 0.1) is None
+
+
+def named_member(group: int, index: int, k: int, lengths: list[int], model: str = "m") -> Batch:
+    """A named model's batch: per query a fixed ``dense`` float32[3] and a variable ``seq`` float32[L]."""
+    rng = np.random.default_rng(100 * group + index)
+    n = len(lengths)
+    rows = [{"dense": rng.random(3, dtype=np.float32), "seq": rng.random(L, dtype=np.float32)} for L in lengths]
+    return Batch(batch_id=index + 1, model=model, qids=[group * 100 + index * 10 + i for i in range(n)],
+                 reply_to=[FE] * n, inputs=None, rows=rows, group=CodingTag(group, index, k))
+
+
+def test_named_group_encodes_each_input_padded_to_the_largest(make):
+    enc, push, out = make(partial_group_ms=10_000)
+    a, b = named_member(8, 0, 2, [2, 5]), named_member(8, 1, 2, [4])
+    send(enc, push, a)
+    send(enc, push, b)
+    p = parity_batch(out)
+    assert p.inputs is None and p.qids == [0, 1] and p.role == ModelRole.PARITY
+    np.testing.assert_allclose(p.rows[0]["dense"], a.rows[0]["dense"] + b.rows[0]["dense"])
+    np.testing.assert_allclose(p.rows[0]["seq"], np.pad(a.rows[0]["seq"], (0, 2)) + b.rows[0]["seq"])  # 2 -> 4
+    np.testing.assert_allclose(p.rows[1]["seq"], a.rows[1]["seq"])  # b has no row 1: a zero query
+    assert p.rows[0]["seq"].dtype == np.float32 and [m.qids for m in p.members.batches] == [a.qids, b.qids]
+
+
+def test_named_group_refuses_a_member_of_other_inputs(make):
+    enc, push, out = make(partial_group_ms=10_000)
+    send(enc, push, named_member(9, 0, 2, [2]))
+    bad = named_member(9, 1, 2, [2])
+    bad.rows[0]["seq"] = bad.rows[0]["seq"].astype(np.float64)
+    send(enc, push, bad)
+    tensor = member(9, 1, 2)  # one tensor where the group has named ones
+    send(enc, push, tensor)
+    assert enc.status()["refused"] == 2 and parity_batch(out, 0.1) is None
