@@ -71,6 +71,7 @@ from keel.common.metrics import Metrics
 from keel.services import httpserver
 from keel.services.httpserver import HTTPError, HTTPServer, Request, Response, Router
 from keel.services.inference import Inference, InferError, call_parameters
+from keel.services.oip import rest, tensors
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data"]
@@ -265,6 +266,7 @@ class Gateway:
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add("GET", prefix, self.model_metadata)
             r.add("GET", prefix + "/ready", self.model_ready)
+            r.add("GET", prefix + "/config", self.model_config)
             r.add("POST", prefix + "/infer", self.infer)
         return r
 
@@ -412,6 +414,9 @@ class Gateway:
 
     async def model_metadata(self, request: Request) -> Response:
         name, target, _ = await self._target(request, fresh=True)
+        signature = tensors.signature_of(target)
+        if not tensors.is_single(signature):
+            return json_response(tensors.metadata(name, target, signature))
         return json_response({
             "name": name, "versions": target["versions"], "platform": "keel",
             "inputs": [{"name": "input", "datatype": OIP_OF.get(target["input_dtype"], target["input_dtype"]),
@@ -419,6 +424,10 @@ class Gateway:
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, target["output_size"]]}],
             "parameters": {"keel_kind": target["kind"], "keel_key": target["key"]},
         })
+
+    async def model_config(self, request: Request) -> Response:
+        name, target, _ = await self._target(request, fresh=True)
+        return json_response(tensors.model_config(name, tensors.signature_of(target)))
 
     async def model_ready(self, request: Request) -> Response:
         await self._target(request, fresh=True)
@@ -445,26 +454,16 @@ class Gateway:
     async def _infer(self, request: Request) -> Response:
         name, target, pinned = await self._infer_target(request)
         header, binary = split_body(request.body, request.headers.get(HEADER_LENGTH_KEY))
+        signature = tensors.signature_of(target)
+        if not tensors.is_single(signature):
+            return await self._infer_named(request, name, pinned, header, binary)
         x = read_input(header, binary, target)
         key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
         binary_output = wants_binary(header)
-        rid = header.get("id")
-        if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
-            raise InferError(400, "id must be a non-empty string of at most 200 characters")
+        rid = request_id(header)
         out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid,
                                                   traceparent=request.headers.get("traceparent"))  # W3C trace context
-        params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
-                                  "keel_versions": [r.version for r in results],
-                                  "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}
-        if any(r.models is not None for r in results):  # an application's: which models answered, how sure
-            params["keel_models"] = [r.models for r in results]
-            params["keel_confidence"] = [r.confidence for r in results]
-        body: dict[str, Any] = {"model_name": name, "parameters": params}
-        version = results[0].version if results else pinned
-        if version is not None:
-            body["model_version"] = version
-        if rid is not None:
-            body["id"] = rid
+        body = response_header(name, pinned, rid, results)
         output: dict[str, Any] = {"name": "output", "datatype": "FP32", "shape": list(out.shape)}
         body["outputs"] = [output]
         if not binary_output:
@@ -476,5 +475,53 @@ class Gateway:
         return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
 
 
+    async def _infer_named(self, request: Request, name: str, pinned: str | None, header: dict,
+                           binary: bytes) -> Response:
+        """A target with a signature beyond one ``input``: every input by name, every
+        datatype, the outputs asked for (``oip.rest``)."""
+        try:
+            inputs_ = rest.read_inputs(header, binary)
+            names, binary_of = rest.read_outputs(header)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
+        rid = request_id(header)
+        outs, results = await self.inference.infer_named(name, inputs_, outputs=names, key=key, version=pinned,
+                                                         timeout_ms=timeout, request_id=rid,
+                                                         traceparent=request.headers.get("traceparent"))
+        body = response_header(name, pinned, rid, results)
+        try:
+            body["outputs"], raw = rest.write_outputs(outs, binary_of)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        if not raw and not any("parameters" in o for o in body["outputs"]):
+            return json_response(body)
+        head = _dumps(body)
+        return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
+
 def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def request_id(header: dict) -> str | None:
+    rid = header.get("id")
+    if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
+        raise InferError(400, "id must be a non-empty string of at most 200 characters")
+    return rid
+
+
+def response_header(name: str, pinned: str | None, rid: str | None, results: list) -> dict[str, Any]:
+    """An infer response's JSON header but its outputs: where each row's answer came from."""
+    params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
+                              "keel_versions": [r.version for r in results],
+                              "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}
+    if any(r.models is not None for r in results):  # an application's: which models answered, how sure
+        params["keel_models"] = [r.models for r in results]
+        params["keel_confidence"] = [r.confidence for r in results]
+    body: dict[str, Any] = {"model_name": name, "parameters": params}
+    version = results[0].version if results else pinned
+    if version is not None:
+        body["model_version"] = version
+    if rid is not None:
+        body["id"] = rid
+    return body
