@@ -235,7 +235,8 @@ class Inference:
             wanted = tensors_.requested(signature, outputs)
         except inputs.InputError as exc:
             raise InferError(400, str(exc)) from None
-        rows = [{n: a[i] for n, a in x.items()} for i in range(len(next(iter(x.values()))))]
+        # a[i, ...]: an array even for a scalar per request (a[i] would be a bare bytes or number)
+        rows = [{n: a[i, ...] for n, a in x.items()} for i in range(len(next(iter(x.values()))))]
         results = await self._queries(name, rows, lambda r: getattr(r, "outputs", None), key=key, version=version,
                                       timeout_ms=timeout_ms, request_id=request_id, traceparent=traceparent)
         try:
