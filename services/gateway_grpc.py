@@ -11,7 +11,8 @@ shared with the HTTP gateway; this module only decodes and encodes messages::
     ServerReady                 ready once a frontend answers
     ModelReady                  ready when the target (model, application, graph), or its version, is served
     ServerMetadata              name, version
-    ModelMetadata               versions served now, one input, one output
+    ModelMetadata               versions served now, every input and output by name (the signature's)
+    ModelConfig                 Triton's model configuration (``oip.model_config``; not in KServe's proto)
     ModelInfer                  inference
 
 A target has one input ``input`` of shape ``[-1, *input_shape]`` and one output ``output``
@@ -54,7 +55,7 @@ from keel.common.protocol import ErrorCode
 from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import grpc_predict_v2_pb2 as pb
 from keel.services.oip import grpc_predict_v2_pb2_grpc as pb_grpc
-from keel.services.oip import tensors
+from keel.services.oip import model_config, tensors
 
 SERVICE = "inference.GRPCInferenceService"
 #: what a load balancer probes without a token (as the HTTP gateway's health paths)
@@ -242,6 +243,17 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs=[tensor_metadata("output", "FP32", [-1, target["output_size"]])])
         return await self._answer(context, metadata(), "ModelMetadata")
 
+    async def ModelConfig(self, request: bytes, context: Any) -> bytes:
+        """Triton's model configuration (``oip.model_config``: not in KServe's proto)."""
+        async def config() -> bytes:
+            try:
+                name, version = model_config.decode_request(request)
+            except model_config.WireError as exc:
+                raise InferError(400, f"not a ModelConfigRequest: {exc}") from None
+            target = await self.target(name, version)
+            return model_config.encode_response(tensors.model_config(name, tensors.signature_of(target)))
+        return await self._answer(context, config(), "ModelConfig")
+
     # ------------------------------------------------------------------ infer
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
@@ -354,6 +366,8 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]
         self.server = grpc.aio.server(interceptors=self.interceptors, options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
+        config = grpc.unary_unary_rpc_method_handler(self.servicer.ModelConfig)  # bytes in, bytes out: hand-written
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelConfig": config}),))
         address = f"{self.cfg.http_host}:{self.cfg.grpc_port}"
         credentials = self.credentials()
         try:
