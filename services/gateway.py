@@ -10,12 +10,17 @@ frontends serve (a model, an application, a graph)::
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
     GET  /v2                                    server metadata (name, version, extensions)
-    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, one input, one output, kind and key
+    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, inputs and outputs, kind and key
+    GET  /v2/models/{m}[/versions/{v}]/config   Triton's model configuration (what perf_analyzer reads)
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
-A target has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
-``output`` of shape ``[-1, output_size]`` (FP32): each row of the input is one Keel query
+A one-tensor target (``oip.tensors.is_single``: builtins, ``--input-shape`` models,
+applications, graphs) has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one
+output ``output`` of shape ``[-1, output_size]`` (FP32), as before signatures; a model with
+a signature takes every input by name and answers every output by name, any datatype
+(BYTES length-prefixed when binary), the ones ``outputs`` asks for (``oip.rest``,
+``oip.tensors``). Either way each row of the inputs is one Keel query
 (its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all
 rows in flight at once. Tensors come as JSON (``data``, row-major) or with the binary-data
 extension (the ``Inference-Header-Content-Length`` header; each input's

@@ -15,10 +15,13 @@ shared with the HTTP gateway; this module only decodes and encodes messages::
     ModelConfig                 Triton's model configuration (``oip.model_config``; not in KServe's proto)
     ModelInfer                  inference
 
-A target has one input ``input`` of shape ``[-1, *input_shape]`` and one output ``output``
-of shape ``[-1, output_size]`` (FP32): each row is one Keel query. The input comes raw
-(``raw_input_contents``, as tritonclient sends it) or typed (the datatype's field of
-``contents``; FP16 only raw); the output comes back the same way. The request's
+A one-tensor target has one input ``input`` of shape ``[-1, *input_shape]`` and one output
+``output`` of shape ``[-1, output_size]`` (FP32); a model with a signature takes and answers
+its tensors by name (``oip.tensors``), only the outputs the request names. Each row is
+one Keel query. Inputs come raw (``raw_input_contents``, one buffer per input, as
+tritonclient sends them; BYTES length-prefixed) or typed (the datatype's field of
+``contents``; FP16 and BF16 only raw); outputs come back the same way (raw whenever an
+output has no typed field). The request's
 ``model_version`` pins a version; its parameters ``key`` (string: an application's
 context, a graph's stream) and ``timeout`` (us, as tritonclient sends it) or
 ``timeout_ms``; without one, the call's gRPC deadline, else the target's own. The response's
