@@ -79,7 +79,7 @@ from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import rest, tensors
 
 VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower()  # as the server's Request keys its headers
 
