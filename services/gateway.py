@@ -12,6 +12,7 @@ frontends serve (a model, an application, a graph)::
     GET  /v2                                    server metadata (name, version, extensions)
     GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, inputs and outputs, kind and key
     GET  /v2/models/{m}[/versions/{v}]/config   Triton's model configuration (what perf_analyzer reads)
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  Triton's model statistics, as the gateway sees them
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
@@ -268,10 +269,12 @@ class Gateway:
         r.add("GET", "/v2/health/live", self.live)
         r.add("GET", "/v2/health/ready", self.ready)
         r.add("GET", "/v2", self.server_metadata)
+        r.add("GET", "/v2/models/stats", self.statistics)  # before /v2/models/{model}: first match wins
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add("GET", prefix, self.model_metadata)
             r.add("GET", prefix + "/ready", self.model_ready)
             r.add("GET", prefix + "/config", self.model_config)
+            r.add("GET", prefix + "/stats", self.statistics)
             r.add("POST", prefix + "/infer", self.infer)
         return r
 
@@ -433,6 +436,13 @@ class Gateway:
     async def model_config(self, request: Request) -> Response:
         name, target, _ = await self._target(request, fresh=True)
         return json_response(tensors.model_config(name, tensors.signature_of(target)))
+
+    async def statistics(self, request: Request) -> Response:
+        """Triton's model statistics (``oip.stats``): one target's, or every target's."""
+        if "model" in request.match_info:
+            name, _, pinned = await self._target(request, fresh=True)
+            return json_response(self.inference.statistics.to_json([name], pinned))
+        return json_response(self.inference.statistics.to_json(sorted(await self.inference.targets(fresh=True))))
 
     async def model_ready(self, request: Request) -> Response:
         await self._target(request, fresh=True)

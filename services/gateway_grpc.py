@@ -12,7 +12,8 @@ shared with the HTTP gateway; this module only decodes and encodes messages::
     ModelReady                  ready when the target (model, application, graph), or its version, is served
     ServerMetadata              name, version
     ModelMetadata               versions served now, every input and output by name (the signature's)
-    ModelConfig                 Triton's model configuration (``oip.model_config``; not in KServe's proto)
+    ModelConfig                 Triton's model configuration (``oip.triton``; not in KServe's proto)
+    ModelStatistics             Triton's model statistics, as the gateway sees them (``oip.stats``)
     ModelInfer                  inference
 
 A one-tensor target has one input ``input`` of shape ``[-1, *input_shape]`` and one output
@@ -58,7 +59,7 @@ from keel.common.protocol import ErrorCode
 from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import grpc_predict_v2_pb2 as pb
 from keel.services.oip import grpc_predict_v2_pb2_grpc as pb_grpc
-from keel.services.oip import model_config, tensors
+from keel.services.oip import tensors, triton
 
 SERVICE = "inference.GRPCInferenceService"
 #: what a load balancer probes without a token (as the HTTP gateway's health paths)
@@ -247,15 +248,30 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, metadata(), "ModelMetadata")
 
     async def ModelConfig(self, request: bytes, context: Any) -> bytes:
-        """Triton's model configuration (``oip.model_config``: not in KServe's proto)."""
+        """Triton's model configuration (``oip.triton``: not in KServe's proto)."""
         async def config() -> bytes:
             try:
-                name, version = model_config.decode_request(request)
-            except model_config.WireError as exc:
+                name, version = triton.decode_request(request)
+            except triton.WireError as exc:
                 raise InferError(400, f"not a ModelConfigRequest: {exc}") from None
             target = await self.target(name, version)
-            return model_config.encode_response(tensors.model_config(name, tensors.signature_of(target)))
+            return triton.encode_config(tensors.model_config(name, tensors.signature_of(target)))
         return await self._answer(context, config(), "ModelConfig")
+
+    async def ModelStatistics(self, request: bytes, context: Any) -> bytes:
+        """Triton's model statistics (``oip.stats``): one target's, or every one's (no name)."""
+        async def statistics() -> bytes:
+            try:
+                name, version = triton.decode_request(request)
+            except triton.WireError as exc:
+                raise InferError(400, f"not a ModelStatisticsRequest: {exc}") from None
+            if name:
+                await self.target(name, version)
+                names = [name]
+            else:
+                names = sorted(await self.inference.targets(fresh=True))
+            return triton.encode_statistics(self.inference.statistics.to_json(names, version or None))
+        return await self._answer(context, statistics(), "ModelStatistics")
 
     # ------------------------------------------------------------------ infer
 
@@ -369,8 +385,10 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]
         self.server = grpc.aio.server(interceptors=self.interceptors, options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
-        config = grpc.unary_unary_rpc_method_handler(self.servicer.ModelConfig)  # bytes in, bytes out: hand-written
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelConfig": config}),))
+        triton_methods = {"ModelConfig": grpc.unary_unary_rpc_method_handler(self.servicer.ModelConfig),
+                          "ModelStatistics": grpc.unary_unary_rpc_method_handler(self.servicer.ModelStatistics)}
+        # bytes in, bytes out (``oip.triton`` writes them), after the generated methods
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, triton_methods),))
         address = f"{self.cfg.http_host}:{self.cfg.grpc_port}"
         credentials = self.credentials()
         try:

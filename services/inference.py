@@ -38,6 +38,7 @@ from keel.common.client import Result
 from keel.common.config import GatewayConfig
 from keel.common.protocol import ErrorCode
 from keel.services.oip import tensors as tensors_
+from keel.services.oip.stats import Statistics
 
 #: Keel error code -> HTTP status (gRPC maps the HTTP status on)
 STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode.OVERLOADED: 503,
@@ -101,6 +102,7 @@ class Inference:
         self.refresh: asyncio.Future | None = None  # the background ask of stale targets
         self.requests = itertools.count(1)  # makes callers' request ids unique (see infer)
         self.queries = 0  # Keel queries sent, whatever transport asked for them
+        self.statistics = Statistics()  # Triton's model statistics, per target (perf_analyzer reads them)
 
     # ------------------------------------------------------------------ targets
 
@@ -266,7 +268,19 @@ class Inference:
         calls = [self.client.predict(name, row, key=key, version=version, timeout_ms=timeout_ms,
                                      request_id=f"{request_id}.{n}-{i}" if request_id else None, traceparent=traceparent)
                  for i, row in enumerate(rows)]
+        start = time.perf_counter_ns()
         results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))  # one row: no task
+        try:
+            self._answered(name, version, rows, results, answer)
+        except InferError:
+            self.statistics.record(name, version, rows=len(rows), ns=time.perf_counter_ns() - start, ok=False)
+            raise
+        self.statistics.record(name, results[0].version if results else version, rows=len(rows),
+                               ns=time.perf_counter_ns() - start, ok=True)
+        return results
+
+    def _answered(self, name: str, version: str | None, rows: list, results: list[Result], answer: Any) -> None:
+        """Nothing, when every row has its ``answer`` from the version asked; else the ``InferError``."""
         failed = next((r for r in results if answer(r) is None), None)
         if failed is not None:
             raise self._refusal(name, version, failed, results.index(failed) if len(results) > 1 else None)
@@ -276,7 +290,6 @@ class Inference:
         if other is not None:
             raise InferError(409, f"model {name!r} version {version} was asked, but version {other.version} answered: "
                                   "a rollout moved the workers; send it again, or without a version")
-        return results
 
     async def target_or_spec(self, name: str, version: str | None) -> dict:
         """``target``, for inference: while no frontend answers a status, one of the spec's

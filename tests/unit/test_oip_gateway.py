@@ -157,3 +157,15 @@ def _kept(gw: Gateway):
     async def targets(fresh: bool = False):
         return gw.inference.known
     return targets
+
+
+def test_statistics_count_each_request_and_row_as_triton_writes_them(gateway):
+    gateway.inference.targets = _kept(gateway)
+    assert infer(gateway, triton_inputs(rows=3))[0] == 200
+    assert infer(gateway, triton_inputs(rows=1, n=41))[0] == 400  # refused at the edge: never sent
+    one = orjson.loads(call(gateway, "GET", "/v2/models/rec/stats").body)["model_stats"]
+    assert [(s["name"], s["inference_count"], s["execution_count"]) for s in one] == [("rec", 3, 1)]
+    assert one[0]["inference_stats"]["success"]["count"] == 1 and one[0]["inference_stats"]["success"]["ns"] > 0
+    every = orjson.loads(call(gateway, "GET", "/v2/models/stats").body)["model_stats"]
+    assert [s["name"] for s in every] == ["old", "rec"] and every[0]["execution_count"] == 0
+    assert call(gateway, "GET", "/v2/models/nope/stats").status == 404

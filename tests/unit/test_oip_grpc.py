@@ -97,6 +97,8 @@ CHECKS = textwrap.dedent('''
         old = await servicer.ModelMetadata(pb.ModelMetadataRequest(name="old"), Context())
         assert [(t.name, list(t.shape)) for t in old.inputs] == [("input", [-1, 2])]  # as before signatures
         assert b"TYPE" not in await servicer.ModelConfig(b"\\n\\x03rec", Context())  # enums, not names
+        stats = await servicer.ModelStatistics(b"", Context())  # no name: every target
+        assert b"rec" in stats and b"old" in stats
         print("ok")
 
 

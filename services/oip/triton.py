@@ -1,12 +1,13 @@
-"""Triton's ``ModelConfig`` gRPC method, written by hand on the protobuf wire.
+"""Triton's gRPC methods beyond KServe's proto, written by hand on the protobuf wire.
 
 KServe's ``grpc_predict_v2.proto`` (the one this package generates) has no model
-configuration; Triton's ``GRPCInferenceService`` adds ``ModelConfig``, whose answer is
-``model_config.proto``'s large ``ModelConfig`` message. perf_analyzer and
-``tritonclient.grpc``'s ``get_model_config`` ask it. Keel answers only the fields its
-JSON configuration has (``oip.tensors.model_config``): name, platform, backend,
-max_batch_size, each input and output (name, data_type, dims, reshape), an empty
-dynamic_batching and the transaction policy. Writing those few fields by hand keeps
+configuration and no statistics; Triton's ``GRPCInferenceService`` adds ``ModelConfig``
+(``model_config.proto``'s large ``ModelConfig`` message) and ``ModelStatistics``, and
+perf_analyzer asks both (``tritonclient.grpc``'s ``get_model_config`` and
+``get_inference_statistics`` too). Keel answers only the fields its JSON forms have
+(``oip.tensors.model_config``: name, platform, backend, max_batch_size, each input and
+output with data_type, dims and reshape, an empty dynamic_batching, the transaction
+policy; ``oip.stats``: counts and durations). Writing those few fields by hand keeps
 Triton's whole configuration schema (and a second generated package) out of Keel; the
 field numbers are Triton's (the tests decode the bytes with tritonclient's own messages).
 
@@ -67,7 +68,7 @@ def _tensor(tensor: dict, dims_field: int, reshape_field: int) -> bytes:
     return body
 
 
-def encode_response(config: dict[str, Any]) -> bytes:
+def encode_config(config: dict[str, Any]) -> bytes:
     """A ``ModelConfigResponse`` holding ``config`` (``oip.tensors.model_config``'s JSON)."""
     body = _text(NAME, config["name"]) + _text(PLATFORM, config.get("platform", "")) \
         + _int(MAX_BATCH_SIZE, config.get("max_batch_size", 0))
@@ -81,8 +82,25 @@ def encode_response(config: dict[str, Any]) -> bytes:
     return _field(1, body)
 
 
+#: InferStatistics' durations, by field number (model statistics JSON names)
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+
+def encode_statistics(stats: dict[str, Any]) -> bytes:
+    """A ``ModelStatisticsResponse`` holding ``stats`` (``oip.stats``' JSON form)."""
+    out = b""
+    for model in stats["model_stats"]:
+        durations = model["inference_stats"]
+        infer = b"".join(_field(i, _int(1, durations[k]["count"]) + _int(2, durations[k]["ns"]))
+                         for i, k in enumerate(DURATIONS, 1) if k in durations)
+        out += _field(1, _text(1, model["name"]) + _text(2, model["version"]) + _int(3, model["last_inference"])
+                      + _int(4, model["inference_count"]) + _int(5, model["execution_count"]) + _field(6, infer))
+    return out
+
+
 def decode_request(data: bytes) -> tuple[str, str]:
-    """(name, version) of a ``ModelConfigRequest``; unknown fields are skipped."""
+    """(name, version) of a ``ModelConfigRequest`` or ``ModelStatisticsRequest`` (the
+    same two fields); unknown fields are skipped."""
     fields = {1: "", 2: ""}
     i = 0
     while i < len(data):
