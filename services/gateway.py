@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import os
 import signal
 import ssl
@@ -64,7 +63,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import zmq
 import zmq.asyncio
@@ -72,17 +70,16 @@ import zmq.asyncio
 from keel.common import curve, inputs, logs, protocol, transport
 from keel.common.async_client import AsyncClient
 from keel.common.config import GatewayConfig
-from keel.common.inputs import DATATYPES, OIP_OF
+from keel.common.inputs import OIP_OF
 from keel.common.metrics import Metrics
 from keel.services import httpserver
 from keel.services.httpserver import HTTPError, HTTPServer, Request, Response, Router
 from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import rest, tensors
+from keel.services.oip.rest import HEADER_LENGTH, HEADER_LENGTH_KEY, _object, read_input, split_body, wants_binary
 
 VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
-HEADER_LENGTH = "Inference-Header-Content-Length"
-HEADER_LENGTH_KEY = HEADER_LENGTH.lower()  # as the server's Request keys its headers
 
 #: paths a load balancer probes without a token
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
@@ -100,101 +97,6 @@ def error_response(status: int, message: str, headers: dict | None = None) -> Re
 
 def json_response(obj: Any) -> Response:
     return Response(200, _dumps(obj), "application/json")
-
-
-_short = inputs.short
-
-
-def _object(value: Any, what: str) -> dict:
-    """``value`` when a JSON object, {} when absent; anything else is a 400 naming ``what``."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InferError(400, f"{what} must be a JSON object, got {_short(value)}")
-    return value
-
-
-def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
-    """(the JSON header, the binary part) of an OIP request or response body."""
-    if header_length is None:
-        json_part, binary = body, b""
-    else:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise InferError(400, f"{HEADER_LENGTH} {_short(header_length)} is not an integer") from None
-        if not 0 <= n <= len(body):
-            raise InferError(400, f"{HEADER_LENGTH} {n} is outside the body's {len(body)} bytes")
-        json_part, binary = body[:n], body[n:]
-    try:
-        header = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise InferError(400, f"the request is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise InferError(400, "the request must be a JSON object")
-    return header, binary
-
-
-def read_input(header: dict, binary: bytes, target: dict) -> np.ndarray:
-    """The one input tensor of a request, decoded from JSON ``data`` or the binary part,
-    as (rows, *input_shape) of its own datatype; ``Inference`` validates and converts it."""
-    inputs_ = header.get("inputs")
-    if not isinstance(inputs_, list) or len(inputs_) != 1 or not isinstance(inputs_[0], dict):
-        n = len(inputs_) if isinstance(inputs_, list) else 0
-        raise InferError(400, f"a Keel target takes exactly one input tensor (an object in inputs), got {n}")
-    tensor = inputs_[0]
-    name, shape, datatype = tensor.get("name", "input"), tensor.get("shape"), tensor.get("datatype")
-    if not isinstance(name, str):
-        raise InferError(400, f"input name must be a string, got {_short(name)}")
-    what = f"input {_short(name)}"
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InferError(400, f"{what}: shape must be a list of sizes >= 0, got {_short(shape)}")
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise InferError(400, f"{what}: datatype {_short(datatype)} is not one of {sorted(DATATYPES)}")
-    want = list(target["input_shape"])
-    if shape[1:] != want:  # before the data: the size it must have follows from the shape
-        raise InferError(400, f"{what}: shape {_short(shape)} is not [-1, {', '.join(map(str, want))}] "
-                              f"(rows of the input shape {want})")
-    # exact (Python ints): a shape whose product overflows int64 is only a size that does not match
-    count = shape[0] * math.prod(want)
-    dtype = np.dtype(DATATYPES[datatype])
-    size = _object(tensor.get("parameters"), f"{what} parameters").get("binary_data_size")
-    if size is not None:
-        if type(size) is not int or size != len(binary):
-            raise InferError(400, f"{what}: binary_data_size {_short(size)} but {len(binary)} binary bytes came")
-        if size != count * dtype.itemsize:
-            raise InferError(400, f"{what}: {size} bytes do not hold shape {shape} of {datatype}")
-        x = np.frombuffer(binary, dtype)
-    else:
-        if binary:
-            raise InferError(400, f"{what}: {len(binary)} binary bytes came but the input has no binary_data_size")
-        data = tensor.get("data")
-        if data is None:
-            raise InferError(400, f"{what} has neither data nor binary_data_size")
-        try:
-            x = inputs.from_values(data, datatype, what)
-        except inputs.InputError as exc:
-            raise InferError(400, str(exc)) from None
-        if x.size != count:
-            raise InferError(400, f"{what}: {x.size} values do not fill shape {shape}")
-    return x.reshape(shape)
-
-
-def wants_binary(header: dict) -> bool:
-    """Whether the output is asked for as binary data; a malformed ``outputs`` is a 400."""
-    binary = bool(_object(header.get("parameters"), "parameters").get("binary_data_output"))
-    outputs = header.get("outputs")
-    if outputs is None:
-        return binary
-    if not isinstance(outputs, list):
-        raise InferError(400, f"outputs must be a list of the outputs wanted, got {_short(outputs)}")
-    for i, output in enumerate(outputs):
-        if not isinstance(output, dict):
-            raise InferError(400, f"outputs[{i}] must be a JSON object, got {_short(output)}")
-        if output.get("name") != "output":
-            raise InferError(400, f"outputs[{i}]: a Keel model has one output, 'output', not {_short(output.get('name'))}")
-        binary |= bool(_object(output.get("parameters"), f"outputs[{i}].parameters").get("binary_data"))
-    return binary
 
 
 class Tokens:
