@@ -271,7 +271,7 @@ class Inference:
         start = time.perf_counter_ns()
         results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))  # one row: no task
         try:
-            self._answered(name, version, rows, results, answer)
+            self._answered(name, version, results, answer)
         except InferError:
             self.statistics.record(name, version, rows=len(rows), ns=time.perf_counter_ns() - start, ok=False)
             raise
@@ -279,7 +279,7 @@ class Inference:
                                ns=time.perf_counter_ns() - start, ok=True)
         return results
 
-    def _answered(self, name: str, version: str | None, rows: list, results: list[Result], answer: Any) -> None:
+    def _answered(self, name: str, version: str | None, results: list[Result], answer: Any) -> None:
         """Nothing, when every row has its ``answer`` from the version asked; else the ``InferError``."""
         failed = next((r for r in results if answer(r) is None), None)
         if failed is not None:
