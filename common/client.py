@@ -79,6 +79,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,7 @@ from keel.common import inputs, protocol, transport
 from keel.common.protocol import Cancel, ErrorCode, Feedback, Replies, Reply, Source
 from keel.common.results import (BadInput, Cancelled, DeadlineExceeded, FeedbackResult, InternalError, KeelError,
                                  ModelError, Overloaded, Reason, Refused, Result, UnknownModel, Unreachable, error_for)
+from keel.common.signature import INPUT, as_bytes
 from keel.common.retry import LINK_EVENTS, Link, RetryEngine, _Call, link_events
 
 # the results, errors and retry engine live in their own modules; their names stay importable from here
@@ -113,6 +115,32 @@ def coerce_input(model: str, x, dtype: str | None) -> np.ndarray:
     except inputs.InputError as exc:
         result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
         raise BadInput(result, result.error) from None
+
+
+def named_input(model: str, x: Mapping) -> dict[str, np.ndarray]:
+    """A call's named tensors (``Predict.inputs``) as the wire carries them: each an array,
+    C-contiguous; text (``str``, ``bytes``) an object array of ``bytes``. The frontend checks
+    them against the model's signature (``BadInput`` naming what is wrong)."""
+    out = {}
+    for name, value in x.items():
+        if not isinstance(name, str):
+            raise TypeError(f"named inputs are keyed by their names (str), got {name!r}")
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object if _is_text(value) else None)
+        if arr.dtype.kind in "OSU":
+            try:
+                arr = as_bytes(arr, f"input {name!r}")
+            except inputs.InputError as exc:
+                result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
+                raise BadInput(result, result.error) from None
+        out[name] = arr if arr.dtype.kind == "O" else np.ascontiguousarray(arr)
+    return out
+
+
+def _is_text(value) -> bool:
+    """Whether ``value`` is text or a (nested) list of it: it goes as bytes."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return isinstance(value, (str, bytes))
 
 
 def _key_of(key: str | None, context: str | None) -> str | None:
@@ -233,10 +261,15 @@ class _Base:
     def _new_call(self, model: str, x: np.ndarray, timeout_ms: float | None, request_id: str | None,
                   key: str | None = None, version: str | None = None) -> tuple[str, _Call]:
         timeout = self.timeout_ms if timeout_ms is None else _check_timeout(timeout_ms)
-        x = coerce_input(model, x, self.dtypes.get(model))
+        if type(x) is not np.ndarray and isinstance(x, Mapping):
+            x = named_input(model, x)
+        else:
+            x = np.ascontiguousarray(coerce_input(model, x, self.dtypes.get(model)))
+            if x.dtype.kind in "OSU":  # text: bytes go as a named tensor, the model's one input
+                x = named_input(model, {INPUT: x})
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
-        call = _Call(model, np.ascontiguousarray(x), timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
+        call = _Call(model, x, timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
         # a corked call leaves with those before it in the cork: to the same frontend
         self.engine.start(rid, call, now, together=self.corked > 0)
         return rid, call
@@ -410,9 +443,13 @@ class _Base:
             if len(self.answered_by) > ANSWERED_BY:
                 self.answered_by.popitem(last=False)
         output = None if reply.output is None else np.array(reply.output)
+        named = None
+        if reply.outputs is not None:  # a named model's: copied off the frames; ``output`` the one if one
+            named = {k: np.array(v) for k, v in reply.outputs.items()}
+            output = next(iter(named.values())) if len(named) == 1 else None
         return Result(reply.request_id, reply.source, output, reply.error, reply.error_code, reply.model, reply.version,
                       (time.perf_counter() - call.sent) * 1000.0, self.frontends[frontend], reply.models,
-                      reply.confidence, degraded=bool(reply.degraded))
+                      reply.confidence, degraded=bool(reply.degraded), named=named)
 
     def _feedback_message(self, request_id: str, y: int) -> tuple[int, Feedback]:
         """(frontend, message) of a feedback: it goes to the frontend that answered the call."""

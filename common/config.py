@@ -78,12 +78,16 @@ class ModelInfo:
     default_output: list[float] | None = None
     #: the frontend's default deadline: used when a query names none (ms)
     deadline_ms: float = 1000.0
+    #: a store model's signature (``common.signature``, ``Signature.to_dict``) when it is not
+    #: the single-input shorthand: named inputs checked against it, named outputs answered
+    signature: dict | None = None
 
     def validate(self, name: str) -> None:
         where = f"model {name}: "
-        _check(bool(self.input_shape) and all(isinstance(d, int) and d > 0 for d in self.input_shape), "input_shape",
-               f"must be positive integers, got {self.input_shape}", where)
-        _check(self.output_size > 0, "output_size", "must be > 0", where)
+        if self.signature is None:  # a named model's shapes are its signature's
+            _check(bool(self.input_shape) and all(isinstance(d, int) and d > 0 for d in self.input_shape), "input_shape",
+                   f"must be positive integers, got {self.input_shape}", where)
+            _check(self.output_size > 0, "output_size", "must be > 0", where)
         _check(self.deadline_ms > 0, "deadline_ms", "must be > 0", where)
         n = self.output_size
         _check(self.default_output is None or len(self.default_output) == n, "default_output",
@@ -212,9 +216,16 @@ class BatchPolicy:
     k: int = 0
     #: the parity model's name (role parity workers register under it)
     parity_model: str | None = None
+    #: a named model's batching of queries whose variable dims differ (``common.ragged``):
+    #: "pad" (anything queued, padded by the worker to the batch's largest), "bucket" (equal
+    #: shapes after rounding variable dims up to ``bucket_width``), "equal" (equal shapes only)
+    ragged: str = "pad"
+    bucket_width: int = 8
 
     def validate(self, name: str) -> None:
         where = f"{name}: "
+        _check(self.ragged in ("pad", "bucket", "equal"), "ragged", f'must be "pad", "bucket" or "equal", got {self.ragged!r}', where)
+        _check(self.bucket_width >= 1, "bucket_width", "must be >= 1", where)
         _check(self.batch_budget_ms > 0, "batch_budget_ms", "must be > 0", where)
         _check(self.max_batch >= 1, "max_batch", "must be >= 1", where)
         _check(self.fixed_batch is None or 1 <= self.fixed_batch <= self.max_batch, "fixed_batch",

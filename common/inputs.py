@@ -148,9 +148,16 @@ def describe(kind: str, info: Any, version: str | None = None, **extra: Any) -> 
     """The description of a target: ``kind`` (model, application or graph), what it takes
     (``input_shape``, ``input_dtype``) and answers (``output_size``), the ``version`` served
     (None: it has no versions), whether it takes a ``key``, and ``extra`` (a graph's
-    ``mode``). ``info`` has the model-like fields (``common.config.ModelInfo``)."""
+    ``mode``), and its ``signature`` (``Signature.to_dict``: named inputs and outputs, their
+    dtypes and -1 dims; ``Signature.single`` of the other fields for a model without one).
+    ``info`` has the model-like fields (``common.config.ModelInfo``)."""
+    signature = getattr(info, "signature", None)
+    if signature is None:
+        from keel.common.signature import Signature  # (it imports this module)
+
+        signature = Signature.single(info.input_shape, info.input_dtype, info.output_size or None).to_dict()
     return {"kind": kind, "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
-            "output_size": info.output_size, "version": version, "key": KEYED[kind], **extra}
+            "output_size": info.output_size, "version": version, "key": KEYED[kind], "signature": signature, **extra}
 
 
 def key_error(key: Any) -> str | None:

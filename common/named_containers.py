@@ -107,6 +107,22 @@ def call(predictor: Any, signature: Signature, inputs: Mapping[str, np.ndarray])
                          f"{', '.join(s.name for s in signature.inputs)}")
 
 
+def call_rows(predictor: Any, signature: Signature, rows: list[Mapping[str, np.ndarray]]) -> tuple[list[dict], Any]:
+    """Run the queries ``rows`` (each name -> one query's array) as one batch, as a worker
+    does: padded to the batch's largest with masks (``common.ragged.pad``), run by the
+    container's convention (``call``), each query's outputs cut back to its own lengths
+    (``common.ragged.cut``). (each query's outputs, the padded batch: its ``waste``)."""
+    from keel.common.ragged import cut, pad
+
+    batch = pad(signature, rows)
+    outputs = call(predictor, signature, batch.inputs)
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != len(rows):
+            raise ValueError(f"output {name!r} has shape {list(arr.shape)} for {len(rows)} queries; want ({len(rows)}, ...)")
+        dtype_name(arr.dtype)  # one the wire carries, else a SignatureError
+    return cut(signature, outputs, batch), batch
+
+
 def check_batch(signature: Signature, rows: int, stretch: int = 0,
                 only: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
     """``rows`` queries of zeros (empty bytes) for every input, masks all ones; each

@@ -30,6 +30,7 @@ Example
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -166,7 +167,8 @@ class Waste:
     real_elements: int = 0
     padded_elements: int = 0
     batches: int = 0
-    by_batch: list[float] = field(default_factory=list, repr=False)
+    #: the recent batches' waste (bounded: a worker adds one a batch for as long as it runs)
+    by_batch: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
     def add(self, batch: Padded) -> None:
         self.real_elements += batch.real_elements

@@ -32,10 +32,20 @@ class Result:
     #: a graph's answer computed while a stateful operator on its path ran without a backup
     #: (consistent, but one more failure there could not be masked)
     degraded: bool = False
+    #: a named model's outputs as they came (``Reply.outputs``); read them as ``outputs``
+    named: dict[str, np.ndarray] | None = None
+
+    @property
+    def outputs(self) -> dict[str, np.ndarray] | None:
+        """Every output by name: a named model's, or ``{"output": output}`` of a one-tensor
+        target; None without a prediction. (Made when asked: the one-tensor path builds no dict.)"""
+        if self.named is not None:
+            return self.named
+        return None if self.output is None else {"output": self.output}
 
     @property
     def ok(self) -> bool:
-        return self.source not in (Source.ERROR,) and self.output is not None
+        return self.source not in (Source.ERROR,) and (self.output is not None or self.named is not None)
 
     def raise_for_error(self) -> Result:
         """This result if it carries a prediction; else the ``KeelError`` subclass of its error."""

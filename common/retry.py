@@ -125,8 +125,11 @@ class RetryEngine:
     def message(self, rid: str, call: _Call, now: float, client: str | None = None) -> Predict:
         """The current attempt's query: a retry carries the time left to the call's deadline."""
         timeout = call.timeout_ms if call.attempt == 0 else max(1.0, (call.deadline - now) * 1000.0)
-        return Predict(request_id=rid, model=call.model, input=call.x, timeout_ms=timeout, version=call.version,
-                       key=call.key, client=client, bundle=True, columns=True, traceparent=call.traceparent)
+        x = call.x
+        named = type(x) is dict  # named tensors (``Predict.inputs``)
+        return Predict(request_id=rid, model=call.model, input=None if named else x, timeout_ms=timeout, version=call.version,
+                       key=call.key, client=client, bundle=True, columns=True, traceparent=call.traceparent,
+                       inputs=x if named else None)
 
     def due(self, now: float) -> tuple[list[str], list[Result]]:
         """Calls whose slice passed: (to send again, to their new frontend; ended with no answer)."""

@@ -59,6 +59,7 @@ from keel.services.base import Service
 from keel.services.requests import carry_trace, stack_rows
 from keel.services.scheduling import CodingGroups, Inflight, ModelQueue, Query, WorkerState, batching_for
 from keel.services.scheduling.distribution import distribution_policy
+from keel.services.scheduling.ragged import SCAN as RAGGED_SCAN, kind_of as ragged_kind
 from keel.services.scheduling.view import pool_summary
 
 #: traced queries (``Predict.trace``) held between their Queries and their Batch at most
@@ -184,10 +185,18 @@ class Dispatcher(Service):
             self.log.error("queries for a model with no query queue", model=msg.model)
             return
         inputs, reply_to, append = msg.inputs, msg.reply_to, queue.entries.append
-        kind = (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
         start = now - transit_s(msg.sent_at)  # when the frontend sent them, on this clock
         expired = 0
-        for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, inputs):
+        if inputs is None:  # a named model's: a dict a query, its kind by the model's ragged policy
+            policy, width = queue.policy.ragged, queue.policy.bucket_width
+            for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, msg.rows):
+                deadline = start + budget_ms / 1000.0
+                if deadline <= now:
+                    expired += 1
+                    continue
+                append(Query(qid, deadline, reply_to, row, now, ragged_kind(policy, width, row)))
+        kind = None if inputs is None else (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
+        for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, () if inputs is None else inputs):
             deadline = start + budget_ms / 1000.0
             if deadline <= now:
                 expired += 1
@@ -495,6 +504,7 @@ class Dispatcher(Service):
         taken: list[Query] = []
         kind = None
         expired = skipped = 0
+        passed: list[Query] | None = None  # a named model's queries of another kind, looked past
         while entries and len(taken) < want:
             query = entries.popleft()
             if query.deadline <= now:
@@ -507,19 +517,30 @@ class Dispatcher(Service):
                 if kind is None:
                     kind = query.kind
                 elif query.kind != kind:  # another shape or dtype: it heads the next batch
-                    entries.appendleft(query)
+                    if type(query.input) is dict:  # a named model's: look further for the head's kind
+                        if passed is None:
+                            passed = []
+                        passed.append(query)
+                        if len(passed) < RAGGED_SCAN:
+                            continue
+                    else:
+                        entries.appendleft(query)
                     self.shape_splits += 1
                     break
             taken.append(query)
+        if passed:
+            entries.extendleft(reversed(passed))  # in their order, at the head again
         if expired:
             self.expired += expired
             self.m_expired[model].inc(expired)
         self.answered_skipped += skipped
         if not taken:
             return False
+        named = type(taken[0].input) is dict  # a named model's: each query's dict, padded by the worker
         batch = Batch(
             batch_id=0, model=model, qids=[q.qid for q in taken], reply_to=[q.reply_to for q in taken],
-            inputs=stack_rows([q.input for q in taken]), group=queue.coding.tag() if queue.coding else None,
+            inputs=None if named else stack_rows([q.input for q in taken]), rows=[q.input for q in taken] if named else None,
+            group=queue.coding.tag() if queue.coding else None,
             budgets_ms=[(q.deadline - now) * 1000.0 for q in taken],
             fence=self.fence_epoch or None,  # 0: no manager named this dispatcher
             sent_at=time.time(),

@@ -36,7 +36,7 @@ class Job:
     """One batch on its way through an executor: what the loop needs to answer it."""
 
     __slots__ = ("batch", "live", "received", "predictor", "version", "outputs", "error", "service_ms", "running", "trace",
-                 "skipped")
+                 "skipped", "padded")
 
     def __init__(self, batch: Batch, live: list[int], received: float, predictor, version: str | None = None):
         self.batch, self.live, self.received, self.predictor = batch, live, received, predictor
@@ -45,6 +45,7 @@ class Job:
         self.running = 1  # batches computing when this one started, itself included
         self.trace: list[float] | None = None  # a traced query's stamps (``Batch.trace``), receipt the last
         self.skipped = 0  # rows withdrawn (their requests cancelled) before the batch started: not run
+        self.padded = None  # a named model's batch as padded (``common.ragged.Padded``: its waste)
 
 
 class Executors:

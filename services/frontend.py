@@ -75,10 +75,12 @@ from keel.common import inputs, protocol, tracing, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
 from keel.common.metrics import MODEL_LABELS, model_labels
+from keel.common.protocol import named
 from keel.common.protocol import (
     Answered, Cancel, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
     Withdraw,
 )
+from keel.common.signature import validate as validate_named
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.graph.route import GraphRoute
@@ -245,8 +247,9 @@ class Frontend(Service):
         dkey = (msg.client.encode() if msg.client else envelope[0], rid)
         request = Request(envelope, rid, start, dkey, bundle=msg.bundle is True, columns=msg.columns is True)
         x = msg.input
-        if x.nbytes > self.cfg.max_payload_bytes:
-            return self._refuse(request, ErrorCode.BAD_REQUEST, f"payload of {x.nbytes} bytes exceeds the limit of "
+        size = x.nbytes if x is not None else named.nbytes(msg.inputs)  # (a Predict carries one or the other)
+        if size > self.cfg.max_payload_bytes:
+            return self._refuse(request, ErrorCode.BAD_REQUEST, f"payload of {size} bytes exceeds the limit of "
                                                                 f"{self.cfg.max_payload_bytes} (max_payload_bytes)")
         route = self.routes.get(msg.model)
         if route is None:
@@ -261,12 +264,19 @@ class Frontend(Service):
             if msg.version != served:
                 return self._refuse(request, ErrorCode.UNKNOWN_MODEL,
                                     f"{route.kind} {msg.model} serves version {served}, not {msg.version}")
+        signature = route.signature  # a target of named tensors; None: one tensor (the fast path)
         try:
-            inputs.validate(x, route.info.input_shape, route.dtype, what=route.what, convert=False)
+            if signature is not None:  # each input checked: missing, extra, dtype, bounds, NaN
+                x = validate_named(signature, x if x is not None else route.named_of(msg.inputs))
+            else:
+                if x is None:
+                    x = route.one_input(msg.inputs)
+                inputs.validate(x, route.info.input_shape, route.dtype, what=route.what, convert=False)
         except inputs.InputError as exc:
             return self._refuse(request, ErrorCode.BAD_REQUEST, str(exc))
         # A cheap fingerprint of what was asked: a reused id is only a retry if it matches.
-        request.digest = digest = zlib.crc32(x, zlib.crc32(f"{msg.model}\0{key or ''}".encode()))
+        request.digest = digest = zlib.crc32(x if signature is None else named.fingerprint(x),
+                                             zlib.crc32(f"{msg.model}\0{key or ''}".encode()))
         done = self.dedup.get(dkey)
         if done is not None:  # a retry of an answered request: the same answer again
             if done[1] != digest:
@@ -307,9 +317,11 @@ class Frontend(Service):
         now = time.monotonic()
         for model, items in self.outbox.items():
             if items:
+                xs = [x for _, _, x in items]
+                one = type(xs[0]) is not dict  # a named model's queries go as rows, one dict each
                 msg = Queries(model=model, qids=[q for q, _, _ in items], budgets_ms=[(d - now) * 1000.0 for _, d, _ in items],
-                              reply_to=self.reply_to, inputs=stack_rows([x for _, _, x in items]), fence=self.fence,
-                              sent_at=time.time())
+                              reply_to=self.reply_to, inputs=stack_rows(xs) if one else None, fence=self.fence,
+                              sent_at=time.time(), rows=None if one else xs)
                 if self.traces:
                     carry_trace(self.traces, msg)
                     if tracing.ON and msg.traced is not None:
@@ -386,7 +398,11 @@ class Frontend(Service):
         source = Source.RECONSTRUCTION if msg.source == Source.RECONSTRUCTION else Source.MODEL
         outputs, error = msg.outputs, msg.error
         info = self.cfg.models.get(msg.model)
-        if outputs is not None:
+        bad = None  # rows whose output is NaN or infinite: a model error, never an answer
+        named_model = info is not None and info.signature is not None
+        if named_model:  # a dict of named tensors a query
+            outputs, bad, error = self._named_outputs(msg, error)
+        elif outputs is not None:
             if info is None or outputs.size != len(msg.qids) * info.output_size:
                 want = "" if info is None else f", not {info.output_size} values per query"
                 error, outputs = f"outputs of shape {list(outputs.shape)}{want}", None
@@ -394,8 +410,7 @@ class Frontend(Service):
                 outputs = outputs.reshape(len(msg.qids), info.output_size)
         elif error is None:
             error = "no outputs"
-        bad = None  # rows whose output is NaN or infinite: a model error, never an answer
-        if outputs is not None and outputs.dtype.kind == "f":
+        if not named_model and outputs is not None and outputs.dtype.kind == "f":
             finite = np.isfinite(outputs).all(axis=1)
             if not finite.all():
                 bad = ~finite
@@ -422,6 +437,19 @@ class Frontend(Service):
                 pending.route.on_output(pending, qid, model, None, "output NaN or infinity for this input", source, msg)
             else:
                 pending.route.on_output(pending, qid, model, outputs[i], None, source, msg)
+
+    def _named_outputs(self, msg: Predictions, error: str | None) -> tuple[list | None, list | None, str | None]:
+        """(outputs, bad rows, error) of a named model's predictions: a dict of named tensors a
+        query (``Predictions.rows``, cut back by the worker); a query whose float output holds
+        NaN or infinity is bad, as in the one-tensor path."""
+        rows = msg.rows
+        if rows is None:
+            return None, None, error or ("one tensor from a model of named outputs" if msg.outputs is not None else "no outputs")
+        bad = [any(a.dtype.kind == "f" and a.size and not np.isfinite(a).all() for a in row.values()) for row in rows]
+        if not any(bad):
+            return rows, None, error
+        self._nonfinite(msg, sum(bad))
+        return rows, bad, error
 
     def _nonfinite(self, msg: Predictions, rows: int) -> None:
         """A model answered NaN or infinity for a finite input (the input was checked at
@@ -501,10 +529,13 @@ class Frontend(Service):
         route = self.routes.get(model)
         kind = route.kind if route is not None else ""
         count, latencies = self._meters(source, model if kind else "", kind)
+        outputs = None
+        if type(output) is dict:  # a named model's outputs
+            outputs, output = output, None
         for request in requests:
             reply = Reply(request_id=request.request_id, source=source, output=output, model=model, version=version,
                           error=error, error_code=code, models=models, confidence=confidence, degraded=degraded,
-                          trace=None if trace is None else [*trace, time.time()])
+                          trace=None if trace is None else [*trace, time.time()], outputs=outputs)
             frames = protocol.encode(reply)
             request.to(State.ANSWERED)
             if bundle and request.bundle:

@@ -83,6 +83,8 @@ from keel.common.protocol import Batch, Configure, Done, Heartbeat, Leave, Predi
 from keel.services.base import Service
 from keel.services.executors import Executors, Job, set_torch_threads
 from keel.common.containers import build_predictor
+from keel.common.named_containers import call_rows
+from keel.common.ragged import Waste
 from keel.common.datapath import MemoryGuard, warm_up, warmup_rows
 from keel.common.devices import see_only
 
@@ -149,12 +151,20 @@ class Worker(Service):
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
             self.dispatcher_name, _, endpoints = self.manager.holder("dispatcher")
             self.dispatcher_endpoint = endpoints.get("worker", self.dispatcher_endpoint)
-        self._warm_up(self.predictor)  # before it registers: the first query is not the slow one
+        #: a named model's signature (``common.signature``; None: one tensor in, one out)
+        manifest = getattr(self.predictor, "manifest", None)
+        signature = manifest.signature_of() if getattr(manifest, "signature", None) is not None else None
+        self.signature = signature if signature is not None and not signature.is_single else None
+        self.waste = Waste()  # padding waste of its batches
+        if self.signature is None:
+            self._warm_up(self.predictor)  # before it registers: the first query is not the slow one
         self._connect()
         self.every(cfg.heartbeat_interval_s, self._heartbeat)
         self.serve_status(cfg.status_endpoint)
         self.m_batches = self.metrics.counter("worker_batches_total", "batches run", ["outcome", *MODEL_LABELS])
         self.m_service = self.metrics.histogram("worker_service_seconds", "time in predict_batch per batch", MODEL_LABELS)
+        self.m_waste = self.metrics.gauge("worker_padding_waste", "padded elements / elements computed, "
+                                          "a named model's batches so far (common.ragged)", MODEL_LABELS)
         self.m_batch_size = self.metrics.histogram("worker_batch_size", "queries per batch", MODEL_LABELS,
                                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         from keel.services.gpu import watch_gpu
@@ -378,8 +388,14 @@ class Worker(Service):
         start = time.perf_counter()
         try:
             predictor = job.predictor
-            job.outputs = self.memory.run(lambda x: self._predict(predictor, x, len(x)),
-                                          batch.inputs if len(live) == len(batch.qids) else batch.inputs[live])
+            if batch.rows is not None:  # a named model's: padded here, cut back per query
+                if self.signature is None:
+                    raise ValueError("named tensors for a model of one input")
+                rows = batch.rows if len(live) == len(batch.qids) else [batch.rows[r] for r in live]
+                job.outputs, job.padded = call_rows(predictor, self.signature, rows)
+            else:
+                job.outputs = self.memory.run(lambda x: self._predict(predictor, x, len(x)),
+                                              batch.inputs if len(live) == len(batch.qids) else batch.inputs[live])
         except Exception as exc:  # the model's failure must not take the worker down
             job.error = f"{type(exc).__name__}: {exc}"
             self.log.error("model raised", batch_id=batch.batch_id, error=job.error, trace=traceback.format_exc(limit=3))
@@ -425,6 +441,9 @@ class Worker(Service):
             acc["sum_ms"] += job.service_ms
             acc["sumsq_ms"] += job.service_ms ** 2
         self.m_batch_size.labels(**served).observe(len(live))
+        if job.padded is not None:  # the price of padding (common.ragged): a metric and Status
+            self.waste.add(job.padded)
+            self.m_waste.labels(**served).set(self.waste.ratio)
         transport.send(
             self.dealer,
             Done(worker=self.name, batch_id=batch.batch_id, batch_size=len(live), service_ms=job.service_ms,
@@ -478,10 +497,15 @@ class Worker(Service):
             return 0
         reply_to = batch.reply_to if every else [batch.reply_to[r] for r in live]
         refused = 0
+        named = type(outputs) is list  # a named model's: a dict of outputs a query
         for dest, rows in transport.split_rows(reply_to).items():
             part = len(rows) == len(qids)
-            msg = Predictions(qids=qids if part else [qids[r] for r in rows],
-                              outputs=outputs if outputs is None or part else outputs[rows], **common)
+            if named:
+                msg = Predictions(qids=qids if part else [qids[r] for r in rows], outputs=None,
+                                  rows=outputs if part else [outputs[r] for r in rows], **common)
+            else:
+                msg = Predictions(qids=qids if part else [qids[r] for r in rows],
+                                  outputs=outputs if outputs is None or part else outputs[rows], **common)
             if trace is not None and batch.traced in msg.qids:
                 msg.traced, msg.trace = batch.traced, [*trace, time.time()]
                 if tracing.ON:
@@ -496,7 +520,8 @@ class Worker(Service):
     def status(self) -> dict:
         return {**super().status(), "model": self.cfg.model, "model_role": self.cfg.role, "version": self.version, "slots": self.slots,
                 "threads": self.threads, **self.counts, "peers": len(self.peers.sockets),
-                "held": self.held, "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()},
+                "held": self.held, "padding_waste": round(self.waste.ratio, 4), "padded_batches": self.waste.batches,
+                "peak_concurrency": self.executors.peak, "service_times": {i: dict(acc) for i, acc in self.service.items()},
                 **self._device_status()}
 
     def _warm_up(self, predictor) -> None:

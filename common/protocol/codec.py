@@ -15,9 +15,10 @@ from keel.common.protocol.fields import (
     ModelRole, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
-    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, Batch, Cancel, Feedback, GraphAck, GraphDurable, GraphRequest, Predict,
-    Predictions, Predicts, Queries, Replies, Reply,
+    _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, NAMED_OF, Batch, Cancel, Feedback, GraphAck, GraphDurable, GraphRequest,
+    Predict, Predictions, Predicts, Queries, Replies, Reply,
 )
+from keel.common.protocol.named import decode_named, encode_named
 
 #: stamps a traced message carries at most (a request's path has ten)
 MAX_TRACE = 16
@@ -56,6 +57,12 @@ def encode(msg: Any) -> list:
             descs.append({"dtype": dtype, "shape": list(arr.shape)})
             frames.append(buf if arr.nbytes else b"")
         header["tensors"] = descs
+    named = _NAMED_FIELD.get(cls)
+    if named is not None:
+        value = getattr(msg, named)
+        if value is not None:  # after the tensors' frames (``protocol.named``)
+            header["named"], more = encode_named([value] if cls in _ONE_ROW else value)
+            frames += more
     frames[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
     return frames
 
@@ -210,6 +217,18 @@ def _decode_at(frames: list, at: int, max_payload: int) -> tuple[Any, int]:
             total += arr.nbytes
             kwargs[name] = arr
             i += 1
+    named = header.get("named")
+    if named is not None and cls in _NAMED_FIELD:
+        if not isinstance(named, list):
+            raise ProtocolError("named must be a list of tensor descriptors")
+        if end + len(named) > len(frames):
+            raise ProtocolError(f"{cls.KIND} has {len(frames) - at - 1} frames, its header describes {end + len(named) - at - 1}")
+        one = cls in _ONE_ROW
+        qids = kwargs.get("qids")
+        rows = decode_named(named, frames[end:end + len(named)], 1 if one else len(qids) if isinstance(qids, list) else None,
+                            max_payload - total)
+        kwargs[_NAMED_FIELD[cls]] = rows[0] if one else rows
+        end += len(named)
     try:
         msg = cls(**kwargs)
     except TypeError as exc:
@@ -217,6 +236,10 @@ def _decode_at(frames: list, at: int, max_payload: int) -> tuple[Any, int]:
     _check_message(msg)
     return msg, end
 
+
+#: per kind that carries named tensors: its field (``protocol.named``); those whose field is one dict, not rows
+_NAMED_FIELD = NAMED_OF
+_ONE_ROW = frozenset({Predict, Reply})
 
 #: per kind that may go in columns: its columns' kind and a row's tensor bytes
 _COLUMNS = {Predict: (Predicts, lambda m: m.input.nbytes), Reply: (Replies, lambda m: m.output.nbytes)}
@@ -320,6 +343,12 @@ def _check_message(msg: Any) -> None:
     cls = type(msg)
     if cls in (Predict, Feedback, Cancel) and not msg.request_id:
         raise ProtocolError("request_id must not be empty: it is how a reply finds its call")
+    if cls is Predict and (msg.input is None) == (msg.inputs is None):
+        raise ProtocolError("predict carries its input (one tensor) or its inputs (named tensors), one of the two")
+    if cls in (Queries, Batch) and (msg.inputs is None) == (msg.rows is None):
+        raise ProtocolError(f"{cls.KIND} carries inputs (one tensor) or rows (named tensors), one of the two")
+    if cls is Predictions and msg.outputs is not None and msg.rows is not None:
+        raise ProtocolError("predictions carry outputs (one tensor) or rows (named tensors), not both")
     reply_to = getattr(msg, "reply_to", None)
     if cls is GraphRequest and reply_to is not None and not isinstance(reply_to, str):
         raise ProtocolError("reply_to must be a string")

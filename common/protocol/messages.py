@@ -17,9 +17,12 @@ class Predict:
 
     KIND: ClassVar[Kind] = Kind.PREDICT
     TENSORS: ClassVar[tuple[str, ...]] = ("input",)
+    NAMED: ClassVar[str] = "inputs"
     request_id: str
     model: str
-    input: np.ndarray
+    #: the one input of a single-input model (the fast path: columns, bundles); None when
+    #: ``inputs`` carries the query's named tensors
+    input: np.ndarray | None = None
     timeout_ms: float | None = None
     version: str | None = None
     #: the one per-call key of every target: an application's selection context (Clipper
@@ -43,6 +46,9 @@ class Predict:
     #: their fields may then come as one header and one tensor (a client that does not say
     #: so, as one of an older Keel, gets each as a ``Reply``)
     columns: bool | None = None
+    #: named inputs (``common.signature``), name -> one query's array (bytes: an object
+    #: array of ``bytes``), frames after the header (``protocol.named``); never columns
+    inputs: dict[str, np.ndarray] | None = None
 
 
 @dataclass(slots=True)
@@ -70,7 +76,7 @@ class Predicts:
         flags, its input's dtype and shape); None for one a ``Predicts`` cannot carry (a key,
         a version, a trace, or no deadline)."""
         if p.key is not None or p.version is not None or p.trace is not None or p.timeout_ms is None \
-                or p.traceparent is not None:
+                or p.traceparent is not None or p.input is None:
             return None
         return p.model, p.client, p.bundle, p.columns, p.input.dtype, p.input.shape
 
@@ -96,6 +102,7 @@ class Reply:
 
     KIND: ClassVar[Kind] = Kind.REPLY
     TENSORS: ClassVar[tuple[str, ...]] = ("output",)
+    NAMED: ClassVar[str] = "outputs"
     request_id: str
     source: str
     output: np.ndarray | None = None
@@ -113,6 +120,8 @@ class Reply:
     degraded: bool | None = None
     #: a traced request's stamps (``Predict.trace``), the frontend's send the last
     trace: list[float] | None = None
+    #: a named model's outputs, name -> this request's array (``output`` is then None)
+    outputs: dict[str, np.ndarray] | None = None
 
 
 @dataclass(slots=True)
@@ -139,7 +148,7 @@ class Replies:
         output, an error, application fields, a degraded mark, a trace)."""
         out = r.output
         if out is None or r.error is not None or r.models is not None or r.confidence is not None \
-                or r.degraded is not None or r.trace is not None:
+                or r.degraded is not None or r.trace is not None or r.outputs is not None:
             return None
         return r.source, r.model, r.version, out.dtype, out.shape
 
@@ -174,15 +183,17 @@ class Feedback:
 
 @dataclass(slots=True)
 class Queries:
-    """Queries a frontend hands to the dispatcher: ``inputs`` stacks them on axis 0."""
+    """Queries a frontend hands to the dispatcher: ``inputs`` stacks them on axis 0, or
+    (a named model's) ``rows`` holds each query's named tensors."""
 
     KIND: ClassVar[Kind] = Kind.QUERIES
     TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
+    NAMED: ClassVar[str] = "rows"
     model: str
     qids: list[int]
     budgets_ms: list[float]  # per query: time left to its deadline when sent
     reply_to: str  # the frontend's prediction endpoint
-    inputs: np.ndarray
+    inputs: np.ndarray | None
     #: with a manager: the epoch of group "dispatcher" the frontend follows. A dispatcher
     #: that has seen an older one stops dispatching until the manager's decision reaches it
     fence: int | None = None
@@ -194,19 +205,23 @@ class Queries:
     trace: list[float] | None = None
     #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
     traceparent: str | None = None
+    #: a named model's queries: one dict of named tensors a query (variable dims differ)
+    rows: list[dict[str, np.ndarray]] | None = None
 
 
 @dataclass(slots=True)
 class Batch:
-    """A query batch (or ParM parity batch) for one worker; one row of ``inputs`` a query."""
+    """A query batch (or ParM parity batch) for one worker; one row of ``inputs`` a query,
+    or (a named model's) one dict of ``rows`` a query, padded by the worker (``common.ragged``)."""
 
     KIND: ClassVar[Kind] = Kind.BATCH
     TENSORS: ClassVar[tuple[str, ...]] = ("inputs",)
+    NAMED: ClassVar[str] = "rows"
     batch_id: int
     model: str
     qids: list[int]
     reply_to: list[str]  # per query: where its prediction goes
-    inputs: np.ndarray
+    inputs: np.ndarray | None
     role: str = ModelRole.DEPLOYED
     group: CodingTag | None = None
     #: per query: time left to its deadline when the batch was sent (None: no deadline)
@@ -223,14 +238,18 @@ class Batch:
     trace: list[float] | None = None
     #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
     traceparent: str | None = None
+    rows: list[dict[str, np.ndarray]] | None = None  # a named model's queries, as ``Queries.rows``
 
 
 @dataclass(slots=True)
 class Predictions:
-    """Outputs of one batch, from a worker (or a reconstruction, from the decoder)."""
+    """Outputs of one batch, from a worker (or a reconstruction, from the decoder): one row
+    of ``outputs`` a query, or (a named model's) one dict of ``rows`` a query, cut back to
+    its own lengths."""
 
     KIND: ClassVar[Kind] = Kind.PREDICTIONS
     TENSORS: ClassVar[tuple[str, ...]] = ("outputs",)
+    NAMED: ClassVar[str] = "rows"
     batch_id: int
     model: str
     qids: list[int]
@@ -251,6 +270,7 @@ class Predictions:
     trace: list[float] | None = None
     #: a sampled ``traced`` query's W3C trace context (its previous hop's span; ``common.tracing``)
     traceparent: str | None = None
+    rows: list[dict[str, np.ndarray]] | None = None  # a named model's outputs, a dict a query
 
 
 @dataclass(slots=True)
@@ -399,14 +419,17 @@ MESSAGES: dict[str, type] = {
                 Cancel, Withdraw, Control, Change, GraphRequest, GraphState, GraphAck, GraphDurable)
 }
 
+#: per class that carries named tensors (``protocol.named``): the field that holds them
+NAMED_OF: dict[type, str] = {cls: cls.NAMED for cls in MESSAGES.values() if getattr(cls, "NAMED", None)}
+
 # Per class: (header field names, required header field names). Computed once.
 _FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
 for _cls in MESSAGES.values():
-    _names = tuple(f.name for f in dataclasses.fields(_cls) if f.name not in _cls.TENSORS)
+    _names = tuple(f.name for f in dataclasses.fields(_cls) if f.name not in _cls.TENSORS and f.name != NAMED_OF.get(_cls))
     _required = frozenset(
         f.name
         for f in dataclasses.fields(_cls)
-        if f.name not in _cls.TENSORS
+        if f.name not in _cls.TENSORS and f.name != NAMED_OF.get(_cls)
         and f.default is dataclasses.MISSING
         and f.default_factory is dataclasses.MISSING
     )
@@ -414,7 +437,8 @@ for _cls in MESSAGES.values():
 
 # Per class: header fields that may be null (typed "... | None"); any other null is refused.
 _NULLABLE: dict[type, frozenset[str]] = {
-    _cls: frozenset(f.name for f in dataclasses.fields(_cls) if f.name not in _cls.TENSORS and "None" in str(f.type))
+    _cls: frozenset(f.name for f in dataclasses.fields(_cls)
+                    if f.name not in _cls.TENSORS and f.name != NAMED_OF.get(_cls) and "None" in str(f.type))
     for _cls in MESSAGES.values()
 }
 

@@ -19,10 +19,11 @@ from keel.common.spec.tables import NAME, SpecError, Table, fail, options
 
 MODES = ("none", "equal", "parm")
 #: the keys of a resolved model that make its ModelInfo (frontend) and BatchPolicy (dispatcher)
-INFO_KEYS = ("input_shape", "output_size", "input_dtype", "version", "default_output", "deadline_ms")
+INFO_KEYS = ("input_shape", "output_size", "input_dtype", "version", "default_output", "deadline_ms", "signature")
 #: the emulated SERF host's keys (``read_serf_host``)
 SERF_HOST_KEYS = ("serf_host", "base_ms", "speedup", "interference")
-POLICY_KEYS = ("batch_budget_ms", "max_batch", "fixed_batch", "batch_delay_ms", "aimd_step", "aimd_backoff")
+POLICY_KEYS = ("batch_budget_ms", "max_batch", "fixed_batch", "batch_delay_ms", "aimd_step", "aimd_backoff", "ragged",
+               "bucket_width")
 
 
 def model_info(model: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +37,19 @@ def batch_policy(model: dict[str, Any]) -> dict[str, Any]:
     if model.get("mode") == "parm":
         out.update(k=model["k"], parity_model=model["parity_model"])
     return out
+
+
+def parm_refusal(signature: dict) -> str:
+    """Why ParM cannot code a model of this signature (``Signature.to_dict``): the encoder
+    sums the k batches of a coding group, which means something for floating inputs only."""
+    kinds = {s["name"]: s["dtype"] for s in signature.get("inputs", []) if not s.get("mask_for")}
+    other = [f"{n} ({d})" for n, d in kinds.items() if not d.startswith(("float", "bfloat"))]
+    if other:
+        return (f"ParM cannot code this model: its input(s) {', '.join(other)} are not floating point; a parity "
+                "batch is the sum of k query batches, and a sum of ids, flags or bytes is no input the parity model "
+                "can learn from. Serve it without k, or with mode = \"equal\" for the extra workers")
+    return ("ParM codes one floating input; encoding each of several named inputs (variable dims padded to the "
+            "group's largest) is not wired yet. Serve it without k")
 
 
 def read_serf_host(t: Table, builtin: str | None) -> dict[str, Any] | None:
@@ -110,9 +124,9 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
         except ModelStoreError as exc:
             key = "version" if mstore.has(out["store_name"]) else "store_name"
             raise SpecError(f"{t.key(key)}: {exc}") from None
-        if manifest.signature is not None and not manifest.signature_of().is_single:  # common.signature
-            fail(t.key("store_name"), f"store model {manifest.name}/{manifest.version} takes named or variable-shape "
-                 "inputs; serving them is not wired yet (a model added with --input-shape serves)")
+        signature = manifest.signature_of() if manifest.signature is not None else None  # common.signature
+        if signature is not None and not signature.is_single:
+            out["signature"] = signature.to_dict()  # named tensors: checked and batched by it
         for key, given, stored in (("input_shape", shape, manifest.input_shape), ("output_size", output_size, manifest.output_size),
                                    ("input_dtype", dtype, manifest.input_dtype)):
             if given is not None and given != stored:
@@ -131,6 +145,12 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
     out["aimd_backoff"] = t.take("aimd_backoff", float, cfg.BatchPolicy.aimd_backoff)
     default = t.take("default_output", list[float], None)
     out["default_output"] = None if default is None else [float(v) for v in default]
+    out.setdefault("signature", None)
+    if out["default_output"] is not None and out["signature"] is not None:
+        fail(t.key("default_output"), "a model with named outputs has no default output (one flat vector) yet")
+    # a named model's batching of variable shapes (common.ragged; the worker pads)
+    out["ragged"] = t.take("ragged", str, cfg.BatchPolicy.ragged)
+    out["bucket_width"] = t.take("bucket_width", int, cfg.BatchPolicy.bucket_width)
     _validated(t, model, lambda: cfg.ModelInfo(**model_info(out)))
     _validated(t, model, lambda: cfg.BatchPolicy(**batch_policy(out)))
     # Relation: AIMD grows a batch while its service time stays under the budget; a
@@ -157,6 +177,8 @@ def read_model(model: str, t: Table, mstore: Any, all_hosts: list[str],
         fail(t.key("mode"), f'"none" with k = {k}; set mode = "parm" or "equal", or drop k')
     if mode != "none" and not k:
         fail(t.key("k"), f'mode "{mode}" needs k >= 2')
+    if mode == "parm" and out["signature"] is not None:
+        fail(t.key("k"), parm_refusal(out["signature"]))
     if mode != "none" and out["pool"]:
         fail(t.key("pools"), f'mode "{mode}" with pools: which instance type would the extra workers be? Not supported')
     # ParM §6.1: m/k parity workers; Equal-Resources gets as many extra deployed ones

@@ -48,6 +48,7 @@ import numpy as np
 
 from keel.common import inputs
 from keel.common.protocol import ErrorCode, Source
+from keel.common.signature import INPUT
 from keel.services.requests import Request
 
 #: what ``admit`` returns for a request answered at once (from the cache)
@@ -91,6 +92,23 @@ class Route:
     what: str  # "<kind> <name>": how refusals name the target
     #: the output answered at the deadline (source ``default``), or None
     default: np.ndarray | None = None
+    #: a target that takes named tensors: its signature (``common.signature``), against which
+    #: the frontend checks each request; None: one tensor, checked against ``info``
+    signature: Any = None
+
+    def named_of(self, named: dict) -> dict | np.ndarray:
+        """A named target's inputs as sent: ``input`` (the one-input default name) stands for
+        a signature's one client input of another name (a client sending text it knows no name for)."""
+        if len(named) == 1 and INPUT in named and len(self.signature.client_inputs) == 1 \
+                and self.signature.client_inputs[0].name != INPUT:
+            return named[INPUT]
+        return named
+
+    def one_input(self, named: dict) -> np.ndarray:
+        """The one tensor of a one-tensor target sent as named tensors (``Predict.inputs``)."""
+        if len(named) != 1 or INPUT not in named:
+            raise inputs.InputError(f"{self.what} takes one input, {INPUT!r}; got {', '.join(map(repr, named))}")
+        return named[INPUT]
 
     def version(self) -> str | None:
         """The version served now (None: the target has no versions)."""

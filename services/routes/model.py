@@ -16,6 +16,8 @@ import numpy as np
 
 from keel.common import tracing
 from keel.common.protocol import ErrorCode, Predict, Predictions, Source
+from keel.common.protocol.named import fingerprint
+from keel.common.signature import Signature
 from keel.services.requests import Request, State
 from keel.services.routes import CACHED, FULL, Pending, QueryRoute
 
@@ -32,6 +34,8 @@ class ModelRoute(QueryRoute):
         self.dtype = np.dtype(info.input_dtype)
         self.what = f"{self.kind} {name}"  # how refusals name it
         self.default = None if info.default_output is None else np.asarray(info.default_output, np.float32)
+        if info.signature is not None:  # named tensors in and out (``common.signature``)
+            self.signature = Signature.from_dict(info.signature)
         self.models = (name,)
         self.bname = name.encode()
         self.outbox = fe.outbox[name]  # the frontend's list of this model's queries, sent each tick
@@ -47,7 +51,8 @@ class ModelRoute(QueryRoute):
         version = fe.serving.get(self.name, self.info.version)
         key = None
         if fe.cache is not None:
-            key = b"%s\0%s\0%s" % (self.bname, version.encode(), x.tobytes())
+            # every input in the key: a named model's all (``named.fingerprint``)
+            key = b"%s\0%s\0%s" % (self.bname, version.encode(), x.tobytes() if self.signature is None else fingerprint(x))
             output = fe.cache.get(key)
             if output is not None:
                 fe.answer([request], Source.CACHE, self.name, version, output)

@@ -265,7 +265,9 @@ def test_keys_unknown_names_and_targets(harness, zsock):
     assert h.reply(c).error_code == ErrorCode.BAD_REQUEST  # a graph has no versions
     target = h.fe.status()["targets"]["graph"]
     assert target == {"kind": "graph", "input_shape": [DIM], "input_dtype": "float32", "output_size": OUT,
-                      "version": None, "key": True, "mode": "nspb"}
+                      "version": None, "key": True, "mode": "nspb",
+                      "signature": {"inputs": [{"name": "input", "dtype": "float32", "shape": [DIM]}],
+                                    "outputs": [{"name": "output", "dtype": "float32", "shape": [OUT]}]}}
     assert stream_of("12") == 12 and stream_of("x") == stream_of("x") != stream_of("y") and stream_of(None) == 0
     assert 0 <= stream_of("x") < 2**63 and stream_of(str(2**63)) < 2**63
 
@@ -530,6 +532,9 @@ def test_a_late_prediction_of_the_old_version_does_not_undo_a_rollout(harness):
 def test_status_lists_every_target_with_what_it_takes(harness):
     targets = harness().fe.status()["targets"]
     assert set(targets) == {"m", "m2", "d"}
+    # the signature of a one-tensor model: Signature.single of its shapes (what the gateway's metadata says)
+    assert targets["m"].pop("signature") == {"inputs": [{"name": "input", "dtype": "float32", "shape": [DIM]}],
+                                             "outputs": [{"name": "output", "dtype": "float32", "shape": [OUT]}]}
     assert targets["m"] == {"kind": "model", "input_shape": [DIM], "input_dtype": "float32", "output_size": OUT,
                             "version": "1", "key": False}
 

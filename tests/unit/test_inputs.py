@@ -94,4 +94,5 @@ def test_the_rules_of_a_call_beside_its_input():
 
     assert describe("graph", Info, None, mode="nspb") == {
         "kind": "graph", "input_shape": [4], "input_dtype": "float32", "output_size": 2, "version": None, "key": True,
-        "mode": "nspb"}
+        "mode": "nspb", "signature": {"inputs": [{"name": "input", "dtype": "float32", "shape": [4]}],
+                                      "outputs": [{"name": "output", "dtype": "float32", "shape": [2]}]}}

@@ -170,10 +170,19 @@ def test_named_outputs_rules():
     assert bf.dtype.name == "bfloat16" and bf.astype(np.float32).tolist() == [1.0, 1.0]
 
 
-def test_a_spec_refuses_a_named_model_until_serving_it_is_wired(tmp_path, files):
+def test_a_spec_serves_a_named_model_with_its_ragged_policy_and_refuses_parm_for_ids(tmp_path, files):
     from keel.common.spec import SpecError, load_spec
 
     store = str(tmp_path / "store")
     add_model(store, "pair", str(files["pair"]), inputs=["a:float32:2", "b:float32:2"])
-    with pytest.raises(SpecError, match="models.pair.store_name: .*not wired yet"):
-        load_spec({"cluster": {"store": store}, "models": {"pair": {"workers": 1}}})
+    add_model(store, "bag", str(files["bag"]), inputs=BAG_INPUTS)
+    spec = load_spec({"cluster": {"store": store}, "models": {"pair": {"workers": 1},
+                                                              "bag": {"ragged": "bucket", "bucket_width": 4}}})
+    bag = spec.models["bag"]
+    assert [s["name"] for s in bag["signature"]["inputs"]] == ["dense", "ids", "mask"]
+    assert (bag["ragged"], bag["bucket_width"]) == ("bucket", 4)
+    assert spec.models["pair"]["ragged"] == "pad"  # the default for a named model
+    with pytest.raises(SpecError, match="models.bag.ragged: must be"):
+        load_spec({"cluster": {"store": store}, "models": {"bag": {"ragged": "sorted"}}})
+    with pytest.raises(SpecError, match=r"models.bag.k: ParM cannot code this model: its input\(s\) ids \(int64\)"):
+        load_spec({"cluster": {"store": store}, "models": {"bag": {"k": 2}}})
