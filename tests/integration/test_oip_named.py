@@ -19,7 +19,6 @@ import numpy as np
 import orjson
 import pytest
 
-from keel.common import protocol
 from keel.common.spec import load_spec
 from keel.deploy.keel import main as keel
 from keel.deploy.local import free_port, free_port_block
@@ -28,11 +27,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
-              pytest.mark.skipif(not hasattr(protocol.Predict, "__dataclass_fields__")
-                                 or "inputs" not in protocol.Predict.__dataclass_fields__,
-                                 reason="named tensors through the wire, frontend, dispatcher and worker "
-                                        "(Predict.inputs, Reply.outputs, Result.outputs) are not in this tree")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PATIENT_MS = 10_000
 MODELS = textwrap.dedent('''
