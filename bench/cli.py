@@ -51,6 +51,8 @@ BENCHMARKS: dict[str, Command] = {
                    "ParM's tail there, and the CPU beside it; skipped without a CUDA device",
                    "a smaller grid, 15 s per ParM mode (a few minutes)"),
     "gateway": Command("keel.bench.gateway", "the OIP v2 gateway against the ZeroMQ client, and CURVE's cost"),
+    "ragged": Command("keel.bench.ragged", "variable lengths 4..64: padded batches vs equal shapes only, throughput at "
+                      "p99 <= 50 ms and padding waste", "one search each, 1.5 s probes (about a minute)"),
     "manager": Command("keel.bench.manager", "the Raft manager group: commit latency and leader failover"),
 }
 

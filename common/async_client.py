@@ -154,7 +154,7 @@ class AsyncClient(_Base):
         self._flush_all()
         self._arm()
 
-    async def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+    async def predict(self, name: str, x: np.ndarray | dict, key: str | None = None, version: str | None = None,
                       timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
                       *, context: str | None = None, traceparent: str | None = None) -> Result:
         """One query of a model, an application or a graph (as ``Client.predict``)."""

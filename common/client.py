@@ -132,7 +132,8 @@ def named_input(model: str, x: Mapping) -> dict[str, np.ndarray]:
             except inputs.InputError as exc:
                 result = Result("", Source.ERROR, error=str(exc), error_code=ErrorCode.BAD_REQUEST, model=model)
                 raise BadInput(result, result.error) from None
-        out[name] = arr if arr.dtype.kind == "O" else np.ascontiguousarray(arr)
+        # (ascontiguousarray would make a 0-d array, one value a query, of shape (1,))
+        out[name] = arr if arr.dtype.kind == "O" or arr.flags.c_contiguous else np.ascontiguousarray(arr)
     return out
 
 
@@ -264,9 +265,9 @@ class _Base:
         if type(x) is not np.ndarray and isinstance(x, Mapping):
             x = named_input(model, x)
         else:
-            x = np.ascontiguousarray(coerce_input(model, x, self.dtypes.get(model)))
-            if x.dtype.kind in "OSU":  # text: bytes go as a named tensor, the model's one input
-                x = named_input(model, {INPUT: x})
+            x = coerce_input(model, x, self.dtypes.get(model))
+            # text: bytes go as a named tensor, the model's one input
+            x = named_input(model, {INPUT: x}) if x.dtype.kind in "OSU" else np.ascontiguousarray(x)
         rid = request_id or f"{self.prefix}-{next(self.counter)}"
         now = time.perf_counter()
         call = _Call(model, x, timeout, now, now, 0, 0, key, now + timeout / 1000.0, version)
@@ -529,7 +530,7 @@ class Client(_Base):
             if not self.corked:
                 self._flush_all()
 
-    def submit(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+    def submit(self, name: str, x: np.ndarray | dict, key: str | None = None, version: str | None = None,
                timeout_ms: float | None = None, request_id: str | None = None, *, context: str | None = None,
                traceparent: str | None = None) -> str:
         """Send one query (as ``predict``) without waiting; its result comes from ``collect``."""
@@ -602,7 +603,7 @@ class Client(_Base):
                 else:
                     self.results[result.request_id] = result  # someone else's submit
 
-    def predict(self, name: str, x: np.ndarray, key: str | None = None, version: str | None = None,
+    def predict(self, name: str, x: np.ndarray | dict, key: str | None = None, version: str | None = None,
                 timeout_ms: float | None = None, request_id: str | None = None, raise_errors: bool | None = None,
                 *, context: str | None = None, traceparent: str | None = None) -> Result:
         """One query of a target: a model, an application or a graph, by its name.
@@ -611,8 +612,10 @@ class Client(_Base):
         ----------
         name : str
             The model, application or graph (``keel status`` lists a frontend's targets).
-        x : array-like
-            One input of the target's input shape.
+        x : array-like or dict
+            One input of the target's input shape; or its named inputs, name -> array-like
+            (a model with a signature, ``docs/guide/models.md``; text as ``str`` or ``bytes``).
+            The result's ``outputs`` names every output, ``output`` is the one when there is one.
         key : str, optional
             The call's key: an application's selection context (a user, a session: whose
             learned state picks and weighs its models), a graph's stream (whose state it

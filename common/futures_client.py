@@ -47,7 +47,7 @@ class FuturesClient:
     def _run(self, coro) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def predict(self, name: str, x: np.ndarray, **options) -> concurrent.futures.Future[Result]:
+    def predict(self, name: str, x: np.ndarray | dict, **options) -> concurrent.futures.Future[Result]:
         """One query (as ``AsyncClient.predict``); cancelling the future cancels the request."""
         return self._run(self.client.predict(name, x, **options))
 

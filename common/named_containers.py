@@ -16,8 +16,8 @@ tuple, ``output`` for one tensor. ``infer_outputs`` runs check batches as a work
 one more for each variable dim of an input with that dim longer, and writes the output
 specs: a dim whose size followed an input's dim is variable and records which it follows.
 
-This module holds what serving named tensors will share with ``keel model add``; the
-worker's use of it comes with the wiring of named tensors through the services.
+This module holds what serving named tensors shares with ``keel model add``: the worker
+runs a named model's batches through ``call_rows`` (pad, ``call``, cut back per query).
 
 Example
 -------

@@ -17,8 +17,8 @@ follows an input dim (``TensorSpec.follows``, learnt by ``keel model add``) cut 
 that request's length. ``Padded.waste`` is padded elements / elements computed: the
 price of padding, which the batcher records per model.
 
-This module is pure (numpy only, no sockets): the dispatcher and worker call it when named
-tensors are wired through the services.
+This module is pure (numpy only, no sockets): the dispatcher groups queries by its policies
+(``services.scheduling.ragged``) and the worker pads and cuts (``named_containers.call_rows``).
 
 Example
 -------

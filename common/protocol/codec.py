@@ -60,7 +60,7 @@ def encode(msg: Any) -> list:
     named = _NAMED_FIELD.get(cls)
     if named is not None:
         value = getattr(msg, named)
-        if value is not None:  # after the tensors' frames (``protocol.named``)
+        if value is not None and (value or cls in _ONE_ROW):  # after the tensors' frames (``protocol.named``; no rows: none)
             header["named"], more = encode_named([value] if cls in _ONE_ROW else value)
             frames += more
     frames[0] = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)

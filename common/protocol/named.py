@@ -76,8 +76,8 @@ def _as_bytes(value: Any) -> bytes:
 
 def encode_named(rows: list[dict[str, np.ndarray]]) -> tuple[list[dict], list]:
     """(descriptors, frames) of ``rows`` (every row names the same tensors, in any order)."""
-    if not rows:
-        return [], []
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and r for r in rows):
+        raise ProtocolError("named tensors are a dict of name -> array (rows: a non-empty list of them)")
     names = list(rows[0])
     descs, frames = [], []
     for name in names:

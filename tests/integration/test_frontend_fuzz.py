@@ -60,6 +60,12 @@ def tensor(rows: int):
     )
 
 
+def _texts(items: list) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr
+
+
 @st.composite
 def messages(draw, epoch: int):
     """A message of any kind with field values drawn to be plausible or hostile."""
@@ -82,6 +88,11 @@ def messages(draw, epoch: int):
     for f in dataclasses.fields(cls):
         if f.name in cls.TENSORS:
             kwargs[f.name] = draw(tensor(n))
+        elif f.name == getattr(cls, "NAMED", None):  # named tensors (protocol.named): none, or rows of them
+            row = st.fixed_dictionaries({"ids": st.lists(st.integers(0, 9), max_size=3).map(lambda v: np.array(v, np.int64)),
+                                         "text": st.lists(st.binary(max_size=4), max_size=2).map(_texts)})
+            one = cls in (protocol.Predict, protocol.Reply)
+            kwargs[f.name] = draw(st.one_of(st.none(), row if one else st.lists(row, min_size=n, max_size=n)))
         elif f.name in fields:
             kwargs[f.name] = draw(fields[f.name])
         elif f.type in ("int", "int | None"):

@@ -168,3 +168,15 @@ def test_the_cache_and_deduplication_key_on_every_input(cluster):
         client.predict("rec", a, request_id="dup-1")
         reused = client.predict("rec", b, request_id="dup-1", raise_errors=False)
         assert reused.error_code == ErrorCode.BAD_REQUEST and "reused with a different input" in reused.error
+
+
+def test_the_pad_worker_records_its_padding_waste_in_its_status(cluster):
+    from keel.common.transport import request_status
+
+    with Client(cluster.client_endpoints, timeout_ms=20_000, raise_errors=True) as client:
+        client.predict_batch("rec", [rec_request(np.random.default_rng(100 + s)) for s in range(30)], window=30)
+    workers = [request_status(ep, 2.0) or {} for ep in cluster.status_endpoints().values()]
+    rec = [w for w in workers if w.get("role") == "worker" and w.get("model") == "rec"]
+    assert rec and rec[0]["padded_batches"] > 0 and 0.0 <= rec[0]["padding_waste"] < 1.0
+    echo = [w for w in workers if w.get("role") == "worker" and w.get("model") == "echo"]
+    assert echo and echo[0]["padded_batches"] == 0  # the one-tensor path pads nothing
