@@ -206,6 +206,7 @@ def _target(spec: Any, name: str) -> dict:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from keel.common.client import Client
+    from keel.deploy import predict
 
     try:
         spec = load_spec(args.spec, _addresses(args.address))
@@ -213,16 +214,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         target = _target(spec, args.model)
         if args.key is not None and not target.get("key"):
             raise SpecError(f"{target.get('kind', 'model')} {args.model!r} takes no --key (applications and graphs do)")
-        x = _input(args.input, target)
+        x = predict.inputs_of(args.input, target, _input)
     except (SpecError, OSError, ValueError) as exc:
         return _fail(str(exc))
     with Client(spec.local_client_endpoints) as client:
         result = client.predict(args.model, x, key=args.key, version=args.version, timeout_ms=args.timeout_ms)
-    fields = ("request_id", "source", "model", "version", "latency_ms", "error", "error_code", "models", "confidence")
-    out = {k: getattr(result, k, None) for k in fields}
-    out["output"] = None if result.output is None else result.output.tolist()
-    print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
-    return 0 if result.error is None and result.output is not None else 1
+    print(orjson.dumps(predict.answer(result), option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    answered = result.output is not None or getattr(result, "outputs", None) is not None
+    return 0 if result.error is None and answered else 1
 
 
 def cmd_serve_spec(args: argparse.Namespace) -> int:
@@ -321,7 +320,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("predict", help="send one query to a model, application or graph of a running cluster")
     p.add_argument("--spec", required=True, help="cluster spec (TOML)")
     p.add_argument("model", metavar="NAME", help="a model, application or graph the frontends serve (keel status)")
-    p.add_argument("--input", required=True, help="a JSON list, or a .npy file")
+    p.add_argument("--input", required=True, action="append",
+                   help="NAME=JSON (or NAME=FILE.npy), once per input: nested lists, strings for bytes; "
+                        "a single-input target takes the bare JSON list or .npy file")
     p.add_argument("--key", default=None, help="an application's context (a user, a session) or a graph's stream")
     p.add_argument("--version", default=None, help="a model version: answered by it or refused")
     p.add_argument("--timeout-ms", type=float, default=None, help="deadline (default: the client's, 1000 ms)")

@@ -10,12 +10,18 @@ frontends serve (a model, an application, a graph)::
     GET  /v2/health/live                        200 while the process runs
     GET  /v2/health/ready                       200 once a frontend answers a Status, else 503
     GET  /v2                                    server metadata (name, version, extensions)
-    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, one input, one output, kind and key
+    GET  /v2/models/{m}[/versions/{v}]          metadata: versions served now, inputs and outputs, kind and key
+    GET  /v2/models/{m}[/versions/{v}]/config   Triton's model configuration (what perf_analyzer reads)
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  Triton's model statistics, as the gateway sees them
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when a frontend answers and m (version v) is served
     POST /v2/models/{m}[/versions/{v}]/infer    inference
 
-A target has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one output
-``output`` of shape ``[-1, output_size]`` (FP32): each row of the input is one Keel query
+A one-tensor target (``oip.tensors.is_single``: builtins, ``--input-shape`` models,
+applications, graphs) has one input tensor ``input`` of shape ``[-1, *input_shape]`` and one
+output ``output`` of shape ``[-1, output_size]`` (FP32), as before signatures; a model with
+a signature takes every input by name and answers every output by name, any datatype
+(BYTES length-prefixed when binary), the ones ``outputs`` asks for (``oip.rest``,
+``oip.tensors``). Either way each row of the inputs is one Keel query
 (its request id ``{id}.{n}-{row}`` when the request has an ``id``, n counting requests), all
 rows in flight at once. Tensors come as JSON (``data``, row-major) or with the binary-data
 extension (the ``Inference-Header-Content-Length`` header; each input's
@@ -50,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 import os
 import signal
 import ssl
@@ -58,7 +63,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import zmq
 import zmq.asyncio
@@ -66,16 +70,16 @@ import zmq.asyncio
 from keel.common import curve, inputs, logs, protocol, transport
 from keel.common.async_client import AsyncClient
 from keel.common.config import GatewayConfig
-from keel.common.inputs import DATATYPES, OIP_OF
+from keel.common.inputs import OIP_OF
 from keel.common.metrics import Metrics
 from keel.services import httpserver
 from keel.services.httpserver import HTTPError, HTTPServer, Request, Response, Router
 from keel.services.inference import Inference, InferError, call_parameters
+from keel.services.oip import rest, tensors
+from keel.services.oip.rest import HEADER_LENGTH, HEADER_LENGTH_KEY, _object, read_input, split_body, wants_binary
 
 VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data"]
-HEADER_LENGTH = "Inference-Header-Content-Length"
-HEADER_LENGTH_KEY = HEADER_LENGTH.lower()  # as the server's Request keys its headers
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 #: paths a load balancer probes without a token
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
@@ -93,101 +97,6 @@ def error_response(status: int, message: str, headers: dict | None = None) -> Re
 
 def json_response(obj: Any) -> Response:
     return Response(200, _dumps(obj), "application/json")
-
-
-_short = inputs.short
-
-
-def _object(value: Any, what: str) -> dict:
-    """``value`` when a JSON object, {} when absent; anything else is a 400 naming ``what``."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InferError(400, f"{what} must be a JSON object, got {_short(value)}")
-    return value
-
-
-def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
-    """(the JSON header, the binary part) of an OIP request or response body."""
-    if header_length is None:
-        json_part, binary = body, b""
-    else:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise InferError(400, f"{HEADER_LENGTH} {_short(header_length)} is not an integer") from None
-        if not 0 <= n <= len(body):
-            raise InferError(400, f"{HEADER_LENGTH} {n} is outside the body's {len(body)} bytes")
-        json_part, binary = body[:n], body[n:]
-    try:
-        header = orjson.loads(json_part)
-    except orjson.JSONDecodeError as exc:
-        raise InferError(400, f"the request is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise InferError(400, "the request must be a JSON object")
-    return header, binary
-
-
-def read_input(header: dict, binary: bytes, target: dict) -> np.ndarray:
-    """The one input tensor of a request, decoded from JSON ``data`` or the binary part,
-    as (rows, *input_shape) of its own datatype; ``Inference`` validates and converts it."""
-    inputs_ = header.get("inputs")
-    if not isinstance(inputs_, list) or len(inputs_) != 1 or not isinstance(inputs_[0], dict):
-        n = len(inputs_) if isinstance(inputs_, list) else 0
-        raise InferError(400, f"a Keel target takes exactly one input tensor (an object in inputs), got {n}")
-    tensor = inputs_[0]
-    name, shape, datatype = tensor.get("name", "input"), tensor.get("shape"), tensor.get("datatype")
-    if not isinstance(name, str):
-        raise InferError(400, f"input name must be a string, got {_short(name)}")
-    what = f"input {_short(name)}"
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InferError(400, f"{what}: shape must be a list of sizes >= 0, got {_short(shape)}")
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise InferError(400, f"{what}: datatype {_short(datatype)} is not one of {sorted(DATATYPES)}")
-    want = list(target["input_shape"])
-    if shape[1:] != want:  # before the data: the size it must have follows from the shape
-        raise InferError(400, f"{what}: shape {_short(shape)} is not [-1, {', '.join(map(str, want))}] "
-                              f"(rows of the input shape {want})")
-    # exact (Python ints): a shape whose product overflows int64 is only a size that does not match
-    count = shape[0] * math.prod(want)
-    dtype = np.dtype(DATATYPES[datatype])
-    size = _object(tensor.get("parameters"), f"{what} parameters").get("binary_data_size")
-    if size is not None:
-        if type(size) is not int or size != len(binary):
-            raise InferError(400, f"{what}: binary_data_size {_short(size)} but {len(binary)} binary bytes came")
-        if size != count * dtype.itemsize:
-            raise InferError(400, f"{what}: {size} bytes do not hold shape {shape} of {datatype}")
-        x = np.frombuffer(binary, dtype)
-    else:
-        if binary:
-            raise InferError(400, f"{what}: {len(binary)} binary bytes came but the input has no binary_data_size")
-        data = tensor.get("data")
-        if data is None:
-            raise InferError(400, f"{what} has neither data nor binary_data_size")
-        try:
-            x = inputs.from_values(data, datatype, what)
-        except inputs.InputError as exc:
-            raise InferError(400, str(exc)) from None
-        if x.size != count:
-            raise InferError(400, f"{what}: {x.size} values do not fill shape {shape}")
-    return x.reshape(shape)
-
-
-def wants_binary(header: dict) -> bool:
-    """Whether the output is asked for as binary data; a malformed ``outputs`` is a 400."""
-    binary = bool(_object(header.get("parameters"), "parameters").get("binary_data_output"))
-    outputs = header.get("outputs")
-    if outputs is None:
-        return binary
-    if not isinstance(outputs, list):
-        raise InferError(400, f"outputs must be a list of the outputs wanted, got {_short(outputs)}")
-    for i, output in enumerate(outputs):
-        if not isinstance(output, dict):
-            raise InferError(400, f"outputs[{i}] must be a JSON object, got {_short(output)}")
-        if output.get("name") != "output":
-            raise InferError(400, f"outputs[{i}]: a Keel model has one output, 'output', not {_short(output.get('name'))}")
-        binary |= bool(_object(output.get("parameters"), f"outputs[{i}].parameters").get("binary_data"))
-    return binary
 
 
 class Tokens:
@@ -262,9 +171,12 @@ class Gateway:
         r.add("GET", "/v2/health/live", self.live)
         r.add("GET", "/v2/health/ready", self.ready)
         r.add("GET", "/v2", self.server_metadata)
+        r.add("GET", "/v2/models/stats", self.statistics)  # before /v2/models/{model}: first match wins
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add("GET", prefix, self.model_metadata)
             r.add("GET", prefix + "/ready", self.model_ready)
+            r.add("GET", prefix + "/config", self.model_config)
+            r.add("GET", prefix + "/stats", self.statistics)
             r.add("POST", prefix + "/infer", self.infer)
         return r
 
@@ -412,6 +324,9 @@ class Gateway:
 
     async def model_metadata(self, request: Request) -> Response:
         name, target, _ = await self._target(request, fresh=True)
+        signature = tensors.signature_of(target)
+        if not tensors.is_single(signature):
+            return json_response(tensors.metadata(name, target, signature))
         return json_response({
             "name": name, "versions": target["versions"], "platform": "keel",
             "inputs": [{"name": "input", "datatype": OIP_OF.get(target["input_dtype"], target["input_dtype"]),
@@ -419,6 +334,17 @@ class Gateway:
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, target["output_size"]]}],
             "parameters": {"keel_kind": target["kind"], "keel_key": target["key"]},
         })
+
+    async def model_config(self, request: Request) -> Response:
+        name, target, _ = await self._target(request, fresh=True)
+        return json_response(tensors.model_config(name, tensors.signature_of(target)))
+
+    async def statistics(self, request: Request) -> Response:
+        """Triton's model statistics (``oip.stats``): one target's, or every target's."""
+        if "model" in request.match_info:
+            name, _, pinned = await self._target(request, fresh=True)
+            return json_response(self.inference.statistics.to_json([name], pinned))
+        return json_response(self.inference.statistics.to_json(sorted(await self.inference.targets(fresh=True))))
 
     async def model_ready(self, request: Request) -> Response:
         await self._target(request, fresh=True)
@@ -445,26 +371,16 @@ class Gateway:
     async def _infer(self, request: Request) -> Response:
         name, target, pinned = await self._infer_target(request)
         header, binary = split_body(request.body, request.headers.get(HEADER_LENGTH_KEY))
+        signature = tensors.signature_of(target)
+        if not tensors.is_single(signature):
+            return await self._infer_named(request, name, pinned, header, binary)
         x = read_input(header, binary, target)
         key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
         binary_output = wants_binary(header)
-        rid = header.get("id")
-        if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
-            raise InferError(400, "id must be a non-empty string of at most 200 characters")
+        rid = request_id(header)
         out, results = await self.inference.infer(name, x, key=key, version=pinned, timeout_ms=timeout, request_id=rid,
                                                   traceparent=request.headers.get("traceparent"))  # W3C trace context
-        params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
-                                  "keel_versions": [r.version for r in results],
-                                  "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}
-        if any(r.models is not None for r in results):  # an application's: which models answered, how sure
-            params["keel_models"] = [r.models for r in results]
-            params["keel_confidence"] = [r.confidence for r in results]
-        body: dict[str, Any] = {"model_name": name, "parameters": params}
-        version = results[0].version if results else pinned
-        if version is not None:
-            body["model_version"] = version
-        if rid is not None:
-            body["id"] = rid
+        body = response_header(name, pinned, rid, results)
         output: dict[str, Any] = {"name": "output", "datatype": "FP32", "shape": list(out.shape)}
         body["outputs"] = [output]
         if not binary_output:
@@ -476,5 +392,53 @@ class Gateway:
         return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
 
 
+    async def _infer_named(self, request: Request, name: str, pinned: str | None, header: dict,
+                           binary: bytes) -> Response:
+        """A target with a signature beyond one ``input``: every input by name, every
+        datatype, the outputs asked for (``oip.rest``)."""
+        try:
+            inputs_ = rest.read_inputs(header, binary)
+            names, binary_of = rest.read_outputs(header)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        key, timeout = call_parameters(_object(header.get("parameters"), "parameters"))
+        rid = request_id(header)
+        outs, results = await self.inference.infer_named(name, inputs_, outputs=names, key=key, version=pinned,
+                                                         timeout_ms=timeout, request_id=rid,
+                                                         traceparent=request.headers.get("traceparent"))
+        body = response_header(name, pinned, rid, results)
+        try:
+            body["outputs"], raw = rest.write_outputs(outs, binary_of)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        if not raw and not any("parameters" in o for o in body["outputs"]):
+            return json_response(body)
+        head = _dumps(body)
+        return Response(200, head + raw, "application/octet-stream", {HEADER_LENGTH: str(len(head))})
+
 def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def request_id(header: dict) -> str | None:
+    rid = header.get("id")
+    if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
+        raise InferError(400, "id must be a non-empty string of at most 200 characters")
+    return rid
+
+
+def response_header(name: str, pinned: str | None, rid: str | None, results: list) -> dict[str, Any]:
+    """An infer response's JSON header but its outputs: where each row's answer came from."""
+    params: dict[str, Any] = {"keel_sources": [str(r.source) for r in results],
+                              "keel_versions": [r.version for r in results],
+                              "keel_latency_ms": max((r.latency_ms for r in results), default=0.0)}
+    if any(r.models is not None for r in results):  # an application's: which models answered, how sure
+        params["keel_models"] = [r.models for r in results]
+        params["keel_confidence"] = [r.confidence for r in results]
+    body: dict[str, Any] = {"model_name": name, "parameters": params}
+    version = results[0].version if results else pinned
+    if version is not None:
+        body["model_version"] = version
+    if rid is not None:
+        body["id"] = rid
+    return body

@@ -11,13 +11,18 @@ shared with the HTTP gateway; this module only decodes and encodes messages::
     ServerReady                 ready once a frontend answers
     ModelReady                  ready when the target (model, application, graph), or its version, is served
     ServerMetadata              name, version
-    ModelMetadata               versions served now, one input, one output
+    ModelMetadata               versions served now, every input and output by name (the signature's)
+    ModelConfig                 Triton's model configuration (``oip.triton``; not in KServe's proto)
+    ModelStatistics             Triton's model statistics, as the gateway sees them (``oip.stats``)
     ModelInfer                  inference
 
-A target has one input ``input`` of shape ``[-1, *input_shape]`` and one output ``output``
-of shape ``[-1, output_size]`` (FP32): each row is one Keel query. The input comes raw
-(``raw_input_contents``, as tritonclient sends it) or typed (the datatype's field of
-``contents``; FP16 only raw); the output comes back the same way. The request's
+A one-tensor target has one input ``input`` of shape ``[-1, *input_shape]`` and one output
+``output`` of shape ``[-1, output_size]`` (FP32); a model with a signature takes and answers
+its tensors by name (``oip.tensors``), only the outputs the request names. Each row is
+one Keel query. Inputs come raw (``raw_input_contents``, one buffer per input, as
+tritonclient sends them; BYTES length-prefixed) or typed (the datatype's field of
+``contents``; FP16 and BF16 only raw); outputs come back the same way (raw whenever an
+output has no typed field). The request's
 ``model_version`` pins a version; its parameters ``key`` (string: an application's
 context, a graph's stream) and ``timeout`` (us, as tritonclient sends it) or
 ``timeout_ms``; without one, the call's gRPC deadline, else the target's own. The response's
@@ -54,6 +59,7 @@ from keel.common.protocol import ErrorCode
 from keel.services.inference import Inference, InferError, call_parameters
 from keel.services.oip import grpc_predict_v2_pb2 as pb
 from keel.services.oip import grpc_predict_v2_pb2_grpc as pb_grpc
+from keel.services.oip import tensors, triton
 
 SERVICE = "inference.GRPCInferenceService"
 #: what a load balancer probes without a token (as the HTTP gateway's health paths)
@@ -67,13 +73,8 @@ CODE_OF = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENT
            429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
            504: grpc.StatusCode.DEADLINE_EXCEEDED}
 
-#: OIP datatype -> (its field of InferTensorContents, that field's numpy type); FP16 has none
-CONTENTS_OF = {"BOOL": ("bool_contents", "bool"), "INT8": ("int_contents", "int32"),
-               "INT16": ("int_contents", "int32"), "INT32": ("int_contents", "int32"),
-               "INT64": ("int64_contents", "int64"), "UINT8": ("uint_contents", "uint32"),
-               "UINT16": ("uint_contents", "uint32"), "UINT32": ("uint_contents", "uint32"),
-               "UINT64": ("uint64_contents", "uint64"), "FP32": ("fp32_contents", "float32"),
-               "FP64": ("fp64_contents", "float64")}
+#: OIP datatype -> (its field of InferTensorContents, that field's numpy type); FP16 and BF16 have none
+CONTENTS_OF = tensors.CONTENTS_OF
 
 
 def code_of(exc: InferError) -> grpc.StatusCode:
@@ -114,7 +115,7 @@ def read_input(request: pb.ModelInferRequest) -> np.ndarray:
         if len(raw) != count * dtype.itemsize:
             raise InferError(400, f"{what}: {len(raw)} bytes do not hold shape {shape} of {tensor.datatype}")
         return np.frombuffer(raw, dtype).reshape(shape)
-    if tensor.datatype not in CONTENTS_OF:
+    if tensor.datatype not in CONTENTS_OF or tensor.datatype == "BYTES":
         raise InferError(400, f"{what}: {tensor.datatype} travels only in raw_input_contents")
     field, wire = CONTENTS_OF[tensor.datatype]
     values = getattr(tensor.contents, field)
@@ -126,6 +127,34 @@ def read_input(request: pb.ModelInferRequest) -> np.ndarray:
         raise InferError(400, str(exc)) from None
 
 
+def read_inputs(request: pb.ModelInferRequest) -> dict[str, tuple[str, np.ndarray]]:
+    """Every input of a request by name: (datatype, array of its shape), from
+    ``raw_input_contents`` (one buffer per input, in order; BYTES length-prefixed) or each
+    input's typed ``contents`` (BYTES: ``bytes_contents``)."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InferError(400, f"raw_input_contents has {len(raw)} tensors for {len(request.inputs)} inputs")
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    try:
+        if not request.inputs:
+            raise inputs.InputError("the request has no inputs")
+        for i, tensor in enumerate(request.inputs):
+            shape = list(tensor.shape)
+            what = tensors.check_header(tensor.name, tensor.datatype, shape)
+            if tensor.name in out:
+                raise inputs.InputError(f"{what} is given twice")
+            if raw:
+                if tensor.HasField("contents"):
+                    raise inputs.InputError(f"{what}: give raw_input_contents or contents, not both")
+                x = tensors.from_raw(raw[i], tensor.datatype, shape, what)
+            else:
+                x = tensors.from_contents(tensor.contents, tensor.datatype, shape, what)
+            out[tensor.name] = (tensor.datatype, x)
+    except inputs.InputError as exc:
+        raise InferError(400, str(exc)) from None
+    return out
+
+
 def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> dict[str, Any]:
     """``Inference.infer``'s keywords from the request: key, version, deadline, id."""
     key, timeout = call_parameters(parameters(request.parameters))  # the same rules as over HTTP
@@ -134,9 +163,6 @@ def request_options(request: pb.ModelInferRequest, context: grpc.aio.ServicerCon
         timeout = max(left * 1000.0, 1.0)
     if len(request.id) > 200:
         raise InferError(400, "id must be at most 200 characters")
-    for output in request.outputs:
-        if output.name != "output":
-            raise InferError(400, f"a Keel target has one output, 'output', not {inputs.short(output.name)}")
     metadata = context.invocation_metadata() if hasattr(context, "invocation_metadata") else None
     return {"key": key, "version": request.model_version or None, "timeout_ms": timeout,
             "request_id": request.id or None,  # and a W3C trace context, as over HTTP's header
@@ -207,12 +233,45 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def metadata() -> pb.ModelMetadataResponse:
             target = await self.target(request.name, request.version)
+            signature = tensors.signature_of(target)
+            if not tensors.is_single(signature):
+                meta = tensors.metadata(request.name, target, signature)
+                return pb.ModelMetadataResponse(
+                    name=request.name, versions=meta["versions"], platform=meta["platform"],
+                    inputs=[tensor_metadata(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]],
+                    outputs=[tensor_metadata(t["name"], t["datatype"], t["shape"]) for t in meta["outputs"]])
             dtype = target["input_dtype"]
             return pb.ModelMetadataResponse(
                 name=request.name, versions=target["versions"], platform="keel",
                 inputs=[tensor_metadata("input", inputs.OIP_OF.get(dtype, dtype), [-1, *target["input_shape"]])],
                 outputs=[tensor_metadata("output", "FP32", [-1, target["output_size"]])])
         return await self._answer(context, metadata(), "ModelMetadata")
+
+    async def ModelConfig(self, request: bytes, context: Any) -> bytes:
+        """Triton's model configuration (``oip.triton``: not in KServe's proto)."""
+        async def config() -> bytes:
+            try:
+                name, version = triton.decode_request(request)
+            except triton.WireError as exc:
+                raise InferError(400, f"not a ModelConfigRequest: {exc}") from None
+            target = await self.target(name, version)
+            return triton.encode_config(tensors.model_config(name, tensors.signature_of(target)))
+        return await self._answer(context, config(), "ModelConfig")
+
+    async def ModelStatistics(self, request: bytes, context: Any) -> bytes:
+        """Triton's model statistics (``oip.stats``): one target's, or every one's (no name)."""
+        async def statistics() -> bytes:
+            try:
+                name, version = triton.decode_request(request)
+            except triton.WireError as exc:
+                raise InferError(400, f"not a ModelStatisticsRequest: {exc}") from None
+            if name:
+                await self.target(name, version)
+                names = [name]
+            else:
+                names = sorted(await self.inference.targets(fresh=True))
+            return triton.encode_statistics(self.inference.statistics.to_json(names, version or None))
+        return await self._answer(context, statistics(), "ModelStatistics")
 
     # ------------------------------------------------------------------ infer
 
@@ -221,9 +280,46 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self._infer(request, context), "ModelInfer")
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        target = await self.inference.target_or_spec(request.model_name, request.model_version or None)
+        if not tensors.is_single(tensors.signature_of(target)):
+            return await self._infer_named(request, context)
+        for output in request.outputs:
+            if output.name != "output":
+                raise InferError(400, f"a Keel target has one output, 'output', not {inputs.short(output.name)}")
         x = read_input(request)
         options = request_options(request, context)
         out, results = await self.inference.infer(request.model_name, x, **options)
+        response = self._response(request, options, results)
+        output = response.outputs.add(name="output", datatype="FP32", shape=list(out.shape))
+        if request.raw_input_contents:  # answered as asked: raw for raw, typed for typed
+            response.raw_output_contents.append(out.astype("<f4", copy=False).tobytes())
+        else:
+            output.contents.fp32_contents.extend(out.ravel().tolist())
+        self.m_requests.labels(code=grpc.StatusCode.OK.name).inc()
+        return response
+
+    async def _infer_named(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """A target with a signature beyond one ``input``: every input by name, every
+        datatype, the outputs asked for; outputs raw when the inputs came raw or an output
+        has no typed field (FP16, BF16), typed otherwise."""
+        named = read_inputs(request)
+        options = request_options(request, context)
+        names = [o.name for o in request.outputs] or None
+        outs, results = await self.inference.infer_named(request.model_name, named, outputs=names, **options)
+        response = self._response(request, options, results)
+        raw = bool(request.raw_input_contents) or any(tensors.datatype_of(x) not in CONTENTS_OF for x in outs.values())
+        for name, x in outs.items():
+            output = response.outputs.add(name=name, datatype=tensors.datatype_of(x), shape=list(x.shape))
+            if raw:
+                response.raw_output_contents.append(tensors.to_raw(x))
+            else:
+                tensors.fill_contents(output.contents, x)
+        self.m_requests.labels(code=grpc.StatusCode.OK.name).inc()
+        return response
+
+    @staticmethod
+    def _response(request: pb.ModelInferRequest, options: dict, results: list) -> pb.ModelInferResponse:
+        """An infer response but its outputs: the version and where each row's answer came from."""
         response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
         version = results[0].version if results else options["version"]
         if version is not None:
@@ -231,12 +327,6 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         response.parameters["keel_sources"].string_param = ",".join(str(r.source) for r in results)
         response.parameters["keel_versions"].string_param = ",".join(r.version or "" for r in results)
         response.parameters["keel_latency_ms"].double_param = max((r.latency_ms for r in results), default=0.0)
-        output = response.outputs.add(name="output", datatype="FP32", shape=list(out.shape))
-        if request.raw_input_contents:  # answered as asked: raw for raw, typed for typed
-            response.raw_output_contents.append(out.astype("<f4", copy=False).tobytes())
-        else:
-            output.contents.fp32_contents.extend(out.ravel().tolist())
-        self.m_requests.labels(code=grpc.StatusCode.OK.name).inc()
         return response
 
 
@@ -295,6 +385,10 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]
         self.server = grpc.aio.server(interceptors=self.interceptors, options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
+        triton_methods = {"ModelConfig": grpc.unary_unary_rpc_method_handler(self.servicer.ModelConfig),
+                          "ModelStatistics": grpc.unary_unary_rpc_method_handler(self.servicer.ModelStatistics)}
+        # bytes in, bytes out (``oip.triton`` writes them), after the generated methods
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, triton_methods),))
         address = f"{self.cfg.http_host}:{self.cfg.grpc_port}"
         credentials = self.credentials()
         try:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from keel.common.async_client import AsyncClient
 from keel.common.client import Result
 from keel.common.config import GatewayConfig
 from keel.common.protocol import ErrorCode
+from keel.services.oip import tensors as tensors_
+from keel.services.oip.stats import Statistics
 
 #: Keel error code -> HTTP status (gRPC maps the HTTP status on)
 STATUS_OF = {ErrorCode.BAD_REQUEST: 400, ErrorCode.UNKNOWN_MODEL: 404, ErrorCode.OVERLOADED: 503,
@@ -99,6 +102,7 @@ class Inference:
         self.refresh: asyncio.Future | None = None  # the background ask of stale targets
         self.requests = itertools.count(1)  # makes callers' request ids unique (see infer)
         self.queries = 0  # Keel queries sent, whatever transport asked for them
+        self.statistics = Statistics()  # Triton's model statistics, per target (perf_analyzer reads them)
 
     # ------------------------------------------------------------------ targets
 
@@ -192,7 +196,8 @@ class Inference:
     async def infer(self, name: str, x: np.ndarray, *, key: str | None = None, version: str | None = None,
                     timeout_ms: float | None = None, request_id: str | None = None,
                     traceparent: str | None = None) -> tuple[np.ndarray, list[Result]]:
-        """One Keel query per row of ``x`` (axis 0 is the batch), all in flight at once.
+        """One Keel query per row of ``x`` (axis 0 is the batch), all in flight at once: the
+        one-tensor path (a target of one fixed-shape ``input`` and one FP32 ``output``).
 
         Returns the stacked outputs (float32, rows x output_size) and each row's ``Result``;
         raises ``InferError``: 400 a bad input or a key for a model, 404 an unknown target or
@@ -202,24 +207,81 @@ class Inference:
         counting this gateway's requests: callers pick ids freely (two may both send "1"),
         so Keel's id must be unique yet traceable in the frontends' logs.
         """
-        target = await self.target_or_spec(name, version)
-        error = inputs.call_error(name, target["kind"], key, None, timeout_ms)
-        if error is not None:
-            raise InferError(400, error)
+        target = await self._callable(name, version, key, timeout_ms)
         try:
             x = inputs.validate(x, target["input_shape"], target["input_dtype"], rows=True, what=f"input of {name!r}")
         except inputs.InputError as exc:
             raise InferError(400, str(exc)) from None
+        results = await self._queries(name, list(x), lambda r: r.output, key=key, version=version,
+                                      timeout_ms=timeout_ms, request_id=request_id, traceparent=traceparent)
+        if len(results) == 1:  # the common case, without np.stack's list
+            out = np.asarray(results[0].output, np.float32).reshape(1, -1)
+        else:
+            out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
+                np.zeros((0, target["output_size"]), np.float32)
+        return out, results
+
+    async def infer_named(self, name: str, tensors: dict[str, tuple[str, np.ndarray]], *,
+                          outputs: list[str] | None = None, key: str | None = None, version: str | None = None,
+                          timeout_ms: float | None = None, request_id: str | None = None,
+                          traceparent: str | None = None) -> tuple[dict[str, np.ndarray], list[Result]]:
+        """``infer`` for named tensors: ``tensors`` is name -> (OIP datatype, array with the
+        batch axis first), checked against the target's signature (``oip.tensors.check_inputs``);
+        row ``i`` of every input is one Keel query of named tensors. Returns each output
+        asked for (``outputs``; None: all) stacked over the rows, and each row's ``Result``;
+        the same refusals as ``infer``."""
+        target = await self._callable(name, version, key, timeout_ms)
+        try:
+            signature = tensors_.signature_of(target)
+            x = tensors_.check_inputs(signature, tensors)
+            wanted = tensors_.requested(signature, outputs)
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        # a[i, ...]: an array even for a scalar per request (a[i] would be a bare bytes or number)
+        rows = [{n: a[i, ...] for n, a in x.items()} for i in range(len(next(iter(x.values()))))]
+        results = await self._queries(name, rows, lambda r: getattr(r, "outputs", None), key=key, version=version,
+                                      timeout_ms=timeout_ms, request_id=request_id, traceparent=traceparent)
+        try:
+            return tensors_.stack_rows([r.outputs for r in results], wanted), results
+        except inputs.InputError as exc:
+            raise InferError(400, str(exc)) from None
+        except ValueError as exc:
+            raise InferError(500, f"model {name!r}: {exc}") from None
+
+    async def _callable(self, name: str, version: str | None, key: str | None, timeout_ms: float | None) -> dict:
+        """The target of a call, once its key and deadline are ones it takes."""
+        target = await self.target_or_spec(name, version)
+        error = inputs.call_error(name, target["kind"], key, None, timeout_ms)
+        if error is not None:
+            raise InferError(400, error)
+        return target
+
+    async def _queries(self, name: str, rows: list, answer: Any, *, key: str | None, version: str | None,
+                       timeout_ms: float | None, request_id: str | None, traceparent: str | None) -> list[Result]:
+        """One Keel query per row, all in flight at once; each row's ``Result``, or the
+        ``InferError`` of the first row without an ``answer`` (or answered by another version)."""
         if timeout_ms is None and name in self.cfg.models:
             timeout_ms = self.cfg.models[name].deadline_ms  # the model's own deadline, as the frontend's
         n = next(self.requests)
-        self.queries += len(x)
+        self.queries += len(rows)
         traceparent = traceparent if tracing.valid(traceparent) else None  # W3C: a malformed one is ignored
         calls = [self.client.predict(name, row, key=key, version=version, timeout_ms=timeout_ms,
                                      request_id=f"{request_id}.{n}-{i}" if request_id else None, traceparent=traceparent)
-                 for i, row in enumerate(x)]
+                 for i, row in enumerate(rows)]
+        start = time.perf_counter_ns()
         results = [await calls[0]] if len(calls) == 1 else list(await asyncio.gather(*calls))  # one row: no task
-        failed = next((r for r in results if r.output is None), None)
+        try:
+            self._answered(name, version, results, answer)
+        except InferError:
+            self.statistics.record(name, version, rows=len(rows), ns=time.perf_counter_ns() - start, ok=False)
+            raise
+        self.statistics.record(name, results[0].version if results else version, rows=len(rows),
+                               ns=time.perf_counter_ns() - start, ok=True)
+        return results
+
+    def _answered(self, name: str, version: str | None, results: list[Result], answer: Any) -> None:
+        """Nothing, when every row has its ``answer`` from the version asked; else the ``InferError``."""
+        failed = next((r for r in results if answer(r) is None), None)
         if failed is not None:
             raise self._refusal(name, version, failed, results.index(failed) if len(results) > 1 else None)
         # a frontend answers a pinned query by that version or refuses it; one that does not
@@ -228,12 +290,6 @@ class Inference:
         if other is not None:
             raise InferError(409, f"model {name!r} version {version} was asked, but version {other.version} answered: "
                                   "a rollout moved the workers; send it again, or without a version")
-        if len(results) == 1:  # the common case, without np.stack's list
-            out = np.asarray(results[0].output, np.float32).reshape(1, -1)
-        else:
-            out = np.stack([np.asarray(r.output, np.float32) for r in results]) if results else \
-                np.zeros((0, target["output_size"]), np.float32)
-        return out, results
 
     async def target_or_spec(self, name: str, version: str | None) -> dict:
         """``target``, for inference: while no frontend answers a status, one of the spec's
