@@ -195,6 +195,9 @@ def test_loading_every_example_spec_imports_no_torch_and_sets_no_threads(tmp_pat
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_bytes(Manifest(name="digits-mlp", version="1", arch="mlp", input_shape=[64],
                                                     output_size=10).to_json())
+    from tests.support.seed_models import seed_manifests
+
+    seed_manifests(tmp_path / "store")  # models.toml's three models
     examples = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.toml"))
     assert any("hams" in e for e in examples)
     code = ("import sys\nfrom keel.common.spec import load_spec\n"
