@@ -71,6 +71,9 @@ EXPERIMENTS: dict[str, Command] = {
                          "ensemble, contexts", "fewer context and live queries (under 5 minutes)"),
     "serf": Command("keel.bench.serf_experiment", "SERF on an emulated 8-core host: profile, predicted vs measured "
                     "latency, best pick, step load", "one short chunk per point, short phases (under 5 minutes)"),
+    "served-models": Command("keel.bench.served_models", "the three seed models from deploy/examples/models.toml: every "
+                             "client against the models offline; the localizer's A_a, A_d and box IoU under ParM",
+                             "fewer training steps, 100 frozen queries (about 2 minutes)"),
     "serf-drift": Command("keel.bench.serf_drift", "SERF: how steady a model's service time is here, and how far that "
                           "alone moves Eq. 13's predictions", None),
 }

@@ -9,7 +9,6 @@ both outputs, each equal to the decoder's formula offline, F_P(X_i + X_j) - F(X_
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import numpy as np
 import orjson
 import pytest
 
+from keel.bench.served_models import EXAMPLE, spec_text
 from keel.common.async_client import AsyncClient
 from keel.common.protocol import Source
 from keel.common.spec import load_spec
@@ -34,7 +34,6 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "models.toml"
 PATIENT_MS = 20_000
 STORE_NAMES = {"rec": REC, "text": TEXT, "loc": LOC}
 
@@ -49,11 +48,8 @@ def cluster(module_launcher, store, tmp_path_factory):
     """The example spec as written, but for where it reads the store, its ports and run folder."""
     run = module_launcher("served")
     http, grpc = free_port(), free_port()
-    text = EXAMPLE.read_text()
-    for key, value in {"store": f'"{store}"', "run_dir": f'"{run.log_dir}"', "base_port": free_port_block(),
-                       "http_port": http, "grpc_port": grpc}.items():
-        text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
-        assert n == 1, key
+    text = spec_text(EXAMPLE, store=store, run_dir=str(run.log_dir), base_port=free_port_block(), http_port=http,
+                     grpc_port=grpc)
     spec_file = tmp_path_factory.mktemp("served-spec") / "models.toml"
     spec_file.write_text(text)
     spec = load_spec(str(spec_file))

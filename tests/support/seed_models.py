@@ -61,7 +61,8 @@ def seed_manifests(store: Path) -> None:
         parity = {"k": 2, "encoder": "add", "deployed": f"{LOC}/1"} if name == LOC_PARITY else None
         (folder / "manifest.json").write_bytes(Manifest(
             name=name, version="1", arch="seed", input_shape=signature["inputs"][0]["shape"], output_size=0,
-            format="torchscript", signature=signature, role="parity" if parity else "deployed", parity=parity).to_json())
+            format="torchscript", signature=signature, role="parity" if parity else "deployed",
+            parity=parity).to_json())
 
 
 def canvas(rng: np.random.Generator) -> np.ndarray:
