@@ -73,7 +73,7 @@ EXPERIMENTS: dict[str, Command] = {
                     "latency, best pick, step load", "one short chunk per point, short phases (under 5 minutes)"),
     "served-models": Command("keel.bench.served_models", "the three seed models from deploy/examples/models.toml: every "
                              "client against the models offline; the localizer's A_a, A_d and box IoU under ParM",
-                             "fewer training steps, 100 frozen queries (about 2 minutes)"),
+                             "fewer training steps, 100 frozen queries (2-3 minutes)"),
     "serf-drift": Command("keel.bench.serf_drift", "SERF: how steady a model's service time is here, and how far that "
                           "alone moves Eq. 13's predictions", None),
 }
