@@ -16,8 +16,7 @@ The frontend validates every request the same way (``services.frontend``), which
 door it came by. The rules of a call beside its input live here too, for the same
 callers (``call_error``): which kinds of target take a ``key`` (an application's context,
 a graph's stream) and which have versions (models), what a key and a ``timeout_ms`` may
-be; and ``describe``, the one description of a target (what ``Frontend.targets``, the
-gateways and ``keel status`` show). The OIP v2 datatype names (``DATATYPES``) live here
+be (the one description of a target is ``common.targets.describe``). The OIP v2 datatype names (``DATATYPES``) live here
 too: both gateways speak them.
 
 Example
@@ -142,22 +141,6 @@ def validate(x: Any, shape: list[int] | None, dtype: str | np.dtype | None, *, r
     if arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
         raise InputError(f"{what} contains NaN or infinity")
     return arr
-
-
-def describe(kind: str, info: Any, version: str | None = None, **extra: Any) -> dict:
-    """The description of a target: ``kind`` (model, application or graph), what it takes
-    (``input_shape``, ``input_dtype``) and answers (``output_size``), the ``version`` served
-    (None: it has no versions), whether it takes a ``key``, and ``extra`` (a graph's
-    ``mode``), and its ``signature`` (``Signature.to_dict``: named inputs and outputs, their
-    dtypes and -1 dims; ``Signature.single`` of the other fields for a model without one).
-    ``info`` has the model-like fields (``common.config.ModelInfo``)."""
-    signature = getattr(info, "signature", None)
-    if signature is None:
-        from keel.common.signature import Signature  # (it imports this module)
-
-        signature = Signature.single(info.input_shape, info.input_dtype, info.output_size or None).to_dict()
-    return {"kind": kind, "input_shape": list(info.input_shape), "input_dtype": info.input_dtype,
-            "output_size": info.output_size, "version": version, "key": KEYED[kind], "signature": signature, **extra}
 
 
 def key_error(key: Any) -> str | None:

@@ -660,7 +660,7 @@ class Frontend(Service):
                 "targets": self.targets()}
 
     def targets(self) -> dict[str, dict]:
-        """Every name a client may call, described as ``common.inputs.describe`` says (kind,
+        """Every name a client may call, described as ``common.targets.describe`` says (kind,
         what it takes and answers, the version served, whether it takes a key; a graph's
         mode): what the gateways and ``keel status`` show."""
         return {name: route.describe() for name, route in self.routes.items()}

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common import inputs, tracing, transport
+from keel.common import inputs, targets, tracing, transport
 from keel.common.async_client import AsyncClient
 from keel.common.client import Result
 from keel.common.config import GatewayConfig
@@ -168,7 +168,7 @@ class Inference:
 
     def _spec_target(self, name: str, version: str | None = None) -> dict:
         version = version or self.cfg.models[name].version
-        return {**inputs.describe("model", self.cfg.models[name], version), "versions": [version]}
+        return {**targets.describe("model", self.cfg.models[name], version), "versions": [version]}
 
     async def target(self, name: str, version: str | None = None) -> dict:
         """The target ``name`` (pinned to ``version``, if given): 404 when the frontends do

@@ -12,7 +12,7 @@ import orjson
 from keel.common.protocol.fields import (
     _DTYPES, ALLOWED_DTYPES, DTYPE_NAMES, MAX_BATCH, MAX_BUNDLE, MAX_COLUMN_BYTES, MAX_HEADER_BYTES, MAX_ID, MAX_K, MAX_NAME,
     MAX_PAYLOAD_BYTES, MAX_REQUEST_ID, MAX_SLOTS, MAX_THREADS, PROTOCOL_VERSION, CodingTag, LineageEntry, ParityMembers, ProtocolError,
-    ModelRole, _is_ids, _is_int, _is_strs,
+    ModelRole, _frame_bytes, _is_ids, _is_int, _is_strs,
 )
 from keel.common.protocol.messages import (
     _FIELDS, _NULLABLE, _REQUIRED_TENSORS, MESSAGES, NAMED_OF, Batch, Cancel, Feedback, GraphAck, GraphDurable, GraphRequest,
@@ -97,12 +97,6 @@ def encode_bundle(items: list[tuple[Any, list | None, Any]], max_column_bytes: i
             else:
                 frames += encode(column.of([msg for msg, _ in part]))
     return frames
-
-
-def _frame_bytes(frame: Any) -> memoryview:
-    """A byte view of a frame: a zmq.Frame (received with copy=False), bytes or a buffer."""
-    view = memoryview(getattr(frame, "buffer", frame))
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def decode_header(frame: Any) -> dict:

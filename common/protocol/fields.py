@@ -244,3 +244,9 @@ def request_key(client: str, request_id: str) -> str:
     effects in a graph's stateful operators): the client's id and its request id, with a
     separator neither contains in practice, prefixed by the id's length so none is ambiguous."""
     return f"{len(client)}:{client}/{request_id}"
+
+
+def _frame_bytes(frame: Any) -> memoryview:
+    """A byte view of a frame: a zmq.Frame (received with copy=False), bytes or a buffer."""
+    view = memoryview(getattr(frame, "buffer", frame))
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")

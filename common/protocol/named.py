@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common.protocol.fields import MAX_NAME, ProtocolError
+from keel.common.protocol.fields import MAX_NAME, ProtocolError, _frame_bytes
 
 #: dtypes a named tensor may carry (a signature's, ``common.signature.DTYPES``)
 NAMED_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bytes")
@@ -110,8 +110,6 @@ def _shape_ok(shape: Any) -> bool:
 def decode_named(descs: Any, frames: list, rows: int | None, max_bytes: int) -> list[dict[str, np.ndarray]]:
     """The rows ``descs`` (header ``"named"``) and one frame per descriptor describe;
     ``rows``: how many the message must carry (None: any, at least one)."""
-    from keel.common.protocol.codec import _frame_bytes
-
     if not isinstance(descs, list) or not descs:
         raise ProtocolError("named must be a non-empty list of tensor descriptors")
     if len(descs) > MAX_NAMES:

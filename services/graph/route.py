@@ -56,7 +56,7 @@ from math import prod
 import numpy as np
 import zmq
 
-from keel.common import inputs, protocol, tracing, transport
+from keel.common import protocol, targets, tracing, transport
 from keel.common.config import GraphRouteConfig, ModelInfo
 from keel.common.ids import EPOCH_BITS, IdSpace, new_epoch
 from keel.common.protocol import ErrorCode, Predict, Source
@@ -339,7 +339,7 @@ class GraphRoute(Route):
 
     def describe(self) -> dict:
         """This graph as one of the frontend's targets (``Frontend.targets``)."""
-        return inputs.describe(self.kind, self.info, None, mode=self.graph.mode)
+        return targets.describe(self.kind, self.info, None, mode=self.graph.mode)
 
     def status(self) -> dict:
         held = [c for c in self.calls.values() if c.output is not None]

@@ -18,7 +18,7 @@ The interface (``Route``):
 - ``expire(computation)``: its deadline passed (the frontend's deadline heap).
 - ``cancel(computation, dkey)``: the requests of ``dkey`` that are cancelled (answered
   ``cancelled`` by the frontend), or None when they cannot be any more.
-- ``close()``, ``status()``, ``describe()`` (``common.inputs.describe``: the one
+- ``close()``, ``status()``, ``describe()`` (``common.targets.describe``: the one
   description of a target, as ``Frontend.targets``, the gateways and ``keel status`` show it).
 
 A computation (``Pending`` here, ``GraphCall`` for a graph) has ``qids`` (the frontend's
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from keel.common import inputs
+from keel.common import inputs, targets
 from keel.common.protocol import ErrorCode, Source
 from keel.common.signature import INPUT
 from keel.services.requests import Request
@@ -119,7 +119,7 @@ class Route:
         return asked or self.info.deadline_ms
 
     def describe(self) -> dict:
-        return inputs.describe(self.kind, self.info, self.version())
+        return targets.describe(self.kind, self.info, self.version())
 
     def deadline_answer(self, requests: list[Request], version: str | None = None) -> None:
         """The deadline rule (module docstring): the default output, else ``deadline``."""

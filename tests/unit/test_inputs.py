@@ -76,7 +76,8 @@ def test_validate_checks_shape_rows_and_values():
 
 
 def test_the_rules_of_a_call_beside_its_input():
-    from keel.common.inputs import call_error, describe
+    from keel.common.inputs import call_error
+    from keel.common.targets import describe
 
     assert call_error("m", "model", version="2", timeout_ms=100) is None
     assert "takes no key" in call_error("m", "model", key="alice")

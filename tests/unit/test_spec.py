@@ -407,7 +407,7 @@ def test_cli_parser_and_info_tables():
     parser = argparse.ArgumentParser(prog="keel")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["predict", "--spec", "s.toml", "m", "--input", "[1, 2]", "--timeout-ms", "50"])
-    assert (args.spec, args.model, args.input, args.timeout_ms) == ("s.toml", "m", "[1, 2]", 50.0)
+    assert (args.spec, args.model, args.input, args.timeout_ms) == ("s.toml", "m", ["[1, 2]"], 50.0)
     for argv in (["up", "s.toml"], ["down", "runs/x"], ["status", "s.toml"], ["serve-spec", "s.toml", "--service", "w"],
                  ["render-systemd", "s.toml", "--out", "o"]):
         assert callable(parser.parse_args(argv).func)
