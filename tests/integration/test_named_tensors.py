@@ -18,6 +18,7 @@ from keel.common.named_containers import call_rows
 from keel.common.protocol import ErrorCode, Source
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port_block
+from tests.support.seed_models import train_small
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +28,7 @@ BAGS, MAX_IDS = 3, 40
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Small versions of the two models, trained in seconds from generated data."""
-    from keel.training.recommender import train_recommender
-    from keel.training.text_classifier import train_text_classifier
-
-    root = tmp_path_factory.mktemp("named-store")
-    runs = str(root / "runs")
-    train_recommender(str(root / "store"), epochs=1, n_train=512, n_test=128, progress=False, runs_dir=runs)
-    train_text_classifier(str(root / "store"), epochs=1, n_train=256, n_test=64, progress=False, runs_dir=runs)
-    return str(root / "store")
+    return train_small(tmp_path_factory.mktemp("named-store"))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from keel.common.containers import store_predictor
 from keel.common.named_containers import call_rows
 from keel.common.spec import load_spec
 from keel.deploy.local import free_port, free_port_block
+from tests.support.seed_models import train_small
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -30,14 +31,7 @@ TEXTS = ["a great film, loved it", "terrible", "not bad at all, would watch agai
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Small versions of the two models, trained in seconds from generated data."""
-    from keel.training.recommender import train_recommender
-    from keel.training.text_classifier import train_text_classifier
-
-    root = tmp_path_factory.mktemp("oip-models")
-    runs = str(root / "runs")
-    train_recommender(str(root / "store"), epochs=1, n_train=512, n_test=128, progress=False, runs_dir=runs)
-    train_text_classifier(str(root / "store"), epochs=1, n_train=256, n_test=64, progress=False, runs_dir=runs)
-    return str(root / "store")
+    return train_small(tmp_path_factory.mktemp("oip-models"))
 
 
 @pytest.fixture(scope="module")

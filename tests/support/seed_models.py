@@ -13,18 +13,26 @@ import numpy as np
 REC, TEXT, LOC, LOC_PARITY = "rec-dlrm", "text-gru", "mnist-loc", "mnist-loc-parity-k2-add"
 
 
+def train_small(root: Path) -> str:
+    """The recommender and the text classifier trained for a moment into ``root/store``
+    (seconds, from generated data: tests compare answers with the model, not quality)."""
+    from keel.training.recommender import train_recommender
+    from keel.training.text_classifier import train_text_classifier
+
+    store, runs = str(root / "store"), str(root / "runs")
+    train_recommender(store, epochs=1, n_train=512, n_test=128, progress=False, runs_dir=runs)
+    train_text_classifier(store, epochs=1, n_train=256, n_test=64, progress=False, runs_dir=runs)
+    return store
+
+
 def seed_store(root: Path) -> str:
     """Build the store under ``root``; returns its path."""
     from keel.training.localizer import INPUTS, LocNet
     from keel.training.named import add_scripted
-    from keel.training.recommender import train_recommender
-    from keel.training.text_classifier import train_text_classifier
 
     import torch
 
-    store, runs = str(root / "store"), str(root / "runs")
-    train_recommender(store, epochs=1, n_train=256, n_test=64, progress=False, runs_dir=runs)
-    train_text_classifier(store, epochs=1, n_train=128, n_test=32, progress=False, runs_dir=runs)
+    store = train_small(root)
     torch.manual_seed(0)
     deployed = add_scripted(store, LOC, LocNet(), INPUTS, arch="locnet")
     torch.manual_seed(1)
