@@ -43,6 +43,7 @@ query of another shape waits for the next batch, so one bad row never costs good
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 
@@ -189,14 +190,11 @@ class Dispatcher(Service):
         expired = 0
         if inputs is None:  # a named model's: a dict a query, its kind by the model's ragged policy
             policy, width = queue.policy.ragged, queue.policy.bucket_width
-            for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, msg.rows):
-                deadline = start + budget_ms / 1000.0
-                if deadline <= now:
-                    expired += 1
-                    continue
-                append(Query(qid, deadline, reply_to, row, now, ragged_kind(policy, width, row)))
-        kind = None if inputs is None else (inputs.shape[1:], inputs.dtype)  # one object for the message's rows
-        for qid, budget_ms, row in zip(msg.qids, msg.budgets_ms, () if inputs is None else inputs):
+            rows = msg.rows
+            kinds = [ragged_kind(policy, width, row) for row in rows]
+        else:  # one object for the message's rows
+            rows, kinds = inputs, itertools.repeat((inputs.shape[1:], inputs.dtype))
+        for qid, budget_ms, row, kind in zip(msg.qids, msg.budgets_ms, rows, kinds):
             deadline = start + budget_ms / 1000.0
             if deadline <= now:
                 expired += 1
