@@ -363,6 +363,7 @@ class ManagerLink:
     def suspect(self, name: str, why: str) -> None:
         self.suspicions += 1
         reporter = self.me["name"] if self.me else self.service.name
+        self.service.log.info("reporting suspected", service=name, why=why)
         self._to_all(protocol.Control(op="suspect", args={"name": name, "why": why, "reporter": reporter}))
 
     def watch(self, sock: zmq.Socket, name: str) -> None:

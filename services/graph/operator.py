@@ -145,13 +145,14 @@ class GraphOperator(Service):
         # what reaches the backup roles' GraphState handler (late, where an experiment asks for it)
         self.take_state = hooks.state_handler(self.spec, self.backup_side.on_state,
                                               lambda: self.backup_side.backing, self.every)
-        standby_for = {}  # a standby: operator -> its model, loaded and ready
+        standby_for = {}  # a standby (a backup): operator -> its model, loaded and ready
         if self.role_record.role is R.STANDBY:
             for name, spec in self.graph.operators.items():
                 if spec.kind == self.spec.kind:
                     standby_for[name] = self._new_model(spec)
         elif self.role_record.role in BACKING:
             self.backup_side.start(self.role_record.epoch)
+            standby_for[self.op] = self._new_model(self.spec)  # a hot backup: built now, not at its promotion
         else:
             self.serving.model = self._new_model(self.spec)
             if self.serving.model.stateful:

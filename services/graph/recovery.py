@@ -50,7 +50,7 @@ class Recovery:
     checkpoints, or None); ``events`` and ``log``; ``new_model(spec)``,
     ``new_statemgr(endpoint)``; ``drop_computing()`` voids the batch computing;
     ``roll_back(pred, max_seq)`` (``services.graph.rollback``); ``standby_for`` (a
-    standby's loaded models); ``every`` (the loop's timers). The manager's link comes
+    standby's loaded models, or a backup's own); ``every`` (the loop's timers). The manager's link comes
     with ``link``."""
 
     def __init__(self, op: str, name: str, graph, stateful: bool, roles: RoleRecord, serving: Serving,
@@ -318,7 +318,7 @@ class Recovery:
         max_seq = algorithm2.max_applied_seq
         state = algorithm2.folded.at() if algorithm2.applied is not None else {}
         self.roles.become("promoted", epoch=epoch)
-        serving.model = self.new_model(self.spec)
+        serving.model = self.standby_for.pop(self.op, None) or self.new_model(self.spec)  # built while backing
         serving.model.start()
         if self.stash is not None:  # ls: a cold standby; its state is the latest checkpoint, the rest is replayed
             state, max_seq = self.stash.from_checkpoint(state, max_seq)

@@ -27,7 +27,11 @@ A decision sent to a replica that is not the leader is answered
 Failure detection: each replica tracks when it last heard each service (heartbeats every
 ``heartbeat_interval_s``); a holder silent for ``heartbeat_liveness`` intervals, or
 suspected by a peer and not heard within one interval after, is replaced by a live
-member of its group through ``promote``
+member of its group through ``promote``. A suspicion is decided at its own time, one
+interval and ``SUSPECT_MARGIN`` of one after the report (a timer, not the next periodic
+check, which added up to one more interval): a heartbeat heard after the margin clears it,
+so a live service, heartbeating every interval, always has one interval to be heard in,
+and a heartbeat in flight when the report came does not count
 (compare-and-set on the epoch the replica saw, so two replicas acting at once make one
 decision). Only a replica that believes it leads proposes; a stale proposal fails harmlessly.
 """
@@ -47,6 +51,10 @@ from keel.services.base import Service
 from keel.services.manager.state import OK, ClusterState
 
 DECISIONS = ("register", "promote", "desired")
+#: a heartbeat heard this fraction of an interval after a suspicion's report clears it (one
+#: heard sooner may have been in flight before the failure); the suspicion is decided one
+#: interval after that
+SUSPECT_MARGIN = 0.25
 
 
 def raft_conf(cfg: ManagerConfig, on_state=None) -> SyncObjConf:
@@ -89,6 +97,7 @@ class Manager(Service):
         #: service name -> (monotonic time of the first report, why, reporter)
         self.suspected: dict[str, tuple[float, str, str]] = {}
         self.every(cfg.heartbeat_interval_s, self._detect)
+        self.decide_suspicions = self.timer(self._detect)  # a suspicion's own deadline (module docstring)
         # Clone's HUGZ: the current seq with no values, so a subscriber that lost the last
         # change (and would otherwise never see a gap) catches up within a second.
         self.every(1.0, lambda now: transport.try_send(self.pub, Change(seq=self.state.seq, values={})))
@@ -272,21 +281,27 @@ class Manager(Service):
         if name not in self.state.services:
             return {"status": "unknown"}
         self.m_suspicions.labels(why=why).inc()
-        self.suspected.setdefault(name, (time.monotonic(), why, reporter))
+        if name not in self.suspected:
+            self.log.info("suspected", service=name, why=why, reporter=reporter)
+            now = time.monotonic()
+            self.suspected[name] = (now, why, reporter)
+            self.decide_suspicions.at_latest(now + (1 + SUSPECT_MARGIN) * self.cfg.heartbeat_interval_s)
         return {"status": OK, "action": "suspected"}
 
     def _detect(self, now: float) -> None:
         """Suspected services not heard from since, and holders silent for the liveness
         window (freezes, partitions), are replaced: HAMS §IV-E, decided once in the log."""
-        interval = self.cfg.heartbeat_interval_s
+        interval, margin = self.cfg.heartbeat_interval_s, SUSPECT_MARGIN * self.cfg.heartbeat_interval_s
         for name, (since, why, reporter) in list(self.suspected.items()):
             heard = self.heard.get(name, (-1e9, 0))[0]  # only a real heartbeat clears a suspicion
-            if heard > since + interval / 2:
+            if heard > since + margin:
                 del self.suspected[name]  # alive after all
                 self.log.info("suspicion cleared", service=name, why=why, reporter=reporter)
-            elif now >= since + interval:
+            elif now >= since + margin + interval:
                 del self.suspected[name]
                 self.replace(name, why)
+            else:
+                self.decide_suspicions.at_latest(since + margin + interval)
         window = interval * self.cfg.heartbeat_liveness
         for grp in list(self.state.groups.values()):
             holder = grp["holder"]
