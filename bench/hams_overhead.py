@@ -31,9 +31,14 @@ finish before the state it ships exists, so the floor leaves it out and the hold
 JSON keys (overheads as fractions of bare, the worst graph): ``nspb_p50_overhead_b64``,
 ``nspb_p99_overhead_b64``, ``nspb_p50_overhead_b1``, ``nspb_p50_overhead_b64_pad50``,
 ``nspb_p99_overhead_b64_pad50``, ``nspb_hold_over_floor_ms_b64``, ``remus_over_nspb_ol``
-and ``ordering_ok`` (the large-state graph; nspb's overhead in the ratio is taken as at
-least ``ol_resolution``, bare's own spread over its repetitions there, so an nspb cost too
-small to measure gives a lower bound, not a division by noise), ``pad50_resolution`` (bare's
+and ``ordering_ok`` (the large-state graph, read in pairs: each repetition runs every mode
+and bare twice on one seed, each mode's overhead is its p50 over its repetition's bare, the
+median over repetitions (``ol_paired`` per repetition); nspb's overhead in the ratio is
+taken as at least ``ol_aa_resolution``, the median of what the two bare cells of a
+repetition differ by (``ol_aa``), so an nspb cost too small to measure gives a lower bound,
+not a division by noise; ``remus_over_nspb_ol_range`` is the earlier reading, medians over
+repetitions against ``ol_resolution``, bare's spread over all its repetitions, which mixes
+in the repetitions' different Poisson draws), ``pad50_resolution`` (bare's
 spread over its repetitions in each graph's 50 ms cells, the least overhead those cells can
 tell from nothing; ``nspb_pad50_resolution``: the worst graph's), ``throughput_ratio_b64``,
 ``lineage_ms_per_batch`` (Algorithm 1's bookkeeping per batch, and its median,
@@ -45,6 +50,7 @@ the floor less the update it waits on), ``lost``, ``rows``,
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
 import tempfile
@@ -85,6 +91,10 @@ PAD_MS, PAD_HAMS_MS = 10.0, 50.0
 #: lands on moves between runs), so one repetition does not pin it; the median of these,
 #: taken alternately with the other cells, and their spread are reported
 PAD_HAMS_REPS = 3
+#: ... and of the large-state graph's, read in pairs (``paired``): a mode's cell there moves by
+#: up to 5% of bare's p50 between repetitions of one seed (the model's 56 ms batches behind
+#: the first stage's 52 ms make a queue whose wait moves), two bare cells by ~1%
+OL_LARGE_REPS = 5
 
 
 class OnlineHashedLinear(StatefulOperator):
@@ -203,6 +213,11 @@ def run_cell(graph_name: str, table: dict, mode: str, rate: float, duration_s: f
     """One cell: the graph in ``mode`` under open load; ``read_trace``: every process writes
     its event log, and what this reads of them (``floor_of``, ``stages_of``) comes with the cell."""
     trace_dir = log_dir / f"trace-{graph_name}-{mode}-{uuid.uuid4().hex[:6]}"
+    # the client's heap grows with every cell's records: a full collection walking it paused
+    # the client's receiving mid-cell, which read as latency in every cell but the first
+    # (the run's first bare cell of the large-state graph read 9-12 ms lower than its others)
+    gc.collect()
+    gc.freeze()
     table = dict(table, mode=mode, **({"trace_dir": str(trace_dir)} if read_trace else {}))
     graph = read_graph(table)
     spec = cell_spec(table, log_dir, f"{graph_name}-{mode}")
@@ -306,14 +321,31 @@ def resolution(bare_p50s: list[float]) -> float | None:
     return (max(vals) - min(vals)) / float(np.median(vals)) if len(vals) > 1 else None
 
 
-def remus_over_nspb(over: dict, bare_p50s: list[float]) -> float | None:
-    """Remus's p50 overhead over nspb's, nspb's taken as at least the cells' resolution: an
-    nspb overhead within bare's own spread is not a measured cost, and dividing by it (or
-    by a negative one) says nothing; against the resolution the ratio is a lower bound."""
-    res = resolution(bare_p50s) or 0.0
+def remus_over_nspb(over: dict, res: float | None) -> float | None:
+    """Remus's p50 overhead over nspb's, nspb's taken as at least the cells' resolution
+    ``res``: an nspb overhead within it is not a measured cost, and dividing by it (or by a
+    negative one) says nothing; against the resolution the ratio is a lower bound."""
+    res = res or 0.0
     if over.get("remus") is None or over.get("nspb") is None or max(over["nspb"], res) <= 0:
         return None
     return over["remus"] / max(over["nspb"], res)
+
+
+def paired(runs: dict[str, list[dict]]) -> tuple[dict[str, list[float]], list[float]]:
+    """The large-state graph's cells read in pairs: every repetition runs each mode and two
+    bare cells on the same seed (the same Poisson draw) in the same minutes. -> (per mode,
+    its p50 over the mean of its repetition's two bare p50s, less one, per repetition; the
+    A/A differences: what the two bare cells of a repetition differ by, ``|b2 / b1 - 1|``).
+    ``runs``: mode -> its cells, each with ``rep`` and ``p50_ms``."""
+    bare: dict[int, list[float]] = {}
+    for r in runs["bare"]:
+        if r["p50_ms"] is not None:
+            bare.setdefault(r["rep"], []).append(r["p50_ms"])
+    aa = [abs(b[1] / b[0] - 1.0) for b in bare.values() if len(b) == 2]
+    over = {m: [r["p50_ms"] / float(np.mean(bare[r["rep"]])) - 1.0 for r in cells
+                if r["p50_ms"] is not None and r["rep"] in bare]
+            for m, cells in runs.items() if m != "bare"}
+    return over, aa
 
 
 def plan(quick: bool) -> list[tuple[str, int, float, tuple[str, ...]]]:
@@ -323,7 +355,9 @@ def plan(quick: bool) -> list[tuple[str, int, float, tuple[str, ...]]]:
     names = ("gru_gru", "online_learning") if quick else ("gru_gru", "online_learning", "fanout_join", "stateful_last")
     cells = [(n, b, PAD_MS, ("bare", "nspb") if quick else MODES) for b in ((1, 64) if quick else (1, 8, 64)) for n in names]
     cells += [(n, 64, PAD_HAMS_MS, ("bare", "nspb") if quick else MODES) for n in names]
-    cells += [("ol_large", 64, PAD_HAMS_MS, ("bare", "nspb", "s2", "remus") if quick else MODES)]
+    # the large-state graph's bare cell twice a repetition: what two of them differ by is the
+    # least overhead a mode's cell of that repetition can be told from (``paired``)
+    cells += [("ol_large", 64, PAD_HAMS_MS, ("bare", "nspb", "s2", "remus", "bare") if quick else (*MODES, "bare"))]
     return cells
 
 
@@ -346,9 +380,9 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
         # a cell thrown away: the client process's first cell had a slow tail whatever its mode
         run_cell("warm-up", graphs(PAD_MS, 1)["gru_gru"], "bare", 20.0, 1.0, Path(tmp), seed=99)
         def reps_of(name, pad):
-            return max(reps, PAD_HAMS_REPS) if pad == PAD_HAMS_MS else reps
+            return max(reps, OL_LARGE_REPS if name == "ol_large" else PAD_HAMS_REPS) if pad == PAD_HAMS_MS else reps
 
-        product = itertools.product(range(max(reps, PAD_HAMS_REPS)), todo)  # rep-major: repetitions alternate in time
+        product = itertools.product(range(max(reps, OL_LARGE_REPS)), todo)  # rep-major: repetitions alternate in time
         for cell, (rep, (name, batch, pad, modes)) in enumerate(c for c in product if c[0] < reps_of(c[1][0], c[1][2])):
             table = graphs(pad, batch)[name]
             order = modes[cell % len(modes):] + modes[:cell % len(modes)]  # no mode always runs first
@@ -357,6 +391,7 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
                     lambda: run_cell(name, table, mode, rate_of(name, batch, pad), duration, Path(tmp), seed=rep),
                     steal_of=lambda r: r["steal"], log=log, what=f"rep {rep} {name} b={batch} pad={pad:g} {mode}")
                 retaken += takes - 1
+                res["rep"] = rep
                 cells.setdefault((name, mode, batch, pad), []).append(res)
                 log(f"  rep {rep} {name:16s} b={batch:<3d} pad {pad:2.0f} {mode:6s} p50 {res['p50_ms']:.2f} ms "
                     f"p99 {res['p99_ms']:.2f} ms {res['throughput_rps']:.0f} rps (mean batch {res['mean_batch'] or 0:.1f}, "
@@ -397,7 +432,10 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
     pad50_resolution = {n: resolution(index[(n, "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]) for n in names}
     pad50 = {n: index[(n, "nspb", 64, PAD_HAMS_MS)]["p50_overhead"] for n in names}
     worst_pad50 = max((n for n in names if pad50[n] is not None), key=pad50.get, default=None)
-    over = {m: ol[m]["p50_overhead"] for m in ol}
+    ol_paired, ol_aa = paired({m: cells[("ol_large", m, 64, PAD_HAMS_MS)] for m in ("bare", "nspb", "s2", "remus")})
+    over = {m: float(np.median(v)) if v else None for m, v in ol_paired.items()}
+    aa_resolution = float(np.median(ol_aa)) if ol_aa else None
+    range_resolution = resolution(index[("ol_large", "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"])
     out = {"quick": quick, "pad_ms": [PAD_MS, PAD_HAMS_MS], "graphs": names, "reps": reps,
            "nspb_p50_overhead_b64": worst("nspb", 64, "p50_overhead"),
            "nspb_p99_overhead_b64": worst("nspb", 64, "p99_overhead"),
@@ -417,11 +455,17 @@ def overheads(quick: bool, log, reps: int | None = None) -> dict:
            # on the reply's way by NSPB: the state shipped is the one after the update)
            "nspb_hold_over_floor_and_update_ms_b64": max((f["hold_over_floor_and_update_ms"] for f in floors
                                                           if f.get("hold_over_floor_and_update_ms") is not None), default=None),
-           # the large-state online-learning graph (16 MiB, 50 ms per batch): what stopping to copy costs
-           # nspb's overhead taken as at least what the cell resolves (bare's own spread over
-           # its repetitions): below it nspb's cost is not measured, and the ratio is a lower bound
-           "remus_over_nspb_ol": remus_over_nspb(over, index[("ol_large", "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]),
-           "ol_resolution": resolution(index[("ol_large", "bare", 64, PAD_HAMS_MS)]["p50_ms_reps"]),
+           # the large-state online-learning graph (16 MiB, 50 ms per batch): what stopping to copy costs,
+           # each mode's overhead read against the bare cells of its own repetition (``paired``, the
+           # median over repetitions), nspb's taken as at least what two bare cells of one
+           # repetition differ by (the median A/A difference): below it nspb's cost is not
+           # measured, and the ratio is a lower bound
+           "remus_over_nspb_ol": remus_over_nspb(over, aa_resolution),
+           "ol_aa_resolution": aa_resolution, "ol_paired": ol_paired, "ol_aa": ol_aa,
+           # the earlier reading beside it: medians over repetitions, nspb's overhead taken as at
+           # least bare's spread over every repetition (each its own Poisson draw)
+           "remus_over_nspb_ol_range": remus_over_nspb({m: ol[m]["p50_overhead"] for m in ol}, range_resolution),
+           "ol_resolution": range_resolution,
            # what the 50 ms cells' p50 can tell from nothing: bare's spread over its own repetitions,
            # per graph, and the graph whose nspb overhead is reported (the worst)
            "pad50_resolution": pad50_resolution,
@@ -620,7 +664,8 @@ def table(out: dict) -> list[str]:
 #: the printed table (keel experiment)
 FIGURES = ("nspb_p50_overhead_b64", "nspb_p99_overhead_b64", "nspb_p50_overhead_b1", "nspb_p50_overhead_b64_pad50",
            "nspb_p99_overhead_b64_pad50", "nspb_pad50_resolution", "nspb_hold_over_floor_ms_b64",
-           "nspb_hold_over_floor_and_update_ms_b64", "remus_over_nspb_ol", "ol_resolution", "throughput_ratio_b64", "lineage_ms_per_batch", "lineage_ms_per_batch_p50", "output_loop_ms_per_batch", "ordering_ok", "lost", "nspb_hold_ms_b64",
+           "nspb_hold_over_floor_and_update_ms_b64", "remus_over_nspb_ol", "ol_aa_resolution", "remus_over_nspb_ol_range",
+           "ol_resolution", "throughput_ratio_b64", "lineage_ms_per_batch", "lineage_ms_per_batch_p50", "output_loop_ms_per_batch", "ordering_ok", "lost", "nspb_hold_ms_b64",
            "loadavg_1m_at_end", "steal_max", "cells_retaken", "cells_over_steal_max", "elapsed_s")
 
 

@@ -48,11 +48,27 @@ def test_remus_over_nspb_divides_by_no_less_than_the_cells_resolution():
     bare = [198.0, 202.0, 200.0]  # bare moves 2% of its median between its own repetitions
     assert resolution(bare) == pytest.approx(0.02)
     assert resolution([200.0]) is None
-    assert remus_over_nspb({"nspb": 0.05, "remus": 0.30}, bare) == pytest.approx(6.0)  # measured: the plain ratio
-    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, bare) == pytest.approx(15.0)  # within noise: a lower bound
-    assert remus_over_nspb({"nspb": 0.005, "remus": 0.30}, bare) == pytest.approx(15.0)
-    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, [200.0]) is None  # no resolution, no cost: undefined
-    assert remus_over_nspb({"nspb": None, "remus": 0.30}, bare) is None
+    res = resolution(bare)
+    assert remus_over_nspb({"nspb": 0.05, "remus": 0.30}, res) == pytest.approx(6.0)  # measured: the plain ratio
+    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, res) == pytest.approx(15.0)  # within noise: a lower bound
+    assert remus_over_nspb({"nspb": 0.005, "remus": 0.30}, res) == pytest.approx(15.0)
+    assert remus_over_nspb({"nspb": -0.01, "remus": 0.30}, None) is None  # no resolution, no cost: undefined
+    assert remus_over_nspb({"nspb": None, "remus": 0.30}, res) is None
+
+
+def test_paired_cells_read_each_mode_against_the_bare_cells_of_its_own_repetition():
+    from keel.bench.hams_overhead import paired
+
+    cell = lambda rep, p50: {"rep": rep, "p50_ms": p50}  # noqa: E731
+    # repetition 1's draw is slower for every mode: a comparison across repetitions would
+    # read it as a cost of the mode that ran there
+    runs = {"bare": [cell(0, 200.0), cell(0, 202.0), cell(1, 230.0), cell(1, 230.0), cell(2, None)],
+            "nspb": [cell(0, 201.0), cell(1, 230.0), cell(2, 250.0)],
+            "remus": [cell(0, 221.1), cell(1, 253.0)]}
+    over, aa = paired(runs)
+    assert aa == pytest.approx([0.01, 0.0])  # |b2 / b1 - 1| of each repetition with two bare cells
+    assert over["nspb"] == pytest.approx([0.0, 0.0])  # a repetition without a bare cell reads nothing
+    assert over["remus"] == pytest.approx([0.1, 0.1])
 
 
 def test_stages_split_each_reply_between_the_operators_outputs_and_the_release(tmp_path):
