@@ -55,6 +55,7 @@ import zmq
 
 from keel.common import tracing, transport
 from keel.common.config import GraphOperatorConfig
+from keel.common.protocol.fields import MAX_PAYLOAD_BYTES
 from keel.common.protocol.messages import GraphAck, GraphDurable, GraphRequest, GraphState
 from keel.common.spec.graph import FRONTEND, read_graph
 from keel.common.spec.operators import operator_class
@@ -82,6 +83,9 @@ R = OperatorRole
 #: a predecessor's batch whose first rows arrived is waited for at most this long (its rows
 #: leave in one loop, ~0.1-0.3 ms apart at the most): a sender that died mid-batch stalls nothing
 REST_OF_BATCH_S = 0.005
+#: the largest state a primary ships: one message's payload less a MiB for the inputs of the
+#: batch and the lineage it carries beside the state (``statemgr.pack``)
+STATE_MAX_BYTES = MAX_PAYLOAD_BYTES - (1 << 20)
 
 
 class GraphOperator(Service):
@@ -157,6 +161,8 @@ class GraphOperator(Service):
             self.serving.model = self._new_model(self.spec)
             if self.serving.model.stateful:
                 self.serving.model.start()
+                if self.mode.ships_state:
+                    self._check_state_fits()
             if self.stateful:
                 self.serving.statemgr = self._new_statemgr(config.peers[f"{self.op}.backup"])
         # HAMS II (``services.graph.recovery``, ``services.graph.rollback``): each told of the other
@@ -253,6 +259,17 @@ class GraphOperator(Service):
         self.backup_side.forget_released(stashed)
         for key in [k for k in joining if released.covers(k[1])]:
             del joining[key]  # answered already (another branch's error): the join never completes
+
+    def _check_state_fits(self) -> None:
+        """A state too large for one message would never reach the backup (its socket drops
+        the frame): nothing would become durable and every reply would wait for its deadline.
+        Refuse to start instead, saying why."""
+        size = sum(a.nbytes for a in self.serving.model.state_arrays().values())
+        if size > STATE_MAX_BYTES:
+            raise ValueError(f"operator {self.op!r}: its state is {size / 2**20:.1f} MiB, over the "
+                             f"{STATE_MAX_BYTES / 2**20:.0f} MiB one state message carries to its backup "
+                             f"(transport.MAX_FRAME_BYTES, less room for the batch's inputs): a smaller "
+                             f"state, or mode \"bare\" (no backup)")
 
     def _new_model(self, spec):
         """A fresh model of ``spec`` (an ``OperatorSpec``): this process's, or a standby's

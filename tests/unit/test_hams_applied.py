@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 import zmq
 
 from keel.chaos.graph_trials import gru_chain
@@ -126,3 +127,34 @@ def test_a_takeover_tells_every_frontend_what_its_state_holds_of_each_incarnatio
         op.shutdown()
         for s in pulls:
             s.close(0)
+
+
+def test_a_state_too_large_for_one_message_refuses_to_start_and_says_why():
+    """A primary whose state cannot reach its backup in one message would make nothing
+    durable (every reply waits for its deadline): it refuses to start instead."""
+    from types import SimpleNamespace
+
+    from keel.services.graph.operator import STATE_MAX_BYTES
+
+    def op_with(nbytes: int):
+        state = {"w": np.zeros(nbytes // 4, np.float32)}
+        return SimpleNamespace(op="ol", serving=SimpleNamespace(model=SimpleNamespace(state_arrays=lambda: state)))
+
+    GraphOperator._check_state_fits(op_with(STATE_MAX_BYTES))  # the largest that fits
+    with pytest.raises(ValueError, match=r"operator 'ol': its state is 64\.0 MiB, over the 63 MiB"):
+        GraphOperator._check_state_fits(op_with(64 << 20))
+
+
+def test_a_hot_backup_is_promoted_with_the_model_it_built_while_backing():
+    cfg = GraphOperatorConfig(name="op-g2-backup", operator="g2", role="backup", epoch=1, endpoint="tcp://127.0.0.1:*",
+                              graph=gru_chain(), frontends=["tcp://127.0.0.1:1"],
+                              peers={"frontend": "tcp://127.0.0.1:1", "g1": "tcp://127.0.0.1:2", "g1.backup": "tcp://127.0.0.1:2",
+                                     "g2": "tcp://127.0.0.1:3", "g2.backup": "tcp://127.0.0.1:3"})
+    op = GraphOperator(cfg)
+    try:
+        built = op.recovery.standby_for["g2"]
+        assert op.recovery.status()["ready"]
+        op.recovery.take_over(2)
+        assert op.serving.model is built and "g2" not in op.recovery.standby_for
+    finally:
+        op.shutdown()
