@@ -44,7 +44,7 @@ reconstruction is reported to the dispatcher (``Answered``) so it is not run aga
 Clients are outside Keel's control, so a reply to one never blocks: the client ROUTER
 has a per-client queue of ``client_hwm`` replies, a reply that does not fit is dropped and
 counted (``reply_dropped``); a client that reads bundles (``Predict.bundle``) gets the replies
-a batch of several predictions answers for it in one message (``_bundle``; those that share
+a batch of several predictions answers for it in one message (``services.replies``; those that share
 source, model and version as columns, one ``Replies``); a client may
 send several requests in one message (``Client.cork``; those to one model as columns, one
 ``Predicts``), each admitted and answered on its own (a malformed one refuses the message,
@@ -74,28 +74,21 @@ import zmq
 from keel.common import inputs, protocol, tracing, transport
 from keel.common.config import FrontendConfig
 from keel.common.ids import SEQ_BITS, IdSpace
-from keel.common.metrics import MODEL_LABELS, model_labels
 from keel.common.protocol import named
 from keel.common.protocol import (
-    Answered, Cancel, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Reply, Source, Status,
+    Answered, Cancel, Configure, ErrorCode, Feedback, Predict, Predictions, Predicts, Queries, Source, Status,
     Withdraw,
 )
 from keel.common.signature import validate as validate_named
 from keel.services.base import Service, release_memory
 from keel.services.cache import ClockCache
 from keel.services.graph.route import GraphRoute
+from keel.services.replies import Replies
 from keel.services.requests import Deadlines, DedupTable, Request, State, carry_trace, stack_rows
 from keel.services.routes import CACHED, FULL, Pending
 from keel.services.routes.application import ApplicationRoute
 from keel.services.routes.model import ModelRoute
 from keel.services.selection.runtime import Applications
-#: a bundle of replies to one client (``Predict.bundle``) is sent once it holds this many
-#: replies or this many bytes of outputs, at the latest once the predictions read are answered
-BUNDLE_REPLIES = protocol.MAX_BUNDLE
-BUNDLE_BYTES = 1 << 20
-#: a reply's output goes in a bundle's columns (``Replies``) only up to this size: a column
-#: stays under BUNDLE_BYTES, far below the frame a client reads (larger ones go alone)
-COLUMN_ROW_BYTES = BUNDLE_BYTES // BUNDLE_REPLIES
 #: freed memory is handed back to the system once the de-duplication table has shrunk by
 #: this many bytes (half its limit if that is less: a table of a few MB that emptied must
 #: count), or this many client connections have closed, since it last was
@@ -143,9 +136,6 @@ class Frontend(Service):
         self.deadlines = Deadlines()
         self.deadline = self.timer(self._expire)
         self.outbox: dict[str, list[tuple[int, float, np.ndarray]]] = defaultdict(list)
-        self.unrecorded: list[tuple] = []  # answers sent and not yet remembered (``answer(later=True)``)
-        #: client envelope -> [(Reply, its frames, its column key) of each reply bundled for it, their outputs' bytes]
-        self.bundles: dict[tuple, list] = {}
         #: qid -> the stamps of a traced request (``Predict.trace``) until its Queries leaves:
         #: only traced requests are kept here, so the untraced path pays one emptiness test a flush
         self.traces: dict[int, list[float]] = {}
@@ -157,13 +147,6 @@ class Frontend(Service):
         self.trim_mark, self.closed_clients = 0, 0  # since memory was last handed back
         self.memory_released = 0  # times freed memory was handed back to the system
         self.every(1.0, self._forget_answered)
-        # per target: ``target`` its name ("" for a request refused before it named one), ``kind``
-        # model, application or graph
-        self.m_requests = self.metrics.counter("requests_total", "requests answered, by source and target",
-                                               ["source", "target", "kind", *MODEL_LABELS])
-        self.m_latency = self.metrics.histogram("request_seconds", "frontend-observed latency",
-                                                ["source", "target", "kind", *MODEL_LABELS])
-        self.meters: dict[tuple[str, str, str], tuple] = {}  # (source, target, kind) -> (counter, histogram)
         self.m_pending = self.metrics.gauge("pending_queries", "queries admitted and not yet answered")
         self.m_cancelled = self.metrics.counter("requests_cancelled_total", "requests cancelled by their client "
                                                 "before an answer", ["target"])
@@ -177,6 +160,10 @@ class Frontend(Service):
         self.graphs = {name: GraphRoute(name, route, self) for name, route in cfg.graphs.items()}
         for name, route in self.graphs.items():
             self.routes.setdefault(name, route)
+        #: the one way a reply leaves (``services.replies``); the routes answer through ``answer``
+        self.replies = Replies(self.router, self.dedup, self.counts, self.metrics, cfg.models, self.routes, self.log,
+                               cfg.log_requests)
+        self.answer = self.replies.answer
         self.dispatcher_name = None
         self.fence: int | None = None  # with a manager: the dispatcher epoch stamped on Queries
         if self.link_manager(cfg.manager, on_change=self._on_manager_change):
@@ -211,7 +198,7 @@ class Frontend(Service):
                 elif isinstance(msg, Feedback) and msg.ok is None:
                     self._on_feedback(msg, envelope)
                 elif isinstance(msg, Status) and msg.info is None:
-                    self._send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
+                    self.replies.send(envelope, protocol.encode(Status(service=self.name, info=self.status())))
                 else:  # a control message (Configure), or an answer kind: not a client's to send
                     self.counts["refused_kind"] += 1
                     self.m_refused.labels(kind=msg.KIND).inc()
@@ -283,7 +270,7 @@ class Frontend(Service):
                 return self._refuse(request, ErrorCode.BAD_REQUEST, "request id reused with a different input")
             self.counts["duplicate"] += 1
             request.to(State.ANSWERED)
-            self._send(envelope, done[0])
+            self.replies.send(envelope, done[0])
             return
         waiting = self.by_request.get(dkey)
         if waiting is not None:  # a retry while it is still being computed: it joins, in their state
@@ -390,8 +377,8 @@ class Frontend(Service):
                     self.configured.add(msg.model)
                     self.counts["configured"] += 1
         finally:  # before any client message is read, even after a failure here
-            self._send_bundles()
-            self._record()
+            self.replies.send_bundles()
+            self.replies.record()
         self._flush()
 
     def _on_outputs(self, msg: Predictions) -> None:
@@ -491,8 +478,8 @@ class Frontend(Service):
         else:
             error, code = self.apps.feedback(msg.request_id, msg.label)
         self.counts["feedback" if error is None else "feedback_refused"] += 1
-        self._send(envelope, protocol.encode(Feedback(request_id=msg.request_id, label=msg.label, ok=error is None,
-                                                      error=error, error_code=code)))
+        self.replies.send(envelope, protocol.encode(Feedback(request_id=msg.request_id, label=msg.label,
+                                                             ok=error is None, error=error, error_code=code)))
 
     def _late(self, qid: int, source: str, output: np.ndarray | None) -> None:
         """An answer for a query already answered: count it; grade an earlier reconstruction."""
@@ -509,100 +496,6 @@ class Frontend(Service):
             self.by_request.pop(request.dedup, None)
         for qid in computation.qids:
             self.pending.pop(qid, None)
-
-    # ------------------------------------------------------------------ answers
-
-    def answer(self, requests: list[Request], source: str, model: str, version: str | None, output: np.ndarray | None,
-                error: str | None = None, code: str | None = None, models: list[str] | None = None,
-                confidence: float | None = None, degraded: bool | None = None, trace: list[float] | None = None,
-                later: bool = False, bundle: bool = False) -> None:
-        """The one way a reply leaves: remembered for de-duplication (real answers only),
-        counted and logged per target. ``trace``: a traced request's stamps, to which the
-        reply's send is added. ``later``: the remembering, counting and logging wait for
-        ``_record``, so the replies of one batch of predictions all leave first; only for
-        answers given while reading predictions, whose reader records them before it
-        returns (before any client message is read: a retry always finds its answer).
-        ``bundle``: one of several answers of a batch of predictions, sent with the others to
-        a client that reads bundles (``_bundle``; a lone answer leaves at once)."""
-        now = time.perf_counter()
-        remember = code is None
-        route = self.routes.get(model)
-        kind = route.kind if route is not None else ""
-        count, latencies = self._meters(source, model if kind else "", kind)
-        outputs = None
-        if type(output) is dict:  # a named model's outputs
-            outputs, output = output, None
-        for request in requests:
-            reply = Reply(request_id=request.request_id, source=source, output=output, model=model, version=version,
-                          error=error, error_code=code, models=models, confidence=confidence, degraded=degraded,
-                          trace=None if trace is None else [*trace, time.time()], outputs=outputs)
-            frames = protocol.encode(reply)
-            request.to(State.ANSWERED)
-            if bundle and request.bundle:
-                self._bundle(request.envelope, reply, frames, request.columns)
-            else:
-                self._send(request.envelope, frames)
-            answer = (request, frames, now - request.start, remember, count, latencies, model, kind, source, code, degraded)
-            if later:
-                self.unrecorded.append(answer)
-            else:
-                self._remember(*answer)
-
-    def _record(self) -> None:
-        """The answers ``answer(later=True)`` sent: remembered, counted and logged now."""
-        for answer in self.unrecorded:
-            self._remember(*answer)
-        self.unrecorded.clear()
-
-    def _remember(self, request: Request, frames: list, latency: float, remember: bool, count, latencies, model: str,
-                  kind: str, source: str, code: str | None, degraded: bool | None) -> None:
-        if remember and request.dedup is not None:
-            # copied into the table's segments: orjson's header keeps the ~4 KB buffer it
-            # was written in (a 150-byte header held 4.1 KB), so it is never kept itself
-            self.dedup.put(request.dedup, frames, request.digest, time.monotonic())
-        self.counts[str(source)] += 1
-        count.inc()
-        latencies.observe(latency)
-        if self.cfg.log_requests:
-            self.log.info("request", request_id=request.request_id, model=model, kind=kind, source=source,
-                          latency_ms=round(latency * 1000, 3), error=code, **({"degraded": True} if degraded else {}))
-
-    def _meters(self, source: str, target: str, kind: str) -> tuple:
-        """The request counter and latency histogram of (source, target, kind), made once
-        each: ``labels()`` takes a lock and builds its key on every call, and this is the
-        path of every reply. Bounded: targets are the served names, or "" for the rest."""
-        meters = self.meters.get((source, target, kind))
-        if meters is None:
-            served = model_labels(self.cfg.models, target)
-            meters = self.meters[(source, target, kind)] = (
-                self.m_requests.labels(source=source, target=target, kind=kind, **served),
-                self.m_latency.labels(source=source, target=target, kind=kind, **served))
-        return meters
-
-    def _send(self, envelope: list, frames: list, replies: int = 1) -> None:
-        """A reply (or a bundle of ``replies``) to a client, never blocking: one that does not
-        fit its queue is dropped."""
-        failed = transport.try_send_frames(self.router, [*envelope, *frames])
-        if failed is not None:
-            self.counts["reply_dropped" if failed == transport.FULL else "client_gone"] += replies
-
-    def _bundle(self, envelope: list, reply: Reply, frames: list, columns: bool) -> None:
-        """A reply for a client that reads bundles (``columns``: and columns): kept with its
-        others from this batch of predictions, sent as one message by ``_send_bundles`` (or
-        now, once the bundle is full)."""
-        bundle = self.bundles.get(key := tuple(envelope))
-        if bundle is None:
-            bundle = self.bundles[key] = [[], 0]
-        bundle[0].append((reply, frames, _column_key(reply) if columns else None))
-        bundle[1] += 0 if reply.output is None else reply.output.nbytes
-        if len(bundle[0]) >= BUNDLE_REPLIES or bundle[1] >= BUNDLE_BYTES:
-            del self.bundles[key]
-            self._send(envelope, protocol.encode_bundle(bundle[0], BUNDLE_BYTES), len(bundle[0]))
-
-    def _send_bundles(self) -> None:
-        for envelope, (entries, _) in self.bundles.items():
-            self._send(list(envelope), protocol.encode_bundle(entries, BUNDLE_BYTES), len(entries))
-        self.bundles.clear()
 
     def _refuse(self, request: Request, code: str, text: str) -> None:
         self.answer([request], Source.ERROR, "", "", None, text, code)
@@ -664,13 +557,6 @@ class Frontend(Service):
         what it takes and answers, the version served, whether it takes a key; a graph's
         mode): what the gateways and ``keel status`` show."""
         return {name: route.describe() for name, route in self.routes.items()}
-
-
-def _column_key(reply: Reply) -> tuple | None:
-    """``protocol.column_key`` of a reply whose output is at most ``COLUMN_ROW_BYTES`` (so a
-    column, ``BUNDLE_REPLIES`` rows at most, stays within ``BUNDLE_BYTES``); None for others."""
-    out = reply.output
-    return protocol.column_key(reply) if out is not None and out.nbytes <= COLUMN_ROW_BYTES else None
 
 
 def _hang_up(fd: int) -> None:

@@ -20,7 +20,6 @@ the backup side and what it needs of the batch, and reading nothing else of the 
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Callable
 
@@ -44,7 +43,7 @@ R = OperatorRole
 class Recovery:
     """Parameters: ``op`` my operator, ``name`` my process's name, ``graph`` its graph
     (``read_graph``), ``stateful`` (am I a stateful operator of it); ``roles`` my role
-    record; ``serving``, ``tables``, ``inputs`` (``services.graph.tables``); ``links`` (the
+    record (its ``clock`` is the one clock read here); ``serving``, ``tables``, ``inputs`` (``services.graph.tables``); ``links`` (the
     send functions) and ``endpoints`` (peer name -> endpoint, changed as holders move),
     ``peers`` (the connections, to watch a holder); ``backup_side``; ``stash`` (``ls``'s
     checkpoints, or None); ``events`` and ``log``; ``new_model(spec)``,
@@ -312,7 +311,7 @@ class Recovery:
     # --- promotions ---------------------------------------------------------------------------
     def take_over(self, epoch: int) -> None:
         """HAMS §IV-E: the backup becomes the primary with the state it applied."""
-        t0 = time.monotonic()
+        t0 = self.roles.clock()
         serving = self.serving
         algorithm2, kept = self.backup_side.hand_over()  # what I applied as the backup, and its outputs
         max_seq = algorithm2.max_applied_seq
@@ -326,7 +325,7 @@ class Recovery:
             serving.model.load_state(state)
         if self.stash is not None:
             self.events.write("replay", operator=self.op, epoch=epoch, checkpoint_seq=max_seq,
-                              load_ms=round(1000 * (time.monotonic() - t0), 3))
+                              load_ms=round(1000 * (self.roles.clock() - t0), 3))
         serving.own = lin.Backup(self.op, self.graph.stateful, epoch)
         serving.own.durable, serving.own.max_applied_seq = algorithm2.durable, max_seq  # what it knew stays known
         self.takeovers += 1
@@ -344,7 +343,7 @@ class Recovery:
             self.on_successor_ack(successor, its_epoch, after)
         self.early_acks = {}
         self.log.warning("promoted: primary (degraded, no backup)", operator=self.op, epoch=epoch, max_seq=max_seq,
-                         resent=len(serving.outputs), ms=round(1000 * (time.monotonic() - t0), 2))
+                         resent=len(serving.outputs), ms=round(1000 * (self.roles.clock() - t0), 2))
 
     def take_over_stateless(self, epoch: int) -> None:
         """HAMS §IV-E, a stateless operator: the hot standby serves it, numbering on once

@@ -11,7 +11,6 @@ upstream) and hears when the manager decided (``on_decided``).
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import zmq
@@ -50,8 +49,8 @@ def saved_without(statemgr, ships_state: bool, pred: str | None, max_seq: int):
 
 class RollBack:
     """Parameters: ``op`` my operator, ``spec`` its spec, ``preds`` its predecessors,
-    ``stateful`` the graph's stateful operators, ``ships_state`` (the mode's); ``roles``,
-    ``serving``, ``tables``, ``inputs`` (``services.graph.tables``); ``links``; ``events``
+    ``stateful`` the graph's stateful operators, ``ships_state`` (the mode's); ``roles`` (the
+    role record; its ``clock`` times the backup's grace), ``serving``, ``tables``, ``inputs`` (``services.graph.tables``); ``links``; ``events``
     and ``log``; ``new_model(spec)``; ``drop_computing()`` voids the batch computing;
     ``member()`` my name in the manager's group, ``group_epoch()`` my group's newest epoch
     in the feed; ``on_decided(rolled_back)`` once the manager answered; ``peers`` and
@@ -80,16 +79,16 @@ class RollBack:
 
         def on_event(sock: zmq.Socket) -> None:
             if transport.disconnect_seen(sock) and not self.backup_lost:
-                self.backup_lost = time.monotonic()
+                self.backup_lost = self.roles.clock()
         self.add_socket(monitor, on_event)
         self.every(0.05, self._on_backup_lost)
 
-    def _on_backup_lost(self, now: float) -> None:
+    def _on_backup_lost(self, _now: float) -> None:
         """My backup died and no predecessor's takeover made me roll back within a grace
         (its detection, ~100 ms): go on alone from my newest shipped state, degraded, at a
         new epoch (my states no longer reach a backup: the window would stall every batch)."""
         if self.backup_lost and self.roles.role is OperatorRole.PRIMARY and self.serving.statemgr is not None \
-                and now - self.backup_lost > BACKUP_GRACE_S:
+                and self.roles.clock() - self.backup_lost > BACKUP_GRACE_S:
             self._roll_back_in_place(None, -1)
 
     def roll_back(self, pred: str, max_seq: int) -> None:

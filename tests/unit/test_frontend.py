@@ -585,12 +585,12 @@ def test_a_batchs_replies_leave_before_they_are_remembered_and_a_retry_still_fin
     while len(qids) < 3:
         qids += h.queries().qids
     sends, seen_at_put = [], []
-    real_send, real_put = h.fe._send, h.fe.dedup.put
-    h.fe._send = lambda envelope, frames: (sends.append(1), real_send(envelope, frames))
+    real_send, real_put = h.fe.replies.send, h.fe.dedup.put
+    h.fe.replies.send = lambda envelope, frames: (sends.append(1), real_send(envelope, frames))
     h.fe.dedup.put = lambda *a, **k: (seen_at_put.append(len(sends)), real_put(*a, **k))
     h.answer("m", qids, [[i, i] for i in range(3)])
     replies = {h.reply(c).request_id for _ in range(3)}
-    assert replies == {"b0", "b1", "b2"} and h.fe.unrecorded == [] and len(h.fe.dedup) == 3
+    assert replies == {"b0", "b1", "b2"} and h.fe.replies.unrecorded == [] and len(h.fe.dedup) == 3
     assert seen_at_put == [3, 3, 3]  # each remembered once, after all the batch's replies were sent
     for i in range(3):  # retries: the same answers, from the table
         h.predict(c, f"b{i}", x_of(30 + i))
@@ -631,11 +631,11 @@ def test_a_client_that_reads_bundles_gets_a_batchs_replies_in_one_message(harnes
 
 
 def test_a_bundle_carries_as_columns_only_the_replies_that_share_their_fields():
-    from keel.services.frontend import BUNDLE_BYTES, COLUMN_ROW_BYTES, _column_key
+    from keel.services.replies import BUNDLE_BYTES, COLUMN_ROW_BYTES, column_key
 
     def entry(rid, readable=True, **fields):
         reply = Reply(request_id=rid, **{"source": Source.MODEL, "model": "m", "version": "1", **fields})
-        return reply, protocol.encode(reply), _column_key(reply) if readable else None
+        return reply, protocol.encode(reply), column_key(reply) if readable else None
 
     out = lambda v: np.full(2, v, np.float32)
     entries = [entry("a", output=out(1)), entry("b", output=out(2)), entry("t", output=out(3), trace=[1.0, 2.0]),

@@ -81,3 +81,13 @@ def test_nothing_patches_the_operators_methods():
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in methods:
                 patched.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not patched, patched
+
+
+@pytest.mark.parametrize("module", ["recovery.py", "rollback.py"])
+def test_recovery_and_roll_back_read_the_role_records_clock_and_no_other(module):
+    """What times a lease, a grace or a takeover is the clock the role record was given
+    (``RoleRecord.clock``), not the process's: a test's clock drives all of it."""
+    tree = ast.parse((GRAPH / module).read_text())
+    clocks = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+              and n.value.id == "time"]
+    assert not clocks, f"{module} reads the time module's clocks at lines {clocks}"
