@@ -58,6 +58,7 @@ load); each with its least-squares slope (``ls_growth_ms_per_1000_batches``,
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import tempfile
@@ -162,6 +163,10 @@ def recovery(quick: bool, log, trials: int | None = None, netns: bool | str = "a
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
                 kill_at = rng.randint(*KILL_AT.get(name, (60, 160)))
+                # the load client runs in this process, beside every earlier trial's results: a full
+                # collection walking them would pause its sending mid-trial (``hams_overhead.run_cell``)
+                gc.collect()
+                gc.freeze()
                 row = run_trial(use_netns, work, victim=victim, n=max(240, kill_at + 80), kill_at=kill_at, seed=k, fault=fault, table=graph(),
                                 also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()),
                                 state_delay=FIG6_STATE_DELAY if name.endswith("fig6_kill") else None)
