@@ -83,7 +83,7 @@ CASES = (  # name, victims, fault, graph, what, trials (quick, full)
     ("stateful_primary_kill", "g2", "kill", gru_chain, "SIGKILL of g2's primary (stateful, last), GRU -> GRU", (3, 20)),
     ("stateful_primary_kill_late", "g2", "kill", gru_chain,
      "SIGKILL of g2's primary after 5-10 s of load (1,200-2,400 requests), GRU -> GRU: recovery must not grow "
-     "with how long the graph ran", (1, 5)),
+     "with how long the graph ran", (3, 5)),
     ("upstream_stateful_kill", "g1", "kill", gru_chain,
      "SIGKILL of g1's primary (stateful, first; g2 rolls back if it took lost outputs)", (2, 10)),
     ("stateful_backup_kill", (), "kill", gru_chain,
