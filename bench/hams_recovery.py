@@ -58,7 +58,6 @@ load); each with its least-squares slope (``ls_growth_ms_per_1000_batches``,
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import random
 import tempfile
@@ -67,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keel.common import loadgen
 from keel.common.steal import StealMeter
 
 from keel.chaos.graph_trials import (FIG6_STATE_DELAY, fig6_chain, gru_chain, ls_chain, mlp_gru, mlp_gru_gru,
@@ -163,10 +163,7 @@ def recovery(quick: bool, log, trials: int | None = None, netns: bool | str = "a
             for k in range(trials or counts[0 if quick else 1]):
                 work = Path(tmp) / f"{name}-{k}"
                 kill_at = rng.randint(*KILL_AT.get(name, (60, 160)))
-                # the load client runs in this process, beside every earlier trial's results: a full
-                # collection walking them would pause its sending mid-trial (``hams_overhead.run_cell``)
-                gc.collect()
-                gc.freeze()
+                loadgen.settle_heap()  # the load client runs in this process, beside every earlier trial's results
                 row = run_trial(use_netns, work, victim=victim, n=max(240, kill_at + 80), kill_at=kill_at, seed=k, fault=fault, table=graph(),
                                 also_kill=ALSO_KILL.get(name.replace("strawman_", ""), ()),
                                 state_delay=FIG6_STATE_DELAY if name.endswith("fig6_kill") else None)

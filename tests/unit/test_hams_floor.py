@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from keel.bench.hams_overhead import floor_of
+from keel.bench.hams_readings import floor_of
 
 
 def _trace(tmp_path, replies):
@@ -43,7 +43,7 @@ def test_the_floor_is_each_replys_hop_plus_ship(tmp_path):
 
 
 def test_remus_over_nspb_divides_by_no_less_than_the_cells_resolution():
-    from keel.bench.hams_overhead import remus_over_nspb, resolution
+    from keel.bench.hams_readings import remus_over_nspb, resolution
 
     bare = [198.0, 202.0, 200.0]  # bare moves 2% of its median between its own repetitions
     assert resolution(bare) == pytest.approx(0.02)
@@ -57,7 +57,7 @@ def test_remus_over_nspb_divides_by_no_less_than_the_cells_resolution():
 
 
 def test_paired_cells_read_each_mode_against_the_bare_cells_of_its_own_repetition():
-    from keel.bench.hams_overhead import paired
+    from keel.bench.hams_readings import paired
 
     cell = lambda rep, p50: {"rep": rep, "p50_ms": p50}  # noqa: E731
     # repetition 1's draw is slower for every mode: a comparison across repetitions would
@@ -72,7 +72,8 @@ def test_paired_cells_read_each_mode_against_the_bare_cells_of_its_own_repetitio
 
 
 def test_stages_split_each_reply_between_the_operators_outputs_and_the_release(tmp_path):
-    from keel.bench.hams_overhead import chain_of, graphs, stages_of
+    from keel.bench.hams_overhead import graphs
+    from keel.bench.hams_readings import chain_of, stages_of
 
     assert chain_of(graphs(50.0, 64)["ol_large"]) == ["m", "ol", "post"]
     with pytest.raises(ValueError):

@@ -129,7 +129,8 @@ def test_user_operator_by_module_path():
 
 
 def test_experiment_is_registered_and_overhead_is_relative_to_bare():
-    from keel.bench.hams_overhead import overhead, table
+    from keel.bench.hams_overhead import table
+    from keel.bench.hams_readings import overhead
     from keel.deploy.keel import parse_args
 
     args = parse_args(["experiment", "hams-overhead", "--quick", "--json", "x.json"])
