@@ -285,28 +285,32 @@ class Manager(Service):
             self.log.info("suspected", service=name, why=why, reporter=reporter)
             now = time.monotonic()
             self.suspected[name] = (now, why, reporter)
-            self.decide_suspicions.at_latest(now + (1 + SUSPECT_MARGIN) * self.cfg.heartbeat_interval_s)
+            self.decide_suspicions.at_latest(self._decided_at(now))
         return {"status": OK, "action": "suspected"}
 
     def _detect(self, now: float) -> None:
         """Suspected services not heard from since, and holders silent for the liveness
         window (freezes, partitions), are replaced: HAMS §IV-E, decided once in the log."""
-        interval, margin = self.cfg.heartbeat_interval_s, SUSPECT_MARGIN * self.cfg.heartbeat_interval_s
+        interval = self.cfg.heartbeat_interval_s
         for name, (since, why, reporter) in list(self.suspected.items()):
             heard = self.heard.get(name, (-1e9, 0))[0]  # only a real heartbeat clears a suspicion
-            if heard > since + margin:
+            if heard > since + SUSPECT_MARGIN * interval:
                 del self.suspected[name]  # alive after all
                 self.log.info("suspicion cleared", service=name, why=why, reporter=reporter)
-            elif now >= since + margin + interval:
+            elif now >= self._decided_at(since):
                 del self.suspected[name]
                 self.replace(name, why)
             else:
-                self.decide_suspicions.at_latest(since + margin + interval)
+                self.decide_suspicions.at_latest(self._decided_at(since))
         window = interval * self.cfg.heartbeat_liveness
         for grp in list(self.state.groups.values()):
             holder = grp["holder"]
             if holder in self.heard and now - self._heard(holder) > window:
                 self.replace(holder, "silent")
+
+    def _decided_at(self, since: float) -> float:
+        """When a suspicion reported at ``since`` is decided: one interval after the margin."""
+        return since + (1 + SUSPECT_MARGIN) * self.cfg.heartbeat_interval_s
 
     def _heard(self, name: str) -> float:
         """When ``name`` was last heard, counting a new leader's start as hearing everyone."""
