@@ -360,10 +360,10 @@ class ManagerLink:
                 if self.on_role is not None:
                     self.on_role(result.get("holder"), result["epoch"])
 
-    def suspect(self, name: str, why: str) -> None:
+    def suspect(self, name: str, why: str, **detail: Any) -> None:
         self.suspicions += 1
         reporter = self.me["name"] if self.me else self.service.name
-        self.service.log.info("reporting suspected", service=name, why=why)
+        self.service.log.info("reporting suspected", service=name, why=why, **detail)
         self._to_all(protocol.Control(op="suspect", args={"name": name, "why": why, "reporter": reporter}))
 
     def watch(self, sock: zmq.Socket, name: str) -> None:
@@ -380,8 +380,15 @@ class ManagerLink:
                 self.service.remove_socket(monitor)
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
+        """A disconnect of a watched socket: probe its endpoint first. Refused means the
+        process is gone (its port closed with it), which the manager acts on at once; a
+        disconnect alone may be a blip, which it gives a heartbeat interval to disprove."""
         if transport.disconnect_seen(monitor) and monitor in self.monitors:
-            self.suspect(self.monitors[monitor][1], "disconnect")
+            sock, name = self.monitors[monitor]
+            endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            t0 = time.monotonic()
+            why = "refused" if transport.refused(endpoint) else "disconnect"
+            self.suspect(name, why, endpoint=endpoint, probe_ms=round(1000 * (time.monotonic() - t0), 2))
 
     def holder(self, group: str) -> tuple[str | None, int, dict]:
         """(holder, epoch, the holder's registered endpoints) of ``group`` in the feed's view."""

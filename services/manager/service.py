@@ -18,7 +18,8 @@ Control ops (``Control.op``; ``args`` and ``result`` are JSON objects)
 ``heartbeat``  ``{name, epoch}``: the service is alive; the answer says the group's epoch
                and holder, so a process with an older epoch learns it is stale
 ``suspect``    ``{name, reporter, why}``: a peer saw ``name`` fail (a socket disconnect,
-               a timeout); replaced unless it heartbeats within one interval
+               a timeout); replaced unless it heartbeats within one interval, or at
+               once when ``why`` is ``refused`` (its endpoint refused a connection)
 ``transfer``   ``{to}`` (a raft address, or absent): the leader hands leadership over
 
 A decision sent to a replica that is not the leader is answered
@@ -31,7 +32,10 @@ member of its group through ``promote``. A suspicion is decided at its own time,
 interval and ``SUSPECT_MARGIN`` of one after the report (a timer, not the next periodic
 check, which added up to one more interval): a heartbeat heard after the margin clears it,
 so a live service, heartbeating every interval, always has one interval to be heard in,
-and a heartbeat in flight when the report came does not count
+and a heartbeat in flight when the report came does not count. A report that the
+service's endpoint refused a connection (``REFUSED``: the reporter probed it after the
+disconnect; a killed process's ports close with it) is decided at once: no heartbeat can
+come from a process with nothing listening
 (compare-and-set on the epoch the replica saw, so two replicas acting at once make one
 decision). Only a replica that believes it leads proposes; a stale proposal fails harmlessly.
 """
@@ -55,6 +59,8 @@ DECISIONS = ("register", "promote", "desired")
 #: heard sooner may have been in flight before the failure); the suspicion is decided one
 #: interval after that
 SUSPECT_MARGIN = 0.25
+#: a suspicion's ``why`` that is proof, not a hint: the service's endpoint refused a connection
+REFUSED = "refused"
 
 
 def raft_conf(cfg: ManagerConfig, on_state=None) -> SyncObjConf:
@@ -94,8 +100,8 @@ class Manager(Service):
         self.proposed: dict[str, int] = {}
         self.unready: set[str] = set()  # members whose last heartbeat said they cannot take over yet
         self.said_unready: dict[str, int] = {}  # group -> epoch at which "no member ready" was logged
-        #: service name -> (monotonic time of the first report, why, reporter)
-        self.suspected: dict[str, tuple[float, str, str]] = {}
+        #: service name -> (monotonic time of the first report, why, reporter, when it is decided)
+        self.suspected: dict[str, tuple[float, str, str, float]] = {}
         self.every(cfg.heartbeat_interval_s, self._detect)
         self.decide_suspicions = self.timer(self._detect)  # a suspicion's own deadline (module docstring)
         # Clone's HUGZ: the current seq with no values, so a subscriber that lost the last
@@ -277,31 +283,36 @@ class Manager(Service):
     def suspect(self, name: str, why: str, reporter: str = "") -> dict:
         """A peer reports ``name`` failed (a socket disconnect, a timeout). Not trusted
         alone: the service is replaced unless a heartbeat from it arrives within one
-        heartbeat interval after the report (a healthy one is never demoted by a blip)."""
+        heartbeat interval after the report (a healthy one is never demoted by a blip),
+        unless its endpoint refused a connection (``REFUSED``): decided at once."""
         if name not in self.state.services:
             return {"status": "unknown"}
         self.m_suspicions.labels(why=why).inc()
-        if name not in self.suspected:
+        if reporter in self.heard:  # its report is word from it: alive now (a replacement must be)
+            self.heard[reporter] = (time.monotonic(), self.heard[reporter][1])
+        first = self.suspected.get(name)
+        if first is None or (why == REFUSED and first[1] != REFUSED):
             self.log.info("suspected", service=name, why=why, reporter=reporter)
             now = time.monotonic()
-            self.suspected[name] = (now, why, reporter)
-            self.decide_suspicions.at_latest(self._decided_at(now))
+            due = now if why == REFUSED else self._decided_at(now)
+            self.suspected[name] = (first[0] if first else now, why, reporter, due)
+            self.decide_suspicions.at_latest(due)
         return {"status": OK, "action": "suspected"}
 
     def _detect(self, now: float) -> None:
         """Suspected services not heard from since, and holders silent for the liveness
         window (freezes, partitions), are replaced: HAMS §IV-E, decided once in the log."""
         interval = self.cfg.heartbeat_interval_s
-        for name, (since, why, reporter) in list(self.suspected.items()):
+        for name, (since, why, reporter, due) in list(self.suspected.items()):
             heard = self.heard.get(name, (-1e9, 0))[0]  # only a real heartbeat clears a suspicion
-            if heard > since + SUSPECT_MARGIN * interval:
+            if why != REFUSED and heard > since + SUSPECT_MARGIN * interval:
                 del self.suspected[name]  # alive after all
                 self.log.info("suspicion cleared", service=name, why=why, reporter=reporter)
-            elif now >= self._decided_at(since):
+            elif now >= due:
                 del self.suspected[name]
                 self.replace(name, why)
             else:
-                self.decide_suspicions.at_latest(self._decided_at(since))
+                self.decide_suspicions.at_latest(due)
         window = interval * self.cfg.heartbeat_liveness
         for grp in list(self.state.groups.values()):
             holder = grp["holder"]

@@ -199,6 +199,28 @@ def test_a_suspicion_replaces_a_dead_holder_before_silence_would_and_never_a_liv
         client.close()
 
 
+def test_a_refused_endpoint_is_proof_a_heartbeat_does_not_outweigh(group, wait):
+    # The reporter probed the endpoint after the disconnect and was refused: nothing listens
+    # there, so the manager replaces the holder at once, heartbeats or not (a "disconnect"
+    # alone, as above, is cleared by them).
+    g = group(heartbeat_interval_s=0.1, heartbeat_liveness=5)
+    client = g.client()
+    d1, d2 = Heartbeats(g, "d1", interval_s=0.05), Heartbeats(g, "d2", interval_s=0.05)
+    try:
+        _register(client, "d1")
+        _register(client, "d2")
+        wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
+        for e in g.endpoints:
+            client.ask(e, "suspect", {"name": "d1", "why": "refused", "reporter": "d2"}, timeout_s=1.0)
+        snap = wait(lambda: (s := client.call("snapshot"))["groups"]["dispatcher"]["holder"] == "d2" and s,
+                    timeout_s=5.0, what="d2 promoted")
+        assert snap["decisions"][-1]["reason"] == "d1 suspected: refused"
+    finally:
+        d1.close()
+        d2.close()
+        client.close()
+
+
 def test_show_prints_every_replica_and_the_services(group, capsys):
     g = group()
     client = g.client()

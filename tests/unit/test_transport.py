@@ -1,7 +1,11 @@
 """Socket helpers: frames over the limit are refused before they are read; Peers never
-blocks, refuses bad endpoints, and evicts the least recently used peer when full."""
+blocks, refuses bad endpoints, and evicts the least recently used peer when full; a probe
+of an endpoint is refused only where nothing listens."""
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -128,3 +132,42 @@ def test_drain_stops_at_its_limit_and_when_its_reader_closes_the_socket():
     finally:
         push.close(0)
         pull.close(0)
+
+
+def test_a_probe_is_refused_only_where_nothing_listens():
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*")
+    endpoint = transport.endpoint_of(router)
+    mute = socket.socket()  # listens but never accepts nor greets: a host that is slow, not dead
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(4)
+    try:
+        assert transport.refused(endpoint) is False  # a live ZeroMQ listener greets the probe
+        assert transport.refused(f"tcp://127.0.0.1:{mute.getsockname()[1]}") is False  # no greeting: no proof
+        router.close(0)  # its I/O thread closes the port a moment later
+        deadline = time.monotonic() + 5.0
+        while not transport.refused(endpoint) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert transport.refused(endpoint) is True  # its port closed with it
+        assert transport.refused("inproc://anything") is False
+    finally:
+        mute.close()
+        ctx.term()
+
+
+def test_a_probe_of_a_killed_process_is_refused(tmp_path):
+    script = ("import sys, time, zmq\n"
+              "s = zmq.Context().socket(zmq.ROUTER); s.bind('tcp://127.0.0.1:*')\n"
+              "print(s.getsockopt_string(zmq.LAST_ENDPOINT), flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = proc.stdout.readline().strip()
+        assert transport.refused(endpoint) is False
+        proc.kill()
+        proc.wait(timeout=10)
+        assert transport.refused(endpoint) is True
+        ipc = f"ipc://{tmp_path}/gone"
+        assert transport.refused(ipc) is True  # no socket file: nothing listens
+    finally:
+        proc.kill()
+        proc.wait()
