@@ -132,6 +132,14 @@ def growth_per_1000(points: list) -> float | None:
     return float(1000 * np.polyfit(x, y, 1)[0])
 
 
+def decided_on(row: dict) -> str:
+    """What the manager's promotions of a trial's victims were decided on (``refused``: the
+    backup's probe of the dead primary's port; ``disconnect`` after a heartbeat interval;
+    ``silent``: heartbeats missed), "-" where it made none."""
+    whys = sorted({(r.get("why") or "").rpartition(": ")[2] for r in row.get("per_victim", {}).values()} - {""})
+    return "+".join(whys) or "-"
+
+
 def recovery_times(case: dict) -> list[float]:
     """A case's recovery per recovered trial: fault -> first new output; for ls, until its
     replay is done (its first output above its highest seq before the fault)."""
@@ -171,6 +179,7 @@ def recovery(quick: bool, log, trials: int | None = None, netns: bool | str = "a
                 log(f"  {name} {k}: {fault} at request {kill_at}: detection {fmt(row['detection_ms'])} ms, takeover "
                     f"{fmt(row['takeover_ms'])} ms, recovery {fmt(row['recovery_ms'])} ms, lost {row['lost']}, "
                     f"conflicts {row['conflicts']}, degraded replies {row['degraded_replies']}, rolled back {row['rolled_back'] or '-'}, "
+                    f"decided on {decided_on(row)}, "
                     + (f"thawed at {fmt(row['thaw_after_fault_ms'])} ms, fenced {row['fenced']}, "
                        f"old-epoch outputs after thaw {row['old_epoch_outputs_after_thaw']}, " if row["fenced"] is not None else "") +
                     f"invariants {'ok' if row['invariants_ok'] else 'VIOLATED'}")

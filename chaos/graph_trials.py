@@ -317,7 +317,8 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
                     come_back(name)
 
         replies = open_load(sender, inputs, streams, on_sent, gap_s=gap_s)
-        groups_after = probe.call("snapshot")["groups"]
+        after = probe.call("snapshot")
+        groups_after = after["groups"]
         backup_of = {v: f"op-{v}-backup" if v in graph.stateful else "op-standby0" for v in victims}
         if "second" in fault_t:
             backup_of = {victims[0]: joiner}  # the group's holder at the end
@@ -365,6 +366,9 @@ def kill_trial(make_launcher: Callable[[str], Launcher], workdir: Path, victim: 
             "detection_ms": 1000 * (takeover[0]["t"] - fault_t["t"]) if takeover else None,
             "recovery_ms": 1000 * (first_new - fault_t["t"]) if first_new is not None else None,
             "promoted": groups_after[f"graph/{v}"]["holder"] == backup_of[v] and groups_after[f"graph/{v}"]["epoch"] > old_epoch,
+            # why the manager acted first (e.g. "op-g2 suspected: refused"): the detection path taken
+            "why": next((d.get("reason") for d in after.get("decisions", [])
+                         if d.get("group") == f"graph/{v}" and d.get("epoch", 0) > old_epoch), None),
             "new_primary_degraded": backups[v].get("degraded"),
             # a thawed old primary numbers nothing more at its old epoch
             "old_epoch_outputs_after_thaw": sum(1 for o in streams_["graph_output"] if o["operator"] == v

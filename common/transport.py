@@ -268,12 +268,13 @@ def ask(endpoint: str, msg: Any, timeout_s: float = 2.0, ctx: zmq.Context | None
 PROBE_TIMEOUT_S = 0.01
 
 
-def refused(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+def refused(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S, attempts: int = 3) -> bool:
     """True if nothing listens at ``endpoint`` now: its host refused a connection, or took
     it into a closing listener's backlog and reset it before a greeting. A killed process's
-    ports close with it (some a moment after the others); a live ZeroMQ listener greets a
-    connection at once (ZMTP: its I/O thread, whatever its Python is doing); an unreachable
-    host times out. Only the first is proof: the others are False."""
+    ports close with it (some a moment after the others: taken in but not greeted, the probe
+    tries again, up to ``attempts`` times); a live ZeroMQ listener greets a connection at once
+    (ZMTP: its I/O thread, whatever its Python is doing); an unreachable host times out.
+    Only the first is proof: the others are False."""
     if endpoint.startswith("tcp://"):
         host, _, port = endpoint[len("tcp://"):].rpartition(":")
         family, address = socket.AF_INET6 if host.startswith("[") else socket.AF_INET, (host.strip("[]"), int(port))
@@ -281,17 +282,25 @@ def refused(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         family, address = socket.AF_UNIX, endpoint[len("ipc://"):]
     else:
         return False  # inproc: the peer is this process
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    probe.settimeout(timeout_s)
-    try:
-        probe.connect(address)
-        return probe.recv(1) == b""  # closed unread: the listener went
-    except (ConnectionRefusedError, ConnectionResetError, FileNotFoundError):
-        return True
-    except OSError:  # a timeout, an unreachable host or network: no evidence either way
-        return False
-    finally:
-        probe.close()
+    for _ in range(attempts):
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        probe.settimeout(timeout_s)
+        try:
+            probe.connect(address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return True
+        except OSError:  # a timeout, an unreachable host or network: no evidence either way
+            return False
+        else:
+            try:
+                return probe.recv(1) == b""  # closed unread: the listener went
+            except ConnectionResetError:
+                return True
+            except OSError:
+                continue  # not greeted yet: a closing listener, or a slow host; ask again
+        finally:
+            probe.close()
+    return False
 
 
 def disconnect_seen(monitor: zmq.Socket) -> bool:
