@@ -133,11 +133,13 @@ def growth_per_1000(points: list) -> float | None:
 
 
 def decided_on(row: dict) -> str:
-    """What the manager's promotions of a trial's victims were decided on (``refused``: the
-    backup's probe of the dead primary's port; ``disconnect`` after a heartbeat interval;
-    ``silent``: heartbeats missed), "-" where it made none."""
-    whys = sorted({(r.get("why") or "").rpartition(": ")[2] for r in row.get("per_victim", {}).values()} - {""})
-    return "+".join(whys) or "-"
+    """What the manager's decisions for a trial's victims were made on: a suspicion's why
+    (``refused``: the backup's probe of the dead primary's port; ``disconnect``, after a
+    heartbeat interval; ``silent``: heartbeats missed), or the operator's own request
+    (``rollback in place``, ``backup lost``: Fig. 6); "-" where it made none."""
+    reasons = {r.get("why") or "" for r in row.get("per_victim", {}).values()} - {""}
+    whys = {why if " suspected" in head else head for head, _, why in (r.partition(": ") for r in reasons)}
+    return "+".join(sorted(whys)) or "-"
 
 
 def recovery_times(case: dict) -> list[float]:

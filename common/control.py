@@ -32,6 +32,10 @@ import zmq
 
 from keel.common import protocol, transport
 
+#: a suspicion's ``why`` that is proof, not a hint: the suspect's endpoint refused a
+#: connection (``transport.refused``): the manager decides it at once
+REFUSED = "refused"
+
 #: answers that mean "ask another replica"
 RETRY = ("not_leader", "no_leader")
 
@@ -387,7 +391,7 @@ class ManagerLink:
             sock, name = self.monitors[monitor]
             endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             t0 = time.monotonic()
-            why = "refused" if transport.refused(endpoint) else "disconnect"
+            why = REFUSED if transport.refused(endpoint) else "disconnect"
             self.suspect(name, why, endpoint=endpoint, probe_ms=round(1000 * (time.monotonic() - t0), 2))
 
     def holder(self, group: str) -> tuple[str | None, int, dict]:

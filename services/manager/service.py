@@ -50,6 +50,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
 from keel.common import transport
 from keel.common.config import ManagerConfig
+from keel.common.control import REFUSED
 from keel.common.protocol import Change, Control, Status
 from keel.services.base import Service
 from keel.services.manager.state import OK, ClusterState
@@ -59,8 +60,6 @@ DECISIONS = ("register", "promote", "desired")
 #: heard sooner may have been in flight before the failure); the suspicion is decided one
 #: interval after that
 SUSPECT_MARGIN = 0.25
-#: a suspicion's ``why`` that is proof, not a hint: the service's endpoint refused a connection
-REFUSED = "refused"
 
 
 def raft_conf(cfg: ManagerConfig, on_state=None) -> SyncObjConf:
