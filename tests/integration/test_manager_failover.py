@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 DIM, OUT = 8, 4
 QUERIES = 300
+BURST = 40  # queries sent at once just before the kill
 TIMEOUT_MS = 4000.0  # far above a failover: a default would mean a query was lost
 
 
@@ -80,12 +81,18 @@ def test_killing_the_active_dispatcher_loses_nothing_and_defaults_nothing(tmp_pa
         rng = np.random.default_rng(3)
         inputs: dict[str, np.ndarray] = {}
         results = []
-        for i, x in enumerate(rng.random((QUERIES, DIM), dtype=np.float32)):
-            inputs[c.submit("sleep", x)] = x
+        xs, i = rng.random((QUERIES, DIM), dtype=np.float32), 0
+        while i < QUERIES:
+            # at the kill, a burst: the dispatcher dies holding a queue (a failover decided on
+            # its refused port is over in a few ms, before an open loop's next query)
+            burst = BURST if i == QUERIES // 3 else 1
+            for x in xs[i:i + burst]:
+                inputs[c.submit("sleep", x)] = x
+            i += burst
+            if burst > 1:
+                run.kill("dispatcher", signal.SIGKILL)
             results.extend(c.collect(0))
             time.sleep(0.004)  # open loop, about 250 queries/s
-            if i == QUERIES // 3:
-                run.kill("dispatcher", signal.SIGKILL)
         deadline = time.monotonic() + 60
         while len(results) < len(inputs):
             assert time.monotonic() < deadline, "requests left unanswered"
