@@ -72,7 +72,7 @@ def test_paired_cells_read_each_mode_against_the_bare_cells_of_its_own_repetitio
 
 
 def test_stages_split_each_reply_between_the_operators_outputs_and_the_release(tmp_path):
-    from keel.bench.hams_overhead import graphs
+    from keel.bench.hams_graphs import graphs
     from keel.bench.hams_readings import chain_of, stages_of
 
     assert chain_of(graphs(50.0, 64)["ol_large"]) == ["m", "ol", "post"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keel.bench.hams_overhead import OnlineHashedLinear
+from keel.bench.hams_graphs import OnlineHashedLinear
 from keel.services.graph.models import GRU, GraphBatch, OnlineMLP
 from keel.services.graph.statemgr import Folded, StateManager, header_of, outputs_of, pack, unpack
 from tests.support.graphs import threaded_statemgr
