@@ -73,6 +73,22 @@ def _register(client: ManagerClient, name: str) -> dict:
     return client.call("register", {"name": name, "group": "dispatcher", "host": "local", "endpoints": {}})
 
 
+def _holder_and_member(g: LocalGroup, wait) -> tuple[ManagerClient, Heartbeats, Heartbeats]:
+    """d1 holding the dispatcher group and d2 a member, both heartbeating every 50 ms."""
+    client = g.client()
+    d1, d2 = Heartbeats(g, "d1", interval_s=0.05), Heartbeats(g, "d2", interval_s=0.05)
+    _register(client, "d1")
+    _register(client, "d2")
+    wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
+    return client, d1, d2
+
+
+def _suspect_everywhere(g: LocalGroup, client: ManagerClient, name: str, why: str, reporter: str) -> None:
+    """The report every replica hears (as from several upstreams)."""
+    for e in g.endpoints:
+        client.ask(e, "suspect", {"name": name, "why": why, "reporter": reporter}, timeout_s=1.0)
+
+
 def test_any_replica_leads_a_client_to_the_leader(group):
     g = group()
     leader = g.leader()
@@ -172,21 +188,15 @@ def test_a_member_not_ready_is_never_promoted_and_a_ready_one_is(group, wait):
 def test_a_suspicion_replaces_a_dead_holder_before_silence_would_and_never_a_live_one(group, wait):
     # A long silence window (0.5 s) beside the report's one interval (0.1 s).
     g = group(heartbeat_interval_s=0.1, heartbeat_liveness=5)
-    client = g.client()
-    d1, d2 = Heartbeats(g, "d1", interval_s=0.05), Heartbeats(g, "d2", interval_s=0.05)
+    client, d1, d2 = _holder_and_member(g, wait)
     try:
-        _register(client, "d1")
-        _register(client, "d2")
-        wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
         # d1 is alive and heartbeating: a report (a network blip) must not demote it.
-        for e in g.endpoints:
-            client.ask(e, "suspect", {"name": "d1", "why": "disconnect", "reporter": "w1"}, timeout_s=1.0)
+        _suspect_everywhere(g, client, "d1", "disconnect", "w1")
         time.sleep(0.5)
         assert client.call("snapshot")["groups"]["dispatcher"]["holder"] == "d1"
 
         d1.close()  # d1 dies; every replica hears the report (as from several upstreams)
-        for e in g.endpoints:
-            client.ask(e, "suspect", {"name": "d1", "why": "disconnect", "reporter": "w1"}, timeout_s=1.0)
+        _suspect_everywhere(g, client, "d1", "disconnect", "w1")
         snap = wait(lambda: (s := client.call("snapshot"))["groups"]["dispatcher"]["holder"] == "d2" and s,
                     timeout_s=5.0, what="d2 promoted")
         assert snap["decisions"][-1]["reason"] == "d1 suspected: disconnect"
@@ -204,14 +214,9 @@ def test_a_refused_endpoint_is_proof_a_heartbeat_does_not_outweigh(group, wait):
     # there, so the manager replaces the holder at once, heartbeats or not (a "disconnect"
     # alone, as above, is cleared by them).
     g = group(heartbeat_interval_s=0.1, heartbeat_liveness=5)
-    client = g.client()
-    d1, d2 = Heartbeats(g, "d1", interval_s=0.05), Heartbeats(g, "d2", interval_s=0.05)
+    client, d1, d2 = _holder_and_member(g, wait)
     try:
-        _register(client, "d1")
-        _register(client, "d2")
-        wait(lambda: d1.answers and d2.answers, what="heartbeats answered")
-        for e in g.endpoints:
-            client.ask(e, "suspect", {"name": "d1", "why": "refused", "reporter": "d2"}, timeout_s=1.0)
+        _suspect_everywhere(g, client, "d1", "refused", "d2")
         snap = wait(lambda: (s := client.call("snapshot"))["groups"]["dispatcher"]["holder"] == "d2" and s,
                     timeout_s=5.0, what="d2 promoted")
         assert snap["decisions"][-1]["reason"] == "d1 suspected: refused"

@@ -33,6 +33,18 @@ class SteppedFrontend:
                 return value
             assert time.monotonic() < deadline, "condition did not hold"
 
+    def reply(self, dealer, timeout_s: float = 5.0) -> Reply:
+        """The next reply on ``dealer``, ticking the frontend until it comes."""
+        msg = protocol.decode(self.step(lambda: dealer.poll(0) and dealer.recv_multipart(), timeout_s))
+        assert isinstance(msg, Reply)
+        return msg
+
+    def no_reply(self, dealer, ticks: int = 20) -> None:
+        """``ticks`` ticks of the frontend answer nothing on ``dealer``."""
+        for _ in range(ticks):
+            self.fe.tick(0.005)
+        assert not dealer.poll(0), protocol.decode(dealer.recv_multipart())
+
 
 DIM, OUT = 4, 2
 
@@ -56,17 +68,6 @@ class Harness(SteppedFrontend):
     def queries(self):
         frames = self.step(lambda: self.dispatcher.poll(0) and self.dispatcher.recv_multipart())
         return protocol.decode(frames)
-
-    def reply(self, dealer) -> Reply:
-        frames = self.step(lambda: dealer.poll(0) and dealer.recv_multipart())
-        msg = protocol.decode(frames)
-        assert isinstance(msg, Reply)
-        return msg
-
-    def no_reply(self, dealer, ticks: int = 20) -> None:
-        for _ in range(ticks):
-            self.fe.tick(0.005)
-        assert not dealer.poll(0), protocol.decode(dealer.recv_multipart())
 
     def answer(self, model: str, qids: list[int], outputs, source: str = Source.MODEL) -> None:
         transport.send(self.worker, Predictions(batch_id=1, model=model, qids=qids, source=source,

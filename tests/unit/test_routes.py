@@ -14,7 +14,7 @@ import zmq
 
 from keel.common import protocol, transport
 from keel.common.config import FrontendConfig, GraphRouteConfig, ModelInfo
-from keel.common.protocol import Cancel, ErrorCode, Predict, Predictions, Queries, Reply, Source, Withdraw
+from keel.common.protocol import Cancel, ErrorCode, Predict, Predictions, Queries, Source, Withdraw
 from keel.common.protocol.fields import LineageEntry
 from keel.common.protocol.messages import GraphRequest
 from keel.services.frontend import Frontend
@@ -84,16 +84,6 @@ class Front(SteppedFrontend):
                 model, qid = part
                 transport.send(self.worker, Predictions(batch_id=1, model=model, qids=[qid], source=Source.MODEL,
                                                         outputs=np.full((1, OUT), value, np.float32)))
-
-    def reply(self, dealer, timeout_s: float = 5.0) -> Reply:
-        msg = protocol.decode(self.step(lambda: dealer.poll(0) and dealer.recv_multipart(), timeout_s))
-        assert isinstance(msg, Reply)
-        return msg
-
-    def no_reply(self, dealer, ticks: int = 20) -> None:
-        for _ in range(ticks):
-            self.fe.tick(0.005)
-        assert not dealer.poll(0), protocol.decode(dealer.recv_multipart())
 
     def in_flight(self) -> tuple[int, int]:
         return self.fe.status()["pending"], len(self.fe.by_request)
